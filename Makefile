@@ -1,0 +1,28 @@
+# The two commands of the README: `make run` and `make test`. Both set everything up from a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install run test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+# The main job. Until the elastic runtime exists (issue 4+), it replays the bundled Summit excerpt.
+run: install
+	$(BIN)/pilotfill replay --plot runs/replay-summit-64.png
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/bench_allocator.py
+	$(BIN)/python benchmarks/bench_replay.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,19 @@
+"""The allocator: pure functions over dataclasses — no I/O, no clocks, no processes."""
+
+from .problem import DEFAULT_TYPE, Allocation, Job, NodePool, Problem, ProblemError, ScalingCurve
+from .profiler import Profiler
+from .solve import Formulation, allocate, objective_of
+
+__all__ = [
+    "DEFAULT_TYPE",
+    "Allocation",
+    "Formulation",
+    "Job",
+    "NodePool",
+    "Problem",
+    "ProblemError",
+    "Profiler",
+    "ScalingCurve",
+    "allocate",
+    "objective_of",
+]

@@ -1,0 +1,252 @@
+"""The allocator's vocabulary: scaling curves, jobs, the node pool, a problem and its answer.
+
+Everything here is an immutable dataclass validated on construction, so that a
+bad curve or an impossible job fails where it is made, not deep inside a solve.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_TYPE = "default"
+"""Node type used when a machine has only one kind of node."""
+
+
+class ProblemError(ValueError):
+    """An allocation problem that cannot be posed (bad curve, bounds, or map)."""
+
+
+@dataclass(frozen=True)
+class ScalingCurve:
+    """A job's rate (samples/s, or any metric) measured at a few node counts.
+
+    Linear between points, as BFTrainer interpolates; constant past the last
+    point. The first point must be at 0 nodes so that "not running" is part of
+    the curve rather than a special case.
+    """
+
+    nodes: tuple[int, ...]
+    values: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        nodes = tuple(int(n) for n in self.nodes)
+        values = tuple(float(v) for v in self.values)
+        object.__setattr__(self, "nodes", nodes)
+        object.__setattr__(self, "values", values)
+        if len(nodes) != len(values):
+            raise ProblemError(f"curve has {len(nodes)} node counts but {len(values)} values")
+        if len(nodes) < 2:
+            raise ProblemError("curve needs at least two points (the first at 0 nodes)")
+        if nodes[0] != 0:
+            raise ProblemError(f"curve must start at 0 nodes, starts at {nodes[0]}")
+        if any(b <= a for a, b in zip(nodes, nodes[1:])):
+            raise ProblemError(f"curve node counts must increase strictly: {nodes}")
+        if any(not math.isfinite(v) or v < 0 for v in values):
+            raise ProblemError(f"curve values must be finite and non-negative: {values}")
+
+    def at(self, n: float) -> float:
+        """The rate at ``n`` nodes (linear interpolation, clamped past the ends)."""
+        return float(np.interp(n, self.nodes, self.values))
+
+    def table(self, upto: int) -> np.ndarray:
+        """Rates at 0, 1, …, ``upto`` nodes, as one array (the solvers' input)."""
+        return np.interp(np.arange(upto + 1), self.nodes, self.values)
+
+    @classmethod
+    def from_table(cls, rates: Iterable[float]) -> ScalingCurve:
+        """A curve through the rates at 0, 1, 2, … nodes, keeping only its corners."""
+        rates = [float(r) for r in rates]
+        return cls(*compress_linear(list(range(len(rates))), rates))
+
+    def speedup(self) -> ScalingCurve:
+        """This curve divided by its rate at the first positive count (BFTrainer's speedup metric)."""
+        base = next((v for n, v in zip(self.nodes, self.values) if n > 0 and v > 0), 0.0)
+        if base <= 0:
+            raise ProblemError("speedup of a curve with no positive rate")
+        return ScalingCurve(self.nodes, tuple(v / base for v in self.values))
+
+
+def compress_linear(xs: list[int], ys: list[float], rel_tol: float = 1e-12) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Drop interior points that lie on the line through their neighbours."""
+    keep_x, keep_y = [xs[0]], [ys[0]]
+    for i in range(1, len(xs) - 1):
+        x0, y0 = keep_x[-1], keep_y[-1]
+        x1, y1 = xs[i], ys[i]
+        x2, y2 = xs[i + 1], ys[i + 1]
+        predicted = y0 + (y2 - y0) * (x1 - x0) / (x2 - x0)
+        if abs(predicted - y1) > rel_tol * max(1.0, abs(y1), abs(y0), abs(y2)):
+            keep_x.append(x1)
+            keep_y.append(y1)
+    keep_x.append(xs[-1])
+    keep_y.append(ys[-1])
+    return tuple(keep_x), tuple(keep_y)
+
+
+def _per_type(curves: ScalingCurve | Mapping[str, ScalingCurve] | None) -> dict[str, ScalingCurve] | None:
+    if curves is None:
+        return None
+    if isinstance(curves, ScalingCurve):
+        return {DEFAULT_TYPE: curves}
+    out = dict(curves)
+    for t, c in out.items():
+        if not isinstance(c, ScalingCurve):
+            raise ProblemError(f"curve for node type {t!r} is a {type(c).__name__}, not a ScalingCurve")
+    return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """A malleable training job as the allocator sees it.
+
+    ``throughput`` is samples/s per node count, one curve per node type the job
+    can run on (a plain curve means the default type); a job runs on one type at
+    a time. ``objective``, when given, is what the allocator maximises instead
+    of throughput (BFTrainer's administrator-defined metric, e.g. speedup);
+    progress is still counted in samples. Rescale costs are seconds of progress
+    lost at the job's current rate.
+    """
+
+    id: str
+    min_nodes: int
+    max_nodes: int
+    throughput: Mapping[str, ScalingCurve]
+    scale_up_cost_s: float = 0.0
+    scale_down_cost_s: float = 0.0
+    remaining_samples: float = math.inf
+    weight: float = 1.0
+    objective: Mapping[str, ScalingCurve] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "throughput", _per_type(self.throughput))
+        object.__setattr__(self, "objective", _per_type(self.objective))
+        where = f"job {self.id!r}"
+        if not self.throughput:
+            raise ProblemError(f"{where}: needs a throughput curve for at least one node type")
+        if int(self.min_nodes) != self.min_nodes or int(self.max_nodes) != self.max_nodes:
+            raise ProblemError(f"{where}: node bounds must be integers")
+        if self.min_nodes < 1:
+            raise ProblemError(f"{where}: min_nodes must be at least 1, got {self.min_nodes}")
+        if self.min_nodes > self.max_nodes:
+            raise ProblemError(f"{where}: min_nodes {self.min_nodes} > max_nodes {self.max_nodes}")
+        for name in ("scale_up_cost_s", "scale_down_cost_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ProblemError(f"{where}: {name} must be finite and >= 0, got {value}")
+        if not (self.remaining_samples >= 0):
+            raise ProblemError(f"{where}: remaining_samples must be >= 0, got {self.remaining_samples}")
+        if not math.isfinite(self.weight) or self.weight <= 0:
+            raise ProblemError(f"{where}: weight must be finite and > 0, got {self.weight}")
+        if self.objective is not None and set(self.objective) != set(self.throughput):
+            raise ProblemError(f"{where}: objective curves must cover the same node types as throughput")
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        return tuple(self.throughput)
+
+    def metric(self, node_type: str) -> ScalingCurve:
+        """The curve the allocator maximises on ``node_type``."""
+        return (self.objective or self.throughput)[node_type]
+
+
+@dataclass(frozen=True)
+class NodePool:
+    """The nodes available now, in a fixed order, each of one type."""
+
+    nodes: tuple[str, ...]
+    types: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if len(set(self.nodes)) != len(self.nodes):
+            raise ProblemError("node pool lists a node twice")
+        unknown = set(self.types) - set(self.nodes)
+        if unknown:
+            raise ProblemError(f"types given for nodes not in the pool: {sorted(unknown)[:5]}")
+
+    def type_of(self, node: str) -> str:
+        return self.types.get(node, DEFAULT_TYPE)
+
+    def by_type(self) -> dict[str, list[str]]:
+        """Nodes grouped by type, each group in pool order."""
+        groups: dict[str, list[str]] = {}
+        for n in self.nodes:
+            groups.setdefault(self.type_of(n), []).append(n)
+        return groups
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One allocation decision: jobs, the nodes available, who holds what now, and the horizon."""
+
+    jobs: tuple[Job, ...]
+    pool: NodePool
+    current: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    t_fwd: float = 10.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+        ids = [j.id for j in self.jobs]
+        if len(set(ids)) != len(ids):
+            raise ProblemError("two jobs share an id")
+        if not math.isfinite(self.t_fwd) or self.t_fwd <= 0:
+            raise ProblemError(f"t_fwd must be finite and > 0, got {self.t_fwd}")
+        known = set(ids)
+        pool = set(self.pool.nodes)
+        seen: set[str] = set()
+        for job_id, held in self.current.items():
+            if job_id not in known:
+                raise ProblemError(f"current map names unknown job {job_id!r}")
+            missing = set(held) - pool
+            if missing:
+                raise ProblemError(f"job {job_id!r} holds nodes not in the pool: {sorted(missing)[:5]}")
+            if seen & set(held):
+                raise ProblemError(f"a node is held by two jobs: {sorted(seen & set(held))[:5]}")
+            seen |= set(held)
+
+    def held_by_type(self, job: Job) -> dict[str, int]:
+        """How many nodes of each type ``job`` holds now."""
+        counts: dict[str, int] = {}
+        for n in self.current.get(job.id, ()):
+            t = self.pool.type_of(n)
+            counts[t] = counts.get(t, 0) + 1
+        return counts
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The allocator's answer: a node count per job and the concrete nodes.
+
+    ``assignment`` is realised without migration: a job that shrinks keeps a
+    subset of its nodes, a job that grows keeps all of its nodes and adds free
+    ones. ``objective`` is the model's value (T_fwd·metric minus rescale loss).
+    """
+
+    counts: Mapping[str, int]
+    node_type: Mapping[str, str | None]
+    assignment: Mapping[str, tuple[str, ...]]
+    objective: float
+    method: str
+    optimal: bool
+    note: str = ""
+
+    def added(self, current: Mapping[str, frozenset[str]]) -> dict[str, tuple[str, ...]]:
+        """Nodes each job gains relative to ``current``."""
+        return {
+            j: tuple(n for n in nodes if n not in current.get(j, frozenset()))
+            for j, nodes in self.assignment.items()
+            if any(n not in current.get(j, frozenset()) for n in nodes)
+        }
+
+    def removed(self, current: Mapping[str, frozenset[str]]) -> dict[str, tuple[str, ...]]:
+        """Nodes each job gives up relative to ``current``."""
+        out = {}
+        for j, held in current.items():
+            keep = set(self.assignment.get(j, ()))
+            gone = tuple(sorted(n for n in held if n not in keep))
+            if gone:
+                out[j] = gone
+        return out

@@ -1,0 +1,102 @@
+"""What each node count is worth to each job: the tables every formulation optimises.
+
+BFTrainer's objective for job j going from c to n nodes is
+
+    w_j · ( T_fwd · M_j(n)  −  [n > c]·cost_up_j · M_j(c)  −  [n < c]·cost_down_j · M_j(c) )
+
+with M_j the metric (throughput unless the job names another curve) and the
+rescale loss charged at the job's current rate. The objective is separable, so
+it is tabulated once per (job, node type) for n = 0 … cap; the DP, the greedy
+fallback and both MILPs read the same table. Two refinements over BFTrainer:
+a job never earns more than its remaining work (no nodes for a job about to
+finish), and a job whose current count is below its minimum has rate 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .problem import Job, Problem, compress_linear
+
+INFEASIBLE = -math.inf
+
+
+@dataclass(frozen=True)
+class ValueTable:
+    """Worth of job ``job`` on ``node_type`` at n = 0 … len(values)-1 nodes (−inf: not allowed)."""
+
+    job: Job
+    node_type: str
+    current: int
+    values: np.ndarray
+
+    @property
+    def cap(self) -> int:
+        return len(self.values) - 1
+
+    def feasible_counts(self) -> np.ndarray:
+        return np.flatnonzero(np.isfinite(self.values))
+
+    def breakpoints(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """Corners of the table as a piecewise-linear curve over 0…cap (for SOS2 models).
+
+        The infeasible gap 1…min−1 is bridged linearly (the models forbid it by
+        bounds), so only real corners remain.
+        """
+        v = self.values.copy()
+        lo = self.job.min_nodes
+        if lo > 1 and lo <= self.cap:
+            v[1:lo] = np.interp(np.arange(1, lo), [0, lo], [v[0], v[lo]])
+        elif lo > self.cap:
+            v = v[:1]
+        if len(v) == 1:
+            return (0,), (float(v[0]),)
+        return compress_linear(list(range(len(v))), [float(x) for x in v])
+
+
+def current_rate(job: Job, held: dict[str, int]) -> float:
+    """The job's metric rate at its current nodes (0 when it is not running validly)."""
+    types = [t for t, c in held.items() if c > 0]
+    if len(types) != 1:
+        return 0.0
+    t = types[0]
+    c = held[t]
+    if c < job.min_nodes or c > job.max_nodes or t not in job.throughput:
+        return 0.0
+    return job.metric(t).at(c)
+
+
+def value_tables(problem: Problem) -> list[list[ValueTable]]:
+    """One list of tables per job (one table per node type it can use), in job order."""
+    pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
+    out: list[list[ValueTable]] = []
+    for job in problem.jobs:
+        held = problem.held_by_type(job)
+        rate_now = current_rate(job, held)
+        tables = []
+        for t in job.node_types:
+            cap = min(job.max_nodes, pool_sizes.get(t, 0))
+            tables.append(_table(job, t, cap, held.get(t, 0), rate_now, problem.t_fwd))
+        out.append(tables)
+    return out
+
+
+def _table(job: Job, node_type: str, cap: int, current: int, rate_now: float, t_fwd: float) -> ValueTable:
+    n = np.arange(cap + 1)
+    metric = job.metric(node_type).table(cap)
+    if math.isinf(job.remaining_samples):
+        gain = t_fwd * metric
+    else:
+        thr = job.throughput[node_type].table(cap)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            busy = np.where(thr > 0, np.minimum(t_fwd, job.remaining_samples / thr), t_fwd)
+        gain = metric * busy
+    penalty = np.where(n > current, job.scale_up_cost_s * rate_now, 0.0)
+    penalty = np.where(n < current, job.scale_down_cost_s * rate_now, penalty)
+    gain[0] = 0.0  # not running earns nothing, whatever the curve says at 0
+    values = job.weight * (gain - penalty)
+    values[1 : min(job.min_nodes, cap + 1)] = INFEASIBLE
+    return ValueTable(job=job, node_type=node_type, current=current, values=values)

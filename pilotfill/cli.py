@@ -1,0 +1,146 @@
+"""The ``pilotfill`` command (typer + rich)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .allocator import Formulation
+from .traces import InputError, format_time, parse_time, read_jobs, read_trace
+
+app = typer.Typer(
+    help="Train neural networks on the nodes a supercomputer leaves idle.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err = Console(stderr=True)
+
+DATA = Path(__file__).parent / "data"
+DEFAULT_TRACE = DATA / "summit-2021-02-10-week-64nodes.csv.gz"
+DEFAULT_JOBS = DATA / "jobs-imagenet-1001.csv"
+
+
+class Profiles(str, Enum):
+    known = "known"
+    learned = "learned"
+
+
+def _time_option(value: Optional[str], name: str) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an ISO-8601 time (e.g. 2021-02-10T20:21:15Z)", param_hint=name) from None
+
+
+@app.callback()
+def main() -> None:
+    """pilotfill: pilot jobs that harvest idle nodes for elastic training."""
+
+
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Argument(help="Node-availability trace (time,node,state; .csv or .csv.gz).")] = DEFAULT_TRACE,
+    jobs: Annotated[Path, typer.Argument(help="Job file (name,model,submit_time,…,nodes,samples_per_s[,objective]).")] = DEFAULT_JOBS,
+    start: Annotated[Optional[str], typer.Option(help="Window start, ISO-8601 as in the trace.")] = None,
+    end: Annotated[Optional[str], typer.Option(help="Window end, ISO-8601 as in the trace.")] = None,
+    nodes: Annotated[Optional[int], typer.Option(help="Use the first N nodes of the trace (file order).", min=1)] = None,
+    max_jobs: Annotated[int, typer.Option(help="At most this many jobs run at once; the rest wait in order.", min=1)] = 10,
+    tfwd: Annotated[float, typer.Option(help="Look-ahead T_fwd of the allocator, seconds.", min=0.001)] = 10.0,
+    formulation: Annotated[Formulation, typer.Option(help="aggregated: exact (DP where it applies, MILP otherwise).")] = Formulation.AGGREGATED,
+    profiles: Annotated[Profiles, typer.Option(help="known: the jobs' curves; learned: JPA learns each job from its own noisy reports.")] = Profiles.known,
+    noise: Annotated[float, typer.Option(help="Relative noise of reported throughput with --profiles learned.", min=0.0)] = 0.03,
+    seed: Annotated[int, typer.Option(help="Seed of the report noise.")] = 0,
+    time_limit: Annotated[float, typer.Option(help="Solver time limit per event, seconds (then incumbent or greedy).", min=0.001)] = 1.0,
+    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of idle nodes and nodes used by training over time.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
+) -> None:
+    """Replay a scheduler's node-availability log and report what pilotfill would have trained.
+
+    With no arguments it replays the bundled excerpt (the first 64 nodes of
+    Summit, 10–17 Feb 2021) with the ImageNet jobs, the setup of BFTrainer's
+    published figures.
+    """
+    from .schedulers.replay import Replay
+
+    t0, t1 = _time_option(start, "--start"), _time_option(end, "--end")
+    if trace == DEFAULT_TRACE and jobs == DEFAULT_JOBS and start is None and end is None:
+        t0, t1 = parse_time("2021-02-10T20:21:15Z"), parse_time("2021-02-17T00:00:00Z")
+    try:
+        with err.status("reading the trace and the jobs", spinner="dots") if not as_json else nullcontext():
+            tr = read_trace(trace, nodes=nodes, start=t0, end=t1)
+            specs = read_jobs(jobs)
+    except InputError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    sim = Replay(tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation, profiles=profiles.value, noise=noise, seed=seed, time_limit_s=time_limit, keep_timeline=plot is not None)
+
+    if as_json or not sys.stderr.isatty():
+        result = sim.run()
+    else:
+        with Progress(
+            TextColumn("[bold]replay[/]"),
+            BarColumn(),
+            TextColumn("{task.fields[when]}"),
+            TextColumn("jobs done {task.fields[done]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("replay", total=tr.end - tr.start, when="", done=0)
+
+            def tick(t: float, res) -> None:
+                bar.update(task, completed=t - tr.start, when=format_time(t), done=res.jobs_completed)
+
+            result = sim.run(tick)
+
+    summary = result.as_dict()
+    if plot is not None:
+        from .plots import plot_replay
+
+        plot_replay(result, plot)
+        summary["plot"] = str(plot)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    Console().print(_summary_table(summary, result))
+
+
+def _summary_table(s: dict, result) -> Table:
+    table = Table(title=f"replay of {Path(s['trace']).name}: {s['nodes']} nodes, {format_time(s['start'])} → {format_time(s['end'])}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("events (allocations)", f"{s['events']:,}"),
+        ("trace transitions", f"{s['transitions']:,}"),
+        ("idle node-hours", f"{s['idle_node_hours']:,.1f}"),
+        ("node-hours used by training", f"{s['used_node_hours']:,.1f}"),
+        ("samples processed", f"{s['samples']:.4g}"),
+        ("lost to rescaling and preemption", f"{s['lost_samples']:.4g}"),
+        ("efficiency (overhead only)", f"{100 * s['efficiency']:.2f}%"),
+        ("jobs completed / started", f"{s['jobs_completed']} / {s['jobs_started']}"),
+        ("solve ms p50 / p99 / max", f"{s['solve_ms_p50']:.2f} / {s['solve_ms_p99']:.2f} / {s['solve_ms_max']:.2f}"),
+        ("methods", ", ".join(f"{k} {v}" for k, v in s["methods"].items()) or "—"),
+        ("wall time", f"{s['wall_s']:.1f} s"),
+    ]
+    if "plot" in s:
+        rows.append(("plot", s["plot"]))
+    for k, v in rows:
+        table.add_row(k, v)
+    return table
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

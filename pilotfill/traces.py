@@ -1,0 +1,309 @@
+"""Readers for the two file formats of ``shared/data``: node-availability traces and job lists.
+
+Trace: ``time,node,state`` rows; the first rows (all at the first time) list
+every node of the machine and its state, later rows are transitions (``idle``:
+the main scheduler left the node free, ``busy``: taken back), and an optional
+last row ``end`` with an empty node closes the trace. Jobs: one row per
+training job with its bounds, work, rescale costs and measured curve
+(``nodes`` and ``samples_per_s``, ``;``-separated), optionally an
+``objective`` curve at the same node counts.
+
+Every problem is reported as a :class:`InputError` naming the file and line,
+because a site admin feeding in their own log needs to know where to look.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .allocator import ProblemError, ScalingCurve
+
+
+class InputError(ValueError):
+    """Bad input, located: ``str()`` reads ``FILE:LINE: what is wrong``."""
+
+    def __init__(self, path: str | Path, line: int | None, message: str):
+        self.path, self.line, self.message = str(path), line, message
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+
+
+def parse_time(text: str) -> float:
+    """ISO-8601 (``2021-02-10T20:21:15Z``) to POSIX seconds; naive times are UTC."""
+    dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.timestamp()
+
+
+def format_time(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _open(path: Path) -> io.TextIOBase:
+    if not path.exists():
+        raise InputError(path, None, "no such file")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="")
+    return open(path, newline="")
+
+
+def _rows(path: Path, header: tuple[str, ...], optional: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, str]]]:
+    """Rows as dicts with their 1-based line numbers, after checking the header."""
+    with _open(path) as f:
+        reader = csv.reader(f)
+        try:
+            first = next(reader)
+        except StopIteration:
+            raise InputError(path, 1, "empty file") from None
+        except (OSError, EOFError, csv.Error, UnicodeDecodeError) as exc:
+            raise InputError(path, 1, f"unreadable: {exc}") from None
+        names = tuple(c.strip() for c in first)
+        missing = [h for h in header if h not in names]
+        extra = [n for n in names if n not in header and n not in optional]
+        if missing or extra:
+            raise InputError(path, 1, f"header must be {','.join(header)}" + (f" (optional: {','.join(optional)})" if optional else "") + f"; got {','.join(names)}")
+        try:
+            for row in reader:
+                line = reader.line_num
+                if not row:
+                    continue
+                if len(row) != len(names):
+                    raise InputError(path, line, f"expected {len(names)} fields, got {len(row)}: {','.join(row)!r}")
+                yield line, dict(zip(names, row))
+        except (OSError, EOFError, csv.Error, UnicodeDecodeError) as exc:
+            raise InputError(path, reader.line_num, f"unreadable: {exc}") from None
+
+
+# ---------------------------------------------------------------- traces
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    """All transitions at one time: the nodes that became idle and those taken back."""
+
+    time: float
+    to_idle: tuple[str, ...]
+    to_busy: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A node-availability trace restricted to a node subset and a window."""
+
+    path: str
+    nodes: tuple[str, ...]
+    start: float
+    end: float
+    initial_idle: frozenset[str]
+    steps: tuple[TraceStep, ...]
+
+    @property
+    def transitions(self) -> int:
+        return sum(len(s.to_idle) + len(s.to_busy) for s in self.steps)
+
+
+STATES = {"idle": True, "busy": False}
+
+
+def read_trace(path: str | Path, nodes: int | None = None, start: float | None = None, end: float | None = None) -> Trace:
+    """Read a trace; keep the first ``nodes`` nodes (file order) and the window [start, end].
+
+    The state at ``start`` is every transition up to and including it; steps
+    are the later distinct times that change at least one kept node.
+    """
+    path = Path(path)
+    if nodes is not None and nodes < 1:
+        raise InputError(path, None, f"--nodes must be at least 1, got {nodes}")
+    times: dict[str, float] = {}
+    order: list[str] = []
+    state: dict[str, bool] = {}
+    keep: set[str] | None = None
+    first_time: float | None = None
+    last_time = -math.inf
+    trace_end: float | None = None
+    steps: list[TraceStep] = []
+    pending_t: float | None = None
+    pending: dict[str, bool] = {}
+
+    def flush() -> None:
+        nonlocal pending
+        if pending_t is None or not pending:
+            return
+        if start is not None and pending_t <= start:
+            state.update(pending)
+        else:
+            to_idle = tuple(n for n, idle in pending.items() if idle and not state[n])
+            to_busy = tuple(n for n, idle in pending.items() if not idle and state[n])
+            state.update(pending)
+            if to_idle or to_busy:
+                steps.append(TraceStep(pending_t, to_idle, to_busy))
+        pending = {}
+
+    for line, row in _rows(path, ("time", "node", "state")):
+        stamp = row["time"]
+        t = times.get(stamp)
+        if t is None:
+            try:
+                t = times[stamp] = parse_time(stamp)
+            except ValueError:
+                raise InputError(path, line, f"bad time {stamp!r} (want ISO-8601, e.g. 2021-02-10T20:21:15Z)") from None
+        if t < last_time:
+            raise InputError(path, line, f"time goes backwards: {stamp} after {format_time(last_time)}")
+        if trace_end is not None:
+            raise InputError(path, line, "rows after the 'end' row")
+        name, st = row["node"].strip(), row["state"].strip()
+        if st == "end":
+            if name:
+                raise InputError(path, line, f"the 'end' row must have an empty node, got {name!r}")
+            trace_end = t
+            last_time = t
+            continue
+        if st not in STATES:
+            raise InputError(path, line, f"unknown state {st!r} (want idle, busy or end)")
+        if not name:
+            raise InputError(path, line, "empty node name")
+        if first_time is None:
+            first_time = t
+        if keep is None:
+            if t == first_time:  # the initial block lists the machine
+                if name in state:
+                    raise InputError(path, line, f"node {name!r} listed twice in the initial state")
+                order.append(name)
+                state[name] = STATES[st]
+                last_time = t
+                continue
+            keep = set(order[:nodes] if nodes is not None else order)
+        if name not in state:
+            raise InputError(path, line, f"node {name!r} is not in the initial state (the first rows must list every node)")
+        last_time = t
+        if name not in keep:
+            continue
+        if t != pending_t:
+            flush()
+            pending_t = t
+        pending[name] = STATES[st]
+    flush()
+
+    if first_time is None:
+        raise InputError(path, None, "trace has no node rows")
+    kept = tuple(order[:nodes] if nodes is not None else order)
+    if nodes is not None and nodes > len(order):
+        raise InputError(path, None, f"--nodes {nodes} but the trace has only {len(order)} nodes")
+    begin = first_time if start is None else start
+    stop = end if end is not None else (trace_end if trace_end is not None else last_time)
+    if stop <= begin:
+        raise InputError(path, None, f"window is empty: end {format_time(stop)} is not after start {format_time(begin)}")
+    steps_in = tuple(s for s in steps if s.time <= stop)
+    # state[] is now the final state; undo every recorded step to get the state at `begin`.
+    now = dict(state)
+    for s in reversed(steps):
+        for n in s.to_idle:
+            now[n] = False
+        for n in s.to_busy:
+            now[n] = True
+    return Trace(
+        path=str(path),
+        nodes=kept,
+        start=begin,
+        end=stop,
+        initial_idle=frozenset(n for n in kept if now[n]),
+        steps=steps_in,
+    )
+
+
+# ---------------------------------------------------------------- jobs
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job of a job file."""
+
+    name: str
+    model: str
+    submit_time: float
+    min_nodes: int
+    max_nodes: int
+    total_samples: float
+    scale_up_cost_s: float
+    scale_down_cost_s: float
+    throughput: ScalingCurve
+    objective: ScalingCurve | None = None
+    line: int = 0
+
+
+JOB_COLUMNS = ("name", "model", "submit_time", "min_nodes", "max_nodes", "total_samples", "scale_up_cost_s", "scale_down_cost_s", "nodes", "samples_per_s")
+
+
+def read_jobs(path: str | Path) -> list[JobSpec]:
+    """Read a job file; jobs come back in submission order (file order among equal times)."""
+    path = Path(path)
+    jobs: list[JobSpec] = []
+    names: set[str] = set()
+    for line, row in _rows(path, JOB_COLUMNS, optional=("objective",)):
+        jobs.append(_job(path, line, row))
+        if jobs[-1].name in names:
+            raise InputError(path, line, f"job name {jobs[-1].name!r} used twice")
+        names.add(jobs[-1].name)
+    if not jobs:
+        raise InputError(path, None, "no jobs")
+    return sorted(jobs, key=lambda j: (j.submit_time, j.line))
+
+
+def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
+    def number(col: str, kind=float):
+        text = row[col].strip()
+        try:
+            value = kind(text)
+        except ValueError:
+            raise InputError(path, line, f"{col} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(path, line, f"{col} must be finite, got {text!r}")
+        return value
+
+    def curve(col: str, counts: list[int]) -> ScalingCurve:
+        try:
+            values = [float(v) for v in row[col].split(";")]
+        except ValueError:
+            raise InputError(path, line, f"{col} must be ';'-separated numbers, got {row[col]!r}") from None
+        if len(values) != len(counts):
+            raise InputError(path, line, f"{col} has {len(values)} values for {len(counts)} node counts")
+        try:
+            return ScalingCurve(tuple(counts), tuple(values))
+        except ProblemError as exc:
+            raise InputError(path, line, f"{col}: {exc}") from None
+
+    name = row["name"].strip()
+    if not name:
+        raise InputError(path, line, "empty job name")
+    try:
+        submit = parse_time(row["submit_time"])
+    except ValueError:
+        raise InputError(path, line, f"bad submit_time {row['submit_time']!r}") from None
+    lo, hi = number("min_nodes", int), number("max_nodes", int)
+    if lo < 1:
+        raise InputError(path, line, f"min_nodes must be at least 1, got {lo}")
+    if lo > hi:
+        raise InputError(path, line, f"min_nodes {lo} > max_nodes {hi}")
+    total = number("total_samples")
+    if total <= 0:
+        raise InputError(path, line, f"total_samples must be positive, got {total}")
+    up, down = number("scale_up_cost_s"), number("scale_down_cost_s")
+    if up < 0 or down < 0:
+        raise InputError(path, line, "rescale costs must be >= 0")
+    try:
+        counts = [int(n) for n in row["nodes"].split(";")]
+    except ValueError:
+        raise InputError(path, line, f"nodes must be ';'-separated integers, got {row['nodes']!r}") from None
+    if counts[0] != 0:
+        raise InputError(path, line, f"the curve must start at 0 nodes, starts at {counts[0]}")
+    thr = curve("samples_per_s", counts)
+    obj = curve("objective", counts) if row.get("objective", "").strip() else None
+    return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, line)

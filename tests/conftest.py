@@ -1,0 +1,37 @@
+"""Shared fixtures: small trace and job files written on the fly, and the shared data when present."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+SHARED = Path(os.environ.get("PILOTFILL_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The repository's ``shared/data`` (beside the checkout). Required in CI, skipped on a laptop without it."""
+    if not (SHARED / "summit-2021-02-10-week.csv.gz").exists():
+        if IN_CI:
+            pytest.fail(f"CI needs the shared data at {SHARED} (set PILOTFILL_SHARED_DATA)")
+        pytest.skip(f"shared data not found at {SHARED} (set PILOTFILL_SHARED_DATA)")
+    return SHARED
+
+
+JOB_HEADER = "name,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_cost_s,scale_down_cost_s,nodes,samples_per_s"
+
+
+@pytest.fixture
+def write(tmp_path):
+    """write(name, text) -> path of a file in tmp_path with that text."""
+
+    def _write(name: str, text: str) -> Path:
+        p = tmp_path / name
+        p.write_text(text.lstrip("\n"))
+        return p
+
+    return _write
