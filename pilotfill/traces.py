@@ -6,7 +6,7 @@ the main scheduler left the node free, ``busy``: taken back), and an optional
 last row ``end`` with an empty node closes the trace. Jobs: one row per
 training job with its bounds, work, rescale costs and measured curve
 (``nodes`` and ``samples_per_s``, ``;``-separated), optionally an
-``objective`` curve at the same node counts.
+``objective`` curve at the same node counts and a ``weight``.
 
 Every problem is reported as a :class:`InputError` naming the file and line,
 because a site admin feeding in their own log needs to know where to look.
@@ -236,6 +236,7 @@ class JobSpec:
     scale_down_cost_s: float
     throughput: ScalingCurve
     objective: ScalingCurve | None = None
+    weight: float = 1.0
     line: int = 0
 
 
@@ -247,7 +248,7 @@ def read_jobs(path: str | Path) -> list[JobSpec]:
     path = Path(path)
     jobs: list[JobSpec] = []
     names: set[str] = set()
-    for line, row in _rows(path, JOB_COLUMNS, optional=("objective",)):
+    for line, row in _rows(path, JOB_COLUMNS, optional=("objective", "weight")):
         jobs.append(_job(path, line, row))
         if jobs[-1].name in names:
             raise InputError(path, line, f"job name {jobs[-1].name!r} used twice")
@@ -306,4 +307,7 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
         raise InputError(path, line, f"the curve must start at 0 nodes, starts at {counts[0]}")
     thr = curve("samples_per_s", counts)
     obj = curve("objective", counts) if row.get("objective", "").strip() else None
-    return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, line)
+    weight = number("weight") if row.get("weight", "").strip() else 1.0
+    if weight <= 0:
+        raise InputError(path, line, f"weight must be positive, got {weight}")
+    return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, weight, line)

@@ -93,16 +93,17 @@ def job_row(name="a", submit="2021-02-10T00:00:00Z", lo=1, hi=4, total=1e6, up=1
     return f"{name},m,{submit},{lo},{hi},{total},{up},{down},{nodes},{rate}"
 
 
-def test_jobs_in_submission_order_with_optional_objective(write):
+def test_jobs_in_submission_order_with_optional_objective_and_weight(write):
     text = "\n".join(
         [
-            JOB_HEADER + ",objective",
-            job_row("late", submit="2021-02-10T01:00:00Z") + ",0;1;1.9;3.5",
-            job_row("early") + ",",
+            JOB_HEADER + ",objective,weight",
+            job_row("late", submit="2021-02-10T01:00:00Z") + ",0;1;1.9;3.5,",
+            job_row("early") + ",,2.5",
         ]
     )
     jobs = read_jobs(write("j.csv", text))
     assert [j.name for j in jobs] == ["early", "late"]
+    assert [j.weight for j in jobs] == [2.5, 1.0]
     assert jobs[0].objective is None
     assert jobs[1].objective.at(3) == pytest.approx(2.7)
     assert jobs[1].throughput.at(3) == pytest.approx(270)

@@ -17,7 +17,7 @@ import numpy as np
 from . import dp, greedy, milp, nodelevel
 from .moves import realise
 from .problem import Allocation, Problem
-from .values import value_tables
+from .values import ValueTable, value_tables
 
 
 class Formulation(str, Enum):
@@ -53,13 +53,13 @@ def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGR
     return _finish(problem, result.counts, result.types, "milp", result.optimal, result.status)
 
 
-def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None]) -> float:
+def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None], tables: list[list[ValueTable]] | None = None) -> float:
     """The model's value of a count vector, from the same tables every method uses."""
     total = 0.0
-    for job, tables in zip(problem.jobs, value_tables(problem)):
-        for t in tables:
+    for job, job_tables in zip(problem.jobs, tables or value_tables(problem)):
+        for t in job_tables:
             n = counts.get(job.id, 0) if types.get(job.id) == t.node_type else 0
-            total += float(t.values[n])
+            total += float(t.values[n]) if n <= t.cap else -np.inf
     return total
 
 
@@ -67,7 +67,8 @@ def _dp(problem: Problem) -> Allocation | None:
     """The exact DP, per node type, when every job can use exactly one type."""
     if any(len(j.node_types) != 1 for j in problem.jobs):
         return None
-    tables = [ts[0] for ts in value_tables(problem)]
+    all_tables = value_tables(problem)
+    tables = [ts[0] for ts in all_tables]
     pool = problem.pool.by_type()
     groups: dict[str, list] = {}
     for t in tables:
@@ -81,7 +82,7 @@ def _dp(problem: Problem) -> Allocation | None:
         for t, n in zip(group, ns):
             counts[t.job.id] = n
             types[t.job.id] = node_type if n > 0 else None
-    return _finish(problem, counts, types, "dp", True, "OPTIMAL")
+    return _finish(problem, counts, types, "dp", True, "OPTIMAL", tables=all_tables)
 
 
 def _greedy(problem: Problem, method: str, optimal: bool, note: str = "") -> Allocation:
@@ -89,11 +90,11 @@ def _greedy(problem: Problem, method: str, optimal: bool, note: str = "") -> All
     return _finish(problem, counts, types, method, optimal, note)
 
 
-def _finish(problem: Problem, counts, types, method: str, optimal: bool, note: str, assignment=None) -> Allocation:
+def _finish(problem: Problem, counts, types, method: str, optimal: bool, note: str, assignment=None, tables=None) -> Allocation:
     types = {j: (t if counts.get(j, 0) > 0 else None) for j, t in types.items()}
     if assignment is None:
         assignment = realise(problem, counts, types)
-    value = objective_of(problem, counts, types)
+    value = objective_of(problem, counts, types, tables)
     if not np.isfinite(value):  # an incumbent the model should never have produced
         return _greedy(problem, "greedy", optimal=False, note=f"{method} gave an infeasible answer")
     return Allocation(counts=dict(counts), node_type=types, assignment=assignment, objective=value, method=method, optimal=optimal, note=note)

@@ -310,6 +310,7 @@ class Replay:
                     scale_down_cost_s=spec.scale_down_cost_s,
                     remaining_samples=max(run.remaining, 0.0),
                     objective=spec.objective,
+                    weight=spec.weight,
                 )
             )
             if run.nodes:

@@ -1,0 +1,52 @@
+"""The Python API over the controller's messages: submit jobs, read them, wait for them.
+
+Used by the Parsl executor, ``pilotfill top``/``status`` and tests. Every call
+is one authenticated request (:mod:`pilotfill.transport`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .state import TERMINAL
+from .transport import Client
+
+
+class ControllerClient:
+    def __init__(self, run_dir: Path | str, timeout_s: float = 30.0):
+        self.run_dir = Path(run_dir)
+        self._client = Client(self.run_dir, timeout_s=timeout_s)
+
+    def submit(self, spec: dict[str, Any]) -> str:
+        """Queue a job; returns its id once the controller has committed it."""
+        return self._client.request({"type": "job.submit", "spec": spec})["job_id"]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._client.request({"type": "job.get", "job_id": job_id})["job"]
+
+    def cancel(self, job_id: str) -> None:
+        self._client.request({"type": "job.cancel", "job_id": job_id})
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._client.request({"type": "state.snapshot"})
+
+    def wait(self, job_ids: list[str], timeout_s: float = 600.0, poll_s: float = 0.5) -> dict[str, dict[str, Any]]:
+        """Block until every job is finished, failed or cancelled; return their records."""
+        deadline = time.monotonic() + timeout_s
+        done: dict[str, dict[str, Any]] = {}
+        while True:
+            for job_id in job_ids:
+                if job_id not in done:
+                    job = self.job(job_id)
+                    if job["status"] in TERMINAL:
+                        done[job_id] = job
+            if len(done) == len(job_ids):
+                return done
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jobs not done after {timeout_s:.0f} s: {sorted(set(job_ids) - set(done))}")
+            time.sleep(poll_s)
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,158 @@
+"""Site configuration: TOML files -> typed, validated objects.
+
+A config names the batch system and its options, the pilot policy and the
+controller's timing. Every key is checked: an unknown key, a wrong type or an
+impossible value is a :class:`ConfigError` naming the file and the key, so a
+typo never silently falls back to a default. ``load_config()`` with no
+argument returns the embedded default: a local virtual cluster of four nodes
+whose main workload replays a time-compressed excerpt of Summit's trace.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+PACKAGE_CONFIGS = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """An invalid config; ``str()`` names the file and the key."""
+
+
+@dataclass(frozen=True)
+class ScriptedChange:
+    """The main workload takes (``busy``) or returns (``idle``) a node ``at`` seconds after start."""
+
+    at: float
+    node: str
+    state: str
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """The embedded local virtual cluster."""
+
+    nodes: int = 4
+    node_prefix: str = "pf-node-"
+    workload: str = "trace"  # "trace": compressed Summit excerpt; "script": exactly `script`; "none"
+    trace_seconds_per_second: float = 120.0
+    script: tuple[ScriptedChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class PilotConfig:
+    heartbeat_s: float = 1.0
+    heartbeat_deadline_s: float = 5.0
+    grace_s: float = 5.0
+    nodes_per_pilot: int = 1
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    tick_s: float = 0.2
+    bind: str = "127.0.0.1"
+    t_fwd: float = 10.0
+    max_jobs: int = 10
+    solver_time_limit_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    kind: str = "processes"
+
+
+@dataclass(frozen=True)
+class Config:
+    scheduler: str = "local"
+    local: LocalConfig = field(default_factory=LocalConfig)
+    pilots: PilotConfig = field(default_factory=PilotConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    source: str = "<embedded default>"
+
+
+SCHEDULERS = ("local",)
+RUNTIMES = ("processes",)
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Read a config file, a name in the package's configs (``local``), or the embedded default."""
+    if path is None:
+        path = PACKAGE_CONFIGS / "local.toml"
+    path = Path(path)
+    if not path.exists() and (PACKAGE_CONFIGS / f"{path}.toml").exists():
+        path = PACKAGE_CONFIGS / f"{path}.toml"
+    if not path.exists():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(data, str(path))
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
+    def where(key: str) -> str:
+        return f"{source}: {key}"
+
+    known = {"scheduler", "local", "pilots", "controller", "runtime"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"{where(key)}: unknown key (known: {', '.join(sorted(known))})")
+    scheduler = data.get("scheduler", "local")
+    if scheduler not in SCHEDULERS:
+        raise ConfigError(f"{where('scheduler')}: {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+    local_raw = dict(data.get("local", {}))
+    script_raw = local_raw.pop("script", [])
+    local = _section(LocalConfig, local_raw, "local", where)
+    script = []
+    if not isinstance(script_raw, list):
+        raise ConfigError(f"{where('local.script')}: must be a list of {{at, node, state}} tables")
+    for i, item in enumerate(script_raw):
+        key = f"local.script[{i}]"
+        if not isinstance(item, dict) or set(item) != {"at", "node", "state"}:
+            raise ConfigError(f"{where(key)}: must have exactly at, node and state")
+        if item["state"] not in ("busy", "idle") or not isinstance(item["at"], (int, float)) or item["at"] < 0:
+            raise ConfigError(f"{where(key)}: state must be busy or idle and at a time >= 0")
+        script.append(ScriptedChange(float(item["at"]), str(item["node"]), item["state"]))
+    local = LocalConfig(**{**local.__dict__, "script": tuple(sorted(script, key=lambda c: c.at))})
+    if local.nodes < 1:
+        raise ConfigError(f"{where('local.nodes')}: must be at least 1")
+    if local.workload not in ("trace", "script", "none"):
+        raise ConfigError(f"{where('local.workload')}: must be trace, script or none")
+    names = {f"{local.node_prefix}{i}" for i in range(local.nodes)}
+    for i, change in enumerate(local.script):
+        if change.node not in names:
+            raise ConfigError(f"{where(f'local.script[{i}].node')}: {change.node!r} is not a node of this cluster")
+    pilots = _section(PilotConfig, data.get("pilots", {}), "pilots", where)
+    if pilots.heartbeat_deadline_s <= pilots.heartbeat_s:
+        raise ConfigError(f"{where('pilots.heartbeat_deadline_s')}: must be longer than pilots.heartbeat_s")
+    controller = _section(ControllerConfig, data.get("controller", {}), "controller", where)
+    runtime = _section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
+    if runtime.kind not in RUNTIMES:
+        raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")
+    return Config(scheduler, local, pilots, controller, runtime, source)
+
+
+def _section(cls, raw: Any, name: str, where) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where(name)}: must be a table")
+    allowed = {f.name: f for f in fields(cls) if f.name != "script"}
+    values = {}
+    for key, value in raw.items():
+        if key not in allowed:
+            raise ConfigError(f"{where(f'{name}.{key}')}: unknown key (known: {', '.join(sorted(allowed))})")
+        default = getattr(cls(), key)
+        if isinstance(default, bool) != isinstance(value, bool):
+            raise ConfigError(f"{where(f'{name}.{key}')}: expected {type(default).__name__}, got {value!r}")
+        if isinstance(default, float) and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, type(default)):
+            raise ConfigError(f"{where(f'{name}.{key}')}: expected {type(default).__name__}, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            raise ConfigError(f"{where(f'{name}.{key}')}: must be positive, got {value!r}")
+        values[key] = value
+    return cls(**values)

@@ -1,0 +1,1 @@
+"""Runtimes that start, resize and stop the ranks of training jobs on pilot nodes."""

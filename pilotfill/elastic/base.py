@@ -1,0 +1,58 @@
+"""The runtime interface: what the controller asks of whatever runs a job's ranks.
+
+The controller decides, the runtime acts: ``start`` a job on hosts, ``resize``
+it to a new host list (the hosts it keeps are untouched), ``stop`` it, and
+``poll`` for what happened on its own — a rank that exited, crashed or was
+killed. ``poll`` is the failure callback: the controller calls it every tick
+and turns each :class:`RankExit` into an event of its loop, so nothing moves
+nodes but the controller. Results and tracebacks travel separately, as
+authenticated ``job.result`` / ``job.failed`` messages from the ranks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """A rank ended. ``requested``: the runtime was asked to stop it (a shrink or a stop)."""
+
+    job_id: str
+    host: str
+    returncode: int
+    requested: bool
+
+    @property
+    def crashed(self) -> bool:
+        return not self.requested and self.returncode != 0
+
+
+class Runtime(ABC):
+    """Runs jobs' ranks; one instance per controller."""
+
+    @abstractmethod
+    def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
+        """Start ``job_id`` with one rank per host."""
+
+    @abstractmethod
+    def resize(self, job_id: str, hosts: list[str]) -> None:
+        """Grow or shrink to exactly ``hosts``; ranks on hosts kept go on undisturbed."""
+
+    @abstractmethod
+    def stop(self, job_id: str) -> None:
+        """Stop every rank of the job (not an error: it may be restarted later)."""
+
+    @abstractmethod
+    def hosts(self, job_id: str) -> list[str]:
+        """Hosts the job has live ranks on."""
+
+    @abstractmethod
+    def poll(self) -> list[RankExit]:
+        """Ranks that ended since the last poll."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop everything."""

@@ -1,0 +1,43 @@
+"""Entry point of one rank of the simple runtime: fetch the job, run its function, send the outcome.
+
+    PILOTFILL_RUN_DIR=… PILOTFILL_JOB_ID=… PILOTFILL_HOST=… python -m pilotfill.elastic.rank
+
+The function's return value (JSON) goes back as ``job.result``; an exception
+as ``job.failed`` with its full traceback, and the rank exits 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import traceback
+
+from ..transport import Client
+
+
+def resolve(entry: str):
+    """``"package.module:function"`` -> the function."""
+    module, _, name = entry.partition(":")
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def main() -> int:
+    run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
+    client = Client(run_dir, timeout_s=60)
+    job = client.request({"type": "job.get", "job_id": job_id})["job"]
+    spec = job["spec"]
+    try:
+        value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
+    except Exception:
+        client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
+        return 1
+    client.request({"type": "job.result", "job_id": job_id, "value": value})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

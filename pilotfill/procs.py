@@ -1,0 +1,95 @@
+"""Child processes that cannot outlive the controller.
+
+Every process the controller starts (pilot agents of the local cluster,
+training ranks) runs in its own session (so its whole group can be signalled)
+and asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``),
+so a controller killed with SIGKILL takes them along. As a second line, each
+is recorded in the state with its kernel start time, and a new controller on
+the same run directory kills whatever a predecessor left (checking the start
+time, so a recycled pid is never hit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _libc is not None:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """Start ``argv`` in a new session, dying with this process; output to ``log_path``."""
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    finally:
+        if log_path:
+            out.close()
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may contain spaces, so split after its ')'.
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def alive(pid: int, ticks: int | None = None) -> bool:
+    """True if ``pid`` runs (and, when given, is the process that started at ``ticks``)."""
+    now = start_ticks(pid)
+    if now is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().split(b") ", 1)[1][:1] == b"Z":
+                return False
+    except OSError:
+        return False
+    return ticks is None or now == ticks
+
+
+def kill_group(pid: int, ticks: int | None = None, grace_s: float = 0.0) -> None:
+    """SIGTERM the process group led by ``pid``, then SIGKILL the group after ``grace_s``.
+
+    The group is killed even when its leader has already gone, so that no
+    grandchild survives; ``ticks`` guards against a recycled pid.
+    """
+    if ticks is not None and start_ticks(pid) not in (None, ticks):
+        return  # the pid now belongs to someone else
+    if grace_s > 0:
+        _signal_group(pid, signal.SIGTERM)
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and alive(pid, ticks):
+            time.sleep(0.05)
+    _signal_group(pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

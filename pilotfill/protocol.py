@@ -1,0 +1,111 @@
+"""The messages clients send the controller, and what each reply carries.
+
+Every request is a JSON object with a ``type`` and the fields below; every
+reply has ``ok`` (and ``error`` when false). Transport and authentication are
+in :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
+
+=================  ==========================================  ===========================================
+type               fields                                      reply
+=================  ==========================================  ===========================================
+pilot.register     pilot, nodes [str], scheduler_id, pid       ok
+pilot.heartbeat    pilot                                       release [str]: nodes to give back; stop
+pilot.leaving      pilot, nodes [str], deadline (POSIX s)      ok — ranks on those nodes are removed now
+job.submit         spec {name, entry, min_nodes, max_nodes,    job_id
+                   …} (see :func:`check_spec`)
+job.report         job_id, host, samples, seconds              progress: the job's committed total
+job.result         job_id, value (JSON)                        ok — rank 0's return value
+job.failed         job_id, error (traceback text)              ok
+job.get            job_id                                      job {id, status, progress, result, error, …}
+job.cancel         job_id                                      ok
+state.snapshot     —                                           jobs, pilots, nodes, events (latest 50)
+=================  ==========================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "pilot.register": {"pilot": str, "nodes": list, "scheduler_id": str, "pid": int},
+    "pilot.heartbeat": {"pilot": str},
+    "pilot.leaving": {"pilot": str, "nodes": list, "deadline": (int, float)},
+    "job.submit": {"spec": dict},
+    "job.report": {"job_id": str, "host": str, "samples": (int, float), "seconds": (int, float)},
+    "job.result": {"job_id": str},
+    "job.failed": {"job_id": str, "error": str},
+    "job.get": {"job_id": str},
+    "job.cancel": {"job_id": str},
+    "state.snapshot": {},
+}
+
+READ_ONLY = {"job.get", "state.snapshot"}
+
+
+class ProtocolError(ValueError):
+    """A request that is authentic but malformed."""
+
+
+def check(message: dict[str, Any]) -> str:
+    """The message's type, after checking its fields."""
+    kind = message.get("type")
+    if kind not in FIELDS:
+        raise ProtocolError(f"unknown message type {kind!r}")
+    for name, typ in FIELDS[kind].items():
+        if name not in message:
+            raise ProtocolError(f"{kind}: missing field {name!r}")
+        if not isinstance(message[name], typ) or isinstance(message[name], bool):
+            raise ProtocolError(f"{kind}: field {name!r} has the wrong type")
+    if kind == "job.report":
+        if not (math.isfinite(message["samples"]) and message["samples"] >= 0):
+            raise ProtocolError("job.report: samples must be finite and >= 0")
+        if not (math.isfinite(message["seconds"]) and message["seconds"] > 0):
+            raise ProtocolError("job.report: seconds must be finite and > 0")
+    if kind in ("pilot.register", "pilot.leaving") and not all(isinstance(n, str) and n for n in message["nodes"]):
+        raise ProtocolError(f"{kind}: nodes must be non-empty strings")
+    return kind
+
+
+def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Validate a job spec; return it with defaults filled in.
+
+    name (str), entry ("module:function" run by every rank), args (list),
+    kwargs (dict), min_nodes, max_nodes (ints, 1 <= min <= max),
+    total_samples (work, optional), curve ({nodes, samples_per_s}, optional:
+    learned by the profiler when absent), scale_up_cost_s, scale_down_cost_s,
+    weight.
+    """
+    out = {
+        "args": [],
+        "kwargs": {},
+        "total_samples": None,
+        "curve": None,
+        "scale_up_cost_s": 10.0,
+        "scale_down_cost_s": 5.0,
+        "weight": 1.0,
+        **spec,
+    }
+    for name in ("name", "entry"):
+        if not isinstance(out.get(name), str) or not out[name]:
+            raise ProtocolError(f"job spec: {name} must be a non-empty string")
+    if ":" not in out["entry"]:
+        raise ProtocolError("job spec: entry must be 'module:function'")
+    lo, hi = out.get("min_nodes"), out.get("max_nodes")
+    if not (isinstance(lo, int) and isinstance(hi, int)) or lo < 1 or lo > hi:
+        raise ProtocolError(f"job spec: need integers 1 <= min_nodes <= max_nodes, got {lo!r}, {hi!r}")
+    if not isinstance(out["args"], list) or not isinstance(out["kwargs"], dict):
+        raise ProtocolError("job spec: args must be a list and kwargs an object")
+    for name in ("scale_up_cost_s", "scale_down_cost_s", "weight"):
+        if not isinstance(out[name], (int, float)) or out[name] < 0 or (name == "weight" and out[name] <= 0):
+            raise ProtocolError(f"job spec: {name} must be a non-negative number")
+    if out["curve"] is not None:
+        curve = out["curve"]
+        if not isinstance(curve, dict) or not isinstance(curve.get("nodes"), list) or not isinstance(curve.get("samples_per_s"), list):
+            raise ProtocolError("job spec: curve must be {nodes: [...], samples_per_s: [...]}")
+        from .allocator import ProblemError, ScalingCurve
+
+        try:
+            ScalingCurve(tuple(curve["nodes"]), tuple(curve["samples_per_s"]))
+        except (ProblemError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"job spec: curve: {exc}") from None
+    return out

@@ -1,0 +1,55 @@
+"""The one interface every batch system is adapted to (Parsl's providers, plus what they lack).
+
+The controller never calls qsub, sbatch or a process launcher itself: it asks
+a :class:`BatchScheduler` how many nodes the main workload leaves idle,
+submits pilots sized to demand, gives back nodes it does not need, cancels
+pilots, and polls for what changed. Preemption notices reach the controller
+from the pilot agents themselves (SIGTERM -> ``pilot.leaving``); the adapter
+reports what the batch system sees (a pilot started, ended, was killed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PilotEvent:
+    """Something the batch system did to a pilot: ``started`` (with nodes), ``ended`` or ``preempted``."""
+
+    kind: str
+    pilot: str
+    scheduler_id: str
+    nodes: tuple[str, ...] = ()
+    deadline: float | None = None
+    detail: str = ""
+
+
+class BatchScheduler(ABC):
+    """A batch system as pilotfill needs it."""
+
+    name: str = "base"
+
+    @abstractmethod
+    def idle_nodes(self) -> int:
+        """Nodes the main workload leaves free right now that no pilot of ours holds."""
+
+    @abstractmethod
+    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
+        """Ask for a pilot of up to ``nodes`` nodes; returns the batch system's job id."""
+
+    @abstractmethod
+    def release(self, pilot_id: str, nodes: list[str]) -> None:
+        """Give ``nodes`` of a running pilot back to the main workload now."""
+
+    @abstractmethod
+    def cancel(self, pilot_id: str) -> None:
+        """End a pilot (queued or running)."""
+
+    @abstractmethod
+    def poll(self, now: float) -> list[PilotEvent]:
+        """What changed since the last poll."""
+
+    def close(self) -> None:
+        """Cancel everything this adapter started and stop its helpers."""

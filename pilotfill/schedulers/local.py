@@ -1,0 +1,225 @@
+"""The embedded default: a virtual cluster of N named nodes on this machine.
+
+A main workload takes nodes back and returns them over time — by default each
+virtual node replays one real Summit node's idle/busy history (from the
+bundled excerpt, a window in which it was mostly idle), time-compressed and
+looped, so a node changes hands every few tens of seconds; or exactly the
+changes a config scripts (for tests). Pilots are agent processes holding one
+or more nodes; a node the main workload wants is preempted like a batch
+system would: SIGTERM to the pilot, SIGKILL after the grace period.
+
+Nodes are called ``pf-node-0`` … rather than ``localhost``: Elastic Horovod
+blacklists a host whose rank dies, and with one host name the whole job
+would stop (DESIGN, "Elastic runtime").
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import procs
+from ..config import LocalConfig, PilotConfig, ScriptedChange
+from ..traces import read_trace
+from .base import BatchScheduler, PilotEvent
+
+EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-week-64nodes.csv.gz"
+WINDOW_HOURS = 6.0
+MIN_PERIOD_S = 4.0
+"""Idle or busy spells shorter than this (after compression) are dropped: too short to be seen."""
+
+
+def summit_schedule(nodes: list[str], seconds_per_second: float, hours: float = WINDOW_HOURS, trace: Path = EXCERPT) -> tuple[list[ScriptedChange], float]:
+    """Changes for ``nodes`` from the bundled trace, and the period after which they repeat.
+
+    Virtual node i replays the real node with the i-th most idle window of
+    ``hours`` hours, starting from that window's beginning.
+    """
+    tr = read_trace(trace)
+    grid = np.arange(tr.start, tr.end, 60.0)
+    idle_now = {n: n in tr.initial_idle for n in tr.nodes}
+    changes: dict[str, list[tuple[float, bool]]] = {n: [] for n in tr.nodes}
+    for s in tr.steps:
+        for n in s.to_idle:
+            changes[n].append((s.time, True))
+        for n in s.to_busy:
+            changes[n].append((s.time, False))
+    width = int(hours * 60)
+    best: list[tuple[float, str, float]] = []
+    for n in tr.nodes:
+        state = np.zeros(len(grid), dtype=float)
+        idle, last = idle_now[n], 0
+        for t, becomes in changes[n]:
+            k = int(np.searchsorted(grid, t))
+            state[last:k] = idle
+            idle, last = becomes, k
+        state[last:] = idle
+        sums = np.concatenate([[0.0], np.cumsum(state)])
+        frac = (sums[width:] - sums[:-width]) / width
+        k = int(np.argmax(frac))
+        best.append((float(frac[k]), n, float(grid[k])))
+    best.sort(key=lambda b: (-b[0], b[1]))
+    period = hours * 3600 / seconds_per_second
+    out: list[ScriptedChange] = []
+    for virtual, (_, real, start) in zip(nodes, best):
+        idle = idle_now[real]
+        for t, becomes in changes[real]:
+            if t <= start:
+                idle = becomes
+        spells = [(0.0, idle)]
+        for t, becomes in changes[real]:
+            if start < t < start + hours * 3600 and becomes != spells[-1][1]:
+                spells.append(((t - start) / seconds_per_second, becomes))
+        # Drop spells too short to matter, merging their neighbours.
+        kept = [spells[0]]
+        for i, (t, becomes) in enumerate(spells[1:], 1):
+            end = spells[i + 1][0] if i + 1 < len(spells) else period
+            if end - t >= MIN_PERIOD_S and becomes != kept[-1][1]:
+                kept.append((t, becomes))
+        out += [ScriptedChange(t, virtual, "idle" if becomes else "busy") for t, becomes in kept]
+    return sorted(out, key=lambda c: (c.at, c.node)), period
+
+
+@dataclass
+class _Pilot:
+    id: str
+    scheduler_id: str
+    nodes: list[str]
+    process: subprocess.Popen
+    started_reported: bool = False
+    kill_at: float | None = None
+    why: str = ""
+
+
+@dataclass
+class LocalScheduler(BatchScheduler):
+    """Virtual nodes, a main workload, and pilots as local agent processes."""
+
+    config: LocalConfig
+    pilots: PilotConfig
+    run_dir: Path
+    on_spawn: Callable[[subprocess.Popen, str, str], None] = lambda p, kind, host: None
+    clock: Callable[[], float] = time.time
+    name: str = "local"
+    _busy: set[str] = field(default_factory=set)
+    _running: dict[str, _Pilot] = field(default_factory=dict)
+    _events: list[PilotEvent] = field(default_factory=list)
+    _next_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.nodes = [f"{self.config.node_prefix}{i}" for i in range(self.config.nodes)]
+        self._t0 = self.clock()
+        self._cursor = 0
+        self._period: float | None = None
+        if self.config.workload == "trace":
+            self._schedule, self._period = summit_schedule(self.nodes, self.config.trace_seconds_per_second)
+        elif self.config.workload == "script":
+            self._schedule = list(self.config.script)
+        else:
+            self._schedule = []
+        # The state at time 0 (changes scripted at 0 apply before any pilot starts).
+        self._advance_workload(self._t0)
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ BatchScheduler
+
+    def idle_nodes(self) -> int:
+        return len(self._free())
+
+    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
+        free = self._free()[: max(1, min(nodes, self.pilots.nodes_per_pilot))]
+        if not free:
+            raise RuntimeError("no idle node to start a pilot on")
+        self._next_id += 1
+        scheduler_id = f"local.{self._next_id}"
+        argv = [
+            sys.executable, "-m", "pilotfill.pilots.agent",
+            "--run-dir", str(self.run_dir), "--pilot", pilot_id, "--nodes", ",".join(free),
+            "--scheduler-id", scheduler_id, "--heartbeat-s", str(self.pilots.heartbeat_s), "--grace-s", str(self.pilots.grace_s),
+        ]  # fmt: skip
+        proc = procs.spawn(argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"))
+        self.on_spawn(proc, "pilot", ",".join(free))
+        self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc)
+        return scheduler_id
+
+    def release(self, pilot_id: str, nodes: list[str]) -> None:
+        pilot = self._running.get(pilot_id)
+        if pilot is None:
+            return
+        pilot.nodes = [n for n in pilot.nodes if n not in nodes]
+        if not pilot.nodes:
+            self.cancel(pilot_id)
+
+    def cancel(self, pilot_id: str) -> None:
+        pilot = self._running.get(pilot_id)
+        if pilot is not None and pilot.kill_at is None:
+            self._terminate(pilot, "cancelled")
+
+    def poll(self, now: float) -> list[PilotEvent]:
+        self._advance_workload(now)
+        for pilot in list(self._running.values()):
+            if not pilot.started_reported:
+                pilot.started_reported = True
+                self._events.append(PilotEvent("started", pilot.id, pilot.scheduler_id, tuple(pilot.nodes)))
+            code = pilot.process.poll()
+            if code is not None:
+                del self._running[pilot.id]
+                self._events.append(PilotEvent("ended", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), detail=pilot.why or f"exit {code}"))
+            elif pilot.kill_at is not None and now >= pilot.kill_at:
+                procs.kill_group(pilot.process.pid)
+        events, self._events = self._events, []
+        return events
+
+    def close(self) -> None:
+        for pilot in list(self._running.values()):
+            procs.kill_group(pilot.process.pid)
+            pilot.process.wait()
+        self._running.clear()
+
+    # ------------------------------------------------------------ the main workload
+
+    def main_busy(self) -> set[str]:
+        """Nodes the main workload has now (for views and tests)."""
+        return set(self._busy)
+
+    def _free(self) -> list[str]:
+        held = {n for p in self._running.values() for n in p.nodes}
+        return [n for n in self.nodes if n not in self._busy and n not in held]
+
+    def _advance_workload(self, now: float) -> None:
+        elapsed = now - self._t0
+        while self._schedule:
+            if self._cursor >= len(self._schedule):
+                if self._period is None:
+                    return
+                self._t0 += self._period  # loop the compressed trace
+                elapsed = now - self._t0
+                self._cursor = 0
+            change = self._schedule[self._cursor]
+            if change.at > elapsed:
+                return
+            self._cursor += 1
+            if change.state == "busy":
+                self._busy.add(change.node)
+                for pilot in self._running.values():
+                    if change.node in pilot.nodes and pilot.kill_at is None:
+                        self._terminate(pilot, f"preempted for {change.node}")
+                        self._events.append(PilotEvent("preempted", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.kill_at))
+            else:
+                self._busy.discard(change.node)
+
+    def _terminate(self, pilot: _Pilot, why: str) -> None:
+        pilot.why = why
+        pilot.kill_at = self.clock() + self.pilots.grace_s
+        try:
+            os.killpg(pilot.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass

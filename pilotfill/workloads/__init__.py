@@ -1,0 +1,1 @@
+"""Workloads shipped with pilotfill for demos and tests."""
