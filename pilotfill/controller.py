@@ -352,7 +352,7 @@ class Controller:
             if new and row.status != "running":
                 self.runtime.start(job_id, row.spec, new)
                 self.state.set_job(job_id, status="running", nodes=new, started=row.started or now, launches=row.launches + 1)
-                self.state.log("job.started", job=job_id, nodes=new)
+                self.state.log("job.started", job=job_id, nodes=new, progress=row.progress)
             elif not new:
                 self.runtime.stop(job_id)
                 self.state.set_job(job_id, status="pending", nodes=[])

@@ -35,6 +35,9 @@ EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-w
 WINDOW_HOURS = 6.0
 MIN_PERIOD_S = 4.0
 """Idle or busy spells shorter than this (after compression) are dropped: too short to be seen."""
+FAILURE_NOTICE_S = 15.0
+"""A pilot that dies on its own is a failed node to a batch system, which notices only after its own
+timeout (Slurm's SlurmdTimeout, PBS's node down detection). Until then, only the missed heartbeats tell."""
 
 
 def summit_schedule(nodes: list[str], seconds_per_second: float, hours: float = WINDOW_HOURS, trace: Path = EXCERPT) -> tuple[list[ScriptedChange], float]:
@@ -83,7 +86,10 @@ def summit_schedule(nodes: list[str], seconds_per_second: float, hours: float = 
         for i, (t, becomes) in enumerate(spells[1:], 1):
             end = spells[i + 1][0] if i + 1 < len(spells) else period
             if end - t >= MIN_PERIOD_S and becomes != kept[-1][1]:
-                kept.append((t, becomes))
+                if len(kept) == 1 and t < MIN_PERIOD_S:
+                    kept[0] = (0.0, becomes)  # too soon after the start: start in that state
+                else:
+                    kept.append((t, becomes))
         out += [ScriptedChange(t, virtual, "idle" if becomes else "busy") for t, becomes in kept]
     return sorted(out, key=lambda c: (c.at, c.node)), period
 
@@ -97,6 +103,7 @@ class _Pilot:
     started_reported: bool = False
     kill_at: float | None = None
     why: str = ""
+    died_at: float | None = None
 
 
 @dataclass
@@ -170,6 +177,12 @@ class LocalScheduler(BatchScheduler):
                 pilot.started_reported = True
                 self._events.append(PilotEvent("started", pilot.id, pilot.scheduler_id, tuple(pilot.nodes)))
             code = pilot.process.poll()
+            if code is not None and pilot.kill_at is None and code != 0:
+                # Died on its own (a node failure to the batch system): noticed late.
+                pilot.died_at = pilot.died_at or now
+                if now - pilot.died_at < FAILURE_NOTICE_S:
+                    continue
+                pilot.why = f"died ({code})"
             if code is not None:
                 del self._running[pilot.id]
                 self._events.append(PilotEvent("ended", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), detail=pilot.why or f"exit {code}"))

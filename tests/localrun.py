@@ -1,0 +1,126 @@
+"""A real controller process on a temporary run directory, for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pilotfill.client import ControllerClient
+from pilotfill.state import State
+
+SCRIPTED = """
+scheduler = "local"
+[local]
+nodes = {nodes}
+workload = "{workload}"
+script = [{script}]
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = {deadline}
+grace_s = {grace}
+[controller]
+tick_s = 0.1
+t_fwd = 10.0
+"""
+
+
+def synthetic_job(name: str, total: float, per_rank: float = 40.0, lo: int = 1, hi: int = 4, **kwargs: Any) -> dict[str, Any]:
+    """A job whose ranks are real processes reporting samples (pilotfill.workloads.synthetic)."""
+    return {
+        "name": name,
+        "entry": "pilotfill.workloads.synthetic:train",
+        "kwargs": {"total_samples": total, "samples_per_s": per_rank, **kwargs},
+        "min_nodes": lo,
+        "max_nodes": hi,
+        "curve": {"nodes": list(range(hi + 1)), "samples_per_s": [per_rank * n for n in range(hi + 1)]},
+        "scale_up_cost_s": 1.0,
+        "scale_down_cost_s": 1.0,
+    }
+
+
+class LocalRun:
+    def __init__(self, root: Path, nodes: int = 4, script: list[tuple[float, str, str]] = (), deadline: float = 3.0, grace: float = 3.0):
+        self.run_dir = root / "run"
+        self.config = root / "config.toml"
+        items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in script)
+        self.config.write_text(SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace))
+        self.proc: subprocess.Popen | None = None
+        self.logs: list[Path] = []
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        log = self.run_dir.parent / f"controller-{len(self.logs)}.out"
+        self.logs.append(log)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pilotfill.controller", "--run-dir", str(self.run_dir), "--config", str(self.config)],
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                if json.loads((self.run_dir / "controller.json").read_text())["pid"] == self.proc.pid:
+                    self.client = ControllerClient(self.run_dir)
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"controller exited: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        raise TimeoutError("controller did not start")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+
+    def state(self) -> State:
+        return State(self.run_dir, readonly=True)
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        s = self.state()
+        try:
+            return s.events(kind)
+        finally:
+            s.close()
+
+    def wait_for(self, predicate, timeout_s: float = 60.0, what: str = "condition"):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out waiting for {what}; controller log:\n{self.logs[-1].read_text()[-3000:]}")
+
+    def leftover_processes(self) -> list[int]:
+        """Processes other than the live controller that belong to this run (by environment or argv)."""
+        marker = str(self.run_dir).encode()
+        mine = {os.getpid(), self.proc.pid if self.proc and self.proc.poll() is None else -1}
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) in mine:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    if f.read().split(b") ", 1)[1][:1] == b"Z":
+                        continue
+            except OSError:
+                continue
+            if marker in cmd or b"PILOTFILL_RUN_DIR=" + marker in env:
+                found.append(int(pid))
+        return found
