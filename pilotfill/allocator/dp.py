@@ -48,15 +48,18 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
 
     choices = [np.flatnonzero(np.isfinite(t)) for t in tables]
     rows: list[np.ndarray] = [np.zeros(1)]  # rows[j][c]: best of the first j jobs on at most c nodes
+    scratch = np.empty(capacity + 1)
     for t, ks in zip(tables, choices):
         prev = rows[-1]
         reach = min(capacity, len(prev) - 1 + len(t) - 1)
         prev_ext = _extend(prev, reach + 1)
         cur = prev_ext + t[0]
-        for k in ks[1:]:
+        for k in ks[1:].tolist():
             if k > reach:
                 break
-            np.maximum(cur[k:], prev_ext[: reach + 1 - k] + t[k], out=cur[k:])
+            shifted = scratch[: reach + 1 - k]
+            np.add(prev_ext[: reach + 1 - k], t[k], out=shifted)
+            np.maximum(cur[k:], shifted, out=cur[k:])
         rows.append(cur)
 
     counts = [0] * len(tables)

@@ -10,7 +10,10 @@ type t, with min_j·y ≤ n ≤ max_j·y and at most one type per job.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mip
@@ -39,6 +42,41 @@ class MilpResult:
     status: str
 
 
+TIE_BREAK = 1e-9
+"""Relative worth of one node: among equal optima, prefer fewer nodes (leave them to the main workload)."""
+
+
+@contextmanager
+def quiet_solver() -> Iterator[None]:
+    """CBC prints some messages (Coin0505I, …) straight to file descriptor 1 whatever ``verbose`` says;
+    keep them off stdout, where ``--json`` output and live views go."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def optimize(m: mip.Model, curves_by_job: Sequence[Sequence[CurveVars]]) -> mip.OptimizationStatus:
+    """Maximise the tables' value, ties to fewer nodes; a model with nothing to decide is optimal at once."""
+    counts = [c.count for curves in curves_by_job for c in curves if not isinstance(c.count, int)]
+    if not counts:
+        return mip.OptimizationStatus.OPTIMAL
+    scale = max((abs(float(v)) for curves in curves_by_job for c in curves for v in c.table.values if abs(v) != float("inf")), default=1.0)
+    m.objective = mip.maximize(mip.xsum(c.value for curves in curves_by_job for c in curves) - TIE_BREAK * max(scale, 1.0) * mip.xsum(counts))
+    with quiet_solver():
+        return m.optimize()
+
+
 def new_model(time_limit_s: float, solver: str = mip.CBC) -> mip.Model:
     m = mip.Model(sense=mip.MAXIMIZE, solver_name=solver)
     m.verbose = 0
@@ -56,7 +94,7 @@ def add_curve(m: mip.Model, table: ValueTable, count: mip.LinExpr | None = None)
     expression; otherwise an integer variable is created.
     """
     job = table.job
-    if table.cap < job.min_nodes:
+    if table.only_zero:
         if isinstance(count, mip.LinExpr) and count.expr:
             m += count == 0
         return CurveVars(table, 0, 0, float(table.values[0]))
@@ -103,8 +141,7 @@ def solve(problem: Problem, time_limit_s: float = 1.0, solver: str = mip.CBC) ->
         counts = [c.count for curves in curves_by_job for c in curves if c.table.node_type == node_type and not isinstance(c.count, int)]
         if counts:
             m += mip.xsum(counts) <= len(nodes)
-    m.objective = mip.maximize(mip.xsum(c.value for curves in curves_by_job for c in curves))
-    status = m.optimize()
+    status = optimize(m, curves_by_job)
     if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
         return MilpResult(None, None, False, status.name)
     counts, types = read_counts(curves_by_job)

@@ -8,14 +8,16 @@ rescaling at the job's current rate. Here the no-migration rule is written
 with one binary g_j per job (g_j = 1: keeps every node it holds and may add;
 g_j = 0: adds none and may drop), and the curve and rescale loss come from the
 same value tables as the aggregated model. It has J·V binaries, which is why
-it takes seconds at 128 nodes while the aggregated model takes milliseconds.
+it takes seconds at 128 nodes while the aggregated model takes milliseconds;
+CBC may also overrun the time limit in its root processing at large sizes,
+one more reason it is only a baseline.
 """
 
 from __future__ import annotations
 
 import mip
 
-from .milp import MilpResult, add_curve, new_model, one_type_per_job
+from .milp import MilpResult, add_curve, new_model, one_type_per_job, optimize
 from .problem import Problem
 from .values import value_tables
 
@@ -48,8 +50,7 @@ def solve(problem: Problem, time_limit_s: float = 60.0, solver: str = mip.CBC) -
         users = [x[j.id, v] for j in problem.jobs if (j.id, v) in x]
         if len(users) > 1:
             m += mip.xsum(users) <= 1
-    m.objective = mip.maximize(mip.xsum(c.value for curves in curves_by_job for c in curves))
-    status = m.optimize()
+    status = optimize(m, curves_by_job)
     if status not in (mip.OptimizationStatus.OPTIMAL, mip.OptimizationStatus.FEASIBLE):
         return MilpResult(None, None, False, status.name), None
     assignment = {j.id: tuple(v for v in pool.nodes if (j.id, v) in x and x[j.id, v].x > 0.5) for j in problem.jobs}

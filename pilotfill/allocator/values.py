@@ -9,7 +9,9 @@ rescale loss charged at the job's current rate. The objective is separable, so
 it is tabulated once per (job, node type) for n = 0 … cap; the DP, the greedy
 fallback and both MILPs read the same table. Two refinements over BFTrainer:
 a job never earns more than its remaining work (no nodes for a job about to
-finish), and a job whose current count is below its minimum has rate 0.
+finish), and a job whose current count is below its minimum has rate 0. A job
+that holds nodes of one type may keep, grow or shrink there, or stop — never
+jump to another type in one decision, which would be migration.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class ValueTable:
     @property
     def cap(self) -> int:
         return len(self.values) - 1
+
+    @property
+    def only_zero(self) -> bool:
+        """True when the job cannot run on this type at all now."""
+        return not np.isfinite(self.values[1:]).any()
 
     def feasible_counts(self) -> np.ndarray:
         return np.flatnonzero(np.isfinite(self.values))
@@ -76,10 +83,14 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
     for job in problem.jobs:
         held = problem.held_by_type(job)
         rate_now = current_rate(job, held)
+        on = {t for t, c in held.items() if c > 0}
         tables = []
         for t in job.node_types:
             cap = min(job.max_nodes, pool_sizes.get(t, 0))
-            tables.append(_table(job, t, cap, held.get(t, 0), rate_now, problem.t_fwd))
+            table = _table(job, t, cap, held.get(t, 0), rate_now, problem.t_fwd)
+            if on and t not in on:
+                table.values[1:] = INFEASIBLE  # moving to another type would be migration: stop first
+            tables.append(table)
         out.append(tables)
     return out
 

@@ -1,0 +1,291 @@
+"""Allocator benchmark: how fast each formulation answers, and whether they agree.
+
+Two measurements, both on jobs read from the shared job file
+(``jobs-imagenet-1001.csv``: measured scalability curves, 1…64 nodes, rescale
+costs in seconds), T_fwd = 10 s:
+
+1. 10 jobs on 32, 64 and 128 identical nodes, a few seeded instances per size
+   (random jobs from the file, random remaining work, a random current map that
+   respects each job's bounds). Each instance is solved by the aggregated path
+   (the exact DP), the aggregated MILP (``"milp"``, CBC) and BFTrainer's
+   node-level MILP (``"node-level"``). Printed per instance: wall time of each,
+   node-level/DP and node-level/MILP, and whether all three reached the same
+   objective where the node-level model proved optimality.
+   Target: the same optimum wherever node-level proves it, and node-level/DP
+   ≥ 40 at 10 × 128.
+
+2. 200 jobs on 4,654 nodes (Summit's peak idle count, Feb 2021) over ~100
+   successive events: each answer's assignment becomes the next current map,
+   jobs progress and finish (replaced by new ones from the file), and between
+   events the main scheduler takes back some nodes and frees others. Only the
+   ``allocate(problem)`` call is timed (value tables, DP, realising the counts
+   as nodes). Printed: p50, p99 and max in ms, and p99 / 100 ms.
+   Target: p99 under 100 ms (ratio < 1).
+
+Every figure is measured in this run with ``time.perf_counter``; the script
+prints ratios and leaves the verdicts to the reader.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_allocator.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pilotfill.allocator import Allocation, Job, NodePool, Problem, ScalingCurve, allocate
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_JOBS = REPO.parent / "shared" / "data" / "jobs-imagenet-1001.csv"
+T_FWD = 10.0
+SUMMIT_NODES = 4734
+SUMMIT_PEAK_IDLE = 4654
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One row of the shared job file."""
+
+    name: str
+    min_nodes: int
+    max_nodes: int
+    total_samples: float
+    scale_up_cost_s: float
+    scale_down_cost_s: float
+    curve: ScalingCurve
+
+
+def read_jobs(path: Path) -> list[JobSpec]:
+    """Rows of a jobs CSV; ``nodes`` and ``samples_per_s`` are ';'-separated curve points."""
+    specs = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            nodes = tuple(int(x) for x in row["nodes"].split(";"))
+            rates = tuple(float(x) for x in row["samples_per_s"].split(";"))
+            specs.append(
+                JobSpec(
+                    name=row["name"],
+                    min_nodes=int(row["min_nodes"]),
+                    max_nodes=int(row["max_nodes"]),
+                    total_samples=float(row["total_samples"]),
+                    scale_up_cost_s=float(row["scale_up_cost_s"]),
+                    scale_down_cost_s=float(row["scale_down_cost_s"]),
+                    curve=ScalingCurve(nodes, rates),
+                )
+            )
+    return specs
+
+
+def make_job(spec: JobSpec, job_id: str, remaining: float) -> Job:
+    return Job(
+        id=job_id,
+        min_nodes=spec.min_nodes,
+        max_nodes=spec.max_nodes,
+        throughput=spec.curve,
+        scale_up_cost_s=spec.scale_up_cost_s,
+        scale_down_cost_s=spec.scale_down_cost_s,
+        remaining_samples=remaining,
+    )
+
+
+def random_current(rng: random.Random, jobs: list[Job], nodes: list[str], p_running: float = 0.7) -> dict[str, frozenset[str]]:
+    """Who holds what now: each job runs with probability p_running at a size within its bounds."""
+    free = list(nodes)
+    rng.shuffle(free)
+    current = {}
+    for job in jobs:
+        if rng.random() > p_running:
+            continue
+        n = rng.randint(job.min_nodes, job.max_nodes)
+        if n <= len(free):
+            current[job.id] = frozenset(free[:n])
+            del free[:n]
+    return current
+
+
+def instance(rng: random.Random, specs: list[JobSpec], n_jobs: int, n_nodes: int) -> Problem:
+    picked = rng.sample(specs, n_jobs)
+    jobs = [make_job(s, f"{s.name}", s.total_samples * rng.uniform(0.05, 1.0)) for s in picked]
+    nodes = [f"node{i:05d}" for i in range(n_nodes)]
+    return Problem(tuple(jobs), NodePool(tuple(nodes)), random_current(rng, jobs, nodes), T_FWD)
+
+
+@contextlib.contextmanager
+def quiet_solver(enabled: bool = True):
+    """Send what CBC prints straight to file descriptor 1 (e.g. "Coin0505I …") to /dev/null."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+QUIET = True
+
+
+def timed(problem: Problem, formulation: str, time_limit_s: float, repeats: int = 1) -> tuple[Allocation, float]:
+    """The answer and the median wall time in ms over ``repeats`` solves (solver chatter silenced outside the timing)."""
+    times, answer = [], None
+    with quiet_solver(QUIET):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            answer = allocate(problem, formulation, time_limit_s=time_limit_s)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return answer, statistics.median(times)
+
+
+def migrations(problem: Problem, a: Allocation) -> int:
+    added, removed = a.added(problem.current), a.removed(problem.current)
+    return sum(1 for j in problem.jobs if added.get(j.id) and removed.get(j.id))
+
+
+def same(x: float, y: float, rel: float = 1e-6) -> bool:
+    return abs(x - y) <= rel * max(1.0, abs(x), abs(y))
+
+
+def compare_formulations(specs: list[JobSpec], sizes: list[int], seeds: int, nl_limit_s: float) -> None:
+    print(f"== 10 jobs: DP vs aggregated MILP vs node-level MILP ({seeds} seeded instance(s) per size, node-level limit {nl_limit_s:g} s)")
+    print("   DP and MILP: median of 5 and 3 solves; node-level: one solve. 'match': all three objectives equal (rel 1e-6).")
+    header = f"{'nodes':>5} {'seed':>4} {'DP ms':>8} {'MILP ms':>8} {'NL ms':>9} {'NL/DP':>8} {'NL/MILP':>8} {'NL optimal':>10} {'match':>6} {'migr':>4}"
+    print(header)
+    print("-" * len(header))
+    summary = {}
+    for n_nodes in sizes:
+        ratios_dp, ratios_milp, matched, proven = [], [], 0, 0
+        for seed in range(seeds):
+            rng = random.Random(1000 * n_nodes + seed)
+            p = instance(rng, specs, 10, n_nodes)
+            dp_a, dp_ms = timed(p, "aggregated", 60.0, repeats=5)
+            mi_a, mi_ms = timed(p, "milp", 60.0, repeats=3)
+            nl_a, nl_ms = timed(p, "node-level", nl_limit_s)
+            ok = nl_a.method == "node-level" and nl_a.optimal
+            match = same(dp_a.objective, nl_a.objective) and same(mi_a.objective, nl_a.objective)
+            proven += ok
+            matched += ok and match
+            ratios_dp.append(nl_ms / dp_ms)
+            ratios_milp.append(nl_ms / mi_ms)
+            migr = migrations(p, dp_a) + migrations(p, mi_a) + migrations(p, nl_a)
+            shown = ("yes" if match else "NO") if ok else "n/a"
+            print(
+                f"{n_nodes:>5} {seed:>4} {dp_ms:>8.2f} {mi_ms:>8.2f} {nl_ms:>9.1f} {nl_ms / dp_ms:>8.0f} {nl_ms / mi_ms:>8.1f}"
+                f" {str(ok):>10} {shown:>6} {migr:>4}"
+            )
+        summary[n_nodes] = (ratios_dp, ratios_milp, matched, proven)
+    print()
+    print(f"{'nodes':>5} {'NL/DP min':>10} {'NL/DP median':>13} {'NL/MILP min':>12} {'NL/MILP median':>15} {'matched/proven':>15}")
+    for n_nodes, (rd, rm, matched, proven) in summary.items():
+        print(f"{n_nodes:>5} {min(rd):>10.0f} {statistics.median(rd):>13.0f} {min(rm):>12.1f} {statistics.median(rm):>15.1f} {matched:>7}/{proven:<7}")
+    if 128 in summary:
+        rd = summary[128][0]
+        print(f"10 x 128: node-level/DP median {statistics.median(rd):.0f}x, min {min(rd):.0f}x; "
+              f"min ratio / 40x target = {min(rd) / 40:.1f}")
+    print()
+
+
+def evolving_machine(specs: list[JobSpec], n_jobs: int, n_idle: int, solves: int, seed: int) -> None:
+    print(f"== {n_jobs} jobs on {n_idle} nodes: {solves} successive aggregated solves (answer -> next current map, pool perturbed)")
+    rng = random.Random(seed)
+    machine = [f"node{i:05d}" for i in range(SUMMIT_NODES)]
+    idle = set(rng.sample(machine, n_idle))
+    next_spec = iter(rng.sample(specs, len(specs)) * 10)
+    serial = 0
+
+    def new_job() -> Job:
+        nonlocal serial
+        s = next(next_spec)
+        serial += 1
+        return make_job(s, f"{s.name}#{serial}", s.total_samples * rng.uniform(0.05, 1.0))
+
+    jobs = [new_job() for _ in range(n_jobs)]
+    current = random_current(rng, jobs, sorted(idle), p_running=0.5)
+    times, build_times, methods, changed, migr, sizes = [], [], {}, [], 0, []
+    for _ in range(solves):
+        pool_nodes = tuple(sorted(idle))
+        t0 = time.perf_counter()
+        p = Problem(tuple(jobs), NodePool(pool_nodes), current, T_FWD)
+        t1 = time.perf_counter()
+        a = allocate(p)
+        t2 = time.perf_counter()
+        build_times.append((t1 - t0) * 1e3)
+        times.append((t2 - t1) * 1e3)
+        methods[a.method] = methods.get(a.method, 0) + 1
+        migr += migrations(p, a)
+        changed.append(sum(1 for j in jobs if len(a.assignment[j.id]) != len(current.get(j.id, ()))))
+        sizes.append(len(pool_nodes))
+        # Jobs progress for T_fwd at their new size; finished ones leave and new ones arrive.
+        survivors = []
+        for j in jobs:
+            done = j.throughput[next(iter(j.throughput))].at(a.counts[j.id]) * T_FWD
+            if j.remaining_samples - done > 0:
+                survivors.append(Job(j.id, j.min_nodes, j.max_nodes, j.throughput, j.scale_up_cost_s, j.scale_down_cost_s, j.remaining_samples - done))
+        arrivals = [new_job() for _ in range(n_jobs - len(survivors))]
+        alive = {j.id for j in survivors}
+        current = {j: frozenset(ns) for j, ns in a.assignment.items() if ns and j in alive}
+        jobs = survivors + arrivals
+        # The main scheduler takes back some idle nodes and frees as many others.
+        k = rng.randint(0, 60)
+        taken = set(rng.sample(sorted(idle), k))
+        freed = set(rng.sample(sorted(set(machine) - idle), min(k, SUMMIT_NODES - len(idle))))
+        idle = (idle - taken) | freed
+        current = {j: ns - taken for j, ns in current.items() if ns - taken}
+    arr = np.array(times)
+    p50, p99, worst = np.percentile(arr, 50), np.percentile(arr, 99), arr.max()
+    print(f"   pool size {min(sizes)}..{max(sizes)}; methods {methods}; jobs resized per event: median {statistics.median(changed):.0f};"
+          f" migrations {migr}")
+    print(f"   allocate():       p50 {p50:7.1f} ms   p99 {p99:7.1f} ms   max {worst:7.1f} ms   mean {arr.mean():7.1f} ms")
+    print(f"   Problem(...) build: p50 {np.percentile(build_times, 50):5.1f} ms (validation, not timed above)")
+    print(f"   p99 / 100 ms = {p99 / 100:.2f}   (max / 100 ms = {worst / 100:.2f})")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer instances and solves (about a minute)")
+    ap.add_argument("--jobs-csv", type=Path, default=DEFAULT_JOBS, help=f"job file (default {DEFAULT_JOBS})")
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[32, 64, 128], help="node counts for the 10-job comparison")
+    ap.add_argument("--seeds", type=int, default=None, help="instances per size (default 5, quick 2)")
+    ap.add_argument("--solves", type=int, default=None, help="successive solves at machine scale (default 100, quick 30)")
+    ap.add_argument("--node-level-limit", type=float, default=300.0, help="node-level time limit per solve, s")
+    ap.add_argument("--solver-output", action="store_true", help="let CBC print its messages")
+    args = ap.parse_args(argv)
+    global QUIET
+    QUIET = not args.solver_output
+    seeds = args.seeds or (2 if args.quick else 5)
+    solves = args.solves or (30 if args.quick else 100)
+
+    import mip
+
+    print(f"python {platform.python_version()}, numpy {np.__version__}, mip {mip.__version__}, "
+          f"{os.cpu_count()} CPU(s), {platform.machine()} {platform.system()}")
+    specs = read_jobs(args.jobs_csv)
+    print(f"{len(specs)} jobs from {args.jobs_csv}")
+    # Warm up: the first CBC call loads its library; not part of any figure.
+    timed(instance(random.Random(0), specs, 10, 16), "milp", 60.0)
+    timed(instance(random.Random(0), specs, 10, 16), "node-level", 60.0)
+    print()
+    compare_formulations(specs, args.sizes, seeds, args.node_level_limit)
+    evolving_machine(specs, 200, SUMMIT_PEAK_IDLE, solves, seed=2021)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
