@@ -61,7 +61,7 @@ class ControllerConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    kind: str = "processes"
+    kind: str = "processes"  # "horovod": Elastic Horovod (Gloo); "processes": plain rank processes
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Config:
 
 
 SCHEDULERS = ("local",)
-RUNTIMES = ("processes",)
+RUNTIMES = ("processes", "horovod")
 
 
 def load_config(path: str | Path | None = None) -> Config:

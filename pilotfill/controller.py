@@ -43,6 +43,9 @@ from .transport import Server
 
 log = logging.getLogger("pilotfill.controller")
 
+JOB_RETRIES = 3
+"""A job whose launcher dies without a result or a reported failure is retried this often, then failed."""
+
 
 class Controller:
     def __init__(self, run_dir: Path, config: Config, scheduler: BatchScheduler | None = None, runtime: Runtime | None = None):
@@ -56,7 +59,7 @@ class Controller:
         self._recover()
         self.server = Server(self.run_dir, self.key, host=config.controller.bind, not_before=self.started)
         self.scheduler = scheduler or self._make_scheduler()
-        self.runtime = runtime or ProcessRuntime(self.run_dir, on_spawn=lambda p, job, host: self._record_process(p, "rank", job, host))
+        self.runtime = runtime or self._make_runtime()
         self.pilots = PilotManager(self.scheduler, self.state, config.pilots)
         self.profiler = Profiler()
         self.dirty = True
@@ -66,6 +69,16 @@ class Controller:
             self.state.log("controller.started", incarnation=self.incarnation, pid=os.getpid(), endpoint=self.server.endpoint)
         self.server.publish(incarnation=self.incarnation)
         log.info("controller %d on %s at %s", self.incarnation, self.run_dir, self.server.endpoint)
+
+    def _make_runtime(self) -> Runtime:
+        def record(p: subprocess.Popen, job: str, host: str) -> None:
+            self._record_process(p, "rank", job, host)
+
+        if self.config.runtime.kind == "horovod":
+            from .elastic.horovod import HorovodRuntime
+
+            return HorovodRuntime(self.run_dir, local=self.config.scheduler == "local", on_spawn=record)
+        return ProcessRuntime(self.run_dir, on_spawn=record)
 
     def _make_scheduler(self) -> BatchScheduler:
         if self.config.scheduler == "local":
@@ -79,6 +92,9 @@ class Controller:
         leftovers = self.state.processes()
         for p in leftovers:
             procs.kill_group(p["pid"], p["start_ticks"])
+        # Grandchildren (ranks under horovodrun) are found by the run directory in their environment.
+        for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(self.run_dir)):
+            procs.kill_pid(pid)
         now = time.time()
         with self.state.transaction():
             self.state.db.execute("DELETE FROM processes")
@@ -282,6 +298,19 @@ class Controller:
         job = self.state.job(exit_.job_id)
         if job is None or job.status in TERMINAL or exit_.requested:
             return
+        if not exit_.host:
+            # The whole job's launcher ended without the job reporting a result or a failure.
+            self._release_job_nodes(job.id)
+            crashes = 1 + sum(1 for e in self.state.events("job.crashed") if e["job"] == job.id)
+            self.state.log("job.crashed", job=job.id, returncode=exit_.returncode, crashes=crashes)
+            if crashes >= JOB_RETRIES:
+                log_tail = self._log_tail(job.id)
+                self.state.set_job(job.id, status="failed", nodes=[], ended=now, error=f"the job's launcher exited {exit_.returncode} {crashes} times; last output:\n{log_tail}")
+                self.state.log("job.failed", job=job.id, error=f"launcher exited {exit_.returncode}")
+            else:
+                self.state.set_job(job.id, status="pending", nodes=[])
+            self.dirty = True
+            return
         if exit_.crashed:
             # A rank died on its own: the job loses that node, not its life.
             self.state.log("rank.lost", job=job.id, node=exit_.host, returncode=exit_.returncode)
@@ -389,6 +418,13 @@ class Controller:
         for node in self.state.nodes():
             if node["job"] == job_id:
                 self.state.set_node(node["name"], job=None)
+
+    def _log_tail(self, job_id: str, chars: int = 3000) -> str:
+        for name in (f"{job_id}.horovodrun.log",):
+            path = self.run_dir / "logs" / name
+            if path.exists():
+                return path.read_text(errors="replace")[-chars:]
+        return ""
 
     def _forget_dead_processes(self) -> None:
         for p in self.state.processes():

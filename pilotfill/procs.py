@@ -23,7 +23,7 @@ PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     if _libc is not None:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -40,7 +40,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: s
             stderr=subprocess.STDOUT,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     finally:
         if log_path:
@@ -93,3 +93,28 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_pid(pid: int) -> None:
+    """SIGKILL one process (not its group), if it is still there."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def with_environment(**wanted: str) -> list[int]:
+    """Live processes (other than this one) whose environment has all of ``wanted``."""
+    needles = [f"{k}={v}".encode() for k, v in wanted.items()]
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(n in env for n in needles) and alive(int(entry)):
+            found.append(int(entry))
+    return found

@@ -1,9 +1,11 @@
-"""Entry point of one rank of the simple runtime: fetch the job, run its function, send the outcome.
+"""Entry point of one rank (both runtimes): fetch the job, run its function, send the outcome.
 
     PILOTFILL_RUN_DIR=… PILOTFILL_JOB_ID=… PILOTFILL_HOST=… python -m pilotfill.elastic.rank
 
-The function's return value (JSON) goes back as ``job.result``; an exception
-as ``job.failed`` with its full traceback, and the rank exits 1.
+The function's return value (JSON) goes back as ``job.result`` — from rank 0
+when the function used Horovod, from whichever rank finishes first otherwise;
+an exception on any rank goes back as ``job.failed`` with its full traceback,
+and the rank exits 1.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import sys
 import traceback
 
+from ..procs import die_with_parent
 from ..transport import Client
 
 
@@ -25,7 +28,17 @@ def resolve(entry: str):
     return obj
 
 
+def horovod_rank() -> int | None:
+    """This process's Horovod rank if the function initialised Horovod, else None."""
+    hvd = sys.modules.get("horovod.torch")
+    try:
+        return hvd.rank() if hvd is not None and hvd.is_initialized() else None
+    except Exception:
+        return None
+
+
 def main() -> int:
+    die_with_parent()
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
     job = client.request({"type": "job.get", "job_id": job_id})["job"]
@@ -35,7 +48,8 @@ def main() -> int:
     except Exception:
         client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
         return 1
-    client.request({"type": "job.result", "job_id": job_id, "value": value})
+    if horovod_rank() in (None, 0):
+        client.request({"type": "job.result", "job_id": job_id, "value": value})
     return 0
 
 

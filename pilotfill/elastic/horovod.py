@@ -1,0 +1,180 @@
+"""Elastic Horovod (Gloo) behind the runtime interface: one ``horovodrun`` per job.
+
+Each job runs ``horovodrun --min-np MIN --max-np MAX --host-discovery-script
+SCRIPT``; the script prints the job's current hosts, which the controller
+writes (atomically) to ``discovery/<job>.hosts`` whenever it starts or
+resizes the job. Growing and shrinking is changing that file: Horovod polls
+it every second, adds ranks on new hosts and notifies the others, which pick
+up the committed state (``hvd.elastic.TorchState``) and carry on. A host that
+was removed and still has a rank after the shrink deadline has it killed.
+
+On the local virtual cluster the hosts are distinct names (``pf-node-0`` …),
+``ssh`` on horovodrun's PATH is :mod:`pilotfill.elastic.local_ssh`, Gloo uses
+``lo``, and ``--blacklist-cooldown-range`` lets a host whose rank died come
+back. On a cluster the hosts are the pilots' nodes and ssh is the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import procs
+from .base import RankExit, Runtime
+
+SHRINK_DEADLINE_S = 3.0
+"""A removed host's rank gets this long to leave through Horovod before it is killed."""
+JOB_RETRIES = 3
+"""horovodrun dying without a reported failure is retried (from the last durable commit) this often."""
+
+
+class HorovodRuntime(Runtime):
+    def __init__(
+        self,
+        run_dir: Path,
+        local: bool = True,
+        network_interface: str | None = "lo",
+        on_spawn: Callable[[subprocess.Popen, str, str], None] | None = None,
+        cooldown_s: tuple[int, int] = (5, 15),
+    ):
+        self.run_dir = Path(run_dir)
+        self.local = local
+        self.network_interface = network_interface
+        self.cooldown_s = cooldown_s
+        self._on_spawn = on_spawn or (lambda p, job, host: None)
+        self.discovery = self.run_dir / "discovery"
+        self.discovery.mkdir(mode=0o700, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self._drivers: dict[str, subprocess.Popen] = {}
+        self._hosts: dict[str, list[str]] = {}
+        self._stopping: dict[str, subprocess.Popen] = {}
+        self._removed: list[tuple[str, str, float]] = []  # job, host, kill-after
+        self._exits_read: dict[str, int] = {}
+        self._bin = self.run_dir / "bin"
+        if local:
+            self._bin.mkdir(mode=0o700, exist_ok=True)
+            ssh = self._bin / "ssh"
+            ssh.write_text(f'#!/bin/sh\nexec {sys.executable} -m pilotfill.elastic.local_ssh "$@"\n')
+            ssh.chmod(0o700)
+
+    # ------------------------------------------------------------ Runtime
+
+    def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
+        if job_id in self._drivers:
+            self.stop(job_id)
+        self._write_hosts(job_id, hosts)
+        script = self.discovery / f"{job_id}.sh"
+        script.write_text(f"#!/bin/sh\nexec cat {self.discovery / f'{job_id}.hosts'}\n")
+        script.chmod(0o700)
+        (self.discovery / f"{job_id}.exits").unlink(missing_ok=True)
+        self._exits_read[job_id] = 0
+        horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        if horovodrun is None:
+            raise RuntimeError("horovodrun not found: install Horovod (scripts/build_horovod.sh)")
+        argv = [
+            horovodrun, "-np", str(len(hosts)), "--min-np", str(spec["min_nodes"]), "--max-np", str(spec["max_nodes"]),
+            "--host-discovery-script", str(script), "--gloo", "--elastic-timeout", "600",
+            "--blacklist-cooldown-range", str(self.cooldown_s[0]), str(self.cooldown_s[1]),
+        ]  # fmt: skip
+        if self.network_interface:
+            argv += ["--network-interfaces", self.network_interface]
+        argv += [sys.executable, "-m", "pilotfill.elastic.rank"]
+        env = {
+            **os.environ,
+            "PILOTFILL_RUN_DIR": str(self.run_dir),
+            "PILOTFILL_JOB_ID": job_id,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if self.local:
+            env["PATH"] = f"{self._bin}{os.pathsep}{env.get('PATH', '')}"
+        log = self.run_dir / "logs" / f"{job_id}.horovodrun.log"
+        proc = procs.spawn(argv, env=env, log_path=str(log), cwd=str(self.run_dir))
+        self._drivers[job_id] = proc
+        self._on_spawn(proc, job_id, ",".join(hosts))
+
+    def resize(self, job_id: str, hosts: list[str]) -> None:
+        before = self._hosts.get(job_id, [])
+        self._write_hosts(job_id, hosts)
+        deadline = time.monotonic() + SHRINK_DEADLINE_S
+        self._removed += [(job_id, h, deadline) for h in before if h not in hosts]
+
+    def stop(self, job_id: str) -> None:
+        proc = self._drivers.pop(job_id, None)
+        self._write_hosts(job_id, [])
+        if proc is not None:
+            procs.kill_group(proc.pid)
+            self._stopping[job_id] = proc
+        for pid in self._job_processes(job_id):
+            procs.kill_pid(pid)
+
+    def hosts(self, job_id: str) -> list[str]:
+        return list(self._hosts.get(job_id, [])) if job_id in self._drivers else []
+
+    def poll(self) -> list[RankExit]:
+        out: list[RankExit] = []
+        for job_id, proc in list(self._drivers.items()):
+            out += self._new_exits(job_id)
+            if proc.poll() is not None:
+                del self._drivers[job_id]
+                out.append(RankExit(job_id, "", proc.returncode, requested=False))
+        for job_id, proc in list(self._stopping.items()):
+            if proc.poll() is not None:
+                del self._stopping[job_id]
+        now = time.monotonic()
+        keep = []
+        for job_id, host, deadline in self._removed:
+            if host in self._hosts.get(job_id, []):
+                continue  # given back to the job meanwhile
+            left = self._job_processes(job_id, host)
+            if not left:
+                continue
+            if now >= deadline:
+                for pid in left:
+                    procs.kill_pid(pid)
+            keep.append((job_id, host, deadline))
+        self._removed = keep
+        return out
+
+    def close(self) -> None:
+        for job_id in list(self._drivers):
+            self.stop(job_id)
+        for proc in self._stopping.values():
+            proc.wait()
+        self._stopping.clear()
+
+    # ------------------------------------------------------------ helpers
+
+    def _write_hosts(self, job_id: str, hosts: list[str]) -> None:
+        self._hosts[job_id] = list(hosts)
+        path = self.discovery / f"{job_id}.hosts"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(f"{h}:1\n" for h in hosts))
+        os.replace(tmp, path)
+
+    def _new_exits(self, job_id: str) -> list[RankExit]:
+        path = self.discovery / f"{job_id}.exits"
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return []
+        seen = self._exits_read.get(job_id, 0)
+        self._exits_read[job_id] = len(lines)
+        out = []
+        for line in lines[seen:]:
+            host, _, code = line.partition(" ")
+            if host in self._hosts.get(job_id, []):
+                out.append(RankExit(job_id, host, int(code), requested=False))
+        return out
+
+    def _job_processes(self, job_id: str, host: str | None = None) -> list[int]:
+        """Live processes of this job (optionally on one host), found by their environment."""
+        wanted = {"PILOTFILL_JOB_ID": job_id, "PILOTFILL_RUN_DIR": str(self.run_dir)}
+        if host is not None:
+            wanted["PILOTFILL_HOST"] = host
+        return procs.with_environment(**wanted)

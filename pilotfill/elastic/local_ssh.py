@@ -1,0 +1,73 @@
+"""A local stand-in for ``ssh``, put on horovodrun's PATH on the local virtual cluster.
+
+Horovod starts a rank on a host that does not resolve to a local address with
+``ssh [-o …] HOST [-p PORT] [-i KEY] 'cd …; env … python …'``. On the local
+cluster every "host" is this machine, so this runs the command here, with
+``PILOTFILL_HOST=HOST`` in its environment so the rank knows where it "is".
+It dies with its parent (the Horovod driver's worker thread) and forwards
+SIGTERM/SIGINT. When the command dies on its own on a host the job still owns
+(not a shrink), it leaves an exit record for the runtime: a rank that was
+killed costs its job that host, not the job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ..procs import die_with_parent
+
+OPTIONS_WITH_VALUE = {"-o", "-p", "-i", "-l", "-F", "-J", "-b", "-c", "-E", "-e", "-m", "-O", "-Q", "-S", "-W", "-w", "-D", "-L", "-R"}
+
+
+def parse(argv: list[str]) -> tuple[str, str]:
+    """(host, command) from ssh's argument list; options may come before or right after the host."""
+    host, i = None, 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in OPTIONS_WITH_VALUE:
+            i += 2
+        elif arg.startswith("-"):
+            i += 1
+        elif host is None:
+            host, i = arg, i + 1
+        else:
+            break
+    if host is None:
+        raise SystemExit("local ssh stand-in: no host given")
+    return host.split("@")[-1], " ".join(argv[i:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    host, command = parse(list(sys.argv[1:] if argv is None else argv))
+    die_with_parent()
+    env = {**os.environ, "PILOTFILL_HOST": host}
+    child = subprocess.Popen(["bash", "-c", command or "true"], env=env, preexec_fn=die_with_parent)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: child.send_signal(s))
+    code = child.wait()
+    if code != 0:
+        _record_exit(host, code)
+    return code if code >= 0 else 128 - code
+
+
+def _record_exit(host: str, code: int) -> None:
+    run_dir, job = os.environ.get("PILOTFILL_RUN_DIR"), os.environ.get("PILOTFILL_JOB_ID")
+    if not run_dir or not job:
+        return
+    hosts_file = Path(run_dir) / "discovery" / f"{job}.hosts"
+    try:
+        still_mine = host in hosts_file.read_text().split()
+    except OSError:
+        return
+    if still_mine:
+        exits = Path(run_dir) / "discovery" / f"{job}.exits"
+        with open(exits, "a") as f:
+            f.write(f"{host} {code}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

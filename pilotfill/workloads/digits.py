@@ -1,0 +1,84 @@
+"""Real elastic training: a small MLP on scikit-learn's digits, with Elastic Horovod.
+
+Plain torch with ``horovod.torch`` and ``hvd.elastic.run``; pilotfill adds one
+``report`` line and the durable ``TorchState``. Each epoch re-shards the
+training set over the ranks there are now, so growing and shrinking change
+how much each rank does, not what is learned. Rank 0 returns the validation
+accuracy: that is the job's result.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+from ..report import report
+
+
+def make_model(depth: int, width: int, activation: str) -> torch.nn.Module:
+    act = {"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh, "gelu": torch.nn.GELU}[activation]
+    layers, last = [], 64
+    for _ in range(depth):
+        layers += [torch.nn.Linear(last, width), act()]
+        last = width
+    layers.append(torch.nn.Linear(last, 10))
+    return torch.nn.Sequential(*layers)
+
+
+def data(seed: int = 0):
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    xtr, xva, ytr, yva = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
+    return torch.from_numpy(xtr), torch.from_numpy(ytr), torch.from_numpy(xva), torch.from_numpy(yva)
+
+
+def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "relu", lr: float = 0.05, batch: int = 32, seed: int = 0,
+          step_delay_s: float = 0.0, fail_at_epoch: int | None = None, durable: bool = True) -> dict:
+    """Train elastically; returns {"val_accuracy", "epochs", "restored"} from rank 0."""
+    import horovod.torch as hvd
+
+    from ..elastic.torch_state import TorchState
+
+    hvd.init()
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    xtr, ytr, xva, yva = data(seed)
+    model = make_model(depth, width, activation)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    state_cls = TorchState if durable else hvd.elastic.TorchState
+    state = state_cls(model, optimizer, epoch=0, batch=0)
+    restored = bool(getattr(state, "restored_from_disk", False))
+
+    @hvd.elastic.run
+    def loop(state) -> float:
+        for state.epoch in range(state.epoch, epochs):
+            if fail_at_epoch is not None and state.epoch >= fail_at_epoch:
+                raise RuntimeError(f"training diverged at epoch {state.epoch} (as asked)")
+            g = torch.Generator().manual_seed(seed + state.epoch)
+            order = torch.randperm(len(xtr), generator=g)
+            mine = order[hvd.rank() :: hvd.size()]
+            steps = len(mine) // batch
+            for state.batch in range(state.batch, steps):
+                idx = mine[state.batch * batch : (state.batch + 1) * batch]
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
+                loss.backward()
+                optimizer.step()
+                report(samples=len(idx))
+                if step_delay_s:
+                    time.sleep(step_delay_s)
+                if state.batch % 4 == 3:
+                    state.commit()
+            state.batch = 0
+            state.commit()
+        with torch.no_grad():
+            return float((model(xva).argmax(1) == yva).float().mean())
+
+    accuracy = loop(state)
+    return {"val_accuracy": accuracy, "epochs": epochs, "restored": restored, "size_at_end": hvd.size()}
