@@ -8,9 +8,10 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/build_horovod.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,train]'
+	scripts/build_horovod.sh $(BIN)/python
 	rm -f $(VENV)/.installed-* && touch $@
 
 # The main job. Until the elastic runtime exists (issue 4+), it replays the bundled Summit excerpt.

@@ -65,6 +65,7 @@ class Controller:
         self.dirty = True
         self.stopping = False
         self._heartbeats: dict[str, float] = {}
+        self._contributing: dict[str, set[str]] = {}  # job -> hosts whose ranks have reported since they joined
         with self.state.transaction():
             self.state.log("controller.started", incarnation=self.incarnation, pid=os.getpid(), endpoint=self.server.endpoint)
         self.server.publish(incarnation=self.incarnation)
@@ -133,7 +134,7 @@ class Controller:
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
             self._check_heartbeats(now)
-            if self.dirty:
+            if self.dirty and not self.pilots.settling(now):
                 self.reallocate(now)
             self.pilots.fill(self._problem, now)
             self._forget_dead_processes()
@@ -213,6 +214,9 @@ class Controller:
             return {"progress": job.progress}
         progress = self.state.add_progress(job.id, message["samples"])
         n = len(job.nodes)
+        if message["samples"] > 0 and message["host"] in job.nodes and message["host"] not in self._contributing.setdefault(job.id, set()):
+            self._contributing[job.id].add(message["host"])
+            self.state.log("rank.contributing", job=job.id, node=message["host"])
         if message["samples"] > 0 and n > 0 and message["host"] in job.nodes:
             seen_before = n in self.profiler.scales(job.id)
             self.profiler.observe(job.id, n, n * message["samples"] / message["seconds"], weight=message["seconds"])
@@ -390,6 +394,7 @@ class Controller:
                 self.runtime.resize(job_id, new)
                 self.state.set_job(job_id, nodes=new, rescales=row.rescales + 1)
                 self.state.log("job.resized", job=job_id, before=len(old), after=len(new), nodes=new)
+            self._contributing[job_id] = self._contributing.get(job_id, set()) & set(new)
             moved[job_id] = len(new)
         self.state.log("allocation", solve_ms=round(solve_ms, 3), method=answer.method, counts=dict(answer.counts), moved=moved, pool=len(problem.pool.nodes))
         self.pilots.give_back_unused(now)
@@ -409,6 +414,7 @@ class Controller:
             job = self.state.job(row["job"])
             if job is not None and node in job.nodes:
                 nodes = [n for n in job.nodes if n != node]
+                self._contributing.get(job.id, set()).discard(node)
                 self.runtime.resize(job.id, nodes) if nodes else self.runtime.stop(job.id)
                 self.state.set_job(job.id, nodes=nodes, status="running" if nodes else "pending", rescales=job.rescales + 1)
                 self.state.log("job.resized" if nodes else "job.stopped", job=job.id, before=len(job.nodes), after=len(nodes), nodes=nodes, cause=f"node {node} {new_state}")

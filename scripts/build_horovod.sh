@@ -13,6 +13,9 @@ CACHE=${PILOTFILL_WHEEL_CACHE:-$HOME/.cache/pilotfill/wheels}
 mkdir -p "$CACHE"
 wheel=$(ls "$CACHE"/horovod-0.28.1-*.whl 2>/dev/null | head -n 1 || true)
 if [ -z "$wheel" ]; then
+    # Build needs: torch already installed (headers), a setuptools that builds wheels, and cmake.
+    "$PY" -c 'import torch' || { echo "install torch==2.13.0 first" >&2; exit 1; }
+    "$PY" -m pip install --quiet --disable-pip-version-check "setuptools>=70" wheel cloudpickle psutil pyyaml packaging
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     "$PY" -m pip download --quiet --disable-pip-version-check --no-binary :all: --no-deps horovod==0.28.1 -d "$work"
@@ -28,3 +31,4 @@ if [ -z "$wheel" ]; then
     wheel=$(ls "$CACHE"/horovod-0.28.1-*.whl | head -n 1)
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check "$wheel"
+"$PY" -m horovod.runner.launch --check-build | grep -q '\[X\] PyTorch' || { echo "Horovod was built without PyTorch" >&2; exit 1; }

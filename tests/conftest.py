@@ -35,3 +35,15 @@ def write(tmp_path):
         return p
 
     return _write
+
+
+@pytest.fixture
+def horovod():
+    """Elastic Horovod with PyTorch and Gloo. Required in CI; skipped on a laptop without it."""
+    try:
+        import horovod.torch  # noqa: F401
+        import sklearn  # noqa: F401
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"CI needs Horovod (make install builds it): {exc}")
+        pytest.skip(f"Horovod with PyTorch is not installed ({exc}); `make install` builds it")

@@ -27,6 +27,8 @@ grace_s = {grace}
 [controller]
 tick_s = 0.1
 t_fwd = 10.0
+[runtime]
+kind = "{runtime}"
 """
 
 
@@ -45,11 +47,11 @@ def synthetic_job(name: str, total: float, per_rank: float = 40.0, lo: int = 1, 
 
 
 class LocalRun:
-    def __init__(self, root: Path, nodes: int = 4, script: list[tuple[float, str, str]] = (), deadline: float = 3.0, grace: float = 3.0):
+    def __init__(self, root: Path, nodes: int = 4, script: list[tuple[float, str, str]] = (), deadline: float = 3.0, grace: float = 3.0, runtime: str = "processes"):
         self.run_dir = root / "run"
         self.config = root / "config.toml"
         items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in script)
-        self.config.write_text(SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace))
+        self.config.write_text(SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace, runtime=runtime))
         self.proc: subprocess.Popen | None = None
         self.logs: list[Path] = []
 
@@ -124,3 +126,29 @@ class LocalRun:
             if marker in cmd or b"PILOTFILL_RUN_DIR=" + marker in env:
                 found.append(int(pid))
         return found
+
+
+def digits_job(name: str, lo: int = 1, hi: int = 2, **kwargs: Any) -> dict[str, Any]:
+    """Real elastic training (Horovod, torch) of a small MLP on scikit-learn's digits."""
+    return {
+        "name": name,
+        "entry": "pilotfill.workloads.digits:train",
+        "kwargs": {"epochs": 10, "step_delay_s": 0.05, **kwargs},
+        "min_nodes": lo,
+        "max_nodes": hi,
+        "curve": {"nodes": list(range(hi + 1)), "samples_per_s": [300.0 * n for n in range(hi + 1)]},
+        "scale_up_cost_s": 5.0,
+        "scale_down_cost_s": 3.0,
+    }
+
+
+def committed_step(run_dir: Path, job_id: str) -> tuple[int, int] | None:
+    """(epoch, batch) of the job's last durable commit, or None before the first."""
+    import torch
+
+    path = run_dir / "checkpoints" / f"{job_id}.pt"
+    try:
+        extra = torch.load(path, map_location="cpu", weights_only=False)["extra"]
+    except (OSError, EOFError, RuntimeError, KeyError):
+        return None
+    return int(extra["epoch"]), int(extra["batch"])

@@ -60,7 +60,7 @@ def _record_exit(host: str, code: int) -> None:
         return
     hosts_file = Path(run_dir) / "discovery" / f"{job}.hosts"
     try:
-        still_mine = host in hosts_file.read_text().split()
+        still_mine = host in {line.split(":")[0] for line in hosts_file.read_text().split()}
     except OSError:
         return
     if still_mine:

@@ -21,6 +21,9 @@ from ..state import State
 
 log = logging.getLogger("pilotfill.pilots")
 
+SETTLE_S = 2.0
+"""How long a growth waits for the other pilots of the same request to arrive."""
+
 
 class PilotManager:
     def __init__(self, scheduler: BatchScheduler, state: State, config: PilotConfig):
@@ -28,12 +31,14 @@ class PilotManager:
         self.state = state
         self.config = config
         self._requested: dict[str, int] = {}  # queued pilot -> nodes asked for
+        self._asked_at: dict[str, float] = {}  # queued pilot -> when
         self._release: dict[str, set[str]] = {}  # pilot -> nodes to drop, told at its next heartbeat
 
     def fill(self, problem_for: Callable[[int], Problem], now: float) -> int:
         """Submit pilots for the nodes the allocator would use but we do not hold; return nodes asked for."""
         queued = {p["id"] for p in self.state.pilots(("queued",))}
         self._requested = {p: n for p, n in self._requested.items() if p in queued}
+        self._asked_at = {p: t for p, t in self._asked_at.items() if p in queued}
         idle = self.scheduler.idle_nodes()
         if idle == 0 or not self.state.jobs(("pending", "running")):
             return 0
@@ -57,8 +62,15 @@ class PilotManager:
             self.state.upsert_pilot(pilot, scheduler_id=scheduler_id, state="queued", submitted=now, controller=0)
             self.state.log("pilot.submitted", pilot=pilot, scheduler_id=scheduler_id, nodes=size)
             self._requested[pilot] = size
+            self._asked_at[pilot] = now
             asked += size
         return asked
+
+    def settling(self, now: float, window_s: float = SETTLE_S) -> bool:
+        """True while pilots asked for moments ago have not all arrived: growing now would mean
+        growing again a moment later, paying the rescale cost twice."""
+        queued = {p["id"] for p in self.state.pilots(("queued",))}
+        return any(now - t < window_s for p, t in self._asked_at.items() if p in queued)
 
     def give_back_unused(self, now: float) -> list[str]:
         """Release every ready node that the last allocation left without a job."""

@@ -57,14 +57,14 @@ def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "
 
     @hvd.elastic.run
     def loop(state) -> float:
-        for state.epoch in range(state.epoch, epochs):
+        while state.epoch < epochs:
             if fail_at_epoch is not None and state.epoch >= fail_at_epoch:
                 raise RuntimeError(f"training diverged at epoch {state.epoch} (as asked)")
             g = torch.Generator().manual_seed(seed + state.epoch)
             order = torch.randperm(len(xtr), generator=g)
             mine = order[hvd.rank() :: hvd.size()]
             steps = len(mine) // batch
-            for state.batch in range(state.batch, steps):
+            while state.batch < steps:
                 idx = mine[state.batch * batch : (state.batch + 1) * batch]
                 optimizer.zero_grad()
                 loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
@@ -73,9 +73,11 @@ def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "
                 report(samples=len(idx))
                 if step_delay_s:
                     time.sleep(step_delay_s)
-                if state.batch % 4 == 3:
+                state.batch += 1
+                if state.batch % 4 == 0:
                     state.commit()
-            state.batch = 0
+            # (epoch, batch) only ever increases: the end of an epoch is the start of the next.
+            state.epoch, state.batch = state.epoch + 1, 0
             state.commit()
         with torch.no_grad():
             return float((model(xva).argmax(1) == yva).float().mean())

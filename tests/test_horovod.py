@@ -1,0 +1,126 @@
+"""Elastic Horovod ranks inside pilots: real horovodrun, real torch training, on the local cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from localrun import LocalRun, committed_step, digits_job
+
+
+@pytest.fixture
+def local(tmp_path, horovod):
+    runs: list[LocalRun] = []
+
+    def make(**kw) -> LocalRun:
+        runs.append(LocalRun(tmp_path, runtime="horovod", grace=5.0, **kw))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.stop()
+        run.wait_for(lambda: not run.leftover_processes(), 20, "no leftover processes")
+
+
+def events_of(run, kind, job=None):
+    return [e for e in run.events(kind) if job is None or e["job"] == job]
+
+
+def test_shrink_keeps_training_and_grow_returns(local):
+    run = local(script=[(12.0, "pf-node-1", "busy"), (24.0, "pf-node-1", "idle")])
+    run.start()
+    ids = [run.client.submit(digits_job(f"j{i}", epochs=20)) for i in range(2)]
+    steps: dict[str, list] = {j: [] for j in ids}
+
+    def watch() -> bool:
+        for j in ids:
+            step = committed_step(run.run_dir, j)
+            if step is not None:
+                steps[j].append(step)
+        return all(run.client.job(j)["status"] in ("finished", "failed") for j in ids)
+
+    run.wait_for(watch, 180, "both jobs to finish")
+    shrink = [e for e in run.events("job.resized") if "pf-node-1 leaving" in e["data"].get("cause", "")]
+    assert shrink, "the main workload's node was never taken from a job"
+    victim = shrink[0]["job"]
+    assert shrink[0]["data"]["after"] == shrink[0]["data"]["before"] - 1
+    assert len(events_of(run, "job.started", victim)) == 1, "the shrunk job started over"
+    for j in ids:
+        assert steps[j] == sorted(steps[j]), f"committed step of {j} went backwards"
+        job = run.client.job(j)
+        assert job["status"] == "finished", job["error"]
+        assert job["result"]["val_accuracy"] > 0.8
+    rejoined = [e for e in run.events("node.joined") if e["node"] == "pf-node-1" and e["seq"] > shrink[0]["seq"]]
+    assert rejoined
+    assert any(e["data"]["after"] > e["data"]["before"] for e in run.events("job.resized") if e["seq"] > rejoined[0]["seq"])
+
+
+def test_controller_crash_resumes_from_durable_commit(local):
+    run = local()
+    run.start()
+    a = run.client.submit(digits_job("durable", epochs=14))
+    b = run.client.submit(digits_job("other", epochs=8))
+    run.wait_for(lambda: (committed_step(run.run_dir, a) or (0, 0))[0] >= 3, 120, "three epochs committed")
+    before = committed_step(run.run_dir, a)
+    run.kill(signal.SIGKILL)
+    run.wait_for(lambda: not run.leftover_processes(), 15, "no rank or horovodrun of the dead controller")
+    run.start()
+    seen = []
+
+    def watch() -> bool:
+        step = committed_step(run.run_dir, a)
+        if step is not None:
+            seen.append(step)
+        return run.client.job(a)["status"] in ("finished", "failed") and run.client.job(b)["status"] in ("finished", "failed")
+
+    run.wait_for(watch, 180, "both jobs to finish after the restart")
+    assert min(seen) >= before, f"resumed at {min(seen)}, before the crash it had committed {before}"
+    job = run.client.job(a)
+    assert job["status"] == "finished", job["error"]
+    assert job["result"]["restored"] is True
+    assert run.client.job(b)["status"] == "finished"
+
+
+def test_a_raising_function_fails_its_job_only(local):
+    run = local()
+    run.start()
+    bad = run.client.submit(digits_job("bad", fail_at_epoch=2))
+    good = run.client.submit(digits_job("good", hi=4, epochs=14))
+    done = run.client.wait([bad, good], timeout_s=180)
+    assert done[bad]["status"] == "failed"
+    assert "training diverged at epoch 2" in done[bad]["error"]
+    assert "Traceback" in done[bad]["error"] and "digits.py" in done[bad]["error"]
+    assert done[good]["status"] == "finished"
+    failed_at = events_of(run, "job.failed", bad)[0]["seq"]
+    grew = [e for e in events_of(run, "job.resized", good) if e["seq"] > failed_at and e["data"]["after"] > e["data"]["before"]]
+    assert grew, "the freed nodes did not go to the other job"
+
+
+def test_a_killed_rank_costs_one_node_not_the_job(local):
+    run = local()
+    run.start()
+    job = run.client.submit(digits_job("sturdy", hi=3, epochs=30))
+    run.wait_for(lambda: (committed_step(run.run_dir, job) or (0, 0))[0] >= 1 and len(run.client.job(job)["nodes"]) == 3, 120, "three ranks training")
+    host = run.client.job(job)["nodes"][1]
+    victim = _rank_pid(run, job, host)
+    os.kill(victim, signal.SIGKILL)
+    run.wait_for(lambda: events_of(run, "rank.lost", job), 20, "the lost rank to be noticed")
+    done = run.client.wait([job], timeout_s=180)
+    assert done[job]["status"] == "finished", done[job]["error"]
+    assert not events_of(run, "job.crashed", job)
+    assert len(events_of(run, "job.started", job)) == 1
+
+
+def _rank_pid(run: LocalRun, job: str, host: str) -> int:
+    for pid in run.leftover_processes():
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if f"PILOTFILL_HOST={host}".encode() in env and f"PILOTFILL_JOB_ID={job}".encode() in env and b"pilotfill.elastic.rank" in cmd and b"bash" not in cmd:
+            return pid
+    raise AssertionError(f"no rank of {job} on {host}")
