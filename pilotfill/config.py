@@ -43,6 +43,40 @@ class LocalConfig:
 
 
 @dataclass(frozen=True)
+class SlurmConfig:
+    """Pilots as Slurm jobs in a low-priority, preemptible partition."""
+
+    partition: str = "scavenger"
+    account: str = ""
+    qos: str = ""
+    time_min: str = "00:10:00"  # --time-min: Slurm may shorten the pilot down to this to fit it in
+    time_max: str = "02:00:00"  # --time
+    min_nodes: int = 1  # -N min-max: a pilot takes whatever is idle in this range
+    max_nodes: int = 16
+    poll_s: float = 5.0
+    command_timeout_s: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    python: str = ""  # interpreter on the compute nodes (default: the controller's)
+
+
+@dataclass(frozen=True)
+class PbsConfig:
+    """Pilots as OpenPBS / PBS Pro jobs with shrink-to-fit walltime."""
+
+    queue: str = "scavenger"
+    account: str = ""
+    min_walltime: str = "00:10:00"
+    max_walltime: str = "02:00:00"
+    nodes_per_pilot: int = 1  # select=N; only sister hosts can be released, so small pilots shed nodes best
+    chunk: str = "ncpus=1"  # resources of one select chunk (one node), e.g. "ncpus=64:ngpus=4"
+    place: str = "vscatter"
+    poll_s: float = 5.0
+    command_timeout_s: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    python: str = ""
+
+
+@dataclass(frozen=True)
 class PilotConfig:
     heartbeat_s: float = 1.0
     heartbeat_deadline_s: float = 5.0
@@ -62,19 +96,24 @@ class ControllerConfig:
 @dataclass(frozen=True)
 class RuntimeConfig:
     kind: str = "processes"  # "horovod": Elastic Horovod (Gloo); "processes": plain rank processes
+    local_hosts: bool = False  # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
+    network_interface: str = "lo"  # what Gloo uses between ranks (e.g. "hsn0" on a Slingshot machine)
 
 
 @dataclass(frozen=True)
 class Config:
     scheduler: str = "local"
     local: LocalConfig = field(default_factory=LocalConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    pbs: PbsConfig = field(default_factory=PbsConfig)
     pilots: PilotConfig = field(default_factory=PilotConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     source: str = "<embedded default>"
 
 
-SCHEDULERS = ("local",)
+SCHEDULERS = ("local", "slurm", "pbs")
+OPTIONAL_STRINGS = {"account", "qos", "python"}
 RUNTIMES = ("processes", "horovod")
 
 
@@ -98,7 +137,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     def where(key: str) -> str:
         return f"{source}: {key}"
 
-    known = {"scheduler", "local", "pilots", "controller", "runtime"}
+    known = {"scheduler", "local", "slurm", "pbs", "pilots", "controller", "runtime"}
     for key in data:
         if key not in known:
             raise ConfigError(f"{where(key)}: unknown key (known: {', '.join(sorted(known))})")
@@ -134,7 +173,38 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     runtime = _section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
     if runtime.kind not in RUNTIMES:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")
-    return Config(scheduler, local, pilots, controller, runtime, source)
+    slurm = _section(SlurmConfig, data.get("slurm", {}), "slurm", where)
+    _check_range(slurm.time_min, slurm.time_max, "slurm.time_min", "slurm.time_max", where)
+    if slurm.min_nodes > slurm.max_nodes:
+        raise ConfigError(f"{where('slurm.min_nodes')}: {slurm.min_nodes} > slurm.max_nodes {slurm.max_nodes}")
+    pbs = _section(PbsConfig, data.get("pbs", {}), "pbs", where)
+    _check_range(pbs.min_walltime, pbs.max_walltime, "pbs.min_walltime", "pbs.max_walltime", where)
+    return Config(scheduler, local, slurm, pbs, pilots, controller, runtime, source)
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in ``[[D-]HH:]MM:SS`` (the form both Slurm and PBS take); ValueError otherwise."""
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in text.split(":")]
+    if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts) or days < 0:
+        raise ValueError(text)
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, sec = parts
+    return ((days * 24 + h) * 60 + m) * 60 + sec
+
+
+def _check_range(lo: str, hi: str, lo_key: str, hi_key: str, where) -> None:
+    for key, value in ((lo_key, lo), (hi_key, hi)):
+        try:
+            parse_duration(value)
+        except ValueError:
+            raise ConfigError(f"{where(key)}: {value!r} is not a duration like 01:30:00") from None
+    if parse_duration(lo) > parse_duration(hi):
+        raise ConfigError(f"{where(lo_key)}: {lo} is longer than {hi_key} {hi}")
 
 
 def _section(cls, raw: Any, name: str, where) -> Any:
@@ -146,12 +216,19 @@ def _section(cls, raw: Any, name: str, where) -> Any:
         if key not in allowed:
             raise ConfigError(f"{where(f'{name}.{key}')}: unknown key (known: {', '.join(sorted(allowed))})")
         default = getattr(cls(), key)
+        if isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where(f'{name}.{key}')}: expected a list of strings, got {value!r}")
+            values[key] = tuple(value)
+            continue
         if isinstance(default, bool) != isinstance(value, bool):
             raise ConfigError(f"{where(f'{name}.{key}')}: expected {type(default).__name__}, got {value!r}")
         if isinstance(default, float) and isinstance(value, int):
             value = float(value)
         if not isinstance(value, type(default)):
             raise ConfigError(f"{where(f'{name}.{key}')}: expected {type(default).__name__}, got {value!r}")
+        if isinstance(value, str) and not value and key not in OPTIONAL_STRINGS:
+            raise ConfigError(f"{where(f'{name}.{key}')}: must not be empty")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ConfigError(f"{where(f'{name}.{key}')}: must be positive, got {value!r}")
         values[key] = value

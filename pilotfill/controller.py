@@ -78,7 +78,8 @@ class Controller:
         if self.config.runtime.kind == "horovod":
             from .elastic.horovod import HorovodRuntime
 
-            return HorovodRuntime(self.run_dir, local=self.config.scheduler == "local", on_spawn=record)
+            local = self.config.scheduler == "local" or self.config.runtime.local_hosts
+            return HorovodRuntime(self.run_dir, local=local, network_interface=self.config.runtime.network_interface, on_spawn=record)
         return ProcessRuntime(self.run_dir, on_spawn=record)
 
     def _make_scheduler(self) -> BatchScheduler:

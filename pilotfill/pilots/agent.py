@@ -83,14 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pilotfill-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--pilot", required=True)
-    ap.add_argument("--nodes", required=True, help="comma-separated node names this pilot holds")
-    ap.add_argument("--scheduler-id", default="")
+    ap.add_argument("--nodes", default=None, help="comma-separated node names this pilot holds (default: ask the batch system)")
+    ap.add_argument("--scheduler", default="local", help="local, slurm or pbs: where to find this job's id and nodes")
+    ap.add_argument("--scheduler-id", default=None)
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
     ap.add_argument("--grace-s", type=float, default=5.0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent {args.pilot} %(levelname)s %(message)s")
-    nodes = [n for n in args.nodes.split(",") if n]
-    return Agent(args.run_dir, args.pilot, nodes, args.scheduler_id, args.heartbeat_s, args.grace_s).run()
+    if args.nodes is not None:
+        nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
+    else:
+        import importlib
+
+        adapter = importlib.import_module(f"pilotfill.schedulers.{args.scheduler}")
+        nodes, scheduler_id = adapter.nodes_of_this_job(), args.scheduler_id or adapter.id_of_this_job()
+    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s).run()
 
 
 if __name__ == "__main__":

@@ -80,12 +80,17 @@ class PilotManager:
                 unused.setdefault(node["pilot"], []).append(node["name"])
         released = []
         for pilot, nodes in unused.items():
-            for n in nodes:
+            try:
+                given = self.scheduler.release(pilot, nodes)
+            except Exception as exc:  # logged with the command; the nodes stay held and are retried
+                log.warning("releasing %s from %s failed: %s", nodes, pilot, exc)
+                self.state.log("pilot.release_failed", pilot=pilot, nodes=nodes, error=str(exc))
+                continue
+            for n in given:
                 self.state.set_node(n, state="gone", since=now)
                 self.state.log("node.released", pilot=pilot, node=n)
-            self._release.setdefault(pilot, set()).update(nodes)
-            self.scheduler.release(pilot, nodes)
-            released += nodes
+            self._release.setdefault(pilot, set()).update(given)
+            released += given
         return released
 
     def released(self, pilot: str) -> list[str]:

@@ -10,8 +10,11 @@ reports what the batch system sees (a pilot started, ended, was killed).
 
 from __future__ import annotations
 
+import shlex
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -40,8 +43,13 @@ class BatchScheduler(ABC):
         """Ask for a pilot of up to ``nodes`` nodes; returns the batch system's job id."""
 
     @abstractmethod
-    def release(self, pilot_id: str, nodes: list[str]) -> None:
-        """Give ``nodes`` of a running pilot back to the main workload now."""
+    def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
+        """Give ``nodes`` of a running pilot back to the main workload now; return those given back.
+
+        A batch system may refuse some (PBS never releases the primary
+        execution host; Slurm keeps the batch host): those stay with the
+        pilot until the whole pilot can be cancelled.
+        """
 
     @abstractmethod
     def cancel(self, pilot_id: str) -> None:
@@ -53,3 +61,12 @@ class BatchScheduler(ABC):
 
     def close(self) -> None:
         """Cancel everything this adapter started and stop its helpers."""
+
+
+def agent_command(run_dir: Path, pilot_id: str, scheduler: str, heartbeat_s: float, grace_s: float, python: str = sys.executable) -> str:
+    """The shell line a pilot's job script runs: the agent, which finds its nodes from the batch system."""
+    argv = [
+        python, "-m", "pilotfill.pilots.agent", "--run-dir", str(run_dir), "--pilot", pilot_id,
+        "--scheduler", scheduler, "--heartbeat-s", str(heartbeat_s), "--grace-s", str(grace_s),
+    ]  # fmt: skip
+    return "exec " + " ".join(shlex.quote(a) for a in argv)

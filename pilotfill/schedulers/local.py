@@ -157,13 +157,14 @@ class LocalScheduler(BatchScheduler):
         self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc)
         return scheduler_id
 
-    def release(self, pilot_id: str, nodes: list[str]) -> None:
+    def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
         pilot = self._running.get(pilot_id)
         if pilot is None:
-            return
+            return list(nodes)
         pilot.nodes = [n for n in pilot.nodes if n not in nodes]
         if not pilot.nodes:
             self.cancel(pilot_id)
+        return list(nodes)
 
     def cancel(self, pilot_id: str) -> None:
         pilot = self._running.get(pilot_id)
