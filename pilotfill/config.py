@@ -54,7 +54,7 @@ class SlurmConfig:
     min_nodes: int = 1  # -N min-max: a pilot takes whatever is idle in this range
     max_nodes: int = 16
     poll_s: float = 5.0
-    command_timeout_s: float = 30.0
+    command_timeout_s: float = 10.0
     extra_args: tuple[str, ...] = ()
     python: str = ""  # interpreter on the compute nodes (default: the controller's)
 

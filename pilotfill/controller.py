@@ -65,6 +65,7 @@ class Controller:
         self.dirty = True
         self.stopping = False
         self._heartbeats: dict[str, float] = {}
+        self._scheduler_backoff: dict[str, tuple[float, float]] = {}  # call -> (not before, last delay)
         self._contributing: dict[str, set[str]] = {}  # job -> hosts whose ranks have reported since they joined
         with self.state.transaction():
             self.state.log("controller.started", incarnation=self.incarnation, pid=os.getpid(), endpoint=self.server.endpoint)
@@ -85,6 +86,14 @@ class Controller:
     def _make_scheduler(self) -> BatchScheduler:
         if self.config.scheduler == "local":
             return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, kind, host: self._record_process(p, kind, None, host))
+        if self.config.scheduler == "slurm":
+            from .schedulers.slurm import SlurmScheduler
+
+            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir)
+        if self.config.scheduler == "pbs":
+            from .schedulers.pbs import PbsScheduler
+
+            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir)
         raise ValueError(f"unknown scheduler {self.config.scheduler!r}")
 
     # ------------------------------------------------------------ recovery
@@ -130,15 +139,38 @@ class Controller:
     def step(self, now: float) -> None:
         """One pass over everything that is polled rather than messaged."""
         with self.state.transaction():
-            for event in self.scheduler.poll(now):
+            for event in self._scheduler_call("poll", self.scheduler.poll, now) or []:
                 self._on_pilot_event(event, now)
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
             self._check_heartbeats(now)
             if self.dirty and not self.pilots.settling(now):
                 self.reallocate(now)
-            self.pilots.fill(self._problem, now)
+            self._scheduler_call("fill", self.pilots.fill, self._problem, now)
             self._forget_dead_processes()
+
+    def _scheduler_call(self, what: str, fn, *args):
+        """Call into the batch system; a failing or hanging command is logged, never fatal.
+
+        After a failure that kind of call is skipped for a while (doubling up
+        to five minutes), so a batch system that hangs costs one timeout per
+        backoff period rather than one per tick. Messages that arrive during a
+        slow command wait in the socket and are handled right after it.
+        """
+        now = time.time()
+        if now < self._scheduler_backoff.get(what, (0.0, 0.0))[0]:
+            return None
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            _, delay = self._scheduler_backoff.get(what, (0.0, 0.0))
+            delay = min(300.0, max(1.0, delay * 2))
+            self._scheduler_backoff[what] = (time.time() + delay, delay)
+            log.error("scheduler %s failed (next try in %.0f s): %s", what, delay, exc)
+            self.state.log("scheduler.error", during=what, error=str(exc)[-1000:], retry_in_s=delay)
+            return None
+        self._scheduler_backoff.pop(what, None)
+        return result
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """Apply one authenticated request; commit before replying."""
@@ -161,7 +193,7 @@ class Controller:
     def shutdown(self) -> None:
         log.info("shutting down")
         self.runtime.close()
-        self.scheduler.close()
+        self._scheduler_call("close", self.scheduler.close)
         with self.state.transaction():
             for job in self.state.jobs(("running",)):
                 self.state.set_job(job.id, status="pending", nodes=[])
@@ -337,7 +369,7 @@ class Controller:
                     if node["pilot"] == pilot["id"] and node["state"] != "gone":
                         self._drop_node(node["name"], "gone", now)
                         self.state.log("node.lost", pilot=pilot["id"], node=node["name"])
-                self.scheduler.cancel(pilot["id"])
+                self._scheduler_call("cancel", self.scheduler.cancel, pilot["id"])
                 self.dirty = True
 
     # ------------------------------------------------------------ allocation

@@ -47,3 +47,27 @@ def horovod():
         if IN_CI:
             pytest.fail(f"CI needs Horovod (make install builds it): {exc}")
         pytest.skip(f"Horovod with PyTorch is not installed ({exc}); `make install` builds it")
+
+
+@pytest.fixture
+def slurm(tmp_path_factory):
+    """A real Slurm (slurmctld + four slurmd) on this machine. Required in CI; skipped on a laptop without it."""
+    from slurm_cluster import SlurmCluster, available
+
+    if not available():
+        if IN_CI:
+            pytest.fail("CI needs Slurm (apt-get install slurm-wlm; .ci/run does it)")
+        pytest.skip("Slurm is not installed (apt-get install slurm-wlm)")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        assert cluster.daemons_running() == [], "Slurm daemons left running"

@@ -1,0 +1,156 @@
+"""pilotfill on a real Slurm (slurmctld + slurmd from Debian's packages, started by the `slurm` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from localrun import committed_step, digits_job
+from pilotfill.client import ControllerClient
+from pilotfill.config import PilotConfig, SlurmConfig
+from pilotfill.schedulers.commands import SchedulerCommandError
+from pilotfill.schedulers.slurm import SlurmScheduler, hostnames
+from pilotfill.state import State
+
+
+def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.1):
+    end = time.time() + timeout_s
+    while time.time() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def main_job(slurm, tmp: Path, nodes: int, tag: str) -> float:
+    """Submit a job to the high-priority partition; return how long it waited to start (s)."""
+    stamp = tmp / f"main-{tag}.start"
+    script = tmp / f"main-{tag}.sh"
+    script.write_text(f"#!/bin/bash\ndate +%s.%N > {stamp}\nsleep 8\n")
+    script.chmod(0o755)
+    submitted = time.time()
+    slurm.command("sbatch", "--parsable", "-p", "main", "-N", str(nodes), "-o", "/dev/null", str(script))
+    wait_for(lambda: stamp.exists() and stamp.read_text().strip(), 120, f"main job {tag} to start")
+    return float(stamp.read_text()) - submitted
+
+
+def test_adapter_submits_shrinks_and_cancels_pilots(slurm, tmp_path):
+    sched = SlurmScheduler(SlurmConfig(partition="scavenger", min_nodes=1, max_nodes=3, time_min="00:05:00", time_max="00:30:00", poll_s=0.0),
+                           PilotConfig(), tmp_path)  # fmt: skip
+    assert sched.idle_nodes() == 4
+    job_id = sched.submit_pilot("p1", 3)
+    script = (tmp_path / "pilots" / "p1.sh").read_text()
+    assert "pilotfill.pilots.agent" in script and "--scheduler slurm" in script
+    started = wait_for(lambda: [e for e in sched.poll(time.time()) if e.kind == "started"], 30, "pilot to start")
+    assert started[0].scheduler_id == job_id and len(started[0].nodes) == 3
+    info = slurm.job(job_id)
+    assert info["Partition"] == "scavenger" and info["TimeMin"] == "00:05:00"
+    assert "00:05:00" <= info["TimeLimit"] <= "00:30:00"  # Slurm may shorten a pilot down to --time-min to fit it
+    nodes = list(started[0].nodes)
+    # Giving back a sister node shrinks the job in place; the batch host is kept.
+    given = sched.release("p1", [nodes[0], nodes[2]])
+    assert given == [nodes[2]]
+    assert hostnames(slurm.job(job_id)["NodeList"]) == [nodes[0], nodes[1]]
+    assert sched.idle_nodes() == 2
+    # Giving back everything ends the pilot.
+    assert sorted(sched.release("p1", [nodes[0], nodes[1]])) == sorted([nodes[0], nodes[1]])
+    ended = wait_for(lambda: [e for e in sched.poll(time.time()) if e.kind == "ended"], 30, "pilot to end")
+    assert ended[0].pilot == "p1"
+
+
+def test_failing_and_hanging_commands_are_clear_errors(slurm, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")
+    (bin_dir / "sinfo").write_text("#!/bin/sh\nsleep 30\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sched = SlurmScheduler(SlurmConfig(partition="nosuch", command_timeout_s=0.5, poll_s=0.0), PilotConfig(), tmp_path)
+    with pytest.raises(SchedulerCommandError, match=r"`sbatch .*-p nosuch.*` exited 1: sbatch: error: .*Invalid partition"):
+        sched.submit_pilot("p1", 1)
+    began = time.time()
+    with pytest.raises(SchedulerCommandError, match=r"`sinfo .*` timed out after 0.5 s"):
+        sched.idle_nodes()
+    assert time.time() - began < 5
+
+
+def test_main_job_does_not_wait_on_pilotfill_and_training_shrinks_then_grows(slurm, tmp_path, horovod):
+    # Baseline: two bare pilots (a sleep that exits on SIGTERM) on the same four nodes.
+    bare = tmp_path / "bare.sh"
+    bare.write_text("#!/bin/bash\ntrap 'exit 0' TERM\nsleep 100000 & wait\n")
+    bare.chmod(0o755)
+    for _ in range(2):
+        slurm.command("sbatch", "--parsable", "-p", "scavenger", "-N", "1-2", "--time=30", "--time-min=5", "-o", "/dev/null", str(bare))
+    wait_for(lambda: slurm.command("sinfo", "-h", "-p", "scavenger", "-t", "idle", "-o", "%D").stdout.strip() in ("", "0"), 30, "bare pilots to fill")
+    bare_wait = main_job(slurm, tmp_path, 2, "bare")
+    slurm.command("scancel", "-u", os.environ.get("USER", "root"))
+    wait_for(lambda: len(set(slurm.command("sinfo", "-N", "-h", "-t", "idle", "-o", "%N").stdout.split())) == 4, 60, "nodes idle again")
+
+    # pilotfill: pilots of up to two nodes fill the machine, a training job runs on them.
+    run_dir = tmp_path / "run"
+    config = tmp_path / "slurm.toml"
+    config.write_text(
+        """scheduler = "slurm"
+[slurm]
+partition = "scavenger"
+min_nodes = 1
+max_nodes = 2
+time_min = "00:05:00"
+time_max = "00:30:00"
+poll_s = 0.5
+command_timeout_s = 10.0
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = 5.0
+grace_s = 5.0
+nodes_per_pilot = 2
+[controller]
+tick_s = 0.1
+[runtime]
+kind = "horovod"
+local_hosts = true
+"""
+    )
+    ctl = subprocess.Popen([sys.executable, "-m", "pilotfill.controller", "--run-dir", str(run_dir), "--config", str(config)],
+                           stdout=open(tmp_path / "controller.out", "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        wait_for(lambda: (run_dir / "controller.json").exists() and json.loads((run_dir / "controller.json").read_text())["pid"] == ctl.pid, 30, "controller")
+        client = ControllerClient(run_dir)
+        job = client.submit({**digits_job("train", hi=4, epochs=400), "scale_up_cost_s": 2.0, "scale_down_cost_s": 1.0})
+        wait_for(lambda: len(client.job(job)["nodes"]) == 4 and committed_step(run_dir, job), 120, "training on four Slurm nodes")
+        pilots = [p for p in client.snapshot()["pilots"] if p["state"] == "running"]
+        assert all(p["scheduler_id"].isdigit() for p in pilots) and sum(len(p["nodes"]) for p in pilots) == 4
+
+        pf_wait = main_job(slurm, tmp_path, 2, "pilotfill")
+        print(f"main job queue wait: bare pilot {bare_wait:.2f} s, pilotfill {pf_wait:.2f} s")
+        assert pf_wait <= bare_wait + 1.0, f"pilotfill delayed the main job: {pf_wait:.2f} s vs {bare_wait:.2f} s"
+
+        def events(kind):
+            s = State(run_dir, readonly=True)
+            try:
+                return s.events(kind)
+            finally:
+                s.close()
+
+        shrunk = wait_for(lambda: [e for e in events("job.resized") if e["job"] == job and e["data"]["after"] < e["data"]["before"]], 30, "training to shrink")
+        assert shrunk[0]["data"]["after"] >= 1
+        assert client.job(job)["status"] == "running"
+        # The main job ends after 8 s; pilots refill the nodes and the training grows back.
+        regrown = wait_for(lambda: [e for e in events("job.resized") if e["job"] == job and e["seq"] > shrunk[-1]["seq"] and e["data"]["after"] > e["data"]["before"]], 90, "training to grow back")
+        assert regrown
+        assert not events("job.crashed") and client.job(job)["status"] == "running"
+        client.cancel(job)
+    finally:
+        ctl.send_signal(signal.SIGTERM)
+        ctl.wait(60)
+    # The controller cancelled its pilots on the way out.
+    wait_for(lambda: not slurm.command("squeue", "-h", "-p", "scavenger", "-o", "%i").stdout.strip(), 30, "pilots gone")
