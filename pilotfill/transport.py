@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +50,9 @@ class Server:
         self.socket = self._ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         port = self.socket.bind_to_random_port(f"tcp://{host}")
-        self.endpoint = f"tcp://{host}:{port}"
+        # Bound to every interface: tell clients on other nodes this host's name.
+        reachable = socket.getfqdn() if host in ("0.0.0.0", "*") else host
+        self.endpoint = f"tcp://{reachable}:{port}"
         self.dropped = 0
 
     def publish(self, **extra: Any) -> None:
