@@ -50,6 +50,33 @@ def main() -> None:
 
 
 @app.command()
+def run(
+    script: Annotated[Path, typer.Argument(help="The campaign: ordinary Parsl code with @pilotfill.elastic_app training functions.")],
+    config: Annotated[Optional[str], typer.Option("--config", "-c", help="Site config file, or a bundled name (default: the embedded local cluster).")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default: runs/<id>/ beside the campaign).")] = None,
+) -> None:
+    """Run a campaign: start the controller, load Parsl with the elastic executor, run the script, wait, clean up."""
+    from .campaign import CampaignError, run_campaign
+    from .config import ConfigError
+
+    try:
+        outcome = run_campaign(script, config, run_dir)
+    except (CampaignError, ConfigError) as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    table = Table(title=f"campaign {script.name}: run directory {outcome.run_dir}")
+    table.add_column("apps finished", justify="right")
+    table.add_column("from earlier runs", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_row(str(outcome.done), str(outcome.cached), str(len(outcome.failed)))
+    err.print(table)
+    for name, reason in outcome.failed:
+        err.print(f"[red]failed[/] {name}: {reason}", highlight=False)
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
 def replay(
     trace: Annotated[Path, typer.Argument(help="Node-availability trace (time,node,state; .csv or .csv.gz).")] = DEFAULT_TRACE,
     jobs: Annotated[Path, typer.Argument(help="Job file (name,model,submit_time,…,nodes,samples_per_s[,objective]).")] = DEFAULT_JOBS,

@@ -276,7 +276,7 @@ class Controller:
             return {}
         self.runtime.stop(job.id)
         self._release_job_nodes(job.id)
-        self.state.set_job(job.id, status="failed", error=message["error"], ended=now, nodes=[])
+        self.state.set_job(job.id, status="failed", error=message["error"], ended=now, nodes=[], result=message.get("value"))
         self.state.log("job.failed", job=job.id, error=message["error"].strip().splitlines()[-1][:200])
         self.profiler.forget(job.id)
         self.dirty = True

@@ -14,7 +14,7 @@ job.submit         spec {name, entry, min_nodes, max_nodes,    job_id
                    …} (see :func:`check_spec`)
 job.report         job_id, host, samples, seconds              progress: the job's committed total
 job.result         job_id, value (JSON)                        ok — rank 0's return value
-job.failed         job_id, error (traceback text)              ok
+job.failed         job_id, error (traceback text)[, value]     ok — value: the serialized remote exception
 job.get            job_id                                      job {id, status, progress, result, error, …}
 job.cancel         job_id                                      ok
 state.snapshot     —                                           jobs, pilots, nodes, events (latest 50)
@@ -69,7 +69,8 @@ def check(message: dict[str, Any]) -> str:
 def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Validate a job spec; return it with defaults filled in.
 
-    name (str), entry ("module:function" run by every rank), args (list),
+    name (str), entry ("module:function" run by every rank) or payload (a
+    function and its arguments packed by Parsl's serializer, base64), args (list),
     kwargs (dict), min_nodes, max_nodes (ints, 1 <= min <= max),
     total_samples (work, optional), curve ({nodes, samples_per_s}, optional:
     learned by the profiler when absent), scale_up_cost_s, scale_down_cost_s,
@@ -85,16 +86,19 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "weight": 1.0,
         **spec,
     }
-    for name in ("name", "entry"):
-        if not isinstance(out.get(name), str) or not out[name]:
-            raise ProtocolError(f"job spec: {name} must be a non-empty string")
-    if ":" not in out["entry"]:
-        raise ProtocolError("job spec: entry must be 'module:function'")
+    if not isinstance(out.get("name"), str) or not out["name"]:
+        raise ProtocolError("job spec: name must be a non-empty string")
+    if isinstance(out.get("payload"), str) and out["payload"]:
+        out.setdefault("entry", "")
+    elif not isinstance(out.get("entry"), str) or ":" not in out["entry"]:
+        raise ProtocolError("job spec: needs entry ('module:function') or payload (a Parsl-serialized call)")
     lo, hi = out.get("min_nodes"), out.get("max_nodes")
     if not (isinstance(lo, int) and isinstance(hi, int)) or lo < 1 or lo > hi:
         raise ProtocolError(f"job spec: need integers 1 <= min_nodes <= max_nodes, got {lo!r}, {hi!r}")
     if not isinstance(out["args"], list) or not isinstance(out["kwargs"], dict):
         raise ProtocolError("job spec: args must be a list and kwargs an object")
+    if out["total_samples"] is not None and not (isinstance(out["total_samples"], (int, float)) and out["total_samples"] > 0):
+        raise ProtocolError("job spec: total_samples must be a positive number")
     for name in ("scale_up_cost_s", "scale_down_cost_s", "weight"):
         if not isinstance(out[name], (int, float)) or out[name] < 0 or (name == "weight" and out[name] <= 0):
             raise ProtocolError(f"job spec: {name} must be a non-negative number")

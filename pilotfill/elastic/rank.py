@@ -10,6 +10,7 @@ and the rank exits 1.
 
 from __future__ import annotations
 
+import base64
 import importlib
 import os
 import sys
@@ -43,6 +44,8 @@ def main() -> int:
     client = Client(run_dir, timeout_s=60)
     job = client.request({"type": "job.get", "job_id": job_id})["job"]
     spec = job["spec"]
+    if spec.get("payload"):
+        return run_parsl_task(client, job_id, spec["payload"])
     try:
         value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
     except Exception:
@@ -50,6 +53,26 @@ def main() -> int:
         return 1
     if horovod_rank() in (None, 0):
         client.request({"type": "job.result", "job_id": job_id, "value": value})
+    return 0
+
+
+def run_parsl_task(client: Client, job_id: str, payload: str) -> int:
+    """A call shipped by the Parsl executor: Parsl already wraps the function so that an exception
+    comes back as a ``RemoteExceptionWrapper`` carrying the traceback; both outcomes travel
+    serialized by Parsl's own serializer."""
+    from parsl.app.errors import RemoteExceptionWrapper
+    from parsl.serialize import serialize, unpack_apply_message
+
+    func, args, kwargs = unpack_apply_message(base64.b64decode(payload))
+    value = func(*args, **kwargs)
+    packed = {"parsl": base64.b64encode(serialize(value)).decode()}
+    if isinstance(value, RemoteExceptionWrapper):
+        tb = value.e_traceback.as_traceback() if value.e_traceback is not None else None
+        error = "".join(traceback.format_exception(value.e_type, value.e_value, tb))
+        client.request({"type": "job.failed", "job_id": job_id, "error": error, "value": packed})
+        return 1
+    if horovod_rank() in (None, 0):
+        client.request({"type": "job.result", "job_id": job_id, "value": packed})
     return 0
 
 

@@ -167,6 +167,19 @@ def idle_vnodes(vnodes: dict[str, Vnode], chunk: dict[str, int]) -> list[str]:
     return [v.name for v in vnodes.values() if v.free and v.usable(chunk)]
 
 
+def placeable(names: list[str], vnodes: dict[str, Vnode], place: str) -> int:
+    """How many chunks of one job ``names`` can take under ``place``: scatter wants a host per chunk, pack one host."""
+    arrangement = place.split(":", 1)[0]
+    per_host: dict[str, int] = {}
+    for n in names:
+        per_host[vnodes[n].host] = per_host.get(vnodes[n].host, 0) + 1
+    if arrangement == "scatter":
+        return len(per_host)
+    if arrangement == "pack":
+        return max(per_host.values(), default=0)
+    return len(names)
+
+
 def vnode_hosts(status: JobStatus, vnodes: dict[str, Vnode]) -> dict[str, str]:
     """Each of the job's vnodes -> its host: from exec_host (chunk i of exec_vnode is on host i), else pbsnodes."""
     hosts = {n: vnodes[n].host for n in status.vnodes if n in vnodes}
@@ -190,13 +203,13 @@ def nodes_of_this_job(timeout_s: float = 30.0) -> list[str]:
     """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode``."""
     jid = id_of_this_job()
     argv = ["qstat", "-f", "-F", "json", jid]
-    result = run(argv, timeout_s=timeout_s)
+    result = run(argv, timeout_s=timeout_s, final_codes=(UNKNOWN_JOB,))
     try:
         status = parse_jobs(load_document(result.stdout)).get(jid)
     except ValueError as exc:
         raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout) from None
     if status is None or not status.vnodes:
-        raise SchedulerCommandError(argv, "shows no exec_vnode for this job", result.returncode, result.stdout)
+        raise SchedulerCommandError(argv, "shows no exec_vnode for this job", result.returncode, result.stderr + result.stdout)
     return list(status.vnodes)
 
 
@@ -213,6 +226,7 @@ class _Pilot:
     primary: str | None = None  # first host of exec_host, current run: PBS never releases its vnodes
     runs_seen: int = 0  # run_count of the last run reported as started
     running: bool = False  # a "started" has been reported and no "ended" since
+    state: str = "Q"  # job_state at the last qstat (a held pilot waits for nothing)
     deleted: bool = False  # qdel sent: it takes nothing more, though its end is reported by poll
     ended: bool = False
 
@@ -246,7 +260,7 @@ class PbsScheduler(BatchScheduler):
 
     def submit_pilot(self, pilot_id: str, nodes: int) -> str:
         vnodes = self._pbsnodes(max_age=0.0)
-        usable = sum(1 for v in vnodes.values() if v.usable(self.chunk))
+        usable = placeable([v.name for v in vnodes.values() if v.usable(self.chunk)], vnodes, self.config.place)
         count = min(nodes, self.config.nodes_per_pilot, usable, self._idle(vnodes))
         if count < 1:
             raise SchedulerCommandError(["qsub"], f"not submitted: {nodes} node(s) wanted, {self._idle(vnodes)} idle of {usable} usable vnode(s)")
@@ -356,6 +370,7 @@ class PbsScheduler(BatchScheduler):
     def _changes(self, pilot: _Pilot, status: JobStatus | None) -> list[PilotEvent]:
         """The events between what we last reported and the job's status now."""
         events = []
+        pilot.state = status.state if status is not None else "gone"
         gone = status is None or status.state in ("F", "X")
         requeued = status is not None and status.state in ("Q", "H", "W", "T")
         rerun = status is not None and status.state == "R" and status.run_count > pilot.runs_seen
@@ -378,9 +393,10 @@ class PbsScheduler(BatchScheduler):
         return events
 
     def _idle(self, vnodes: dict[str, Vnode]) -> int:
+        """Chunks a new pilot could get now: idle vnodes (as ``place`` allows) less what our waiting pilots will take."""
         on_vnodes = {j for v in vnodes.values() for j in v.jobs}
-        waiting = sum(p.requested for p in self._pilots.values() if not (p.ended or p.deleted or p.running) and p.job not in on_vnodes)
-        return max(0, len(idle_vnodes(vnodes, self.chunk)) - waiting)
+        waiting = sum(p.requested for p in self._pilots.values() if p.state == "Q" and not (p.deleted or p.ended) and p.job not in on_vnodes)
+        return max(0, placeable(idle_vnodes(vnodes, self.chunk), vnodes, self.config.place) - waiting)
 
     def _pbsnodes(self, max_age: float) -> dict[str, Vnode]:
         if self._vnodes_at is not None and self.clock() - self._vnodes_at < max_age:
@@ -398,15 +414,20 @@ class PbsScheduler(BatchScheduler):
         """Status of ``jobs``; a job that is gone (153) or finished (35, or F with -x) is simply absent or F."""
         out: dict[str, JobStatus] = {}
         for i in range(0, len(jobs), QSTAT_BATCH):
-            argv = ["qstat", "-x", "-f", "-F", "json", *jobs[i : i + QSTAT_BATCH]]
+            batch = list(jobs[i : i + QSTAT_BATCH])
+            argv = ["qstat", "-x", "-f", "-F", "json", *batch]
             result = self._run(argv, final_codes=(UNKNOWN_JOB, FINISHED_JOB))
             try:
                 out.update(parse_jobs(load_document(result.stdout)))
             except ValueError as exc:
-                raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout + result.stderr) from None
+                if result.returncode == 0:
+                    raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", 0, result.stdout + result.stderr) from None
+                # An unknown job and no document: never take the others for gone, ask one by one.
+                if len(batch) > 1:
+                    for job in batch:
+                        out.update(self._qstat([job]))
         return out
 
     def _run(self, argv: Sequence[str], retries: int | None = None, final_codes: Sequence[int] = ()):
-        return run(
-            argv, timeout_s=self.config.command_timeout_s, retries=self.retries if retries is None else retries, backoff_s=self.backoff_s, final_codes=final_codes
-        )
+        retries = self.retries if retries is None else retries
+        return run(argv, timeout_s=self.config.command_timeout_s, retries=retries, backoff_s=self.backoff_s, final_codes=final_codes)

@@ -79,15 +79,19 @@ class Exit(Exception):
 # ---------------------------------------------------------------- state
 
 
+def idle_vnode(now: int) -> dict:
+    return {"state": "free", "jobs": [], "assigned": {}, "changed": now, "used": None}
+
+
 def new_state(hosts: list[tuple[str, int]], ncpus: int = 1, ngpus: int = 0, pcpus: int = 2) -> dict:
     now = int(time.time())
     vnodes: dict[str, dict] = {}
     for host, count in hosts:
         natural = {"ncpus": 0} if count else {"ncpus": ncpus * max(1, count), **({"ngpus": ngpus} if ngpus else {})}
-        vnodes[host] = {"host": host, "natural": True, "multi": count > 0, "resources": natural, "state": "free", "jobs": [], "assigned": {}, "changed": now, "used": None}
+        vnodes[host] = {"host": host, "natural": True, "multi": count > 0, "resources": natural, **idle_vnode(now)}
         for i in range(count):
             res = {"ncpus": ncpus, **({"ngpus": ngpus} if ngpus else {})}
-            vnodes[f"{host}[{i}]"] = {"host": host, "natural": False, "multi": True, "resources": res, "state": "free", "jobs": [], "assigned": {}, "changed": now, "used": None}
+            vnodes[f"{host}[{i}]"] = {"host": host, "natural": False, "multi": True, "resources": res, **idle_vnode(now)}
     return {"next_id": 0, "auto": True, "history": False, "pcpus": pcpus, "queues": dict(QUEUES), "vnodes": vnodes, "jobs": {}, "calls": [], "faults": {}}
 
 
@@ -195,7 +199,7 @@ def render_vnode(state: dict, name: str, v: dict) -> dict:
     """One vnode as ``pbsnodes -av -F json`` prints it, keys in the recorded order."""
     d: dict = {"Mom": v["host"], "Port": 15002, "pbs_version": VERSION, "ntype": "PBS", "state": v["state"]}
     if v["natural"]:
-        d["pcpus"] = state["pcpus"]
+        d["pcpus"] = state["pcpus"] if v["multi"] else v["resources"]["ncpus"]
     if v["jobs"]:
         d["jobs"] = list(v["jobs"])
     available = {"arch": "linux", "host": v["host"], **v["resources"], "vnode": name}
@@ -302,7 +306,8 @@ def start(state: dict, job: dict, picked: list[str]) -> None:
     if "walltime" not in job["resources"] and "max_walltime" in job["resources"]:
         job["resources"]["walltime"] = job["resources"]["max_walltime"]  # recorded: nothing reserved ahead -> the full max
     job.update(state="R", vnodes=picked, stime=now, mtime=now, exit_status=None, obittime=None)
-    job["comment"] = f"Job run at {time.strftime('%a %b %d at %H:%M', time.gmtime(now))} on " + "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(picked, job["chunks"]))
+    on = "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(picked, job["chunks"]))
+    job["comment"] = f"Job run at {time.strftime('%a %b %d at %H:%M', time.gmtime(now))} on {on}"
 
 
 def free_job_vnodes(state: dict, job: dict, names: list[str] | None = None) -> None:

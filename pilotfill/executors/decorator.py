@@ -1,0 +1,90 @@
+"""``@pilotfill.elastic_app``: a Parsl app whose calls become elastic training jobs.
+
+    @pilotfill.elastic_app(min_nodes=1, max_nodes=8)
+    def train(lr, depth): ...            # plain torch + horovod.torch + hvd.elastic.run
+
+Arguments are checked when the decorator is applied, so a bad bound fails at
+import time with a clear message. The resource specification rides in Parsl's
+``parsl_resource_specification`` keyword (ignored for caching, so changing
+``max_nodes`` does not invalidate finished trainings) and is stripped before
+the function runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Any, Callable
+
+from parsl import python_app
+
+from ..allocator import ProblemError, ScalingCurve
+
+RESOURCE_KEY = "parsl_resource_specification"
+
+
+def elastic_app(
+    function: Callable | None = None,
+    *,
+    min_nodes: int = 1,
+    max_nodes: int = 1,
+    curve: dict[str, list[float]] | None = None,
+    total_samples: float | None = None,
+    weight: float = 1.0,
+    scale_up_cost_s: float = 10.0,
+    scale_down_cost_s: float = 5.0,
+    cache: bool = True,
+    executor: str = "elastic",
+) -> Callable:
+    """Decorate a training function as an elastic Parsl app (see module docstring)."""
+    spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s)
+
+    def decorate(func: Callable) -> Callable:
+        if not callable(func):
+            raise TypeError(f"elastic_app decorates a function, not {type(func).__name__}")
+
+        @functools.wraps(func)
+        def task(*args: Any, **kwargs: Any) -> Any:
+            kwargs.pop(RESOURCE_KEY, None)
+            return func(*args, **kwargs)
+
+        # Parsl reads the resource specification from the signature's default.
+        params = list(inspect.signature(func).parameters.values())
+        extra = inspect.Parameter(RESOURCE_KEY, inspect.Parameter.KEYWORD_ONLY, default={**spec, "name": func.__name__})
+        plain = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
+        params = plain + [extra] + var_kw
+        task.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return python_app(task, executors=[executor], cache=cache, ignore_for_cache=[RESOURCE_KEY])
+
+    return decorate(function) if function is not None else decorate
+
+
+def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down) -> dict[str, Any]:
+    def fail(message: str) -> None:
+        raise ValueError(f"elastic_app: {message}")
+
+    if not isinstance(min_nodes, int) or isinstance(min_nodes, bool) or min_nodes < 1:
+        fail(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < min_nodes:
+        fail(f"max_nodes must be an integer >= min_nodes ({min_nodes}), got {max_nodes!r}")
+    if curve is not None:
+        try:
+            ScalingCurve(tuple(curve["nodes"]), tuple(curve["samples_per_s"]))
+        except (KeyError, TypeError, ProblemError) as exc:
+            fail(f"curve must be {{'nodes': [0, …], 'samples_per_s': [0, …]}} starting at 0 nodes: {exc}")
+    if total_samples is not None and not (isinstance(total_samples, (int, float)) and total_samples > 0 and math.isfinite(total_samples)):
+        fail(f"total_samples must be a positive number, got {total_samples!r}")
+    for name, value in (("weight", weight), ("scale_up_cost_s", up), ("scale_down_cost_s", down)):
+        if not isinstance(value, (int, float)) or value < 0 or (name == "weight" and value == 0):
+            fail(f"{name} must be a {'positive' if name == 'weight' else 'non-negative'} number, got {value!r}")
+    return {
+        "min_nodes": min_nodes,
+        "max_nodes": max_nodes,
+        "curve": curve,
+        "total_samples": total_samples,
+        "weight": float(weight),
+        "scale_up_cost_s": float(up),
+        "scale_down_cost_s": float(down),
+    }
