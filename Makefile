@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run test bench clean
+.PHONY: install run replay test bench clean
 
 install: $(STAMP)
 
@@ -14,8 +14,12 @@ $(STAMP): pyproject.toml scripts/build_horovod.sh
 	scripts/build_horovod.sh $(BIN)/python
 	rm -f $(VENV)/.installed-* && touch $@
 
-# The main job. Until the elastic runtime exists (issue 4+), it replays the bundled Summit excerpt.
+# The main job: a neural architecture search trained elastically on the embedded local cluster.
 run: install
+	$(BIN)/pilotfill run workflows/nas_campaign.py
+
+# What a site admin runs first: replay a week of Summit's idle nodes (bundled excerpt).
+replay: install
 	$(BIN)/pilotfill replay --plot runs/replay-summit-64.png
 
 test: install

@@ -1,0 +1,217 @@
+"""`pilotfill run`: campaigns as ordinary Parsl code, with elastic apps on the local cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pilotfill.state import State
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FAST = """scheduler = "local"
+[local]
+nodes = 2
+workload = "none"
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = 3.0
+grace_s = 3.0
+[controller]
+tick_s = 0.1
+[runtime]
+kind = "processes"
+"""
+
+
+def pilotfill_run(campaign: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pilotfill", "run", str(campaign), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=campaign.parent)  # fmt: skip
+
+
+@pytest.fixture
+def fast_config(tmp_path) -> Path:
+    path = tmp_path / "fast.toml"
+    path.write_text(FAST)
+    return path
+
+
+def test_elastic_app_arguments_fail_at_decoration():
+    import pilotfill
+
+    with pytest.raises(ValueError, match="max_nodes must be an integer >= min_nodes"):
+        pilotfill.elastic_app(min_nodes=4, max_nodes=2)
+    with pytest.raises(ValueError, match="min_nodes must be an integer >= 1"):
+        pilotfill.elastic_app(min_nodes=0)
+    with pytest.raises(ValueError, match="curve must be"):
+        pilotfill.elastic_app(max_nodes=2, curve={"nodes": [1, 2], "samples_per_s": [1, 2]})
+    with pytest.raises(ValueError, match="total_samples must be a positive number"):
+        pilotfill.elastic_app(total_samples=-5)
+
+
+def test_remote_exception_reaches_the_future_with_its_traceback(tmp_path, fast_config):
+    campaign = tmp_path / "raising.py"
+    campaign.write_text(
+        """
+import traceback, json, os
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def diverge(lr):
+    def inner_step(x):
+        raise FloatingPointError(f"loss is nan at lr={x}")
+    return inner_step(lr)
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def fine(x):
+    return x * 2
+
+bad, good = diverge(10.0), fine(21)
+exc = bad.exception()
+with open(os.environ["OUT"], "w") as f:
+    json.dump({"type": type(exc).__name__, "text": "".join(traceback.format_exception(exc)), "good": good.result()}, f)
+"""
+    )
+    out = tmp_path / "out.json"
+    result = pilotfill_run(campaign, "--config", str(fast_config), env={"OUT": str(out)})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "failed" in result.stderr and "diverge" in result.stderr
+    seen = json.loads(out.read_text())
+    assert seen["type"] == "FloatingPointError"
+    assert "loss is nan at lr=10.0" in seen["text"]
+    assert "inner_step" in seen["text"]  # the remote frames are kept
+    assert seen["good"] == 42
+    run_dir = next((tmp_path / "runs").glob("2*"))
+    state = State(run_dir, readonly=True)
+    failed = [j for j in state.jobs() if j.status == "failed"]
+    assert len(failed) == 1 and "FloatingPointError" in failed[0].error
+    state.close()
+
+
+def test_mixed_elastic_and_ordinary_apps_respect_dependencies(tmp_path, fast_config):
+    campaign = tmp_path / "mixed.py"
+    campaign.write_text(
+        """
+import os, time
+from parsl import python_app
+import pilotfill
+
+def mark(what):
+    with open(os.environ["MARKS"], "a") as f:
+        f.write(f"{what} {time.time()}\\n")
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def pretrain(seed):
+    import os, time
+    time.sleep(1.0)
+    with open(os.environ["MARKS"], "a") as f:
+        f.write(f"pretrain {time.time()}\\n")
+    return seed + 1
+
+@python_app(executors=["local"])
+def pick(*scores):
+    mark("pick")
+    return max(scores)
+
+@python_app
+def plain(x):
+    return x + 1000  # no executors named: Parsl may route it anywhere, it must still run
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def finetune(best):
+    import os, time
+    with open(os.environ["MARKS"], "a") as f:
+        f.write(f"finetune {time.time()}\\n")
+    return best * 10
+
+result = finetune(pick(pretrain(1), pretrain(2))).result()
+assert result == 30, result
+assert plain(1).result() == 1001
+"""
+    )
+    marks = tmp_path / "marks"
+    result = pilotfill_run(campaign, "--config", str(fast_config), env={"MARKS": str(marks)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = [line.split() for line in marks.read_text().splitlines()]
+    order = [name for name, _ in sorted(events, key=lambda e: float(e[1]))]
+    assert order[:2] == ["pretrain", "pretrain"] and order[2:] == ["pick", "finetune"]
+
+
+def test_rerun_after_kill_skips_finished_trainings(tmp_path, fast_config):
+    campaign = tmp_path / "resume.py"
+    campaign.write_text(
+        """
+import os
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def train(i):
+    import os, time
+    time.sleep(1.0 if i < 2 else float(os.environ.get("SLOW_S", "1")))
+    with open(os.environ["MARKS"], "a") as f:
+        f.write(f"{i}\\n")
+    return i * 10
+
+print([f.result() for f in [train(i) for i in range(3)]])
+"""
+    )
+    marks = tmp_path / "marks"
+    env = {**os.environ, "MARKS": str(marks), "SLOW_S": "600"}
+    first = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(fast_config)],
+                             env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and not (marks.exists() and sorted(marks.read_text().split()) == ["0", "1"]):
+        time.sleep(0.2)
+    assert sorted(marks.read_text().split()) == ["0", "1"]
+    time.sleep(1.0)  # Parsl checkpoints at task exit
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    run1 = next((tmp_path / "runs").glob("2*"))
+    # The controller and its ranks die with the campaign process.
+    for _ in range(100):
+        left = _processes_of(run1)
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not _processes_of(run1)
+
+    result = pilotfill_run(campaign, "--config", str(fast_config), env={"MARKS": str(marks), "SLOW_S": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[0, 10, 20]" in result.stdout
+    assert sorted(marks.read_text().split()) == ["0", "1", "2"]  # 0 and 1 were not trained again
+    run2 = max((tmp_path / "runs").glob("2*"))
+    state = State(run2, readonly=True)
+    assert [j.status for j in state.jobs()] == ["finished"]  # only the unfinished one was submitted
+    state.close()
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    from pilotfill import procs
+
+    return procs.with_environment(PILOTFILL_RUN_DIR=str(run_dir))
+
+
+def test_nas_campaign_end_to_end(tmp_path, horovod):
+    """The README's main job: at least 8 trials, best accuracy >= 0.9 on digits, nodes really moved."""
+    results = tmp_path / "board.json"
+    run_dir = tmp_path / "nas-run"
+    result = pilotfill_run(ROOT / "workflows" / "nas_campaign.py", "--run-dir", str(run_dir), env={"NAS_RESULTS": str(results)}, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    board = json.loads(results.read_text())
+    assert len(board) >= 8
+    assert board[0]["val_accuracy"] >= 0.9
+    assert "rank  depth" in result.stdout
+    state = State(run_dir, readonly=True)
+    jobs = state.jobs()
+    rescales = [e for e in state.events("job.resized") if e["data"]["before"] > 0 and e["data"]["after"] > 0]
+    state.close()
+    assert sum(j.status == "finished" for j in jobs) >= 8
+    assert rescales, "no running training job was ever resized"
+    assert not _processes_of(run_dir)
