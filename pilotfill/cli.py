@@ -54,13 +54,20 @@ def run(
     script: Annotated[Path, typer.Argument(help="The campaign: ordinary Parsl code with @pilotfill.elastic_app training functions.")],
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Site config file, or a bundled name (default: the embedded local cluster).")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default: runs/<id>/ beside the campaign).")] = None,
+    tui: Annotated[bool, typer.Option("--tui", help="Show the live view while the campaign runs (its output goes to campaign.out).")] = False,
 ) -> None:
     """Run a campaign: start the controller, load Parsl with the elastic executor, run the script, wait, clean up."""
-    from .campaign import CampaignError, run_campaign
+    from .campaign import CampaignError, default_run_dir, run_campaign
     from .config import ConfigError
 
     try:
-        outcome = run_campaign(script, config, run_dir)
+        if tui:
+            from .tui import run_with_view
+
+            run_dir = run_dir or default_run_dir(script.resolve())
+            outcome = run_with_view(lambda: run_campaign(script, config, run_dir), run_dir)
+        else:
+            outcome = run_campaign(script, config, run_dir)
     except (CampaignError, ConfigError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
@@ -74,6 +81,25 @@ def run(
         err.print(f"[red]failed[/] {name}: {reason}", highlight=False)
     if not outcome.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def top(
+    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under ./runs).")] = None,
+) -> None:
+    """Watch a run live: pilots, node occupancy, jobs, events. Read-only; q or Ctrl-C leaves."""
+    from .tui import top as show
+
+    if run_dir is None:
+        candidates = sorted(p for p in Path("runs").glob("*") if (p / "state.sqlite").exists())
+        if not candidates:
+            err.print("[bold red]error:[/] no run directory given and none under ./runs")
+            raise typer.Exit(2)
+        run_dir = candidates[-1]
+    if not (run_dir / "state.sqlite").exists():
+        err.print(f"[bold red]error:[/] {run_dir} is not a pilotfill run directory (no state.sqlite)", highlight=False)
+        raise typer.Exit(2)
+    show(run_dir)
 
 
 @app.command()
@@ -92,6 +118,7 @@ def replay(
     time_limit: Annotated[float, typer.Option(help="Solver time limit per event, seconds (then incumbent or greedy).", min=0.001)] = 1.0,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of idle nodes and nodes used by training over time.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
+    tui: Annotated[bool, typer.Option("--tui", help="Show the simulated machine live while it replays.")] = False,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
@@ -113,7 +140,11 @@ def replay(
         raise typer.Exit(2) from None
     sim = Replay(tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation, profiles=profiles.value, noise=noise, seed=seed, time_limit_s=time_limit, keep_timeline=plot is not None)
 
-    if as_json or not sys.stderr.isatty():
+    if tui and not as_json:
+        from .tui import replay_with_view
+
+        result = replay_with_view(sim)
+    elif as_json or not sys.stderr.isatty():
         result = sim.run()
     else:
         with Progress(

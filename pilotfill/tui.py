@@ -1,0 +1,435 @@
+"""The live view (rich): pilots, a node occupancy grid, jobs, events and totals.
+
+Two halves, as everywhere in pilotfill: a pure one — :class:`View` built from
+a controller snapshot, the durable state, or a running replay, and
+:func:`render` turning it into rich renderables for a given terminal size —
+and a thin loop (:func:`top`, :func:`live`) that refreshes a ``rich.live.Live``
+a few times a second and leaves on ``q`` or Ctrl-C with the terminal restored.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.layout import Layout
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+PALETTE = ["green", "cyan", "magenta", "yellow", "blue", "bright_red", "bright_green", "bright_cyan", "bright_magenta", "orange3", "purple", "turquoise2"]
+HELD, LEAVING, FREE = "held", "leaving", "free"
+
+
+@dataclass
+class NodeView:
+    name: str
+    job: str | None  # job id on it
+    state: str  # held (idle but ours), leaving, free (not ours)
+
+
+@dataclass
+class JobView:
+    id: str
+    name: str
+    status: str
+    nodes: int
+    min_nodes: int
+    max_nodes: int
+    rate: float  # samples/s
+    progress: float
+    total: float | None
+    rescales: int
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.total is None or self.rate <= 0 or self.progress >= self.total:
+            return None
+        return (self.total - self.progress) / self.rate
+
+
+@dataclass
+class PilotView:
+    id: str
+    scheduler_id: str
+    state: str
+    nodes: int
+    walltime_left_s: float | None
+
+
+@dataclass
+class View:
+    title: str
+    nodes: list[NodeView] = field(default_factory=list)
+    jobs: list[JobView] = field(default_factory=list)
+    pilots: list[PilotView] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    harvested_node_hours: float = 0.0
+    training_node_hours: float = 0.0
+    source: str = ""
+
+    @property
+    def efficiency(self) -> float | None:
+        return self.training_node_hours / self.harvested_node_hours if self.harvested_node_hours > 0 else None
+
+
+# ---------------------------------------------------------------- building views
+
+
+def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elapsed_s: float = 0.0, title: str = "pilotfill", now: float | None = None) -> View:
+    """A view of a controller snapshot (``state.snapshot`` reply, or the same read from SQLite)."""
+    now = time.time() if now is None else now
+    prev_progress = {j.id: j.progress for j in previous.jobs} if previous else {}
+    prev_rate = {j.id: j.rate for j in previous.jobs} if previous else {}
+    jobs = []
+    for j in snap["jobs"]:
+        spec = j["spec"]
+        rate = prev_rate.get(j["id"], 0.0)
+        if j["id"] in prev_progress and elapsed_s > 0:
+            rate = max(0.0, (j["progress"] - prev_progress[j["id"]]) / elapsed_s)
+        if j["status"] != "running":
+            rate = 0.0
+        jobs.append(JobView(j["id"], j["name"], j["status"], len(j["nodes"]), spec["min_nodes"], spec["max_nodes"], rate, j["progress"], spec.get("total_samples"), j["rescales"]))
+    nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == "leaving" else HELD) for n in snap["nodes"] if n["state"] != "gone"]
+    pilots = [
+        PilotView(p["id"], p["scheduler_id"] or "", p["state"], len(p["nodes"]), (p["walltime_end"] - now) if p.get("walltime_end") else None)
+        for p in snap["pilots"]
+        if p["state"] in ("queued", "running", "leaving")
+    ]
+    harvested, training = node_hours(snap["events"])
+    return View(title, nodes, jobs, pilots, [describe(e) for e in snap["events"][-50:]], harvested, training)
+
+
+def node_hours(events: list[dict[str, Any]]) -> tuple[float, float]:
+    """Node-hours held by pilots and used by training, integrated between allocation events."""
+    held = used = 0.0
+    last: tuple[float, int, int] | None = None
+    for e in events:
+        if e["kind"] != "allocation":
+            continue
+        if last is not None:
+            dt = (e["time"] - last[0]) / 3600
+            held += last[1] * dt
+            used += last[2] * dt
+        last = (e["time"], e["data"].get("pool", 0), sum(e["data"].get("counts", {}).values()))
+    if last is not None:
+        dt = max(0.0, time.time() - last[0]) / 3600
+        held += last[1] * dt
+        used += last[2] * dt
+    return held, used
+
+
+def describe(e: dict[str, Any]) -> str:
+    """One line per event, for the log pane."""
+    d, when = e["data"], time.strftime("%H:%M:%S", time.localtime(e["time"]))
+    kind, job, node = e["kind"], e.get("job") or "", e.get("node") or ""
+    if kind == "allocation":
+        moved = ", ".join(f"{j}→{n}" for j, n in d.get("moved", {}).items())
+        return f"{when} allocation {d.get('method', '')} {d.get('solve_ms', 0):.1f} ms" + (f": {moved}" if moved else "")
+    if kind == "job.resized":
+        return f"{when} {job} {d.get('before')}→{d.get('after')} nodes" + (f" ({d['cause']})" if d.get("cause") else "")
+    detail = node or ", ".join(f"{k}={v}" for k, v in d.items() if k in ("nodes", "why", "error", "scheduler_id", "name"))
+    return f"{when} {kind} {job} {detail}".replace("  ", " ").strip()
+
+
+def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
+    """The live controller's snapshot (authenticated), or the durable state if none answers."""
+    from .state import State
+    from .transport import Client, ControllerUnavailable
+
+    try:
+        client = Client(run_dir, timeout_s=1.0)
+        try:
+            return client.request({"type": "state.snapshot"}, timeout_s=1.0, attempt_s=1.0), "live"
+        finally:
+            client.close()
+    except (ControllerUnavailable, FileNotFoundError, PermissionError, OSError):
+        pass
+    state = State(run_dir, readonly=True)
+    try:
+        return {
+            "jobs": [j.__dict__ for j in state.jobs()],
+            "pilots": state.pilots(),
+            "nodes": state.nodes(),
+            "events": state.events(),
+        }, "state (no controller running)"
+    finally:
+        state.close()
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def job_colours(view: View) -> dict[str, str]:
+    return {j.id: PALETTE[i % len(PALETTE)] for i, j in enumerate(view.jobs)}
+
+
+def render(view: View, width: int = 80, height: int = 24) -> RenderableType:
+    """The whole screen for a terminal of ``width`` × ``height``."""
+    colours = job_colours(view)
+    layout = Layout()
+    events_rows = max(3, height // 4)
+    layout.split_column(Layout(_header(view), name="header", size=1), Layout(name="body"), Layout(_events(view, events_rows - 2), name="events", size=events_rows))
+    left, right = Layout(name="left", ratio=2), Layout(name="right", ratio=1)
+    if width >= 100:
+        layout["body"].split_row(left, right)
+        grid_width = max(10, width // 3 - 4)
+    else:
+        layout["body"].split_column(Layout(name="left"), Layout(name="right", size=max(4, (height - events_rows - 1) // 3)))
+        left, right = layout["body"]["left"], layout["body"]["right"]
+        grid_width = width - 4
+    body_rows = height - events_rows - 1
+    grid_rows = max(1, (max(4, body_rows // 3) if width < 100 else body_rows) - 3)
+    pane = width if width < 100 else 2 * width // 3
+    left.update(Group(_jobs(view, colours, pane), _pilots(view, pane)))
+    per = max(1, math.ceil(len(view.nodes) / max(1, grid_width * grid_rows)))
+    title = f"nodes ({len(view.nodes)})" + (f", one cell = {per} nodes" if per > 1 else "")
+    right.update(Panel(_grid(view, colours, grid_width, per), title=title, border_style="dim"))
+    return layout
+
+
+def _header(view: View) -> Text:
+    eff = f"{100 * view.efficiency:.0f}%" if view.efficiency is not None else "—"
+    text = Text.assemble(
+        (f" {view.title} ", "bold reverse"),
+        (f" [{view.source}]" if view.source else "", "dim"),
+        f"  harvested {view.harvested_node_hours:.2f} node-h, training {view.training_node_hours:.2f} ({eff})",
+        ("  q quits", "dim"),
+    )
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
+    table = Table(title="jobs", title_justify="left", expand=True, box=None, padding=(0, 1), header_style="bold")
+    table.add_column("job", no_wrap=True, max_width=18)
+    table.add_column("nodes", justify="right", no_wrap=True)
+    table.add_column("samples/s", justify="right", no_wrap=True)
+    table.add_column("progress", ratio=1, no_wrap=True)
+    table.add_column("resc", justify="right", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    active = [j for j in view.jobs if j.status in ("running", "pending")] + [j for j in view.jobs if j.status not in ("running", "pending")]
+    for j in active[:12]:
+        if j.total:
+            bar = Text.assemble(_bar_text(j, max(5, min(20, (width - 60) // 2 + 5))), " ", (_eta(j), "dim"))
+        else:
+            bar = Text(f"{j.progress:,.0f} samples", style="dim")
+        table.add_row(
+            Text(j.name, style=colours.get(j.id, "")),
+            f"{j.nodes} [{j.min_nodes}-{j.max_nodes}]",
+            f"{j.rate:,.0f}",
+            bar,
+            str(j.rescales),
+            Text(j.status, style={"running": "green", "failed": "red", "finished": "dim"}.get(j.status, "yellow")),
+        )
+    if len(view.jobs) > 12:
+        table.add_row(f"… {len(view.jobs) - 12} more", "", "", "", "", "")
+    return table
+
+
+def _bar_text(j: JobView, width: int) -> Text:
+    frac = min(1.0, j.progress / j.total) if j.total else 0.0
+    full = int(frac * width)
+    return Text.assemble(("█" * full, "green"), ("░" * (width - full), "dim"), f" {100 * frac:3.0f}%")
+
+
+def _eta(j: JobView) -> str:
+    eta = j.eta_s
+    if j.status == "finished":
+        return "done"
+    if eta is None:
+        return "ETA —"
+    return f"ETA {int(eta // 60)}:{int(eta % 60):02d}"
+
+
+def _pilots(view: View, width: int) -> Table:
+    table = Table(title="pilots", title_justify="left", expand=True, box=None, padding=(0, 1), header_style="bold")
+    table.add_column("scheduler id", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("nodes", justify="right")
+    table.add_column("walltime left", justify="right")
+    for p in view.pilots[:6]:
+        left = "—" if p.walltime_left_s is None else f"{int(p.walltime_left_s // 3600)}:{int(p.walltime_left_s % 3600 // 60):02d}:{int(p.walltime_left_s % 60):02d}"
+        table.add_row(p.scheduler_id or p.id, Text(p.state, style="red" if p.state == "leaving" else ""), str(p.nodes), left)
+    if len(view.pilots) > 6:
+        table.add_row(f"… {len(view.pilots) - 6} more", "", "", "")
+    return table
+
+
+def _grid(view: View, colours: dict[str, str], width: int, per: int) -> RenderableType:
+    """One cell per node, or per ``per`` nodes (shade: share in use; colour: the main job there)."""
+    nodes = view.nodes
+    legend = Text.assemble(*[(f"■ {j.name[:10]} ", colours[j.id]) for j in view.jobs if j.status == "running"][:6], ("□ idle ", "dim"), ("▒ leaving", "red"))
+    if not nodes:
+        return Group(Text("no nodes held", style="dim"), legend)
+    text = Text()
+    for i in range(0, len(nodes), per):
+        group = nodes[i : i + per]
+        if i and (i // per) % width == 0:
+            text.append("\n")
+        if per == 1:
+            n = group[0]
+            if n.state == LEAVING:
+                text.append("▒", "red")
+            elif n.job:
+                text.append("■", colours.get(n.job, "white"))
+            else:
+                text.append("□", "dim")
+        else:
+            busy = [n.job for n in group if n.job]
+            glyph = " ░▒▓█"[min(4, math.ceil(len(busy) / len(group) * 4))]
+            top = max(set(busy), key=busy.count) if busy else None
+            text.append(glyph, colours.get(top, "dim") if top else "dim")
+    return Group(text, legend)
+
+
+def _events(view: View, rows: int) -> Panel:
+    lines = view.events[-max(1, rows):]
+    return Panel(Text("\n".join(lines) or "no events yet", no_wrap=True, overflow="ellipsis"), title="events", border_style="dim")
+
+
+# ---------------------------------------------------------------- the loops
+
+
+@contextmanager
+def keys() -> Iterator[Callable[[float], str | None]]:
+    """Single key presses from the terminal (cbreak), restored on exit; no-op without a terminal."""
+    if not sys.stdin.isatty():
+        yield lambda timeout: (time.sleep(timeout), None)[1]
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+    try:
+
+        def read(timeout: float) -> str | None:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            return os.read(fd, 1).decode(errors="ignore") if ready else None
+
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def live(make_view: Callable[[], View], refresh_s: float = 0.25, console: Console | None = None, until: Callable[[], bool] = lambda: False) -> None:
+    """Show ``make_view()`` until ``q``, Ctrl-C or ``until()``."""
+    from rich.live import Live
+
+    console = console or Console()
+    try:
+        with keys() as read, Live(console=console, screen=True, auto_refresh=False, transient=True, redirect_stdout=False, redirect_stderr=False) as screen:
+            while not until():
+                size = console.size
+                screen.update(render(make_view(), size.width, size.height), refresh=True)
+                key = read(refresh_s)
+                if key in ("q", "Q"):
+                    return
+    except KeyboardInterrupt:
+        return
+
+
+def top(run_dir: Path, refresh_s: float = 0.25) -> None:
+    """``pilotfill top``: attach read-only to a run (live controller, or its durable state)."""
+    top_until(run_dir, lambda: False, refresh_s, title="pilotfill top")
+
+
+def view_from_replay(sim, title: str = "pilotfill replay") -> View:
+    """The simulated machine of a running :class:`~pilotfill.schedulers.replay.Replay`."""
+    from .traces import format_time
+
+    jobs = []
+    for name, run in sim._running.items():
+        spec = run.spec
+        jobs.append(JobView(name, name, "running" if run.count else "pending", run.count, spec.min_nodes, spec.max_nodes, run.rate, max(0.0, run.progress), spec.total_samples, run.rescales))
+    holder = sim._holder
+    nodes = [NodeView(n, holder.get(n), HELD) for n in sim._idle]
+    res = sim.result
+    view = View(f"{title} {format_time(sim._t)}", nodes, jobs, [], [], res.idle_node_hours, res.used_node_hours)
+    view.events = [f"jobs completed {res.jobs_completed}, started {res.jobs_started}, events {res.events}, samples {res.samples + sum(max(0, r.progress) for r in sim._running.values()):.3g}"]
+    return view
+
+
+def run_with_view(work: Callable[[], Any], run_dir: Path, refresh_s: float = 0.25) -> Any:
+    """Run ``work`` (a campaign) on a thread while the main thread shows the run; its stdout goes
+    to ``campaign.out`` in the run directory and is printed when the view closes."""
+    import contextlib
+    import threading
+
+    result: dict[str, Any] = {}
+    out_path = Path(run_dir) / "campaign.out"
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+
+    def target() -> None:
+        with open(out_path, "w") as out, contextlib.redirect_stdout(out):
+            try:
+                result["value"] = work()
+            except BaseException as exc:  # re-raised on the main thread
+                result["error"] = exc
+
+    # redirect_stdout is process-wide: bind the view to the terminal before the campaign starts.
+    console = Console(file=sys.stdout)
+    thread = threading.Thread(target=target, name="pilotfill-campaign", daemon=True)
+    thread.start()
+    while not (Path(run_dir) / "state.sqlite").exists() and thread.is_alive():
+        time.sleep(0.1)
+    if thread.is_alive():
+        top_until(Path(run_dir), lambda: not thread.is_alive(), refresh_s, console=console)
+    thread.join()
+    sys.stdout.write(out_path.read_text() if out_path.exists() else "")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def top_until(run_dir: Path, until: Callable[[], bool], refresh_s: float = 0.25, title: str = "pilotfill run", console: Console | None = None) -> None:
+    """Show the run in ``run_dir`` until ``until()``, ``q`` or Ctrl-C."""
+    previous: View | None = None
+    last = time.monotonic()
+
+    def make() -> View:
+        nonlocal previous, last
+        snap, source = read_snapshot(run_dir)
+        now = time.monotonic()
+        view = view_from_snapshot(snap, previous, now - last, title=f"{title} {run_dir.name}")
+        view.source = source
+        previous, last = view, now
+        return view
+
+    live(make, refresh_s, console=console, until=until)
+
+
+def replay_with_view(sim, refresh_s: float = 0.1):
+    """Run a replay with the simulated machine on screen (q hides the view; the replay goes on)."""
+    from rich.live import Live
+
+    console = Console()
+    state = {"shown": True, "last": 0.0}
+    with keys() as read, Live(console=console, screen=True, auto_refresh=False, transient=True) as screen:
+
+        def tick(t: float, result) -> None:
+            if not state["shown"] or time.monotonic() - state["last"] < refresh_s:
+                return
+            state["last"] = time.monotonic()
+            size = console.size
+            screen.update(render(view_from_replay(sim), size.width, size.height), refresh=True)
+            if read(0) in ("q", "Q"):
+                state["shown"] = False
+
+        try:
+            return sim.run(tick)
+        except KeyboardInterrupt:
+            state["shown"] = False
+            raise
