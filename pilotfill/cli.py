@@ -23,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages name files and lines: never break them
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_TRACE = DATA / "summit-2021-02-10-week-64nodes.csv.gz"
@@ -198,6 +198,80 @@ def _summary_table(s: dict, result) -> Table:
     for k, v in rows:
         table.add_row(k, v)
     return table
+
+
+# ---------------------------------------------------------------- remote (Globus Compute)
+
+Endpoint = Annotated[str, typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint on the login node.")]
+
+
+def _remote(call):
+    from .remote import RemoteError
+
+    try:
+        return call()
+    except RemoteError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def submit(
+    campaign: Annotated[Path, typer.Argument(help="The campaign file to run on the login node.")],
+    endpoint: Endpoint,
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Site config file shipped with the campaign.")] = None,
+) -> None:
+    """Start a campaign on a login node through Globus Compute; prints its run id at once."""
+    from . import remote
+
+    run = _remote(lambda: remote.submit(endpoint, campaign, config))
+    typer.echo(run.run_id)
+    err.print(f"watch it with: pilotfill status --endpoint {endpoint} {run.run_id}", highlight=False)
+
+
+@app.command()
+def status(
+    run_id: Annotated[str, typer.Argument(help="The id `pilotfill submit` printed.")],
+    endpoint: Endpoint,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """A remote run's jobs and pilots."""
+    from . import remote
+
+    info = _remote(lambda: remote.status(endpoint, run_id))
+    if as_json:
+        typer.echo(remote.as_json(info))
+        return
+    table = Table(title=f"run {run_id}: {info['phase']}")
+    for col in ("job", "status", "nodes", "progress", "rescales"):
+        table.add_column(col, justify="right" if col in ("nodes", "progress", "rescales") else "left")
+    for j in info["jobs"]:
+        table.add_row(j["name"], j["status"], str(j["nodes"]), f"{j['progress']:,.0f}", str(j["rescales"]))
+    Console().print(table)
+    if info["pilots"]:
+        pilots = Table(title="pilots")
+        for col in ("scheduler id", "state", "nodes"):
+            pilots.add_column(col)
+        for p in info["pilots"]:
+            pilots.add_row(str(p["scheduler_id"]), p["state"], str(p["nodes"]))
+        Console().print(pilots)
+
+
+@app.command()
+def results(
+    run_id: Annotated[str, typer.Argument(help="The id `pilotfill submit` printed.")],
+    endpoint: Endpoint,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """A remote run's finished results and its output (e.g. the NAS leaderboard)."""
+    from . import remote
+
+    info = _remote(lambda: remote.results(endpoint, run_id))
+    if as_json:
+        typer.echo(remote.as_json(info))
+        return
+    typer.echo(info["output"].rstrip())
+    err.print(f"run {run_id}: {info['phase']}, {len(info['results'])} finished jobs", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover
