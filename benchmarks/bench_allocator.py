@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pilotfill.allocator import Allocation, Job, NodePool, Problem, ScalingCurve, allocate
+from pilotfill.allocator import Allocation, Job, NodePool, Problem, ScalingCurve, allocate, milp
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_JOBS = REPO.parent / "shared" / "data" / "jobs-imagenet-1001.csv"
@@ -121,22 +121,9 @@ def instance(rng: random.Random, specs: list[JobSpec], n_jobs: int, n_nodes: int
     return Problem(tuple(jobs), NodePool(tuple(nodes)), random_current(rng, jobs, nodes), T_FWD)
 
 
-@contextlib.contextmanager
 def quiet_solver(enabled: bool = True):
-    """Send what CBC prints straight to file descriptor 1 (e.g. "Coin0505I …") to /dev/null."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
+    """CBC's own stdout (e.g. "Coin0505I …") off the benchmark's table; the allocator's helper does it."""
+    return milp.quiet_solver() if enabled else contextlib.nullcontext()
 
 
 QUIET = True

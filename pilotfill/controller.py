@@ -318,7 +318,7 @@ class Controller:
     def _on_pilot_event(self, event: PilotEvent, now: float) -> None:
         if event.kind == "started":
             self.state.log("pilot.started", pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes))
-            self.state.upsert_pilot(event.pilot, scheduler_id=event.scheduler_id)
+            self.state.upsert_pilot(event.pilot, scheduler_id=event.scheduler_id, **({"walltime_end": event.deadline} if event.deadline else {}))
         elif event.kind == "preempted":
             self.state.log("pilot.preempted", pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
         elif event.kind == "ended":

@@ -222,13 +222,16 @@ class State:
     def upsert_pilot(self, pilot_id: str, **fields: Any) -> None:
         if "nodes" in fields:
             fields["nodes"] = json.dumps(fields["nodes"])
-        exists = self.db.execute("SELECT 1 FROM pilots WHERE id = ?", (pilot_id,)).fetchone()
-        if exists:
+        self._upsert("pilots", "id", pilot_id, fields)
+
+    def _upsert(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
+        """Update the row whose ``key`` is ``value``, or insert it (table and columns are ours, never user input)."""
+        if self.db.execute(f"SELECT 1 FROM {table} WHERE {key} = ?", (value,)).fetchone():
             cols = ", ".join(f"{k} = ?" for k in fields)
-            self.db.execute(f"UPDATE pilots SET {cols} WHERE id = ?", (*fields.values(), pilot_id))
+            self.db.execute(f"UPDATE {table} SET {cols} WHERE {key} = ?", (*fields.values(), value))
         else:
-            cols = ", ".join(["id", *fields])
-            self.db.execute(f"INSERT INTO pilots ({cols}) VALUES ({','.join('?' * (len(fields) + 1))})", (pilot_id, *fields.values()))
+            cols = ", ".join([key, *fields])
+            self.db.execute(f"INSERT INTO {table} ({cols}) VALUES ({','.join('?' * (len(fields) + 1))})", (value, *fields.values()))
 
     def pilots(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM pilots ORDER BY submitted")
@@ -236,13 +239,7 @@ class State:
         return [p for p in out if states is None or p["state"] in states]
 
     def set_node(self, name: str, **fields: Any) -> None:
-        exists = self.db.execute("SELECT 1 FROM nodes WHERE name = ?", (name,)).fetchone()
-        if exists:
-            cols = ", ".join(f"{k} = ?" for k in fields)
-            self.db.execute(f"UPDATE nodes SET {cols} WHERE name = ?", (*fields.values(), name))
-        else:
-            cols = ", ".join(["name", *fields])
-            self.db.execute(f"INSERT INTO nodes ({cols}) VALUES ({','.join('?' * (len(fields) + 1))})", (name, *fields.values()))
+        self._upsert("nodes", "name", name, fields)
 
     def nodes(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT * FROM nodes ORDER BY name")]

@@ -712,9 +712,10 @@ def test_dp_matches_the_milp_on_a_whole_machine(seed):
     mip_answer = allocate(p, "milp", time_limit_s=55.0)
     assert mip_answer.method == "milp"
     assert_feasible(p, mip_answer)
-    if not mip_answer.optimal:
-        pytest.skip("CBC did not prove optimality within its time limit on this machine")
-    assert same(dp_answer.objective, mip_answer.objective)
+    if mip_answer.optimal:
+        assert same(dp_answer.objective, mip_answer.objective)
+    else:  # CBC ran out of time: its incumbent can be no better than the exact answer
+        assert dp_answer.objective >= mip_answer.objective - 1e-6 * abs(dp_answer.objective)
 
 
 def test_milp_and_node_level_leave_nodes_free_on_ties():

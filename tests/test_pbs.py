@@ -510,3 +510,13 @@ def test_polaris_config_loads():
     assert (config.pbs.queue, config.pbs.account, config.pbs.chunk, config.pbs.place) == ("preemptable", "MYPROJECT", "ncpus=64:ngpus=4", "scatter")
     assert config.pbs.nodes_per_pilot == config.pilots.nodes_per_pilot
     assert (config.runtime.kind, config.runtime.network_interface) == ("horovod", "hsn0")
+
+
+def test_walltime_left_from_the_recorded_qstat(shared_data):
+    """The recorded pilot: walltime 02:00:00 granted (shrink-to-fit), 00:00:10 used."""
+    import json
+
+    from pilotfill.schedulers.pbs import parse_jobs
+
+    doc = json.loads((shared_data / "openpbs" / "qstat-f-F-json-pilot-running.json").read_text())
+    assert parse_jobs(doc)["0.vm"].walltime_left_s == 2 * 3600 - 10

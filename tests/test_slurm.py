@@ -51,6 +51,7 @@ def test_adapter_submits_shrinks_and_cancels_pilots(slurm, tmp_path):
     assert "pilotfill.pilots.agent" in script and "--scheduler slurm" in script
     started = wait_for(lambda: [e for e in sched.poll(time.time()) if e.kind == "started"], 30, "pilot to start")
     assert started[0].scheduler_id == job_id and len(started[0].nodes) == 3
+    assert started[0].deadline is not None and 4 * 60 < started[0].deadline - time.time() <= 30 * 60  # walltime left
     info = slurm.job(job_id)
     assert info["Partition"] == "scavenger" and info["TimeMin"] == "00:05:00"
     assert "00:05:00" <= info["TimeLimit"] <= "00:30:00"  # Slurm may shorten a pilot down to --time-min to fit it

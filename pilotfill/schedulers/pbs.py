@@ -82,6 +82,7 @@ class JobStatus:
     chunk_hosts: tuple[str, ...]  # exec_host: the host of each chunk, in exec_vnode's order
     comment: str = ""
     exit_status: int | None = None
+    walltime_left_s: float | None = None  # Resource_List.walltime (shrunk to fit) minus resources_used.walltime
 
 
 def load_document(text: str) -> dict[str, Any]:
@@ -129,8 +130,21 @@ def parse_jobs(doc: dict[str, Any]) -> dict[str, JobStatus]:
         out[jid] = JobStatus(
             jid, str(j.get("job_state", "")), int(j.get("run_count") or 0), tuple(parse_exec_vnode(j.get("exec_vnode") or "")),
             tuple(parse_exec_host(j.get("exec_host") or "")), str(j.get("comment") or ""), int(exit_status) if exit_status is not None else None,
+            _walltime_left(j),
         )  # fmt: skip
     return out
+
+
+def _walltime_left(job: dict[str, Any]) -> float | None:
+    """Seconds the job may still run: its (shrink-to-fit) walltime minus the walltime it has used."""
+    from ..config import parse_duration
+
+    try:
+        limit = parse_duration(str((job.get("Resource_List") or {})["walltime"]))
+        used = parse_duration(str((job.get("resources_used") or {}).get("walltime", "00:00:00")))
+    except (KeyError, ValueError):
+        return None
+    return float(max(0, limit - used))
 
 
 def parse_job_id(stdout: str) -> str:
@@ -385,7 +399,8 @@ class PbsScheduler(BatchScheduler):
             if len(pilot.hosts) < len(pilot.nodes):
                 pilot.hosts = vnode_hosts(status, self._pbsnodes(max_age=self.config.poll_s))
             pilot.primary = status.chunk_hosts[0] if status.chunk_hosts else pilot.hosts.get(pilot.nodes[0])
-            events.append(PilotEvent("started", pilot.id, pilot.job, tuple(pilot.nodes), detail=f"run {status.run_count}"))
+            deadline = time.time() + status.walltime_left_s if status.walltime_left_s is not None else None
+            events.append(PilotEvent("started", pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
         if gone:
             if not events and not pilot.running:
                 events.append(PilotEvent("ended", pilot.id, pilot.job, detail="gone before it ran" if status is None else "finished before it ran"))

@@ -166,21 +166,22 @@ class SlurmScheduler(BatchScheduler):
         ids = [p.job_id for p in self._pilots.values()]
         if not ids:
             return []
-        result = self._run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%T|%N"], final_codes=(1,))
+        result = self._run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%T|%N|%L"], final_codes=(1,))
         if result.returncode == 1 and "Invalid job id" not in result.stderr:
             raise SchedulerCommandError(["squeue", "-j", ",".join(ids)], "exited 1", 1, result.stderr)
         out = result.stdout
-        seen: dict[str, tuple[str, str]] = {}
+        seen: dict[str, tuple[str, str, str]] = {}
         for line in out.splitlines():
             parts = line.strip().split("|")
-            if len(parts) == 3:
-                seen[parts[0]] = (parts[1], parts[2])
+            if len(parts) == 4:
+                seen[parts[0]] = (parts[1], parts[2], parts[3])
         events = []
         for pilot in list(self._pilots.values()):
-            state, nodelist = seen.get(pilot.job_id, ("GONE", ""))
+            state, nodelist, left = seen.get(pilot.job_id, ("GONE", "", ""))
             if state == "RUNNING" and not pilot.running:
                 pilot.running, pilot.nodes = True, hostnames(nodelist)
-                events.append(PilotEvent("started", pilot.id, pilot.job_id, tuple(pilot.nodes)))
+                deadline = time.time() + _seconds(left) if _seconds(left) is not None else None
+                events.append(PilotEvent("started", pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=deadline))
             elif state not in ACTIVE:
                 del self._pilots[pilot.id]
                 events.append(PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=state.lower()))
@@ -188,6 +189,16 @@ class SlurmScheduler(BatchScheduler):
                 pilot.running, pilot.nodes = False, []
                 events.append(PilotEvent("ended", pilot.id, pilot.job_id, (), detail="requeued"))
         return events
+
+
+def _seconds(time_left: str) -> float | None:
+    """squeue's %L (``1-02:03:04``, ``29:51``; ``UNLIMITED``/``NOT_SET`` -> None)."""
+    from ..config import parse_duration
+
+    try:
+        return float(parse_duration(time_left))
+    except ValueError:
+        return None
 
 
 def sbatch_available() -> bool:
