@@ -243,10 +243,11 @@ def status(
         typer.echo(remote.as_json(info))
         return
     table = Table(title=f"run {run_id}: {info['phase']}")
-    for col in ("job", "status", "nodes", "progress", "rescales"):
-        table.add_column(col, justify="right" if col in ("nodes", "progress", "rescales") else "left")
+    for col in ("job", "status", "nodes", "progress", "rescales", "result"):
+        table.add_column(col, justify="right" if col in ("nodes", "progress", "rescales") else "left", overflow="ellipsis")
     for j in info["jobs"]:
-        table.add_row(j["name"], j["status"], str(j["nodes"]), f"{j['progress']:,.0f}", str(j["rescales"]))
+        shown = j.get("error") if j["status"] == "failed" else j.get("result")
+        table.add_row(j["name"], j["status"], str(j["nodes"]), f"{j['progress']:,.0f}", str(j["rescales"]), "" if shown is None else str(shown)[:60])
     Console().print(table)
     if info["pilots"]:
         pilots = Table(title="pilots")

@@ -97,20 +97,28 @@ def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
         state = State(home / "run", readonly=True)
         try:
             out["jobs"] = [
-                {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "rescales": j.rescales, "error": (j.error or "").strip().splitlines()[-1:] or None}
+                {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "rescales": j.rescales,
+                 "result": _value(j) if j.status == "finished" else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
                 for j in state.jobs()
-            ]
+            ]  # fmt: skip
             out["pilots"] = [{"id": p["id"], "scheduler_id": p["scheduler_id"], "state": p["state"], "nodes": len(p["nodes"])} for p in state.pilots()]
         finally:
             state.close()
     return out
 
 
-def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
-    """Finished jobs' results (Parsl-serialized values decoded) and the campaign's output (e.g. the leaderboard)."""
-    from parsl.app.errors import RemoteExceptionWrapper
+def _value(job) -> Any:
+    """A finished job's result; values shipped back by the Parsl executor are decoded."""
     from parsl.serialize import deserialize
 
+    value = job.result
+    if isinstance(value, dict) and "parsl" in value:
+        value = deserialize(base64.b64decode(value["parsl"]))
+    return value
+
+
+def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
+    """Finished jobs' results (Parsl-serialized values decoded) and the campaign's output (e.g. the leaderboard)."""
     from .state import State
 
     home = _home(run_id, base_dir)
@@ -121,12 +129,7 @@ def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
         state = State(home / "run", readonly=True)
         try:
             for j in state.jobs(("finished",)):
-                value = j.result
-                if isinstance(value, dict) and "parsl" in value:
-                    value = deserialize(base64.b64decode(value["parsl"]))
-                    if isinstance(value, RemoteExceptionWrapper):
-                        continue
-                results.append({"job": j.id, "name": j.name, "value": value})
+                results.append({"job": j.id, "name": j.name, "value": _value(j)})
         finally:
             state.close()
     output = (home / "pilotfill-run.out").read_text(errors="replace") if (home / "pilotfill-run.out").exists() else ""

@@ -56,6 +56,7 @@ def test_submit_status_results_through_the_sdk_serializer(tmp_path, campaign):
         info = run.status()
     assert info["phase"] == "finished", info
     assert sorted(j["status"] for j in info["jobs"]) == ["finished"] * 3
+    assert sorted(j["result"]["width"] for j in info["jobs"]) == [32, 64, 128]
     assert info["pilots"] and all(p["state"] in ("ended", "lost") for p in info["pilots"])
     res = run.results()
     assert sorted(r["value"]["width"] for r in res["results"]) == [32, 64, 128]
