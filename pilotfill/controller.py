@@ -232,13 +232,7 @@ class Controller:
         return {"job_id": job_id}
 
     def _on_job_cancel(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        job = self._known_job(message["job_id"])
-        if job.status not in TERMINAL:
-            self.runtime.stop(job.id)
-            self._release_job_nodes(job.id)
-            self.state.set_job(job.id, status="cancelled", ended=now, nodes=[])
-            self.state.log("job.cancelled", job=job.id)
-            self.dirty = True
+        self._end_job(self._known_job(message["job_id"]), now, "cancelled", {})
         return {}
 
     def _on_job_report(self, message: dict[str, Any], now: float) -> dict[str, Any]:
@@ -260,27 +254,25 @@ class Controller:
 
     def _on_job_result(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
-        if job.status in TERMINAL:
-            return {}
-        self.runtime.stop(job.id)
-        self._release_job_nodes(job.id)
-        self.state.set_job(job.id, status="finished", result=message.get("value"), ended=now, nodes=[])
-        self.state.log("job.finished", job=job.id, progress=job.progress)
-        self.profiler.forget(job.id)
-        self.dirty = True
+        self._end_job(job, now, "finished", {"result": message.get("value")}, progress=job.progress)
         return {}
 
     def _on_job_failed(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
+        error = message["error"]
+        self._end_job(job, now, "failed", {"error": error, "result": message.get("value")}, error=(error.strip().splitlines() or [""])[-1][:200])
+        return {}
+
+    def _end_job(self, job, now: float, status: str, fields: dict[str, Any], **logged: Any) -> None:
+        """A job is over (the first outcome wins): stop its ranks, free its nodes, record why."""
         if job.status in TERMINAL:
-            return {}
+            return
         self.runtime.stop(job.id)
         self._release_job_nodes(job.id)
-        self.state.set_job(job.id, status="failed", error=message["error"], ended=now, nodes=[], result=message.get("value"))
-        self.state.log("job.failed", job=job.id, error=message["error"].strip().splitlines()[-1][:200])
+        self.state.set_job(job.id, status=status, ended=now, nodes=[], **fields)
+        self.state.log(f"job.{status}", job=job.id, **logged)
         self.profiler.forget(job.id)
         self.dirty = True
-        return {}
 
     def _on_pilot_register(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         pilot = message["pilot"]
