@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from localrun import LocalRun, synthetic_job
+from pilotfill import procs
 from pilotfill.security import seal
 
 
@@ -75,15 +76,15 @@ def test_controller_killed_and_restarted_carries_on(local):
     s = run.state()
     before = s.job(long).progress
     launches_short = s.job(short).launches
-    children = [(p["pid"], p["kind"]) for p in s.processes()]
+    children = [(p["pid"], p["start_ticks"], p["kind"]) for p in s.processes()]
     s.close()
-    assert any(kind == "rank" for _, kind in children) and any(kind == "pilot" for _, kind in children)
+    assert any(kind == "rank" for *_, kind in children) and any(kind == "pilot" for *_, kind in children)
 
     run.kill(signal.SIGKILL)
     # Nothing the dead controller started survives it.
     run.wait_for(lambda: not run.leftover_processes(), 10, "children of the dead controller to die")
-    for pid, _ in children:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1][0] == "Z"
+    for pid, ticks, _ in children:
+        assert not procs.alive(pid, ticks)  # (a recycled pid is someone else: compared by start time)
 
     run.start()
     done = run.client.wait([short, long], timeout_s=90)
