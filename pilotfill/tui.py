@@ -212,7 +212,7 @@ def _header(view: View) -> Text:
 
 def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
     table = Table(title="jobs", title_justify="left", expand=True, box=None, padding=(0, 1), header_style="bold")
-    table.add_column("job", no_wrap=True, max_width=18)
+    table.add_column("job", no_wrap=True, max_width=24, overflow="ellipsis")
     table.add_column("nodes", justify="right", no_wrap=True)
     table.add_column("samples/s", justify="right", no_wrap=True)
     table.add_column("progress", ratio=1, no_wrap=True)

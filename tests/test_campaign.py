@@ -215,3 +215,10 @@ def test_nas_campaign_end_to_end(tmp_path, horovod):
     assert sum(j.status == "finished" for j in jobs) >= 8
     assert rescales, "no running training job was ever resized"
     assert not _processes_of(run_dir)
+
+
+def test_job_names_say_which_call_they_are():
+    from pilotfill.executors.elastic import call_name
+
+    assert call_name("train", (2, 96, "relu"), {"epochs": 5, "parsl_resource_specification": {}}) == "train(2, 96, 'relu', epochs=5)"
+    assert len(call_name("train", (list(range(100)),), {})) == 48

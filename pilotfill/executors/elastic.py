@@ -35,6 +35,13 @@ log = logging.getLogger("pilotfill.executor")
 SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "name"}
 
 
+def call_name(name: str, args: tuple, kwargs: dict, limit: int = 48) -> str:
+    """``train(2, 96, 'relu')``: which call a job is, in views and status tables."""
+    shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items() if not k.startswith("parsl_")]
+    text = f"{name}({', '.join(shown)})"
+    return text if len(text) <= limit else text[: limit - 2] + "…)"
+
+
 class ElasticExecutor(ParslExecutor):
     """Parsl executor backed by a pilotfill controller (started by ``pilotfill run``)."""
 
@@ -62,7 +69,7 @@ class ElasticExecutor(ParslExecutor):
         future: Future = Future()
         payload = base64.b64encode(pack_apply_message(func, args, kwargs)).decode()
         job = {k: v for k, v in spec.items() if k in SPEC_KEYS}
-        job.setdefault("name", getattr(func, "__name__", "task"))
+        job["name"] = call_name(job.get("name") or getattr(func, "__name__", "task"), args, kwargs)
         job["payload"] = payload
         self._outbox.put((future, job))
         return future
