@@ -28,6 +28,13 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("[controller]\ntick = 1", "controller.tick: unknown key"),
         ("[runtime]\nkind = 'mpi'", "runtime.kind: 'mpi'"),
         ("[local\nnodes = 4", "not valid TOML"),
+        ("scheduler = 'slurm'\n[slurm]\ntime_min = '03:00:00'\ntime_max = '02:00:00'", "slurm.time_min: 03:00:00 is longer than slurm.time_max"),
+        ("scheduler = 'slurm'\n[slurm]\ntime_max = 'two hours'", "slurm.time_max: 'two hours' is not a duration"),
+        ("scheduler = 'slurm'\n[slurm]\nmin_nodes = 4\nmax_nodes = 2", "slurm.min_nodes: 4 > slurm.max_nodes 2"),
+        ("scheduler = 'slurm'\n[slurm]\npartition = ''", "slurm.partition: must not be empty"),
+        ("scheduler = 'slurm'\n[slurm]\nextra_args = '--exclusive'", "slurm.extra_args: expected a list of strings"),
+        ("scheduler = 'pbs'\n[pbs]\nmin_walltime = '05:00:00'\nmax_walltime = '01:00:00'", "pbs.min_walltime: 05:00:00 is longer than pbs.max_walltime"),
+        ("scheduler = 'pbs'\n[pbs]\nqueue = 7", "pbs.queue: expected str"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path, text, where):
@@ -53,23 +60,3 @@ def test_site_examples_load():
     assert perlmutter.runtime.kind == "horovod"
     local = load_config(root / "local.toml")
     assert local.local.workload == "script" and len(local.local.script) == 2
-
-
-@pytest.mark.parametrize(
-    "text, where",
-    [
-        ("scheduler = 'slurm'\n[slurm]\ntime_min = '03:00:00'\ntime_max = '02:00:00'", "slurm.time_min: 03:00:00 is longer than slurm.time_max"),
-        ("scheduler = 'slurm'\n[slurm]\ntime_max = 'two hours'", "slurm.time_max: 'two hours' is not a duration"),
-        ("scheduler = 'slurm'\n[slurm]\nmin_nodes = 4\nmax_nodes = 2", "slurm.min_nodes: 4 > slurm.max_nodes 2"),
-        ("scheduler = 'slurm'\n[slurm]\npartition = ''", "slurm.partition: must not be empty"),
-        ("scheduler = 'slurm'\n[slurm]\nextra_args = '--exclusive'", "slurm.extra_args: expected a list of strings"),
-        ("scheduler = 'pbs'\n[pbs]\nmin_walltime = '05:00:00'\nmax_walltime = '01:00:00'", "pbs.min_walltime: 05:00:00 is longer than pbs.max_walltime"),
-        ("scheduler = 'pbs'\n[pbs]\nqueue = 7", "pbs.queue: expected str"),
-    ],
-)
-def test_scheduler_options_are_validated(tmp_path, text, where):
-    path = tmp_path / "site.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        load_config(path)
-    assert where in str(err.value)

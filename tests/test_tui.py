@@ -109,6 +109,16 @@ def capture(session: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
+def wait_screen(session: str, done, timeout_s: float, poll_s: float = 0.2) -> str:
+    """The pane's text once ``done(text)`` holds, or the last text seen at the timeout."""
+    deadline = time.time() + timeout_s
+    screen = capture(session)
+    while time.time() < deadline and not done(screen):
+        time.sleep(poll_s)
+        screen = capture(session)
+    return screen
+
+
 def alive(session: str) -> bool:
     return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0
 
@@ -123,13 +133,7 @@ def test_top_in_tmux_against_a_live_run(tmp_path, tmux):
         session = f"pf-top-{os.getpid()}"
         tmux.append(session)
         subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", f"{sys.executable} -m pilotfill top {run.run_dir}; sleep 30"], check=True)
-        deadline = time.time() + 20
-        screen = ""
-        while time.time() < deadline:
-            screen = capture(session)
-            if "train0" in screen and "live" in screen:
-                break
-            time.sleep(0.3)
+        screen = wait_screen(session, lambda t: "train0" in t and "live" in t, 20)
         assert "train0" in screen and "train1" in screen, screen
         assert "[live]" in screen and "local." in screen and "events" in screen
         assert len(screen.rstrip("\n").split("\n")) <= 24
@@ -137,20 +141,14 @@ def test_top_in_tmux_against_a_live_run(tmp_path, tmux):
         time.sleep(1.5)
         assert capture(session) != first  # it refreshes
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        deadline = time.time() + 10
-        while time.time() < deadline and "pilotfill top" in capture(session):
-            time.sleep(0.2)
-        assert "pilotfill top" not in capture(session)  # left cleanly, the screen restored
+        assert "pilotfill top" not in wait_screen(session, lambda t: "pilotfill top" not in t, 10)  # left cleanly, the screen restored
     finally:
         run.stop()
     # With no controller left, top reads the durable state.
     session = f"pf-top-dead-{os.getpid()}"
     tmux.append(session)
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", f"{sys.executable} -m pilotfill top {run.run_dir}; sleep 30"], check=True)
-    deadline = time.time() + 20
-    while time.time() < deadline and "no controller running" not in capture(session):
-        time.sleep(0.3)
-    assert "no controller running" in capture(session)
+    assert "no controller running" in wait_screen(session, lambda t: "no controller running" in t, 20)
     subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
 
 
@@ -159,13 +157,7 @@ def test_replay_tui_shows_the_simulated_machine(tmp_path, tmux):
     tmux.append(session)
     out = tmp_path / "replay.out"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", f"{sys.executable} -m pilotfill replay --tui > /dev/tty 2>&1; {sys.executable} -c 'print(\"DONE\")' > {out}; sleep 30"], check=True)
-    seen = ""
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        seen = capture(session)
-        if "pilotfill replay 2021-02" in seen:
-            break
-        time.sleep(0.05)
+    seen = wait_screen(session, lambda t: "pilotfill replay 2021-02" in t, 30, poll_s=0.05)
     assert "pilotfill replay 2021-02" in seen and "nodes (" in seen
     deadline = time.time() + 60
     while time.time() < deadline and not out.exists():
@@ -201,13 +193,7 @@ print("RESULTS", [f.result() for f in [work(i) for i in range(3)]])
     done = tmp_path / "exit"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", "-c", str(tmp_path),
                     f"{sys.executable} -m pilotfill run --tui --config {config} {campaign}; echo $? > {done}; sleep 30"], check=True)  # fmt: skip
-    seen = ""
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        seen = capture(session)
-        if "pilotfill run" in seen and "work" in seen:
-            break
-        time.sleep(0.2)
+    seen = wait_screen(session, lambda t: "pilotfill run" in t and "work" in t, 60)
     assert "pilotfill run" in seen and "work" in seen, seen
     deadline = time.time() + 120
     while time.time() < deadline and not done.exists():
