@@ -26,6 +26,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 bench: install
+	$(BIN)/python benchmarks/bench_controller.py
 	$(BIN)/python benchmarks/bench_allocator.py
 	$(BIN)/python benchmarks/bench_replay.py
 

@@ -35,6 +35,11 @@ class Profiles(str, Enum):
     learned = "learned"
 
 
+class Accounting(str, Enum):
+    bftrainer = "bftrainer"
+    realistic = "realistic"
+
+
 def _time_option(value: Optional[str], name: str) -> Optional[float]:
     if value is None:
         return None
@@ -116,6 +121,12 @@ def replay(
     noise: Annotated[float, typer.Option(help="Relative noise of reported throughput with --profiles learned.", min=0.0)] = 0.03,
     seed: Annotated[int, typer.Option(help="Seed of the report noise.")] = 0,
     time_limit: Annotated[float, typer.Option(help="Solver time limit per event, seconds (then incumbent or greedy).", min=0.001)] = 1.0,
+    accounting: Annotated[Accounting, typer.Option(help="bftrainer: starts free, stops cost a shrink (BFTrainer's figures compare); realistic: starts cost 30 s, stops lose work since the last commit.")] = Accounting.bftrainer,
+    queue_delay: Annotated[float, typer.Option(help="Seconds a pilot waits in the batch queue before it starts.", min=0.0)] = 0.0,
+    grace: Annotated[float, typer.Option(help="Seconds between a pilot's SIGTERM (preemption, walltime) and its end.", min=0.0)] = 5.0,
+    pilot_walltime: Annotated[float, typer.Option(help="Pilot walltime, hours.", min=0.01)] = 6.0,
+    nodes_per_pilot: Annotated[int, typer.Option(help="Nodes a pilot asks for at most.", min=1)] = 1,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Keep the controller's run directory (its journal: pilotfill top RUN_DIR).")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of idle nodes and nodes used by training over time.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
     tui: Annotated[bool, typer.Option("--tui", help="Show the simulated machine live while it replays.")] = False,
@@ -126,7 +137,7 @@ def replay(
     Summit, 10–17 Feb 2021) with the ImageNet jobs, the setup of BFTrainer's
     published figures.
     """
-    from .schedulers.replay import Replay
+    from .replay import Replay
 
     t0, t1 = _time_option(start, "--start"), _time_option(end, "--end")
     if trace == DEFAULT_TRACE and jobs == DEFAULT_JOBS and start is None and end is None:
@@ -138,7 +149,11 @@ def replay(
     except InputError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    sim = Replay(tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation, profiles=profiles.value, noise=noise, seed=seed, time_limit_s=time_limit, keep_timeline=plot is not None)
+    sim = Replay(
+        tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
+        time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
+        pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
+    )  # fmt: skip
 
     if tui and not as_json:
         from .tui import replay_with_view
@@ -159,8 +174,8 @@ def replay(
         ) as bar:
             task = bar.add_task("replay", total=tr.end - tr.start, when="", done=0)
 
-            def tick(t: float, res) -> None:
-                bar.update(task, completed=t - tr.start, when=format_time(t), done=res.jobs_completed)
+            def tick(t: float, sim) -> None:
+                bar.update(task, completed=t - tr.start, when=format_time(t), done=sim.jobs_done())
 
             result = sim.run(tick)
 
@@ -189,7 +204,13 @@ def _summary_table(s: dict, result) -> Table:
         ("lost to rescaling and preemption", f"{s['lost_samples']:.4g}"),
         ("efficiency (overhead only)", f"{100 * s['efficiency']:.2f}%"),
         ("jobs completed / started", f"{s['jobs_completed']} / {s['jobs_started']}"),
+        ("job starts / stops / rescales", f"{s['job_starts']:,} / {s['job_stops']:,} / {s['rescales']:,}"),
+        ("pilots submitted / cancelled", f"{s['pilots_submitted']:,} / {s['pilots_cancelled']:,}  (the trace made a node idle {s['idle_transitions']:,} times)"),
+        ("nodes released / re-requested within 60 s", f"{s['nodes_released']:,} / {s['nodes_rerequested_within_60s']:,}"),
+        ("node-hours held by pilots", f"{s['held_node_hours']:,.1f}"),
         ("solve ms p50 / p99 / max", f"{s['solve_ms_p50']:.2f} / {s['solve_ms_p99']:.2f} / {s['solve_ms_max']:.2f}"),
+        ("controller ms per event p50 / p99 / max", f"{s['controller_ms_p50']:.2f} / {s['controller_ms_p99']:.2f} / {s['controller_ms_max']:.2f}"),
+        ("accounting", s["accounting"]),
         ("methods", ", ".join(f"{k} {v}" for k, v in s["methods"].items()) or "—"),
         ("wall time", f"{s['wall_s']:.1f} s"),
     ]

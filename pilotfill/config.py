@@ -10,6 +10,7 @@ whose main workload replays a time-compressed excerpt of Summit's trace.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -82,6 +83,8 @@ class PilotConfig:
     heartbeat_deadline_s: float = 5.0
     grace_s: float = 5.0
     nodes_per_pilot: int = 1
+    max_queued_pilots: int = 10  # pilots of ours waiting in the batch queue at once (sites cap queued jobs per user)
+    max_submits_per_minute: int = 12  # submissions in any 60 s; a refused one also backs off (10 s doubling to 5 min)
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class ControllerConfig:
     t_fwd: float = 10.0
     max_jobs: int = 10
     solver_time_limit_s: float = 0.5
+    formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class Config:
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python"}
 RUNTIMES = ("processes", "horovod")
+FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
 
 
 def load_config(path: str | Path | None = None) -> Config:
@@ -170,6 +175,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     if pilots.heartbeat_deadline_s <= pilots.heartbeat_s:
         raise ConfigError(f"{where('pilots.heartbeat_deadline_s')}: must be longer than pilots.heartbeat_s")
     controller = _section(ControllerConfig, data.get("controller", {}), "controller", where)
+    if controller.formulation not in FORMULATIONS:
+        raise ConfigError(f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}")
     runtime = _section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
     if runtime.kind not in RUNTIMES:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")
@@ -229,6 +236,8 @@ def _section(cls, raw: Any, name: str, where) -> Any:
             raise ConfigError(f"{where(f'{name}.{key}')}: expected {type(default).__name__}, got {value!r}")
         if isinstance(value, str) and not value and key not in OPTIONAL_STRINGS:
             raise ConfigError(f"{where(f'{name}.{key}')}: must not be empty")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where(f'{name}.{key}')}: must be a finite number, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ConfigError(f"{where(f'{name}.{key}')}: must be positive, got {value!r}")
         values[key] = value

@@ -66,6 +66,11 @@ def check(message: dict[str, Any]) -> str:
     return kind
 
 
+def _number(value: Any) -> bool:
+    """A real, finite number (not a bool, not NaN, not infinite)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Validate a job spec; return it with defaults filled in.
 
@@ -73,8 +78,10 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     function and its arguments packed by Parsl's serializer, base64), args (list),
     kwargs (dict), min_nodes, max_nodes (ints, 1 <= min <= max),
     total_samples (work, optional), curve ({nodes, samples_per_s}, optional:
-    learned by the profiler when absent), scale_up_cost_s, scale_down_cost_s,
-    weight.
+    learned by the profiler when absent), objective ({nodes, values}, optional:
+    a metric the allocator maximises instead of throughput, e.g. speedup),
+    scale_up_cost_s, scale_down_cost_s, restart_cost_s, weight, key (the app
+    call, optional: a re-run's submission of the same call resumes its job).
     """
     out = {
         "args": [],
@@ -83,6 +90,7 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "curve": None,
         "scale_up_cost_s": 10.0,
         "scale_down_cost_s": 5.0,
+        "restart_cost_s": 30.0,
         "weight": 1.0,
         **spec,
     }
@@ -97,11 +105,23 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise ProtocolError(f"job spec: need integers 1 <= min_nodes <= max_nodes, got {lo!r}, {hi!r}")
     if not isinstance(out["args"], list) or not isinstance(out["kwargs"], dict):
         raise ProtocolError("job spec: args must be a list and kwargs an object")
-    if out["total_samples"] is not None and not (isinstance(out["total_samples"], (int, float)) and out["total_samples"] > 0):
-        raise ProtocolError("job spec: total_samples must be a positive number")
-    for name in ("scale_up_cost_s", "scale_down_cost_s", "weight"):
-        if not isinstance(out[name], (int, float)) or out[name] < 0 or (name == "weight" and out[name] <= 0):
-            raise ProtocolError(f"job spec: {name} must be a non-negative number")
+    if out["total_samples"] is not None and not (_number(out["total_samples"]) and out["total_samples"] > 0):
+        raise ProtocolError(f"job spec: total_samples must be a positive finite number, got {out['total_samples']!r}")
+    for name in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "weight"):
+        if not _number(out[name]) or out[name] < 0 or (name == "weight" and out[name] <= 0):
+            raise ProtocolError(f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {out[name]!r}")
+    if out.get("key") is not None and not isinstance(out["key"], str):
+        raise ProtocolError("job spec: key must be a string")
+    if out.get("objective") is not None:
+        objective = out["objective"]
+        if not isinstance(objective, dict) or not isinstance(objective.get("nodes"), list) or not isinstance(objective.get("values"), list):
+            raise ProtocolError("job spec: objective must be {nodes: [...], values: [...]}")
+        from .allocator import ProblemError, ScalingCurve
+
+        try:
+            ScalingCurve(tuple(objective["nodes"]), tuple(objective["values"]))
+        except (ProblemError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"job spec: objective: {exc}") from None
     if out["curve"] is not None:
         curve = out["curve"]
         if not isinstance(curve, dict) or not isinstance(curve.get("nodes"), list) or not isinstance(curve.get("samples_per_s"), list):

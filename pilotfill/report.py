@@ -26,12 +26,13 @@ def report(samples: float) -> float | None:
     if not job_id:
         return None
     now = time.monotonic()
+    first = _client is None  # covers this process starting up: the controller does not take it for the training rate
     if _client is None:
         _client = Client(os.environ["PILOTFILL_RUN_DIR"], timeout_s=120)
         _last = float(os.environ.get("PILOTFILL_STARTED", now))
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
     reply = _client.request(
-        {"type": "job.report", "job_id": job_id, "host": os.environ.get("PILOTFILL_HOST", ""), "samples": float(samples), "seconds": seconds}
+        {"type": "job.report", "job_id": job_id, "host": os.environ.get("PILOTFILL_HOST", ""), "samples": float(samples), "seconds": seconds, "first": first}
     )
     return float(reply["progress"])

@@ -73,6 +73,19 @@ def load_secret(run_dir: Path) -> bytes:
     return key
 
 
+def session_key(secret: bytes, incarnation: int | None) -> bytes:
+    """The key messages to and from controller number ``incarnation`` are signed with.
+
+    Derived from the run's secret, so that only holders of the secret can
+    compute it, and different for every controller started on the run
+    directory: a message captured from one controller is never accepted by the
+    next, however soon after a restart it is replayed. ``None``: the secret itself.
+    """
+    if incarnation is None:
+        return secret
+    return hmac.new(secret, f"pilotfill controller incarnation {int(incarnation)}".encode(), hashlib.sha256).hexdigest().encode()
+
+
 def seal(key: bytes, payload: bytes, nonce: bytes | None = None, now: float | None = None) -> list[bytes]:
     """Frames [MAC, envelope] for ``payload``; a fresh nonce unless replying to one."""
     envelope = HEADER.pack(nonce or secrets.token_bytes(NONCE_BYTES), time.time() if now is None else now) + payload

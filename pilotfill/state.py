@@ -1,11 +1,16 @@
-"""Durable state of a run: SQLite in WAL mode, written only by the controller.
+"""The durable journal of a run: SQLite in WAL mode, written only by the controller.
 
-Jobs (spec, status, progress, result), pilots, nodes and who holds them, the
-processes the controller started (so a successor can make sure none
-survives), and an append-only event log. A controller can be killed at any
-moment: what was committed is what a new controller on the same run
-directory starts from. Readers (``pilotfill top``, tests) may open the file
-read-only at any time; WAL lets them read while the controller writes.
+The controller's working state lives in memory (:mod:`pilotfill.controller.world`);
+this is where every change to it is written, and committed before the
+controller replies, so that a controller killed at any moment loses nothing it
+answered. On the hot path it is only ever written, by key, never read back
+whole; it is read whole only by a controller recovering on the same run
+directory and by readers (``pilotfill top`` without a live controller, tests),
+which open it read-only while the controller writes (WAL allows that).
+
+Ended pilots and old events are pruned (:meth:`State.prune`) so that the
+working set stays bounded over a long run; counts that matter (pilots
+submitted, nodes released, …) are kept as counters in ``meta``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     started REAL,
     ended REAL,
     rescales INTEGER NOT NULL DEFAULT 0,
-    launches INTEGER NOT NULL DEFAULT 0
+    launches INTEGER NOT NULL DEFAULT 0,
+    crashes INTEGER NOT NULL DEFAULT 0,
+    key TEXT
 );
 CREATE TABLE IF NOT EXISTS pilots (
     id TEXT PRIMARY KEY,
@@ -49,7 +56,8 @@ CREATE TABLE IF NOT EXISTS pilots (
     last_heartbeat REAL,
     walltime_end REAL,
     ended REAL,
-    controller INTEGER NOT NULL
+    controller INTEGER NOT NULL,
+    requested INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
@@ -78,9 +86,19 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_kind ON events (kind);
+CREATE INDEX IF NOT EXISTS pilots_state ON pilots (state);
+CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key);
 """
 
+COLUMNS_ADDED = {"jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT"}, "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0"}}
+"""Columns newer than the first schema: added in place to a run directory an older pilotfill made."""
+
 TERMINAL = ("finished", "failed", "cancelled")
+LIVE_PILOT_STATES = ("queued", "running", "leaving")
+
+
+class JournalError(RuntimeError):
+    """The journal cannot be written (disk full, read-only, I/O error): the controller must stop."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,8 @@ class JobRow:
     ended: float | None
     rescales: int
     launches: int
+    crashes: int = 0
+    key: str | None = None
 
 
 def _job(row: sqlite3.Row) -> JobRow:
@@ -117,6 +137,8 @@ def _job(row: sqlite3.Row) -> JobRow:
         ended=row["ended"],
         rescales=row["rescales"],
         launches=row["launches"],
+        crashes=row["crashes"],
+        key=row["key"],
     )
 
 
@@ -125,43 +147,86 @@ class State:
 
     def __init__(self, run_dir: Path, readonly: bool = False):
         self.path = Path(run_dir) / STATE_FILE
-        if readonly:
-            if not self.path.exists():
-                raise FileNotFoundError(f"no pilotfill state at {self.path}")
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
-        else:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(SCHEMA)
-            self.path.chmod(0o600)
-        self.db.row_factory = sqlite3.Row
+        self._began = False
+        self._depth = 0
+        try:
+            if readonly:
+                if not self.path.is_file():
+                    raise FileNotFoundError(f"no pilotfill state at {self.path}")
+                self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
+            else:
+                # One writer at a time (the controller), but not always on the thread that opened it.
+                self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self.db.executescript(SCHEMA)
+                self._add_missing_columns()
+                self.path.chmod(0o600)
+            self.db.row_factory = sqlite3.Row
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(f"{self.path}: cannot open the run's state: {exc}") from None
+
+    def _add_missing_columns(self) -> None:
+        for table, columns in COLUMNS_ADDED.items():
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            for name, decl in columns.items():
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         self.db.close()
 
+    # ---------------------------------------------------------------- transactions
+
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """All writes of one controller step commit together, or not at all (nested: joins the outer one)."""
-        if self.db.in_transaction:
-            yield self.db
-            return
-        self.db.execute("BEGIN IMMEDIATE")
+        """Writes inside commit together when the outermost block ends (nested blocks join it).
+
+        The transaction begins at the first write, so a block that writes
+        nothing (a heartbeat) costs no commit. An exception commits what was
+        written: the controller changes its memory only after the journal, so
+        the two agree even when a handler fails half-way. A journal that cannot
+        be written raises :class:`JournalError`.
+        """
+        self._depth += 1
         try:
             yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._began:
+                self._began = False
+                try:
+                    self.db.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    self._rollback()
+                    raise JournalError(f"{self.path}: cannot commit: {exc}") from None
 
-    # ---------------------------------------------------------------- meta
+    def _write(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
+        try:
+            if self._depth > 0 and not self._began:
+                self.db.execute("BEGIN IMMEDIATE")
+                self._began = True
+            return self.db.execute(sql, args)
+        except sqlite3.Error as exc:
+            if self._began:
+                self._began = False
+                self._rollback()
+            raise JournalError(f"{self.path}: cannot write: {exc}") from None
+
+    def _rollback(self) -> None:
+        try:
+            self.db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    # ---------------------------------------------------------------- meta and counters
 
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row["value"] if row else default
 
     def set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
     def next_incarnation(self) -> int:
         """Number this controller: 1 for the first on the run directory, then 2, 3, …"""
@@ -169,28 +234,35 @@ class State:
         self.set_meta("incarnation", str(n))
         return n
 
+    def counters(self) -> dict[str, int]:
+        return {r["key"][len("counter.") :]: int(r["value"]) for r in self.db.execute("SELECT key, value FROM meta WHERE key LIKE 'counter.%'")}
+
+    def set_counter(self, name: str, value: int) -> None:
+        self.set_meta(f"counter.{name}", str(int(value)))
+
     # ---------------------------------------------------------------- events
 
     def log(self, kind: str, job: str | None = None, pilot: str | None = None, node: str | None = None, now: float | None = None, **data: Any) -> None:
-        self.db.execute(
+        self._write(
             "INSERT INTO events (time, kind, job, pilot, node, data) VALUES (?, ?, ?, ?, ?, ?)",
             (time.time() if now is None else now, kind, job, pilot, node, json.dumps(data, default=str)),
         )
 
     def events(self, kind: str | None = None, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        sql = "SELECT * FROM events WHERE seq > ?" + (" AND kind = ?" if kind else "") + " ORDER BY seq"
+        sql = "SELECT * FROM events WHERE seq > ?" + (" AND kind = ?" if kind else "")
         args: tuple = (after, kind) if kind else (after,)
         if limit is not None:
-            sql = f"SELECT * FROM ({sql.replace('ORDER BY seq', 'ORDER BY seq DESC')} LIMIT {int(limit)}) ORDER BY seq"
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT {int(limit)}) ORDER BY seq"
+        else:
+            sql += " ORDER BY seq"
         return [{**dict(r), "data": json.loads(r["data"])} for r in self.db.execute(sql, args)]
 
     # ---------------------------------------------------------------- jobs
 
-    def add_job(self, job_id: str, name: str, spec: dict[str, Any], now: float) -> None:
-        seq = self.db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM jobs").fetchone()[0]
-        self.db.execute(
-            "INSERT INTO jobs (id, seq, name, spec, status, submitted) VALUES (?, ?, ?, ?, 'pending', ?)",
-            (job_id, seq, name, json.dumps(spec), now),
+    def add_job(self, job_id: str, seq: int, name: str, spec: dict[str, Any], now: float, key: str | None = None) -> None:
+        self._write(
+            "INSERT INTO jobs (id, seq, name, spec, status, submitted, key) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+            (job_id, seq, name, json.dumps(spec), now, key),
         )
 
     def job(self, job_id: str) -> JobRow | None:
@@ -205,41 +277,43 @@ class State:
             rows = self.db.execute("SELECT * FROM jobs ORDER BY seq")
         return [_job(r) for r in rows]
 
-    def add_progress(self, job_id: str, samples: float) -> float:
-        """Add reported samples (never negative); return the job's total."""
-        self.db.execute("UPDATE jobs SET progress = progress + ? WHERE id = ?", (max(0.0, samples), job_id))
-        return self.db.execute("SELECT progress FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+    def max_job_seq(self) -> int:
+        return int(self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
 
     def set_job(self, job_id: str, **fields: Any) -> None:
         for key in ("nodes", "result"):
             if key in fields:
                 fields[key] = json.dumps(fields[key])
         cols = ", ".join(f"{k} = ?" for k in fields)
-        self.db.execute(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+        self._write(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
 
     # ---------------------------------------------------------------- pilots and nodes
 
     def upsert_pilot(self, pilot_id: str, **fields: Any) -> None:
         if "nodes" in fields:
-            fields["nodes"] = json.dumps(fields["nodes"])
+            fields["nodes"] = json.dumps(list(fields["nodes"]))
         self._upsert("pilots", "id", pilot_id, fields)
-
-    def _upsert(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
-        """Update the row whose ``key`` is ``value``, or insert it (table and columns are ours, never user input)."""
-        if self.db.execute(f"SELECT 1 FROM {table} WHERE {key} = ?", (value,)).fetchone():
-            cols = ", ".join(f"{k} = ?" for k in fields)
-            self.db.execute(f"UPDATE {table} SET {cols} WHERE {key} = ?", (*fields.values(), value))
-        else:
-            cols = ", ".join([key, *fields])
-            self.db.execute(f"INSERT INTO {table} ({cols}) VALUES ({','.join('?' * (len(fields) + 1))})", (value, *fields.values()))
-
-    def pilots(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT * FROM pilots ORDER BY submitted")
-        out = [{**dict(r), "nodes": json.loads(r["nodes"])} for r in rows]
-        return [p for p in out if states is None or p["state"] in states]
 
     def set_node(self, name: str, **fields: Any) -> None:
         self._upsert("nodes", "name", name, fields)
+
+    def _upsert(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
+        """Update the given columns of the row, or insert it (table and columns are ours, never user input).
+
+        An update by key first: the common case is one statement, and a partial
+        update never trips the NOT NULL columns an insert needs.
+        """
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        if self._write(f"UPDATE {table} SET {cols} WHERE {key} = ?", (*fields.values(), value)).rowcount == 0:
+            names = ", ".join([key, *fields])
+            self._write(f"INSERT INTO {table} ({names}) VALUES ({','.join('?' * (len(fields) + 1))})", (value, *fields.values()))
+
+    def pilots(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        if states:
+            rows = self.db.execute(f"SELECT * FROM pilots WHERE state IN ({','.join('?' * len(states))}) ORDER BY submitted", states)
+        else:
+            rows = self.db.execute("SELECT * FROM pilots ORDER BY submitted")
+        return [{**dict(r), "nodes": json.loads(r["nodes"])} for r in rows]
 
     def nodes(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT * FROM nodes ORDER BY name")]
@@ -247,10 +321,33 @@ class State:
     # ---------------------------------------------------------------- processes
 
     def add_process(self, pid: int, start_ticks: int, kind: str, controller: int, job: str | None = None, host: str | None = None) -> None:
-        self.db.execute("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?, ?)", (pid, start_ticks, kind, job, host, controller))
+        self._write("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?, ?)", (pid, start_ticks, kind, job, host, controller))
 
     def drop_process(self, pid: int) -> None:
-        self.db.execute("DELETE FROM processes WHERE pid = ?", (pid,))
+        self._write("DELETE FROM processes WHERE pid = ?", (pid,))
+
+    def clear_processes(self) -> None:
+        self._write("DELETE FROM processes")
 
     def processes(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT * FROM processes")]
+
+    # ---------------------------------------------------------------- bounded size
+
+    def prune_events(self, keep: int) -> int:
+        """Drop all but the newest ``keep`` events (by key: cheap however long the run)."""
+        return self._write("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (keep,)).rowcount
+
+    def delete_pilots(self, ids: list[str]) -> None:
+        """Forget ended pilots (the oldest, chosen by the controller)."""
+        for i in range(0, len(ids), 500):
+            batch = ids[i : i + 500]
+            self._write(f"DELETE FROM pilots WHERE id IN ({','.join('?' * len(batch))}) AND state IN ('ended', 'lost')", batch)
+
+    def prune_ended_pilots(self, keep: int) -> int:
+        """Drop all but the newest ``keep`` ended pilots (a full scan: at start-up, not on the hot path)."""
+        return self._write(
+            "DELETE FROM pilots WHERE state IN ('ended', 'lost') AND id NOT IN "
+            "(SELECT id FROM pilots WHERE state IN ('ended', 'lost') ORDER BY ended DESC LIMIT ?)",
+            (keep,),
+        ).rowcount

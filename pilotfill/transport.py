@@ -16,19 +16,29 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from .security import AuthError, Verifier, load_secret, nonce_of, seal
+from .security import AuthError, Verifier, load_secret, nonce_of, seal, session_key
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_FILE = "controller.json"
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""Largest request accepted (a shipped function with its arguments); larger senders are disconnected."""
+MAX_DEPTH = 64
+"""Deepest nesting of lists and objects accepted in a request."""
+WARN_EVERY_S = 10.0
+REMEMBERED_REPLIES = 4096
+"""Replies kept by request id, so that a client's retry (its reply was lost or late) is not applied twice."""
+REMEMBERED_REPLY_BYTES = 64 * 1024
 
 
 class ControllerUnavailable(ConnectionError):
@@ -42,57 +52,105 @@ class RequestRefused(RuntimeError):
 class Server:
     """The controller's end: receive, authenticate, parse, dispatch, reply."""
 
-    def __init__(self, run_dir: Path, key: bytes, host: str = "127.0.0.1", not_before: float | None = None):
+    def __init__(self, run_dir: Path, key: bytes, host: str = "127.0.0.1", not_before: float | None = None, incarnation: int | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):  # fmt: skip
         self.run_dir = Path(run_dir)
-        self._key = key
-        self._verify = Verifier(key, not_before=time.time() if not_before is None else not_before)
+        self.incarnation = incarnation
+        self._key = session_key(key, incarnation)
+        self._verify = Verifier(self._key, not_before=time.time() if not_before is None else not_before)
         self._ctx = zmq.Context.instance()
         self.socket = self._ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        # A peer that sends more than this in one message is disconnected before it is buffered in full.
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         port = self.socket.bind_to_random_port(f"tcp://{host}")
         # Bound to every interface: tell clients on other nodes this host's name.
         reachable = socket.getfqdn() if host in ("0.0.0.0", "*") else host
         self.endpoint = f"tcp://{reachable}:{port}"
         self.dropped = 0
+        self._answered: OrderedDict[str, bytes] = OrderedDict()
+        self._warned_at = 0.0
+        self._dropped_since_warning = 0
 
     def publish(self, **extra: Any) -> None:
         """Tell clients where to connect (atomically: write, then rename)."""
         path = self.run_dir / ENDPOINT_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid(), **extra}))
+        tmp.write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid(), "incarnation": self.incarnation, **extra}))
         tmp.chmod(0o600)
         tmp.replace(path)
 
-    def serve(self, handler: Callable[[dict[str, Any]], dict[str, Any]], timeout_ms: int) -> int:
-        """Handle the requests that arrive within ``timeout_ms``; return how many were handled."""
+    def serve(self, handler: Callable[[dict[str, Any]], dict[str, Any]], timeout_ms: int, max_batch: int = 256) -> int:
+        """Handle what arrives within ``timeout_ms``, at most ``max_batch`` requests; return how many were handled.
+
+        Bounded so that the caller's own work (heartbeat checks, allocation)
+        runs every tick however many clients are talking.
+        """
         handled = 0
         if not self.socket.poll(timeout_ms):
             return 0
-        while True:
+        while handled < max_batch:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return handled
+                break
             identity, body = frames[0], frames[1:]
             try:
                 nonce, payload = self._verify.open(body)
             except AuthError as exc:
-                self.dropped += 1
-                log.warning("dropped a message that failed authentication: %s", exc)
+                self._dropped(exc)
                 continue
-            try:
-                request = json.loads(payload)
-                if not isinstance(request, dict):
-                    raise ValueError("payload is not an object")
-            except ValueError as exc:
-                reply: dict[str, Any] = {"ok": False, "error": f"unparseable request: {exc}"}
-            else:
-                reply = handler(request)
-            self.socket.send_multipart([identity, *seal(self._key, json.dumps(reply).encode(), nonce=nonce)])
+            reply = self._dispatch(handler, payload)
+            self.socket.send_multipart([identity, *seal(self._key, reply, nonce=nonce)])
             handled += 1
+        return handled
+
+    def _dispatch(self, handler: Callable[[dict[str, Any]], dict[str, Any]], payload: bytes) -> bytes:
+        """The reply (JSON bytes) to one authentic payload."""
+        try:
+            request = json.loads(payload)
+            if not isinstance(request, dict):
+                raise ValueError("payload is not an object")
+            if _depth(request) > MAX_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        except (ValueError, RecursionError) as exc:
+            return json.dumps({"ok": False, "error": f"unparseable request: {str(exc)[:200]}"}).encode()
+        rid = request.pop("rid", None)
+        if isinstance(rid, str) and rid in self._answered:
+            return self._answered[rid]  # a client's retry of a request already applied
+        reply = json.dumps(handler(request)).encode()
+        if isinstance(rid, str) and len(reply) <= REMEMBERED_REPLY_BYTES:  # big replies are reads: answering twice is harmless
+            self._answered[rid] = reply
+            while len(self._answered) > REMEMBERED_REPLIES:
+                self._answered.popitem(last=False)
+        return reply
+
+    def _dropped(self, exc: AuthError) -> None:
+        """Count a message that failed authentication; warn at most once per WARN_EVERY_S (a flood must not fill the disk)."""
+        self.dropped += 1
+        self._dropped_since_warning += 1
+        now = time.monotonic()
+        if now - self._warned_at >= WARN_EVERY_S:
+            log.warning("dropped %d message(s) that failed authentication (last: %s)", self._dropped_since_warning, exc)
+            self._warned_at, self._dropped_since_warning = now, 0
 
     def close(self) -> None:
         self.socket.close(0)
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests lists and objects (iteratively: a deep value cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                return level
+            stack.extend((v, level + 1) for v in item if isinstance(v, (list, dict)))
+    return deepest
 
 
 class Client:
@@ -101,7 +159,8 @@ class Client:
     def __init__(self, run_dir: Path | str, timeout_s: float = 10.0, key: bytes | None = None):
         self.run_dir = Path(run_dir)
         self.timeout_s = timeout_s
-        self._key = key or load_secret(self.run_dir)
+        self._secret = key or load_secret(self.run_dir)
+        self._key = self._secret
         self._verify = Verifier(self._key)
         self._ctx = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
@@ -110,20 +169,24 @@ class Client:
     def _connect(self) -> zmq.Socket | None:
         try:
             info = json.loads((self.run_dir / ENDPOINT_FILE).read_text())
-        except (OSError, ValueError):
+            endpoint, incarnation = str(info["endpoint"]), info.get("incarnation")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
-        if self._socket is None or info["endpoint"] != self._endpoint:
+        if self._socket is None or endpoint != self._endpoint:
             self.close()
+            self._key = session_key(self._secret, incarnation if isinstance(incarnation, int) else None)
+            self._verify = Verifier(self._key)
             self._socket = self._ctx.socket(zmq.DEALER)
             self._socket.setsockopt(zmq.LINGER, 0)
-            self._socket.connect(info["endpoint"])
-            self._endpoint = info["endpoint"]
+            self._socket.connect(endpoint)
+            self._endpoint = endpoint
         return self._socket
 
     def request(self, message: dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0) -> dict[str, Any]:
         """Send ``message``; return the reply's fields. Retries until ``timeout_s``."""
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
-        payload = json.dumps(message).encode()
+        # One request id for every attempt: a retry after a lost reply is answered, not applied twice.
+        payload = json.dumps({**message, "rid": secrets.token_hex(8)}).encode()
         while True:
             sock = self._connect()
             if sock is not None:

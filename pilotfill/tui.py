@@ -105,7 +105,10 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
         for p in snap["pilots"]
         if p["state"] in ("queued", "running", "leaving")
     ]
-    harvested, training = node_hours(snap["events"])
+    if "node_seconds" in snap:
+        harvested, training = snap["node_seconds"]["held"] / 3600, snap["node_seconds"]["used"] / 3600
+    else:
+        harvested, training = node_hours(snap["events"])
     return View(title, nodes, jobs, pilots, [describe(e) for e in snap["events"][-50:]], harvested, training)
 
 
@@ -347,18 +350,20 @@ def top(run_dir: Path, refresh_s: float = 0.25) -> None:
 
 
 def view_from_replay(sim, title: str = "pilotfill replay") -> View:
-    """The simulated machine of a running :class:`~pilotfill.schedulers.replay.Replay`."""
+    """The simulated machine of a running :class:`~pilotfill.replay.Replay`: its real controller's state."""
     from .traces import format_time
 
-    jobs = []
-    for name, run in sim._running.items():
-        spec = run.spec
-        jobs.append(JobView(name, name, "running" if run.count else "pending", run.count, spec.min_nodes, spec.max_nodes, run.rate, max(0.0, run.progress), spec.total_samples, run.rescales))
-    holder = sim._holder
-    nodes = [NodeView(n, holder.get(n), HELD) for n in sim._idle]
-    res = sim.result
-    view = View(f"{title} {format_time(sim._t)}", nodes, jobs, [], [], res.idle_node_hours, res.used_node_hours)
-    view.events = [f"jobs completed {res.jobs_completed}, started {res.jobs_started}, events {res.events}, samples {res.samples + sum(max(0, r.progress) for r in sim._running.values()):.3g}"]
+    ctl = sim.controller
+    if ctl is None:
+        return View(title)
+    snap = ctl.world.snapshot()
+    snap["jobs"] = [j.record() for j in ctl.world.open.values()]
+    snap["events"] = ctl.journal.events(limit=50)
+    view = view_from_snapshot(snap, title=f"{title} {format_time(sim.now)}", now=sim.now)
+    for j in view.jobs:
+        job = sim.runtime.jobs.get(j.id)
+        j.rate = job.rate() if job is not None and job.hosts else 0.0
+    view.harvested_node_hours, view.training_node_hours = sim.result.held_node_hours, sim.runtime.used_node_s / 3600
     return view
 
 
@@ -419,7 +424,7 @@ def replay_with_view(sim, refresh_s: float = 0.1):
     state = {"shown": True, "last": 0.0}
     with keys() as read, Live(console=console, screen=True, auto_refresh=False, transient=True) as screen:
 
-        def tick(t: float, result) -> None:
+        def tick(t: float, _sim) -> None:
             if not state["shown"] or time.monotonic() - state["last"] < refresh_s:
                 return
             state["last"] = time.monotonic()

@@ -17,6 +17,7 @@ import random
 import numpy as np
 import pytest
 
+from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
 from pilotfill.allocator import (
     DEFAULT_TYPE,
     Allocation,
@@ -648,33 +649,81 @@ def test_profiler_is_per_job_and_starts_cold():
     prof = Profiler()
     for n, rate in ((1, 1000.0), (2, 1900.0), (4, 3500.0)):
         prof.observe("seen", n, rate)
-    cold = prof.curve("other", 1, 8)
-    assert cold.at(1) > 1e9  # untouched by the other job's reports
-    assert prof.scales("other") == {}
+    # Untouched by the other job's reports: a token by what is confirmed, "measure me first" by optimism.
+    assert prof.confirmed("other", 1, 8) == ScalingCurve((0, 1, 8), (0, PROBE_RATE, PROBE_RATE))
+    assert prof.curve("other", 1, 8) == ScalingCurve((0, 1, 8), (0, EXPLORE_RATE, EXPLORE_RATE))
+    assert prof.scales("other") == {} and not prof.measured("other")
     prof.forget("seen")
     assert prof.scales("seen") == {}
 
 
-def test_a_never_seen_job_gets_its_minimum_and_no_more():
+def test_a_never_seen_job_starts_on_free_nodes_at_its_minimum():
     prof = Profiler()
-    fresh = Job("fresh", 3, 16, prof.curve("fresh", 3, 16))
+    fresh = Job("fresh", 3, 16, prof.confirmed("fresh", 3, 16))
     rng = random.Random(4)
-    others = [Job(f"o{i}", 1, 64, amdahl_curve(rng), 15.0, 10.0) for i in range(4)]
+    others = [Job(f"o{i}", 1, 2, amdahl_curve(rng), 15.0, 10.0) for i in range(2)]
     pool = pool_of(32)
-    current = {"o0": frozenset(pool.nodes[:20]), "o1": frozenset(pool.nodes[20:])}  # the pool is full
+    current = {"o0": frozenset(pool.nodes[:2]), "o1": frozenset(pool.nodes[2:4])}  # 28 nodes free
     p = Problem(tuple(others) + (fresh,), pool, current)
-    a = allocate(p, "aggregated")
-    assert_feasible(p, a)
-    assert a.counts["fresh"] == 3
+    for formulation in ("aggregated", "milp"):
+        a = allocate(p, formulation)
+        assert_feasible(p, a)
+        assert a.counts["fresh"] == 3, formulation
 
 
-def test_one_scale_seen_extrapolates_linearly():
+@pytest.mark.parametrize("formulation", ["aggregated", "milp"])
+def test_a_never_seen_job_never_evicts_a_measured_one(formulation):
+    """The probe is worth less than any real job: measuring a new job never costs a running one a restart."""
+    prof = Profiler()
+    prof.observe("old", 4, 40.0)  # a slow job, measured at 4 nodes
+    old = Job("old", 4, 4, prof.confirmed("old", 4, 4), 10.0, 5.0, restart_cost_s=30.0, explore=prof.curve("old", 4, 4))
+    fresh = Job("fresh", 1, 4, prof.confirmed("fresh", 1, 4))
+    pool = pool_of(4)
+    p = Problem((old, fresh), pool, {"old": frozenset(pool.nodes)})
+    a = allocate(p, formulation)
+    assert (a.counts["old"], a.counts["fresh"]) == (4, 0)
+
+
+@pytest.mark.parametrize("formulation", ["aggregated", "milp"])
+def test_exploration_grows_only_onto_nodes_nobody_values(formulation):
+    prof = Profiler()
+    prof.observe("a", 2, 2000.0)  # measured at 2 nodes only: optimism says it may scale further
+    a_job = Job("a", 1, 8, prof.confirmed("a", 1, 8), 2.0, 1.0, explore=prof.curve("a", 1, 8))
+    b_job = Job("b", 1, 4, ScalingCurve((0, 1, 4), (0, 1500, 6000)), 10.0, 5.0)  # known, scales linearly
+    pool = pool_of(8)
+    p = Problem((a_job, b_job), pool, {"a": frozenset(pool.nodes[:2])})
+    answer = allocate(p, formulation)
+    assert_feasible(p, answer)
+    # b (known to scale) takes what it values by its confirmed curve; a explores on the nodes left over.
+    assert answer.counts["b"] == 4
+    assert answer.counts["a"] == 4 and answer.method.endswith("+explore")
+    # With no node left over, a stays at its measured size: exploring never takes a node from b.
+    small = pool_of(6)
+    p = Problem((a_job, b_job), small, {"a": frozenset(small.nodes[:2])})
+    answer = allocate(p, formulation)
+    assert (answer.counts["a"], answer.counts["b"]) == (2, 4)
+
+
+@pytest.mark.parametrize("formulation", ["aggregated", "milp"])
+def test_a_restart_cost_keeps_a_running_job_running(formulation):
+    """Without a restart cost a slightly better job takes the node; with the real cost of a restart it does not."""
+    running = lambda restart: Job("run", 1, 1, ScalingCurve((0, 1), (0, 100)), 0.0, 1.0, restart_cost_s=restart)  # noqa: E731
+    better = Job("new", 1, 1, ScalingCurve((0, 1), (0, 120)), 0.0, 1.0)
+    pool = pool_of(1)
+    cheap = Problem((running(0.0), better), pool, {"run": frozenset(pool.nodes)}, t_fwd=10)
+    assert allocate(cheap, formulation).counts["new"] == 1
+    costly = Problem((running(30.0), better), pool, {"run": frozenset(pool.nodes)}, t_fwd=10)
+    assert allocate(costly, formulation).counts["run"] == 1
+
+
+def test_one_scale_seen_extrapolates_linearly_but_confirms_nothing_beyond_it():
     prof = Profiler()
     prof.observe("j", 4, 4000.0, weight=2.0)
     prof.observe("j", 4, 4400.0, weight=2.0)  # mean 4200 at 4 nodes
-    curve = prof.curve("j", 1, 32)
+    curve, confirmed = prof.curve("j", 1, 32), prof.confirmed("j", 1, 32)
     for n in (1, 2, 4, 8, 32):
         assert curve.at(n) == pytest.approx(4200.0 * n / 4)
+        assert confirmed.at(n) == pytest.approx(4200.0 * min(n, 4) / 4)
 
 
 def test_profiler_ignores_meaningless_reports():

@@ -210,11 +210,37 @@ def test_nas_campaign_end_to_end(tmp_path, horovod):
     assert "rank  depth" in result.stdout
     state = State(run_dir, readonly=True)
     jobs = state.jobs()
-    rescales = [e for e in state.events("job.resized") if e["data"]["before"] > 0 and e["data"]["after"] > 0]
+    events = state.events()
+    counters = state.counters()
     state.close()
+    rescales = [e for e in events if e["kind"] == "job.resized" and e["data"]["before"] > 0 and e["data"]["after"] > 0]
     assert sum(j.status == "finished" for j in jobs) >= 8
     assert rescales, "no running training job was ever resized"
     assert not _processes_of(run_dir)
+    # What the site saw: no more pilots than the main workload gave nodes back, plus the first fill of the 4 nodes.
+    began, ended = events[0]["time"], events[-1]["time"]
+    returned = _main_workload_returns(ended - began)
+    submitted = sum(e["kind"] == "pilot.submitted" for e in events)
+    assert submitted == counters["pilots_submitted"]
+    assert submitted <= returned + 4, f"{submitted} pilots for {returned} returned nodes"
+    # A job stops only when it lost its nodes, failed, or the allocation gained by stopping it; the events say which.
+    for e in events:
+        if e["kind"] == "job.stopped":
+            cause = e["data"]["cause"]
+            assert cause == "allocation" and "objective" in e["data"] or any(w in cause for w in ("leaving", "gone", "lost")), e
+
+
+def _main_workload_returns(seconds: float) -> int:
+    """Times the embedded default's main workload gave a node back within ``seconds`` of its start."""
+    from pilotfill.config import load_config
+    from pilotfill.schedulers.local import summit_schedule
+
+    local = load_config().local
+    changes, period = summit_schedule([f"{local.node_prefix}{i}" for i in range(local.nodes)], local.trace_seconds_per_second)
+    returns = 0
+    for loop in range(int(seconds // period) + 1):
+        returns += sum(1 for c in changes if c.state == "idle" and 0 < c.at + loop * period <= seconds)
+    return returns
 
 
 def test_job_names_say_which_call_they_are():

@@ -12,7 +12,7 @@ import zmq
 
 from localrun import LocalRun, synthetic_job
 from pilotfill import procs
-from pilotfill.security import seal
+from pilotfill.security import seal, session_key
 
 
 @pytest.fixture
@@ -147,8 +147,9 @@ def _rank_on(run: LocalRun, host: str) -> bool:
 def test_bad_messages_are_dropped_and_the_run_goes_on(local):
     run = local()
     run.start()
-    endpoint = json.loads((run.run_dir / "controller.json").read_text())["endpoint"]
-    key = (run.run_dir / "secret.key").read_bytes().strip()
+    info = json.loads((run.run_dir / "controller.json").read_text())
+    endpoint = info["endpoint"]
+    key = session_key((run.run_dir / "secret.key").read_bytes().strip(), info["incarnation"])
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)

@@ -112,3 +112,60 @@ def test_client_round_trip_and_rejects_unsigned_replies(server, tmp_path):
     t.join()
     assert impostor.dropped >= 1
     impostor.close()
+
+
+def test_serve_handles_a_bounded_batch_so_the_controller_steps_every_tick(server):
+    """A flood of valid requests is served in batches: each call returns after at most max_batch, leaving the rest queued."""
+    run, key, srv, parsed = server
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(srv.endpoint)
+    for n in range(50):
+        raw.send_multipart(seal(key, json.dumps({"type": "x", "n": n}).encode()))
+    handled: list = []
+    calls = []
+    deadline = time.time() + 30
+    while len(handled) < 50 and time.time() < deadline:
+        calls.append(srv.serve(lambda m: handled.append(m) or {"ok": True}, 200, max_batch=8))
+    assert sorted(m["n"] for m in handled) == list(range(50))
+    assert max(calls) <= 8 and len([c for c in calls if c]) >= 7
+    raw.close(0)
+
+
+def test_a_message_for_one_controller_is_refused_by_the_next(tmp_path):
+    """Keys are bound to the controller's incarnation: a capture replayed to its successor, however soon, is dropped."""
+    run = tmp_path / "run"
+    secret = create_secret(run)
+    first = Server(run, secret, incarnation=1)
+    message = seal(security.session_key(secret, 1), json.dumps({"type": "x"}).encode())
+    first.close()
+    second = Server(run, secret, incarnation=2, not_before=time.time() - 60)
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(second.endpoint)
+    raw.send_multipart(message)
+    handled: list = []
+    deadline = time.time() + 10
+    while time.time() < deadline and not second.dropped:
+        second.serve(lambda m: handled.append(m) or {"ok": True}, 200)
+    assert second.dropped == 1 and handled == []
+    raw.close(0)
+    second.close()
+
+
+def test_deeply_nested_and_oversized_requests_are_refused_not_fatal(server):
+    run, key, srv, parsed = server
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(srv.endpoint)
+    raw.send_multipart(seal(key, b"[" * 100_000 + b"]" * 100_000))
+    raw.send_multipart(seal(key, json.dumps({"type": "x", "deep": json.loads("[" * 200 + "]" * 200)}).encode()))
+    handled: list = []
+    replies = []
+    deadline = time.time() + 10
+    while len(replies) < 2 and time.time() < deadline:
+        srv.serve(lambda m: handled.append(m) or {"ok": True}, 100)
+        while raw.poll(0):
+            replies.append(json.loads(raw.recv_multipart()[1][24:]))
+    assert handled == [] and [r["ok"] for r in replies] == [False, False]
+    assert all("unparseable" in r["error"] for r in replies)

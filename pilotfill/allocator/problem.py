@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -107,7 +108,12 @@ class Job:
     a time. ``objective``, when given, is what the allocator maximises instead
     of throughput (BFTrainer's administrator-defined metric, e.g. speedup);
     progress is still counted in samples. Rescale costs are seconds of progress
-    lost at the job's current rate.
+    lost at the job's current rate; ``restart_cost_s`` is what stopping a
+    running job costs on top of a shrink (work since its last commit, and
+    starting it again later), so a job is stopped only when that pays.
+    ``explore``, when given, is an optimistic curve (the profiler's upper
+    confidence bound): the job may grow along it, but only onto nodes that no
+    job values by the confirmed curves — exploring never evicts anyone.
     """
 
     id: str
@@ -119,10 +125,13 @@ class Job:
     remaining_samples: float = math.inf
     weight: float = 1.0
     objective: Mapping[str, ScalingCurve] | None = None
+    explore: Mapping[str, ScalingCurve] | None = None
+    restart_cost_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "throughput", _per_type(self.throughput))
         object.__setattr__(self, "objective", _per_type(self.objective))
+        object.__setattr__(self, "explore", _per_type(self.explore))
         where = f"job {self.id!r}"
         if not self.throughput:
             raise ProblemError(f"{where}: needs a throughput curve for at least one node type")
@@ -132,7 +141,7 @@ class Job:
             raise ProblemError(f"{where}: min_nodes must be at least 1, got {self.min_nodes}")
         if self.min_nodes > self.max_nodes:
             raise ProblemError(f"{where}: min_nodes {self.min_nodes} > max_nodes {self.max_nodes}")
-        for name in ("scale_up_cost_s", "scale_down_cost_s"):
+        for name in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ProblemError(f"{where}: {name} must be finite and >= 0, got {value}")
@@ -142,6 +151,8 @@ class Job:
             raise ProblemError(f"{where}: weight must be finite and > 0, got {self.weight}")
         if self.objective is not None and set(self.objective) != set(self.throughput):
             raise ProblemError(f"{where}: objective curves must cover the same node types as throughput")
+        if self.explore is not None and not set(self.explore) <= set(self.throughput):
+            raise ProblemError(f"{where}: explore curves must be for node types the job can use")
 
     @property
     def node_types(self) -> tuple[str, ...]:
@@ -171,11 +182,17 @@ class NodePool:
         return self.types.get(node, DEFAULT_TYPE)
 
     def by_type(self) -> dict[str, list[str]]:
-        """Nodes grouped by type, each group in pool order."""
+        """Nodes grouped by type, each group in pool order (a fresh dict of fresh lists: callers may change them)."""
+        return {t: list(ns) for t, ns in self._groups.items()}
+
+    @cached_property
+    def _groups(self) -> dict[str, tuple[str, ...]]:
+        if not self.types:
+            return {DEFAULT_TYPE: self.nodes} if self.nodes else {}
         groups: dict[str, list[str]] = {}
         for n in self.nodes:
             groups.setdefault(self.type_of(n), []).append(n)
-        return groups
+        return {t: tuple(ns) for t, ns in groups.items()}
 
 
 @dataclass(frozen=True)

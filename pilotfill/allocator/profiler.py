@@ -8,15 +8,23 @@ Amdahl's law in the form
 
 by non-negative least squares, which is linear in (a, b) and so cheap and
 stable under a few percent of noise. It starts every job cold — nothing is
-looked up by model name or borrowed from other jobs — and explores by
-optimism, as an upper-confidence rule would:
+looked up by model name or borrowed from other jobs — and gives the allocator
+two curves per job:
 
-* no report yet: the job is worth a great deal at its minimum size and
-  nothing more, so it is started small and measured;
-* one scale seen: perfect linear scaling from it (the upper bound when
-  scaling is not super-linear), so a promising job is tried larger;
-* two or more scales: the fitted curve, with the gap to linear scaling
+* ``confirmed``: what the reports support, conservative about any change. No
+  report yet: a token rate at the job's minimum size, never enough to take a
+  node a measured job uses. One scale seen: linear up to it (a shrink loses
+  its share), flat beyond (nothing is known past it). Two or more: the fit.
+* ``curve`` (optimistic, an upper-confidence rule): no report yet, a huge rate
+  at the minimum size (measure it first); one scale seen, perfect linear
+  scaling from it (the upper bound when scaling is not super-linear); two or
+  more, the fit with its gap to linear scaling beyond the largest scale seen
   narrowed as more distinct scales are seen.
+
+The allocator decides by the confirmed curves, then hands the nodes no job
+holds by the optimistic ones (:func:`pilotfill.allocator.allocate`): new jobs
+are measured and measured jobs explore on free nodes, and no measured job is
+ever shrunk or stopped so that another can explore.
 
 Pure: observations in, curves out; the caller decides when reports arrive.
 """
@@ -31,8 +39,11 @@ from scipy.optimize import nnls
 
 from .problem import ScalingCurve
 
-PROBE_RATE = 1e12
-"""Rate assumed for a job never measured: enough that it is always given its minimum to be measured."""
+EXPLORE_RATE = 1e12
+"""Optimistic rate of a job never measured: on nodes nobody holds, measuring it comes first."""
+PROBE_RATE = 1e-3
+"""Rate assumed for a job never measured: more than nothing (so it starts on a free node and is
+measured), far less than any real job (so it never takes a node a measured job uses)."""
 
 
 @dataclass
@@ -51,36 +62,58 @@ class Profiler:
 
     optimism: float = 0.5
     _seen: dict[str, dict[int, _Scale]] = field(default_factory=dict)
-    _cache: dict[tuple[str, int], ScalingCurve] = field(default_factory=dict)
+    _cache: dict[str, dict[tuple[int, str], ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
 
     def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0) -> None:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (weight: e.g. seconds measured)."""
-        if nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0 or weight <= 0:
+        if nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0 or not (math.isfinite(weight) and weight > 0):
             return
         scale = self._seen.setdefault(job_id, {}).setdefault(int(nodes), _Scale())
         scale.total += samples_per_s * weight
         scale.weight += weight
-        self._cache = {k: v for k, v in self._cache.items() if k[0] != job_id}
+        self._cache.pop(job_id, None)
 
     def forget(self, job_id: str) -> None:
         self._seen.pop(job_id, None)
-        self._cache = {k: v for k, v in self._cache.items() if k[0] != job_id}
+        self._cache.pop(job_id, None)
 
     def scales(self, job_id: str) -> dict[int, float]:
         """Mean reported throughput per node count."""
         return {n: s.mean for n, s in sorted(self._seen.get(job_id, {}).items())}
 
+    def measured(self, job_id: str) -> bool:
+        return bool(self._seen.get(job_id))
+
     def curve(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
-        """The current estimate of ``job_id``'s throughput at 0…max_nodes nodes."""
-        key = (job_id, max_nodes)
-        if key not in self._cache:
-            self._cache[key] = self._estimate(job_id, min_nodes, max_nodes)
-        return self._cache[key]
+        """The optimistic estimate of ``job_id``'s throughput at 0…max_nodes nodes (see the module docstring)."""
+        return self._cached(job_id, max_nodes, "optimistic", lambda: self._estimate(job_id, min_nodes, max_nodes))
+
+    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
+        """What the reports support, with no optimism (see the module docstring)."""
+        return self._cached(job_id, max_nodes, "confirmed", lambda: self._confirmed(job_id, min_nodes, max_nodes))
+
+    def _cached(self, job_id: str, max_nodes: int, kind: str, make) -> ScalingCurve:
+        cache = self._cache.setdefault(job_id, {})
+        key = (max_nodes, kind)
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+
+    def _confirmed(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
+        seen = self.scales(job_id)
+        if not seen:
+            return _probe(min_nodes, max_nodes)
+        n = np.arange(max_nodes + 1, dtype=float)
+        if len(seen) == 1:
+            (n0, t0), = seen.items()
+            return ScalingCurve.from_table(t0 * np.minimum(n, n0) / n0)
+        xs = np.array(list(seen), dtype=float)
+        return ScalingCurve.from_table(_amdahl(xs, np.array(list(seen.values()), dtype=float), n))
 
     def _estimate(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
         seen = self.scales(job_id)
         if not seen:
-            return ScalingCurve((0, min_nodes, max(max_nodes, min_nodes + 1)), (0.0, PROBE_RATE, PROBE_RATE))
+            return _probe(min_nodes, max_nodes, EXPLORE_RATE)
         n = np.arange(max_nodes + 1, dtype=float)
         if len(seen) == 1:
             (n0, t0), = seen.items()
@@ -96,6 +129,11 @@ class Profiler:
         est = fitted.copy()
         est[beyond] = fitted[beyond] + bonus * np.maximum(linear[beyond] - fitted[beyond], 0.0)
         return ScalingCurve.from_table(est)
+
+
+def _probe(min_nodes: int, max_nodes: int, rate: float = None) -> ScalingCurve:
+    rate = PROBE_RATE if rate is None else rate
+    return ScalingCurve((0, min_nodes, max(max_nodes, min_nodes + 1)), (0.0, rate, rate))
 
 
 def _amdahl(xs: np.ndarray, ts: np.ndarray, at: np.ndarray) -> np.ndarray:

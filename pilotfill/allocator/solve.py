@@ -17,7 +17,7 @@ import numpy as np
 from . import dp, greedy, milp, nodelevel
 from .moves import realise
 from .problem import Allocation, Problem
-from .values import ValueTable, value_tables
+from .values import ValueTable, exploration_table, value_tables
 
 
 class Formulation(str, Enum):
@@ -28,8 +28,20 @@ class Formulation(str, Enum):
 
 
 def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGREGATED, time_limit_s: float = 1.0) -> Allocation:
-    """Node counts and concrete nodes for every job of ``problem``."""
-    formulation = Formulation(formulation)
+    """Node counts and concrete nodes for every job of ``problem``.
+
+    Two stages: the optimum by the jobs' confirmed curves, then, on the nodes
+    that answer leaves free, growth along the optimistic curves of jobs that
+    have one (the profiler exploring). The second stage never takes a node
+    from the first, so exploring never evicts or shrinks a measured job.
+    """
+    answer = _allocate(problem, Formulation(formulation), time_limit_s)
+    if any(j.explore is not None for j in problem.jobs):
+        answer = _explore(problem, answer)
+    return answer
+
+
+def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float) -> Allocation:
     if formulation is Formulation.GREEDY:
         return _greedy(problem, "greedy", optimal=False)
     if formulation is Formulation.NODE_LEVEL:
@@ -83,6 +95,46 @@ def _dp(problem: Problem) -> Allocation | None:
             counts[t.job.id] = n
             types[t.job.id] = node_type if n > 0 else None
     return _finish(problem, counts, types, "dp", True, "OPTIMAL", tables=all_tables)
+
+
+def _explore(problem: Problem, answer: Allocation) -> Allocation:
+    """Hand the nodes no job holds now again, this time valuing growth by the optimistic curves.
+
+    What the first stage decided for nodes that jobs hold (keep, shrink, stop,
+    give to another job) stands: only the nodes nobody holds are re-decided,
+    among the first stage's growth, jobs never measured (worth measuring first)
+    and measured jobs growing along their optimistic curves (DP per node type).
+    """
+    held_now = {n for nodes in problem.current.values() for n in nodes}
+    counts, types = dict(answer.counts), dict(answer.node_type)
+    changed = False
+    for node_type, nodes in problem.pool.by_type().items():
+        room = sum(1 for n in nodes if n not in held_now)
+        if room <= 0:
+            continue
+        candidates, bases, tables = [], [], []
+        for job in problem.jobs:
+            held = problem.held_by_type(job).get(node_type, 0)
+            if types.get(job.id) not in (None, node_type) or node_type not in job.throughput:
+                continue
+            base = min(counts.get(job.id, 0), held) if types.get(job.id) == node_type else 0
+            if (held and base < held) or any(c and t != node_type for t, c in problem.held_by_type(job).items()):
+                continue  # shrunk or stopped by the first stage, or running on another type: no growth here
+            candidates.append(job)
+            bases.append(base)
+            tables.append(exploration_table(problem, job, node_type, base, room))
+        if not candidates:
+            continue
+        extra, _ = dp.solve(tables, room)
+        for job, base, k in zip(candidates, bases, extra):
+            if base + k != counts.get(job.id, 0) or (k and types.get(job.id) != node_type):
+                changed = True
+            counts[job.id] = base + k
+            types[job.id] = node_type if base + k > 0 else None
+    if not changed:
+        return answer
+    explored = _finish(problem, counts, types, answer.method + "+explore", answer.optimal, answer.note)
+    return explored if explored.method.endswith("+explore") else answer
 
 
 def _greedy(problem: Problem, method: str, optimal: bool, note: str = "") -> Allocation:

@@ -95,6 +95,23 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
     return out
 
 
+def exploration_table(problem: Problem, job: Job, node_type: str, base: int, free: int) -> np.ndarray:
+    """What adding k = 0 … ``free`` nodes of ``node_type`` to ``job``'s ``base`` is worth (−inf where
+    base + k is not allowed): by its optimistic curve if it has one, else by its curve. The second
+    stage of :func:`..solve.allocate`."""
+    held = problem.held_by_type(job)
+    cap = min(job.max_nodes, base + free)
+    if cap <= base:
+        return np.zeros(1)
+    curves = job.explore if job.explore is not None and node_type in job.explore else None
+    valued = job if curves is None else Job(job.id, job.min_nodes, job.max_nodes, curves, job.scale_up_cost_s, job.scale_down_cost_s,
+                                            job.remaining_samples, job.weight, None, None, job.restart_cost_s)  # fmt: skip
+    full = _table(valued, node_type, cap, held.get(node_type, 0), current_rate(job, held), problem.t_fwd).values
+    out = full[base:] - full[base]
+    out[0] = 0.0
+    return out
+
+
 def _table(job: Job, node_type: str, cap: int, current: int, rate_now: float, t_fwd: float) -> ValueTable:
     n = np.arange(cap + 1)
     metric = job.metric(node_type).table(cap)
@@ -107,6 +124,8 @@ def _table(job: Job, node_type: str, cap: int, current: int, rate_now: float, t_
         gain = metric * busy
     penalty = np.where(n > current, job.scale_up_cost_s * rate_now, 0.0)
     penalty = np.where(n < current, job.scale_down_cost_s * rate_now, penalty)
+    if current > 0:
+        penalty[0] += job.restart_cost_s * rate_now  # stopping loses work since the last commit and a restart
     gain[0] = 0.0  # not running earns nothing, whatever the curve says at 0
     values = job.weight * (gain - penalty)
     values[1 : min(job.min_nodes, cap + 1)] = INFEASIBLE

@@ -12,6 +12,7 @@ authenticated ``job.result`` / ``job.failed`` messages from the ranks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,12 @@ class Runtime(ABC):
         """Start ``job_id`` with one rank per host."""
 
     @abstractmethod
-    def resize(self, job_id: str, hosts: list[str]) -> None:
-        """Grow or shrink to exactly ``hosts``; ranks on hosts kept go on undisturbed."""
+    def resize(self, job_id: str, hosts: list[str], lost: Sequence[str] = ()) -> None:
+        """Grow or shrink to exactly ``hosts``; ranks on hosts kept go on undisturbed.
+
+        ``lost``: hosts that went away on their own since the last call
+        (preempted, released, their rank crashed) — not the allocator's choice.
+        """
 
     @abstractmethod
     def stop(self, job_id: str) -> None:

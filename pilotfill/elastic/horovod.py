@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ class HorovodRuntime(Runtime):
         self._drivers[job_id] = proc
         self._on_spawn(proc, job_id, ",".join(hosts))
 
-    def resize(self, job_id: str, hosts: list[str]) -> None:
+    def resize(self, job_id: str, hosts: list[str], lost: Sequence[str] = ()) -> None:
         before = self._hosts.get(job_id, [])
         self._write_hosts(job_id, hosts)
         deadline = time.monotonic() + SHRINK_DEADLINE_S

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ class ProcessRuntime(Runtime):
         self._ranks.setdefault(job_id, {})
         self.resize(job_id, hosts)
 
-    def resize(self, job_id: str, hosts: list[str]) -> None:
+    def resize(self, job_id: str, hosts: list[str], lost: Sequence[str] = ()) -> None:
         ranks = self._ranks.setdefault(job_id, {})
         for host in [h for h in ranks if h not in hosts]:
             self._terminate(job_id, host, ranks.pop(host))

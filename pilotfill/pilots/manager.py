@@ -1,98 +1,144 @@
-"""The fill strategy: pilots sized to demand, and nodes nobody needs given back at once.
+"""The fill strategy: pilots sized to demand, from the same decision that moves nodes.
 
-Demand is asked of the allocator itself: "if every node the main workload
-leaves idle were ours, how many would you use?" — so pilotfill never submits a
-pilot it would release a moment later, and never holds a node the main
-workload could be using. After every allocation, held nodes that no job got
-are released (the whole pilot when it has no node left).
+After every allocation the controller asks one question of the allocator —
+"if the nodes our queued pilots asked for and the nodes the main workload
+leaves idle were all ready, how many would the jobs use?" — and this module
+turns the answer into what the site sees:
+
+* more than we hold or have asked for: submit pilots for the difference (never
+  more than is idle, within the site's limits: queued pilots, submissions per
+  minute, a back-off after a refusal);
+* fewer than we hold: give back ready nodes no job uses, at once;
+* fewer than we hold plus what is queued: cancel queued pilots no job needs.
+
+Release and fill never both happen in one decision, and a node is released
+only when the jobs would not use it even with every idle node: so pilotfill
+never gives a node back while the same jobs wait for one.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import secrets
-from collections.abc import Callable
+from collections import deque
+from typing import TYPE_CHECKING
 
-from ..allocator import Problem, allocate
-from ..config import PilotConfig
-from ..schedulers.base import BatchScheduler
-from ..state import State
+from ..allocator import Allocation
+from ..schedulers.base import PilotRefused
+
+if TYPE_CHECKING:
+    from ..controller.core import Controller
+    from ..controller.world import Pilot
 
 log = logging.getLogger("pilotfill.pilots")
 
-SETTLE_S = 2.0
-"""How long a growth waits for the other pilots of the same request to arrive."""
+REFUSED_BACKOFF_S = (10.0, 300.0)
+"""After the batch system refuses a submission: wait this long before asking again, doubling up to the second value."""
 
 
 class PilotManager:
-    def __init__(self, scheduler: BatchScheduler, state: State, config: PilotConfig):
-        self.scheduler = scheduler
-        self.state = state
-        self.config = config
-        self._requested: dict[str, int] = {}  # queued pilot -> nodes asked for
-        self._asked_at: dict[str, float] = {}  # queued pilot -> when
+    def __init__(self, controller: Controller):
+        self.controller = controller
+        self.world = controller.world
+        self.config = controller.config.pilots
+        self._asked_at: dict[str, float] = {}  # queued pilot -> when submitted
         self._release: dict[str, set[str]] = {}  # pilot -> nodes to drop, told at its next heartbeat
+        self._submits: deque[float] = deque()  # times of recent submissions (per-minute limit)
+        self._not_before = 0.0
+        self._backoff = 0.0
+        self._pilot_seq = int(self.world.journal.get_meta("pilot_seq", "0") or 0)
 
-    def fill(self, problem_for: Callable[[int], Problem], now: float) -> int:
-        """Submit pilots for the nodes the allocator would use but we do not hold; return nodes asked for."""
-        queued = {p["id"] for p in self.state.pilots(("queued",))}
-        self._requested = {p: n for p, n in self._requested.items() if p in queued}
-        self._asked_at = {p: t for p, t in self._asked_at.items() if p in queued}
-        idle = self.scheduler.idle_nodes()
-        if idle == 0 or not self.state.jobs(("pending", "running")):
-            return 0
-        pending = sum(self._requested.values())
-        problem = problem_for(idle + pending)
-        if not problem.jobs:
-            return 0
-        wanted = sum(allocate(problem).counts.values())
-        ready = len(problem.pool.nodes) - idle - pending
-        missing = min(wanted - ready - pending, idle)
-        asked = 0
-        for _ in range(math.ceil(max(0, missing) / self.config.nodes_per_pilot)):
-            size = min(self.config.nodes_per_pilot, missing - asked)
-            pilot = f"p{secrets.token_hex(4)}"
-            try:
-                scheduler_id = self.scheduler.submit_pilot(pilot, size)
-            except Exception as exc:  # the batch system said no: log it, try again next tick
-                log.warning("pilot submission failed: %s", exc)
-                self.state.log("pilot.submit_failed", error=str(exc))
-                break
-            self.state.upsert_pilot(pilot, scheduler_id=scheduler_id, state="queued", submitted=now, controller=0)
-            self.state.log("pilot.submitted", pilot=pilot, scheduler_id=scheduler_id, nodes=size)
-            self._requested[pilot] = size
-            self._asked_at[pilot] = now
-            asked += size
-        return asked
+    # ------------------------------------------------------------ what the controller asks
 
-    def settling(self, now: float, window_s: float = SETTLE_S) -> bool:
-        """True while pilots asked for moments ago have not all arrived: growing now would mean
-        growing again a moment later, paying the rescale cost twice."""
-        queued = {p["id"] for p in self.state.pilots(("queued",))}
-        return any(now - t < window_s for p, t in self._asked_at.items() if p in queued)
+    def arrived(self, pilot: Pilot, now: float) -> None:
+        self._asked_at.pop(pilot.id, None)
 
-    def give_back_unused(self, now: float) -> list[str]:
-        """Release every ready node that the last allocation left without a job."""
-        unused: dict[str, list[str]] = {}
-        for node in self.state.nodes():
-            if node["state"] == "ready" and node["job"] is None and node["pilot"]:
-                unused.setdefault(node["pilot"], []).append(node["name"])
-        released = []
-        for pilot, nodes in unused.items():
-            try:
-                given = self.scheduler.release(pilot, nodes)
-            except Exception as exc:  # logged with the command; the nodes stay held and are retried
-                log.warning("releasing %s from %s failed: %s", nodes, pilot, exc)
-                self.state.log("pilot.release_failed", pilot=pilot, nodes=nodes, error=str(exc))
-                continue
-            for n in given:
-                self.state.set_node(n, state="gone", since=now)
-                self.state.log("node.released", pilot=pilot, node=n)
-            self._release.setdefault(pilot, set()).update(given)
-            released += given
-        return released
+    def arriving(self, now: float, window_s: float) -> bool:
+        """True while pilots asked for less than ``window_s`` ago have not registered."""
+        stale = [p for p in self._asked_at if p not in self.world.queued]
+        for p in stale:
+            del self._asked_at[p]
+        return any(now - t < window_s for t in self._asked_at.values())
 
     def released(self, pilot: str) -> list[str]:
         """Nodes the pilot's agent should stop holding (drained once told)."""
         return sorted(self._release.pop(pilot, set()))
+
+    def adjust(self, now: float, idle: int, answer: Allocation | None = None) -> None:
+        """Release, cancel or submit so that what we hold and ask for matches what the jobs would use."""
+        world = self.world
+        ready = len(world.ready)
+        pending = world.pending_nodes()
+        unused = [n for n in world.ready if world.nodes[n].job is None]
+        if not (unused or idle > 0 or pending > 0):
+            return  # everything held is used and nothing more could be had: nothing to size
+        if answer is None and not world.open and not unused and pending == 0:
+            return
+        wanted = self.controller.wanted(idle + pending, answer) if world.open else 0
+        surplus = ready - wanted
+        if surplus > 0 and unused:
+            self._give_back(unused[:surplus], now)
+        queued_surplus = pending - max(0, wanted - ready)
+        if queued_surplus > 0 and wanted <= ready:
+            self._cancel_queued(now)
+        missing = wanted - ready - pending
+        if missing > 0 and idle > 0:
+            self._submit(min(missing, idle), now)
+
+    # ------------------------------------------------------------ acting
+
+    def _give_back(self, nodes: list[str], now: float) -> None:
+        """Release ``nodes`` (ready, unused), grouped by pilot; what the batch system keeps stays held."""
+        by_pilot: dict[str, list[str]] = {}
+        for name in nodes:
+            pilot = self.world.nodes[name].pilot
+            if pilot is not None:
+                by_pilot.setdefault(pilot, []).append(name)
+        for pilot, names in by_pilot.items():
+            given = self.controller._scheduler_call("release", self.controller.scheduler.release, pilot, names)
+            if given is None:
+                continue  # failed: logged with its command; the nodes stay held and are retried
+            given = [n for n in given if n in names]
+            self.controller.remove_nodes(given, now, "released: no job needs it", "gone", event="node.released")
+            self.world.count("nodes_released", len(given))
+            self._release.setdefault(pilot, set()).update(given)
+
+    def _cancel_queued(self, now: float) -> None:
+        for pilot in list(self.world.queued.values()):
+            if self.controller._scheduler_call("cancel", self.controller.scheduler.cancel, pilot.id) is None and pilot.scheduler_id is None:
+                continue
+            self.world.log("pilot.cancelled", now, pilot=pilot.id, why="no job needs it any more")
+            self.world.count("pilots_cancelled")
+            self.world.end_pilot(pilot, "ended", now)
+            self._asked_at.pop(pilot.id, None)
+
+    def _submit(self, nodes: int, now: float) -> None:
+        """Submit pilots for ``nodes`` nodes, ``nodes_per_pilot`` at a time, within the site's limits."""
+        if now < self._not_before:
+            return
+        cfg = self.config
+        while self._submits and now - self._submits[0] >= 60.0:
+            self._submits.popleft()
+        asked = 0
+        while asked < nodes:
+            if len(self.world.queued) >= cfg.max_queued_pilots or len(self._submits) >= cfg.max_submits_per_minute:
+                break
+            size = min(cfg.nodes_per_pilot, nodes - asked)
+            self._pilot_seq += 1
+            pilot_id = f"p{self.controller.incarnation}-{self._pilot_seq}"
+            self.world.journal.set_meta("pilot_seq", str(self._pilot_seq))
+            try:
+                scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size)
+            except Exception as exc:  # refused or failed: back off rather than ask again every tick
+                self._backoff = min(REFUSED_BACKOFF_S[1], max(REFUSED_BACKOFF_S[0], self._backoff * 2))
+                self._not_before = now + self._backoff
+                kind = "refused" if isinstance(exc, PilotRefused) else "failed"
+                log.warning("pilot submission %s (next try in %.0f s): %s", kind, self._backoff, exc)
+                self.world.log(f"pilot.submit_{kind}", now, error=str(exc)[-1000:], retry_in_s=self._backoff)
+                return
+            self._backoff = 0.0
+            self._submits.append(now)
+            self.world.add_pilot(pilot_id, scheduler_id, size, now, self.controller.incarnation)
+            self.world.log("pilot.submitted", now, pilot=pilot_id, scheduler_id=scheduler_id, nodes=size)
+            self.world.count("pilots_submitted")
+            self._asked_at[pilot_id] = now
+            asked += size

@@ -59,8 +59,34 @@ class BatchScheduler(ABC):
     def poll(self, now: float) -> list[PilotEvent]:
         """What changed since the last poll."""
 
+    def capacity(self) -> int | None:
+        """The most nodes pilots could ever hold here (the machine or partition), or None if unknown.
+
+        A job needing more than this can never run: the controller refuses it
+        rather than letting it wait forever.
+        """
+        return None
+
+    def adopt(self, pilots: list[tuple[str, str]]) -> list[str]:
+        """Take over pilots a previous controller on this run directory submitted.
+
+        ``pilots`` are (pilot id, batch job id) pairs from the durable state.
+        Returns the pilot ids this adapter now tracks (so that ``poll`` reports
+        their changes and ``close`` deletes them); the others are gone. The
+        default adopts none: pilots that die with their controller (the local
+        cluster) cannot survive it.
+        """
+        return []
+
     def close(self) -> None:
-        """Cancel everything this adapter started and stop its helpers."""
+        """Cancel everything this adapter started or adopted, queued or running, and stop its helpers."""
+
+
+class PilotRefused(RuntimeError):
+    """The batch system refused a submission by policy (a queue or QOS limit), not by failing.
+
+    The pilot manager backs off before asking again instead of retrying every tick.
+    """
 
 
 def agent_command(run_dir: Path, pilot_id: str, scheduler: str, heartbeat_s: float, grace_s: float, python: str = sys.executable) -> str:

@@ -1,0 +1,5 @@
+import sys
+
+from .process import main
+
+sys.exit(main())

@@ -1,0 +1,669 @@
+"""The controller: the only place that decides.
+
+Every event — a node joins, a node is leaving or lost, a job arrives, ends or
+fails, a rank dies, a new throughput estimate — is one pass: update the state
+(memory and journal), mark the allocation dirty, and let :meth:`Controller.decide`
+move nodes, once, for everything that changed. Messages dispatch through a
+handler table (as dask distributed's scheduler does); every way a node can go
+(its pilot got SIGTERM, ended or went silent, it was released, its rank
+crashed) ends in :meth:`Controller.remove_nodes`, as every way a dask worker
+goes ends in ``remove_worker``.
+
+The controller runs on a clock it is given: the process in
+:mod:`pilotfill.controller.process` gives it the wall clock and a ZeroMQ
+server; ``pilotfill replay`` gives it a simulated clock, a trace-driven batch
+system and a simulated runtime — the same code, measured.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import procs
+from ..allocator import Allocation, Job as AllocJob, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
+from ..config import Config
+from ..elastic.base import RankExit, Runtime
+from ..pilots.manager import PilotManager
+from ..protocol import READ_ONLY, ProtocolError, check, check_spec
+from ..schedulers.base import BatchScheduler, PilotEvent
+from ..security import create_secret, private_dir
+from ..state import TERMINAL, JournalError, State
+from .world import Job, Pilot, World
+
+log = logging.getLogger("pilotfill.controller")
+
+JOB_RETRIES = 3
+"""A job whose launcher dies without a result or a reported failure is retried this often, then failed."""
+SETTLE_S = 2.0
+"""Growth waits this long for the other pilots of one request to arrive, so a job grows once, not once per pilot."""
+SETTLE_MAX_S = 10.0
+"""…but never longer than this in a row."""
+METER_WINDOW_S = 2.0
+"""A job's throughput is measured over at least this much time at one size before the profiler sees it."""
+PRUNE_EVERY_S = 60.0
+KEEP_EVENTS = 50_000
+KEEP_ENDED_PILOTS = 2_000
+
+
+class Meter:
+    """Samples a job processed at one size, summed over its ranks: its measured throughput at that size."""
+
+    def __init__(self, nodes: int, since: float):
+        self.nodes, self.began, self.samples = nodes, since, 0.0
+
+    def add(self, samples: float, seconds: float, now: float, first: bool = False) -> tuple[float, float] | None:
+        """Add one rank's report of ``samples`` over the last ``seconds``; every window, return (samples/s, seconds).
+
+        A report that began before this size did, or is its rank's first,
+        covers ranks starting or re-forming (imports, rendezvous), not training
+        at this size: it restarts the window instead of counting, or the job
+        would look slower than it is.
+        """
+        if first or now - seconds < self.began:
+            self.began, self.samples = now, 0.0
+            return None
+        self.samples += samples
+        elapsed = now - self.began
+        if elapsed < METER_WINDOW_S or self.samples <= 0:
+            return None
+        rate = self.samples / elapsed
+        self.began, self.samples = now, 0.0
+        return rate, elapsed
+
+
+class Controller:
+    """The decision loop over a batch system (pilots), a runtime (ranks) and the journal."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: Config,
+        scheduler: BatchScheduler | None = None,
+        runtime: Runtime | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.run_dir = private_dir(Path(run_dir))
+        self.config = config
+        self.clock = clock
+        self.key = create_secret(self.run_dir)
+        self.journal = State(self.run_dir)
+        with self.journal.transaction():
+            self.incarnation = self.journal.next_incarnation()
+        self.world = World(self.journal)
+        self.world.load()
+        self.started = clock()
+        self.profiler = Profiler()
+        self.dirty = True
+        self.urgent = False
+        self.stopping = False
+        self._heard: OrderedDict[str, float] = OrderedDict()  # live pilot -> last message, oldest first
+        self._heard_floor = 0.0  # after our own stall, silence is counted from here
+        self._last_step: float | None = None
+        self._scheduler_backoff: dict[str, tuple[float, float]] = {}  # call -> (not before, last delay)
+        self._meters: dict[str, Meter] = {}
+        self._curves: dict[str, ScalingCurve] = {}
+        self._settle_since: float | None = None
+        self._last_idle: int | None = None
+        self._pruned_at = self.started
+        self._account_at = self.started
+        self._held_s = self._used_s = 0.0
+        self.stats: dict[str, list[float]] = {"solve_ms": [], "decide_ms": []}
+        self.methods: Counter[str] = Counter()
+        self.last_method: str | None = None
+        self.scheduler = scheduler or self._make_scheduler()
+        self.runtime = runtime or self._make_runtime()
+        self.pilots = PilotManager(self)
+        self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
+            "pilot.register": self._on_pilot_register,
+            "pilot.heartbeat": self._on_pilot_heartbeat,
+            "pilot.leaving": self._on_pilot_leaving,
+            "job.submit": self._on_job_submit,
+            "job.report": self._on_job_report,
+            "job.result": self._on_job_result,
+            "job.failed": self._on_job_failed,
+            "job.cancel": self._on_job_cancel,
+            "job.get": self._on_job_get,
+            "state.snapshot": self._on_state_snapshot,
+        }
+        self._recover()
+
+    # ------------------------------------------------------------ construction
+
+    def _make_runtime(self) -> Runtime:
+        def record(p, job: str, host: str) -> None:
+            self._record_process(p, "rank", job, host)
+
+        kind = self.config.runtime.kind
+        if kind == "horovod":
+            from ..elastic.horovod import HorovodRuntime
+
+            local = self.config.scheduler == "local" or self.config.runtime.local_hosts
+            return HorovodRuntime(self.run_dir, local=local, network_interface=self.config.runtime.network_interface, on_spawn=record)
+        from ..elastic.processes import ProcessRuntime
+
+        return ProcessRuntime(self.run_dir, on_spawn=record)
+
+    def _make_scheduler(self) -> BatchScheduler:
+        kind = self.config.scheduler
+        if kind == "local":
+            from ..schedulers.local import LocalScheduler
+
+            return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, what, host: self._record_process(p, what, None, host))
+        if kind == "slurm":
+            from ..schedulers.slurm import SlurmScheduler
+
+            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir)
+        if kind == "pbs":
+            from ..schedulers.pbs import PbsScheduler
+
+            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir)
+        raise ValueError(f"unknown scheduler {kind!r}")
+
+    def _recover(self) -> None:
+        """Take over from a predecessor: nothing it ran survives; running jobs are requeued from their
+        committed progress; pilots the batch system still has are adopted, the others are lost."""
+        now = self.clock()
+        leftovers = self.journal.processes()
+        for p in leftovers:
+            procs.kill_group(p["pid"], p["start_ticks"])
+        for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(self.run_dir)):  # ranks under a launcher
+            procs.kill_pid(pid)
+        world = self.world
+        with self.journal.transaction():
+            self.journal.clear_processes()
+            requeued = []
+            for job in list(world.open.values()):
+                if job.status == "running":
+                    for node in world.nodes_of(job.nodes):
+                        world.assign(node, None)
+                    world.update_job(job, status="pending", nodes=[])
+                    requeued.append(job.id)
+            live = [(p.id, p.scheduler_id) for p in world.pilots.values() if p.scheduler_id]
+            adopted = set(self._scheduler_call("adopt", self.scheduler.adopt, live) or []) if live else set()
+            for pilot in list(world.pilots.values()):
+                if pilot.id in adopted:
+                    self._heard[pilot.id] = now
+                    continue
+                self.remove_nodes(list(pilot.nodes), now, "lost with the previous controller", "gone", event="node.lost")
+                world.end_pilot(pilot, "lost", now)
+            for node in list(world.nodes.values()):
+                if node.state != "gone" and node.pilot not in world.pilots:
+                    world.set_node_state(node, "gone", now)
+                elif node.job is not None:
+                    world.assign(node, None)
+            if leftovers or requeued or self.incarnation > 1:
+                world.log("controller.recovered", now, incarnation=self.incarnation, killed=len(leftovers), requeued=requeued, adopted=sorted(adopted))
+            world.log("controller.started", now, incarnation=self.incarnation)
+            self.journal.prune_ended_pilots(KEEP_ENDED_PILOTS)
+        self.urgent = False
+
+    def _record_process(self, proc, kind: str, job: str | None, host: str | None) -> None:
+        ticks = procs.start_ticks(proc.pid)
+        if ticks is not None:
+            with self.journal.transaction():
+                self.journal.add_process(proc.pid, ticks, kind, self.incarnation, job, host)
+
+    # ------------------------------------------------------------ messages
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Apply one authenticated request; everything it changed is committed before the reply."""
+        try:
+            kind = check(message)
+            now = self.clock()
+            handler = self.handlers[kind]
+            if kind in READ_ONLY:
+                return {"ok": True, **handler(message, now)}
+            with self.journal.transaction():
+                reply = handler(message, now)
+            return {"ok": True, **reply}
+        except ProtocolError as exc:
+            return {"ok": False, "error": str(exc)}
+        except JournalError:
+            raise  # nothing more can be committed: the process stops the run cleanly
+        except Exception as exc:  # a bug must not take the controller down; the journal holds what memory holds
+            log.error("error handling %s: %s", message.get("type"), traceback.format_exc())
+            return {"ok": False, "error": f"internal error: {exc!r}"}
+
+    def _on_job_get(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        return {"job": self._known_job(message["job_id"]).record()}
+
+    def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        self._account(now)
+        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation,
+                "node_seconds": {"held": self.world.counters["held_node_s"] + self._held_s, "used": self.world.counters["used_node_s"] + self._used_s}}  # fmt: skip
+
+    def _account(self, now: float) -> None:
+        """Integrate node-seconds held by pilots and used by jobs since the last call (kept in memory, journaled each minute)."""
+        dt = now - self._account_at
+        if dt > 0:
+            self._held_s += len(self.world.ready) * dt
+            self._used_s += sum(len(j.nodes) for j in self.world.open.values() if j.status == "running") * dt
+        self._account_at = now
+
+    def _journal_accounts(self) -> None:
+        for name, attr in (("held_node_s", "_held_s"), ("used_node_s", "_used_s")):
+            whole = int(getattr(self, attr))
+            if whole:
+                self.world.count(name, whole)
+                setattr(self, attr, getattr(self, attr) - whole)
+
+    def _on_job_submit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        spec = check_spec(message["spec"])
+        job = self.world.add_job(self.world.next_job_id(), spec["name"], spec, now, key=spec.get("key"))
+        self.world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
+        self.dirty = True
+        return {"job_id": job.id}
+
+    def _on_job_cancel(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        self._end_job(self._known_job(message["job_id"]), now, "cancelled")
+        return {}
+
+    def _on_job_report(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        job = self._known_job(message["job_id"])
+        if job.status in TERMINAL:
+            return {"progress": job.progress}
+        progress = self.world.add_progress(job, message["samples"])
+        meter = self._meters.get(job.id)
+        if job.status == "running" and message.get("host") in job.nodes and meter is not None and meter.nodes == len(job.nodes):
+            measured = meter.add(message["samples"], message["seconds"], now, first=message.get("first") is True)
+            if measured is not None and not job.spec.get("curve"):
+                rate, seconds = measured
+                new_scale = meter.nodes not in self.profiler.scales(job.id)
+                self.profiler.observe(job.id, meter.nodes, rate, weight=seconds)
+                if new_scale:
+                    self.world.log("job.estimate", now, job=job.id, nodes=meter.nodes, samples_per_s=round(rate, 3))
+                    self.dirty = True  # a scale never seen before: the estimate changed
+        return {"progress": progress}
+
+    def _on_job_result(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        job = self._known_job(message["job_id"])
+        self._end_job(job, now, "finished", result=message.get("value"))
+        return {}
+
+    def _on_job_failed(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        job = self._known_job(message["job_id"])
+        error = message["error"]
+        self._end_job(job, now, "failed", error=error, result=message.get("value"), why=(error.strip().splitlines() or [""])[-1][:200])
+        return {}
+
+    def _on_pilot_register(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        world = self.world
+        pilot = world.pilot_of(message["pilot"])
+        if pilot is None:
+            if message["pilot"] in world.ended_pilots:
+                return {"stop": True}
+            pilot = world.add_pilot(message["pilot"], message["scheduler_id"], len(message["nodes"]), now, self.incarnation)
+        taken = [n for n in message["nodes"] if n in world.nodes and world.nodes[n].state != "gone" and world.nodes[n].pilot != pilot.id]
+        self.remove_nodes(taken, now, "taken over by another pilot", "gone")  # a pilot that ended without telling us
+        world.set_pilot(pilot, state="running", scheduler_id=message["scheduler_id"] or pilot.scheduler_id, pid=message["pid"],
+                        nodes=[n for n in pilot.nodes if n in message["nodes"]])  # fmt: skip
+        for name in message["nodes"]:
+            if name not in pilot.nodes or world.nodes[name].state != "ready":
+                world.node_joins(name, pilot, now)
+                world.log("node.joined", now, pilot=pilot.id, node=name)
+        self._hear(pilot.id, now)
+        self.pilots.arrived(pilot, now)
+        self.dirty = True
+        return {}
+
+    def _on_pilot_heartbeat(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        pilot = self.world.pilot_of(message["pilot"])
+        if pilot is None:
+            return {"register": message["pilot"] not in self.world.ended_pilots, "stop": message["pilot"] in self.world.ended_pilots}
+        if pilot.state == "queued":
+            return {"register": True, "stop": False}
+        self._hear(pilot.id, now)
+        return {"release": self.pilots.released(pilot.id), "stop": False}
+
+    def _on_pilot_leaving(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        pilot = self.world.pilot_of(message["pilot"])
+        if pilot is not None and pilot.state != "leaving":
+            self.world.set_pilot(pilot, state="leaving")
+        self.remove_nodes(message["nodes"], now, "leaving", "leaving", deadline=message["deadline"])
+        return {}
+
+    # ------------------------------------------------------------ every way a node goes
+
+    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: str, deadline: float | None = None, event: str | None = None) -> None:
+        """Take nodes away from their jobs and, unless ``to`` is ``ready``, out of the pool.
+
+        ``to``: ``leaving`` (SIGTERM: gone within the grace period), ``gone``
+        (ended, lost, released, taken back) or ``ready`` (the node stays ours, its
+        job lost it: a rank crashed). The jobs shrink at the next decision, which
+        follows at once; nothing else is moved here.
+        """
+        world = self.world
+        shrunk: dict[str, list[str]] = {}
+        for name in names:
+            node = world.nodes.get(name)
+            if node is None or node.state == "gone" or (to == "leaving" and node.state == "leaving"):
+                continue
+            if node.job is not None:
+                shrunk.setdefault(node.job, []).append(name)
+            if to == "ready":
+                world.assign(node, None)
+            else:
+                world.set_node_state(node, to, now, deadline)
+            world.log(event or f"node.{to if to != 'ready' else 'dropped'}", now, pilot=node.pilot, node=name, why=why)
+        for job_id, gone in shrunk.items():
+            job = world.jobs.get(job_id)
+            if job is None or job.status in TERMINAL:
+                continue
+            lost = set(gone) & set(job.nodes)
+            if lost:
+                world.update_job(job, nodes=[n for n in job.nodes if n not in lost])
+                job.lost |= lost
+                self.urgent = True
+        self.dirty = True
+
+    # ------------------------------------------------------------ polled events
+
+    def step(self, now: float | None = None) -> None:
+        """One pass over what is polled rather than messaged, then a decision if anything changed."""
+        now = self.clock() if now is None else now
+        self._account(now)
+        with self.journal.transaction():
+            for event in self._scheduler_call("poll", self.scheduler.poll, now) or []:
+                self._on_pilot_event(event, now)
+            for exit_ in self.runtime.poll():
+                self._on_rank_exit(exit_, now)
+            self._check_heartbeats(now)
+            idle = self._scheduler_call("idle", self.scheduler.idle_nodes)
+            if self.dirty and (self.urgent or not self._settling(now)):
+                self.decide(now, idle)
+            elif idle is not None and idle != self._last_idle:
+                self.pilots.adjust(now, idle)  # the main workload freed or took nodes: nothing of ours moved
+            if idle is not None:
+                self._last_idle = idle
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self._pruned_at = now
+                self._journal_accounts()
+                self.world.prune(KEEP_EVENTS, KEEP_ENDED_PILOTS)
+                self._forget_dead_processes()
+        self._last_step = now
+
+    def _on_pilot_event(self, event: PilotEvent, now: float) -> None:
+        world = self.world
+        pilot = world.pilot_of(event.pilot)
+        if event.kind == "started":
+            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes))
+            if pilot is not None:
+                world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
+        elif event.kind == "preempted":
+            world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
+            if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
+                self.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline)
+        elif event.kind == "ended":
+            world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
+            if pilot is not None:
+                self.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone")
+                world.end_pilot(pilot, "ended", now)
+                self._heard.pop(pilot.id, None)
+                self.dirty = True
+
+    def _on_rank_exit(self, exit_: RankExit, now: float) -> None:
+        job = self.world.jobs.get(exit_.job_id)
+        if job is None or job.status in TERMINAL or exit_.requested:
+            return
+        if not exit_.host:
+            # The job's launcher ended without the job reporting a result or a failure.
+            crashes = job.crashes + 1
+            self.world.log("job.crashed", now, job=job.id, returncode=exit_.returncode, crashes=crashes)
+            for node in self.world.nodes_of(job.nodes):
+                self.world.assign(node, None)
+            if crashes >= JOB_RETRIES:
+                error = f"the job's launcher exited {exit_.returncode} {crashes} times; last output:\n{self._log_tail(job.id)}"
+                self.world.update_job(job, crashes=crashes)
+                self._end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
+            else:
+                self.world.update_job(job, status="pending", nodes=[], crashes=crashes)
+            self.dirty = True
+        elif exit_.crashed and exit_.host in job.nodes:
+            self.world.log("rank.lost", now, job=job.id, node=exit_.host, returncode=exit_.returncode)
+            self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", "ready")
+
+    def _check_heartbeats(self, now: float) -> None:
+        """Pilots silent past the deadline are lost. Oldest first: O(pilots lost), not O(pilots)."""
+        pilots = self.config.pilots
+        if self._last_step is not None and now - self._last_step > max(pilots.heartbeat_s, 2 * self.config.controller.tick_s, 1.0):
+            self._heard_floor = now  # we were stalled (stopped, a slow disk): the agents were not silent
+        while self._heard:
+            pilot_id, last = next(iter(self._heard.items()))
+            silent = now - max(last, self._heard_floor)
+            if silent <= pilots.heartbeat_deadline_s:
+                return
+            del self._heard[pilot_id]
+            pilot = self.world.pilot_of(pilot_id)
+            if pilot is None or pilot.state == "queued":
+                continue
+            self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
+            self.remove_nodes(list(pilot.nodes), now, "its pilot went silent", "gone", event="node.lost")
+            self.world.end_pilot(pilot, "lost", now)
+            self._scheduler_call("cancel", self.scheduler.cancel, pilot_id)
+
+    def _hear(self, pilot_id: str, now: float) -> None:
+        self._heard.pop(pilot_id, None)
+        self._heard[pilot_id] = now
+
+    def _settling(self, now: float) -> bool:
+        """True while pilots asked for moments ago are still arriving (bounded in a row by SETTLE_MAX_S)."""
+        if not self.pilots.arriving(now, SETTLE_S):
+            self._settle_since = None
+            return False
+        if self._settle_since is None:
+            self._settle_since = now
+        return now - self._settle_since < SETTLE_MAX_S
+
+    def _scheduler_call(self, what: str, fn: Callable, *args):
+        """Call into the batch system; a failing or hanging command is logged, never fatal.
+
+        After a failure that kind of call is skipped for a while (doubling up to
+        five minutes), so a batch system that hangs costs one timeout per backoff
+        period rather than one per tick.
+        """
+        now = time.monotonic()
+        if now < self._scheduler_backoff.get(what, (0.0, 0.0))[0]:
+            return None
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            _, delay = self._scheduler_backoff.get(what, (0.0, 0.0))
+            delay = min(300.0, max(1.0, delay * 2))
+            self._scheduler_backoff[what] = (time.monotonic() + delay, delay)
+            log.error("scheduler %s failed (next try in %.0f s): %s", what, delay, exc)
+            self.world.log("scheduler.error", self.clock(), during=what, error=str(exc)[-1000:], retry_in_s=delay)
+            return None
+        self._scheduler_backoff.pop(what, None)
+        return result
+
+    # ------------------------------------------------------------ the decision
+
+    def decide(self, now: float, idle: int | None = None) -> Allocation | None:
+        """Ask the allocator, apply the difference (one runtime call per job that changed), then size
+        the pilots from the same answer: release what no job will use, ask for what is missing."""
+        began = time.perf_counter()
+        self.dirty = self.urgent = False
+        self._settle_since = None
+        active = self.world.active_jobs(self.config.controller.max_jobs)
+        answer = None
+        if active or self.world.ready:
+            problem = self._problem(active, extra=0)
+            t0 = time.perf_counter()
+            answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+            solve_ms = (time.perf_counter() - t0) * 1000
+            self.stats["solve_ms"].append(solve_ms)
+            self.methods[answer.method] += 1
+            self.last_method = answer.method
+            moved = self._apply(active, answer, now)
+            self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
+                           moved=moved, pool=len(problem.pool.nodes))  # fmt: skip
+        self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, answer)
+        self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
+        return answer
+
+    def wanted(self, extra: int, answer: Allocation | None) -> int:
+        """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target."""
+        if extra <= 0 and answer is not None:
+            return sum(answer.counts.values())
+        active = self.world.active_jobs(self.config.controller.max_jobs)
+        if not active:
+            return 0
+        potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+        return sum(potential.counts.values())
+
+    def _problem(self, active: list[Job], extra: int) -> Problem:
+        """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring)."""
+        jobs = []
+        current = {}
+        for job in active:
+            jobs.append(self._allocator_job(job))
+            if job.nodes:
+                current[job.id] = frozenset(job.nodes)
+        pool = tuple(self.world.ready) + tuple(f"+{i}" for i in range(extra))
+        return Problem(tuple(jobs), NodePool(pool), current, self.config.controller.t_fwd)
+
+    def _allocator_job(self, job: Job) -> AllocJob:
+        spec = job.spec
+        lo, hi = spec["min_nodes"], spec["max_nodes"]
+        explore = None
+        if spec.get("curve"):
+            curve = self._curves.get(job.id)
+            if curve is None:
+                curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
+        else:
+            curve = self.profiler.confirmed(job.id, lo, hi)
+            explore = self.profiler.curve(job.id, lo, hi)
+        objective = None
+        if spec.get("objective"):
+            objective = self._curves.get(job.id + "/objective")
+            if objective is None:
+                objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
+        total = spec.get("total_samples")
+        remaining = max(total - job.progress, 0.0) if total else math.inf
+        return AllocJob(job.id, lo, hi, curve, spec["scale_up_cost_s"], spec["scale_down_cost_s"], remaining, spec["weight"],
+                        objective=objective, explore=explore, restart_cost_s=spec.get("restart_cost_s", 0.0))  # fmt: skip
+
+    def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
+        """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
+        another is never seen unused in between; then one start, resize or stop per job that changed."""
+        world = self.world
+        new_of = {job.id: list(answer.assignment.get(job.id, ())) for job in active}
+        for job in active:
+            keep = set(new_of[job.id])
+            for node in world.nodes_of(job.nodes):
+                if node.name not in keep and node.job == job.id:
+                    world.assign(node, None)
+        moved: dict[str, int] = {}
+        for job in active:
+            new, old, lost = new_of[job.id], job.nodes, job.lost
+            job.lost = set()
+            for node in world.nodes_of(new):
+                world.assign(node, job.id)
+            running = job.status == "running"
+            cause = f"{', '.join(sorted(lost))} {self._why_lost(lost)}" if lost else None
+            if running and new and not old:
+                # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
+                self.runtime.stop(job.id)
+                world.update_job(job, status="pending", nodes=[])
+                world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause)
+                running = False
+            try:
+                if running and new:
+                    if set(new) == set(old) and not lost:
+                        continue
+                    self.runtime.resize(job.id, new, lost=sorted(lost))
+                    world.update_job(job, nodes=new, rescales=job.rescales + 1)
+                    world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
+                elif running:
+                    self.runtime.stop(job.id)
+                    world.update_job(job, status="pending", nodes=[])
+                    why = {"cause": cause} if not old and lost else {"cause": "allocation", "objective": round(answer.objective, 3)}
+                    world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), **why)
+                elif new:
+                    self.runtime.start(job.id, job.spec, new)
+                    world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
+                    world.log("job.started", now, job=job.id, nodes=new, progress=job.progress)
+                else:
+                    continue
+            except Exception as exc:  # the runtime could not act: this job fails, the others go on
+                log.exception("runtime could not apply the allocation to %s", job.id)
+                self._end_job(job, now, "failed", error=f"the runtime could not run the job: {exc!r}", why=repr(exc)[:200])
+                continue
+            self._meters[job.id] = Meter(len(new), now)
+            moved[job.id] = len(new)
+        return moved
+
+    def _why_lost(self, lost: set[str]) -> str:
+        states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}
+        return "leaving" if states == {"leaving"} else "gone" if "ready" not in states else "lost"
+
+    # ------------------------------------------------------------ helpers
+
+    def _end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None, why: str | None = None) -> None:
+        """A job is over (the first outcome wins): stop its ranks, free its nodes, record why."""
+        if job.status in TERMINAL:
+            return
+        self.runtime.stop(job.id)
+        for node in self.world.nodes_of(job.nodes):
+            self.world.assign(node, None)
+        fields: dict[str, Any] = {"status": status, "ended": now, "nodes": []}
+        if result is not None:
+            fields["result"] = result
+        if error is not None:
+            fields["error"] = error
+        self.world.update_job(job, **fields)
+        self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
+        self.profiler.forget(job.id)
+        self._meters.pop(job.id, None)
+        self._curves.pop(job.id, None)
+        self._curves.pop(job.id + "/objective", None)
+        job.lost = set()
+        self.dirty = True
+
+    def _known_job(self, job_id: str) -> Job:
+        job = self.world.jobs.get(job_id)
+        if job is None:
+            raise ProtocolError(f"no job {job_id!r}")
+        return job
+
+    def _log_tail(self, job_id: str, chars: int = 3000) -> str:
+        path = self.run_dir / "logs" / f"{job_id}.horovodrun.log"
+        try:
+            return path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def _forget_dead_processes(self) -> None:
+        for p in self.journal.processes():
+            if not procs.alive(p["pid"], p["start_ticks"]):
+                self.journal.drop_process(p["pid"])
+
+    def shutdown(self) -> None:
+        """Stop every job's ranks, cancel every pilot; running jobs go back to pending (a re-run resumes them)."""
+        log.info("shutting down")
+        now = self.clock()
+        self.runtime.close()
+        self._scheduler_call("close", self.scheduler.close)
+        world = self.world
+        with self.journal.transaction():
+            for job in list(world.open.values()):
+                if job.status == "running":
+                    world.update_job(job, status="pending", nodes=[])
+            for pilot in list(world.pilots.values()):
+                self.remove_nodes(list(pilot.nodes), now, "controller stopped", "gone")
+                world.end_pilot(pilot, "ended", now)
+            self.journal.clear_processes()
+            self._account(now)
+            self._journal_accounts()
+            world.log("controller.stopped", now, incarnation=self.incarnation)
+        self.journal.close()
+
+
+__all__ = ["Controller", "JOB_RETRIES", "Pilot", "ProblemError"]

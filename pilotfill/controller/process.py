@@ -1,0 +1,104 @@
+"""The controller as a process: a ZeroMQ server on the wall clock, stopped by SIGTERM.
+
+    python -m pilotfill.controller --run-dir RUN [--config FILE]
+
+Each tick serves a bounded batch of requests, then steps the controller, so a
+flood of messages can never starve heartbeat checks or the allocation. A
+controller started on a run directory that a dead one left behind kills what
+its predecessor ran, requeues the jobs that were running (their committed
+progress kept), keeps finished results, and carries on. When the journal
+cannot be written (a full disk, a read-only file) it stops everything it
+started and exits with :data:`EXIT_JOURNAL` and one line saying why: nothing
+it answered is lost, and a controller started after space is freed carries on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..config import ConfigError, load_config
+from ..security import private_dir
+from ..state import JournalError
+from ..transport import Server
+from .core import Controller
+
+log = logging.getLogger("pilotfill.controller")
+
+MAX_BATCH = 256
+"""Requests handled per tick before the controller steps (heartbeat checks, allocation)."""
+EXIT_CONFIG = 2
+EXIT_JOURNAL = 3
+
+
+def serve(controller: Controller, server: Server) -> None:
+    """The loop: a bounded batch of requests, then one step, until asked to stop."""
+    tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
+    while not controller.stopping:
+        server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH)
+        controller.step()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pilotfill-controller", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--config", default=None, help="config file or name (default: the embedded local cluster)")
+    args = ap.parse_args(argv)
+    try:
+        config = load_config(args.config)
+        private_dir(args.run_dir)
+    except (ConfigError, OSError) as exc:
+        print(f"pilotfill controller: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=[logging.FileHandler(args.run_dir / "controller.log"), logging.StreamHandler()],
+    )
+    controller = None
+    try:
+        controller = Controller(args.run_dir, config)
+        try:
+            server = Server(args.run_dir, controller.key, host=config.controller.bind, incarnation=controller.incarnation, not_before=controller.started)
+        except Exception as exc:  # an address that cannot be bound: one line, not a traceback
+            print(f"pilotfill controller: cannot listen on {config.controller.bind!r} ({config.source}: controller.bind): {exc}", file=sys.stderr)
+            controller.shutdown()
+            return EXIT_CONFIG
+
+        def stop(signum, frame) -> None:
+            controller.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        server.publish(incarnation=controller.incarnation)
+        log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
+        try:
+            serve(controller, server)
+        finally:
+            server.close()
+        controller.shutdown()
+        return 0
+    except JournalError as exc:
+        print(f"pilotfill controller: stopping, the run's state cannot be written: {exc}", file=sys.stderr, flush=True)
+        log.error("stopping: %s", exc)
+        if controller is not None:
+            _stop_without_journal(controller)
+        return EXIT_JOURNAL
+
+
+def _stop_without_journal(controller: Controller) -> None:
+    """Stop ranks and pilots; nothing can be recorded (what was committed stands)."""
+    for close in (controller.runtime.close, controller.scheduler.close):
+        try:
+            close()
+        except Exception as exc:  # best effort: the process is ending
+            log.error("while stopping: %s", exc)
+    time.sleep(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

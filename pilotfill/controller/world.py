@@ -1,0 +1,240 @@
+"""What the controller knows now: jobs, pilots and nodes in memory, indexed, journaled on every change.
+
+The controller must be cheap per event at whole-machine scale, so nothing on
+its hot path reads a table back: every question it asks (the ready nodes, a
+pilot's nodes, the jobs waiting, a node's holder) is a dictionary lookup here.
+Every change goes to the journal (:class:`pilotfill.state.State`) first and to
+memory second, so that memory never holds what the journal lost (a full disk
+raises before anything changes). Ended pilots leave memory at once; the
+journal keeps a bounded number of them for ``top``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+from ..state import LIVE_PILOT_STATES, TERMINAL, State
+
+RECENTLY_ENDED = 10_000
+"""Ended pilots remembered in memory, so that a late heartbeat from one is told to stop."""
+
+
+@dataclass
+class Node:
+    name: str
+    pilot: str | None
+    state: str  # ready | leaving | gone
+    since: float
+    job: str | None = None
+    deadline: float | None = None
+
+
+@dataclass
+class Pilot:
+    id: str
+    scheduler_id: str | None
+    state: str  # queued | running | leaving (ended and lost pilots leave memory)
+    submitted: float
+    requested: int = 0
+    nodes: dict[str, None] = field(default_factory=dict)  # held now, in registration order
+    pid: int | None = None
+    walltime_end: float | None = None
+    controller: int = 0
+
+
+@dataclass
+class Job:
+    id: str
+    seq: int
+    name: str
+    spec: dict[str, Any]
+    status: str
+    submitted: float
+    progress: float = 0.0
+    nodes: list[str] = field(default_factory=list)
+    result: Any = None
+    error: str | None = None
+    started: float | None = None
+    ended: float | None = None
+    rescales: int = 0
+    launches: int = 0
+    crashes: int = 0
+    key: str | None = None
+    lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
+
+    def record(self) -> dict[str, Any]:
+        """The job as clients see it (``job.get``, snapshots)."""
+        return {k: v for k, v in self.__dict__.items() if k != "lost"}
+
+
+class World:
+    """The controller's working state; one writer, the controller."""
+
+    def __init__(self, journal: State):
+        self.journal = journal
+        self.nodes: dict[str, Node] = {}
+        self.ready: dict[str, None] = {}  # ready nodes, an ordered set
+        self.pilots: dict[str, Pilot] = {}  # live pilots only
+        self.queued: dict[str, Pilot] = {}  # the live pilots not yet registered
+        self.ended_pilots: OrderedDict[str, str] = OrderedDict()  # recently ended pilot -> its last state
+        self.ended_order: deque[str] = deque()  # pilots ended by this controller, oldest first (journal pruning)
+        self.jobs: dict[str, Job] = {}
+        self.open: dict[str, Job] = {}  # pending and running jobs, in submission order
+        self.by_key: dict[str, str] = {}  # app-call key -> newest job for it
+        self.counters: Counter[str] = Counter(journal.counters())
+        self._seq = journal.max_job_seq()
+
+    # ---------------------------------------------------------------- loading (recovery)
+
+    def load(self) -> None:
+        """Rebuild memory from the journal: what a new controller on the same run directory starts from."""
+        for row in self.journal.jobs():
+            job = Job(**{k: v for k, v in row.__dict__.items()})
+            self.jobs[job.id] = job
+            if job.status not in TERMINAL:
+                self.open[job.id] = job
+            if job.key:
+                self.by_key[job.key] = job.id
+        for row in self.journal.pilots(LIVE_PILOT_STATES):
+            pilot = Pilot(row["id"], row["scheduler_id"], row["state"], row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
+                          row["walltime_end"], row["controller"])  # fmt: skip
+            self.pilots[pilot.id] = pilot
+            if pilot.state == "queued":
+                self.queued[pilot.id] = pilot
+        for row in self.journal.nodes():
+            node = Node(row["name"], row["pilot"], row["state"], row["since"], row["job"], row["deadline"])
+            self.nodes[node.name] = node
+            if node.state == "ready":
+                self.ready[node.name] = None
+
+    # ---------------------------------------------------------------- counters and events
+
+    def count(self, name: str, by: int = 1) -> None:
+        self.journal.set_counter(name, self.counters[name] + by)
+        self.counters[name] += by
+
+    def log(self, kind: str, now: float, **fields: Any) -> None:
+        self.journal.log(kind, now=now, **fields)
+
+    # ---------------------------------------------------------------- jobs
+
+    def add_job(self, job_id: str, name: str, spec: dict[str, Any], now: float, key: str | None = None) -> Job:
+        seq = self._seq + 1
+        self.journal.add_job(job_id, seq, name, spec, now, key)
+        self._seq = seq
+        job = Job(job_id, seq, name, spec, "pending", now, key=key)
+        self.jobs[job_id] = job
+        self.open[job_id] = job
+        if key:
+            self.by_key[key] = job_id
+        return job
+
+    def next_job_id(self) -> str:
+        return f"j{self._seq + 1}"
+
+    def update_job(self, job: Job, **fields: Any) -> None:
+        """Change a job's journaled fields (and its place among open jobs when its status changes)."""
+        self.journal.set_job(job.id, **fields)
+        for k, v in fields.items():
+            setattr(job, k, v)
+        if job.status in TERMINAL:
+            self.open.pop(job.id, None)
+
+    def add_progress(self, job: Job, samples: float) -> float:
+        samples = max(0.0, samples)
+        if samples:
+            self.journal.set_job(job.id, progress=job.progress + samples)
+            job.progress += samples
+        return job.progress
+
+    def active_jobs(self, limit: int) -> list[Job]:
+        """The first ``limit`` open jobs in submission order: those the allocator considers."""
+        return list(islice(self.open.values(), limit))
+
+    # ---------------------------------------------------------------- pilots
+
+    def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int) -> Pilot:
+        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now, requested=requested, controller=controller)
+        pilot = Pilot(pilot_id, scheduler_id, "queued", now, requested, controller=controller)
+        self.pilots[pilot_id] = self.queued[pilot_id] = pilot
+        return pilot
+
+    def set_pilot(self, pilot: Pilot, **fields: Any) -> None:
+        """Change a live pilot's fields (``state`` among queued, running, leaving)."""
+        journaled = {k: (list(v) if k == "nodes" else v) for k, v in fields.items()}
+        self.journal.upsert_pilot(pilot.id, **journaled)
+        for k, v in fields.items():
+            setattr(pilot, k, dict.fromkeys(v) if k == "nodes" else v)
+        if pilot.state == "queued":
+            self.queued[pilot.id] = pilot
+        else:
+            self.queued.pop(pilot.id, None)
+
+    def end_pilot(self, pilot: Pilot, state: str, now: float) -> None:
+        """The pilot is over (``ended`` or ``lost``): it leaves memory; its nodes must be removed first."""
+        self.journal.upsert_pilot(pilot.id, state=state, ended=now, nodes=[])
+        self.pilots.pop(pilot.id, None)
+        self.queued.pop(pilot.id, None)
+        self.ended_pilots[pilot.id] = state
+        self.ended_order.append(pilot.id)
+        while len(self.ended_pilots) > RECENTLY_ENDED:
+            self.ended_pilots.popitem(last=False)
+
+    def prune(self, keep_events: int, keep_ended_pilots: int) -> None:
+        """Keep the journal bounded: the newest events and ended pilots only."""
+        self.journal.prune_events(keep_events)
+        old = [self.ended_order.popleft() for _ in range(max(0, len(self.ended_order) - keep_ended_pilots))]
+        if old:
+            self.journal.delete_pilots(old)
+
+    def pilot_of(self, pilot_id: str) -> Pilot | None:
+        return self.pilots.get(pilot_id)
+
+    def pending_nodes(self) -> int:
+        """Nodes asked for by pilots still waiting in the batch queue."""
+        return sum(p.requested for p in self.queued.values())
+
+    # ---------------------------------------------------------------- nodes
+
+    def node_joins(self, name: str, pilot: Pilot, now: float) -> None:
+        self.journal.set_node(name, pilot=pilot.id, state="ready", job=None, since=now, deadline=None)
+        self.nodes[name] = Node(name, pilot.id, "ready", now)
+        self.ready[name] = None
+        pilot.nodes[name] = None
+
+    def set_node_state(self, node: Node, state: str, now: float, deadline: float | None = None) -> None:
+        """``leaving`` (its pilot got SIGTERM) or ``gone``; a gone node leaves its pilot too."""
+        self.journal.set_node(node.name, state=state, job=None, since=now, deadline=deadline)
+        node.state, node.job, node.since, node.deadline = state, None, now, deadline
+        self.ready.pop(node.name, None)
+        if state == "gone" and node.pilot in self.pilots:
+            self.pilots[node.pilot].nodes.pop(node.name, None)
+
+    def assign(self, node: Node, job: str | None) -> None:
+        if node.job != job:
+            self.journal.set_node(node.name, job=job)
+            node.job = job
+
+    def ready_nodes(self) -> Iterator[Node]:
+        return (self.nodes[n] for n in self.ready)
+
+    def nodes_of(self, names: Iterable[str]) -> list[Node]:
+        return [self.nodes[n] for n in names if n in self.nodes]
+
+    # ---------------------------------------------------------------- what clients read
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "jobs": [j.record() for j in self.jobs.values()],
+            "pilots": [
+                {"id": p.id, "scheduler_id": p.scheduler_id, "state": p.state, "nodes": list(p.nodes), "requested": p.requested,
+                 "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid}  # fmt: skip
+                for p in self.pilots.values()
+            ],
+            "nodes": [n.__dict__ for n in self.nodes.values() if n.state != "gone"],
+            "counters": dict(self.counters),
+        }

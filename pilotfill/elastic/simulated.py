@@ -1,0 +1,192 @@
+"""A runtime that trains nothing: progress from each job's measured curve, on a simulated clock.
+
+``pilotfill replay`` puts this behind the :class:`~pilotfill.elastic.base.Runtime`
+interface so that the real controller can be run for a week of a real machine
+in minutes. Each job advances at S_j(n) samples/s on n nodes (0 outside its
+bounds) and reports what it processed, as ranks do (``job.report``; a
+``job.result`` when its work is done), through :attr:`outbox`. What the
+controller's decisions cost is charged as BFTrainer's replayer charges it:
+
+* a grow or a shrink: ``scale_up_cost_s`` / ``scale_down_cost_s`` seconds of
+  progress at the job's rate before the change;
+* nodes lost to the main workload: ``scale_down_cost_s`` once, at the rate
+  before the loss; whatever the same decision then does costs its own rescale;
+* ``accounting="bftrainer"``: starting a job is free and stopping one costs a
+  shrink, as in BFTrainer (so the figures compare); ``"realistic"``: a start
+  also costs ``start_cost_s`` of progress, and a stop loses the work since the
+  job's last commit (every ``commit_interval_s`` of training).
+
+Costs are a debt paid from the next progress, so reported samples are never
+negative; totals equal BFTrainer's "samples minus what rescaling lost".
+With ``noise`` > 0 the reported samples carry relative Gaussian noise (the
+job's own accounts stay exact): the controller's profiler then learns each job
+from noisy throughput, as from real ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..traces import JobSpec
+from .base import RankExit, Runtime
+
+FINISH_TOLERANCE = 1e-9
+"""Relative slack on total_samples when deciding that a job has finished (float round-off)."""
+
+
+@dataclass
+class SimJob:
+    """One job's accounts."""
+
+    job_id: str
+    spec: JobSpec
+    hosts: list[str] = field(default_factory=list)
+    done: float = 0.0  # work done, net of losses (samples)
+    gross: float = 0.0  # what the same node counts would have given with no loss
+    charged: float = 0.0  # samples lost to rescaling, preemption, starts and stops
+    debt: float = 0.0  # charged but not yet paid from progress
+    committed: float = 0.0
+    since_commit_s: float = 0.0
+    rescales: int = 0
+    preemptions: int = 0
+    starts: int = 0
+    stops: int = 0
+    first_start: float | None = None
+    finished: float | None = None
+
+    def rate(self, n: int | None = None) -> float:
+        n = len(self.hosts) if n is None else n
+        return self.spec.throughput.at(n) if self.spec.min_nodes <= n <= self.spec.max_nodes else 0.0
+
+    @property
+    def remaining(self) -> float:
+        return self.spec.total_samples - self.done
+
+
+class SimulatedRuntime(Runtime):
+    def __init__(self, specs: Mapping[str, JobSpec], accounting: str = "bftrainer", noise: float = 0.0, seed: int = 0,
+                 start_cost_s: float = 30.0, commit_interval_s: float = 60.0, now: float = 0.0):  # fmt: skip
+        if accounting not in ("bftrainer", "realistic"):
+            raise ValueError(f"accounting must be 'bftrainer' or 'realistic', got {accounting!r}")
+        self.specs = specs
+        self.accounting = accounting
+        self.noise = noise
+        self.start_cost_s = start_cost_s
+        self.commit_interval_s = commit_interval_s
+        self.now = now
+        self.jobs: dict[str, SimJob] = {}
+        self.running: dict[str, SimJob] = {}
+        self.outbox: list[dict[str, Any]] = []
+        self.used_node_s = 0.0
+        self._rng = random.Random(seed)
+
+    # ------------------------------------------------------------ Runtime
+
+    def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = SimJob(job_id, self.specs[spec["name"]])
+        job.hosts = list(hosts)
+        job.first_start = self.now if job.first_start is None else job.first_start
+        job.starts += 1
+        job.rescales += 1
+        if self.accounting == "realistic":
+            self._charge(job, self.start_cost_s * job.rate())
+        self.running[job_id] = job
+
+    def resize(self, job_id: str, hosts: list[str], lost: Sequence[str] = ()) -> None:
+        job = self.jobs[job_id]
+        gone = set(lost) & set(job.hosts)
+        survivors = [h for h in job.hosts if h not in gone]
+        if gone:
+            self._charge(job, job.spec.scale_down_cost_s * job.rate())
+            job.preemptions += 1
+        before = job.rate(len(survivors))
+        if len(hosts) > len(survivors):
+            self._charge(job, job.spec.scale_up_cost_s * before)
+        elif len(hosts) < len(survivors):
+            self._charge(job, job.spec.scale_down_cost_s * before)
+        if set(hosts) != set(survivors):
+            job.rescales += 1
+        job.hosts = list(hosts)
+
+    def stop(self, job_id: str) -> None:
+        job = self.running.pop(job_id, None)
+        if job is None:
+            return
+        if job.finished is None:
+            self._charge(job, job.spec.scale_down_cost_s * job.rate())
+            if self.accounting == "realistic":
+                lost_work = max(0.0, job.done - job.committed)
+                job.done -= lost_work
+                job.charged += lost_work
+                job.since_commit_s = 0.0
+            job.stops += 1
+            job.rescales += 1
+        job.hosts = []
+
+    def hosts(self, job_id: str) -> list[str]:
+        job = self.jobs.get(job_id)
+        return list(job.hosts) if job else []
+
+    def poll(self) -> list[RankExit]:
+        return []
+
+    def close(self) -> None:
+        for job_id in list(self.running):
+            self.running[job_id].hosts = []
+        self.running.clear()
+
+    # ------------------------------------------------------------ the simulated clock
+
+    def next_time(self) -> float:
+        """When the next running job finishes at its current size."""
+        best = math.inf
+        for job in self.running.values():
+            rate = job.rate()
+            if rate > 0:
+                best = min(best, self.now + (max(job.remaining, 0.0) + job.debt) / rate)
+        return best
+
+    def advance(self, t: float) -> None:
+        """Let time pass at the current sizes: progress, reports, and results of jobs whose work is done."""
+        dt = t - self.now
+        if dt <= 0:
+            return
+        for job in list(self.running.values()):
+            n = len(job.hosts)
+            rate = job.rate()
+            self.used_node_s += n * dt
+            if rate <= 0:
+                continue
+            produced = rate * dt
+            paid = min(job.debt, produced)
+            job.debt -= paid
+            net = min(produced - paid, max(job.remaining, 0.0))
+            job.gross += paid + net
+            job.done += net
+            self._commit(job, dt)
+            if net > 0:
+                reported = net * max(1e-3, 1.0 + self._rng.gauss(0.0, self.noise)) if self.noise else net
+                self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": reported, "seconds": dt * net / produced})
+            if job.remaining <= FINISH_TOLERANCE * job.spec.total_samples:
+                job.done = job.spec.total_samples
+                job.finished = t
+                self.outbox.append({"type": "job.result", "job_id": job.job_id, "value": {"samples": job.done}})
+        self.now = t
+
+    # ------------------------------------------------------------ helpers
+
+    def _charge(self, job: SimJob, samples: float) -> None:
+        if samples > 0:
+            job.debt += samples
+            job.charged += samples
+
+    def _commit(self, job: SimJob, dt: float) -> None:
+        job.since_commit_s += dt
+        if job.since_commit_s >= self.commit_interval_s:
+            job.committed, job.since_commit_s = job.done, 0.0
