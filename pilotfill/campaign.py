@@ -1,42 +1,47 @@
 """``pilotfill run``: a campaign script run as ordinary Parsl code, with elastic apps on harvested nodes.
 
 It starts the controller as its own process on a run directory
-(``runs/<id>/`` beside the campaign, or ``--run-dir``), loads Parsl with the
-``ElasticExecutor`` beside a thread pool for ordinary apps and a memoizer that
-checkpoints every finished app, runs the script, waits for every app it
-launched, shuts everything down and leaves no process behind. Re-running a
-campaign reuses the checkpoints of earlier runs beside it, so trainings that
-finished before a crash are not run again. Campaign scripts do not call
-``parsl.load`` themselves.
+(``runs/<id>/`` beside the campaign, or ``--run-dir``) and keeps it running
+(:mod:`pilotfill.supervisor`), loads Parsl with the ``ElasticExecutor`` beside a
+thread pool for ordinary apps and a memoizer that checkpoints every finished
+app, runs the script, waits for every app it launched, shuts everything down
+and leaves no process behind. Campaign scripts do not call ``parsl.load``.
+
+Re-running a campaign loses nothing: apps that finished are taken from
+Parsl's checkpoints beside the run directory, and trainings that had not
+finished resume from their last durable commit — a training is matched to
+its earlier run by its call (function and arguments), and its commits live in
+``runs/checkpoints/`` beside the run directories. Everything the campaign
+writes is private to the user (created under umask 077), and a checkpoint
+that someone else could have written is refused, never loaded.
+
+Anything wrong with the campaign, the config or a path is one line naming the
+file (and line) and exit code 2 (:class:`CampaignError`); an exception in the
+campaign's own code shows that code's traceback, not pilotfill's.
 """
 
 from __future__ import annotations
 
-import json
+import logging
+import os
 import runpy
 import secrets
-import signal
-import subprocess
 import sys
-import time
+import threading
+import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-import parsl
-from parsl.config import Config
-from parsl.dataflow.memoization import BasicMemoizer
-from parsl.executors import ThreadPoolExecutor
-from parsl.utils import get_all_checkpoints
-
-from . import procs
 from .config import load_config
-from .executors import ElasticExecutor
-from .security import private_dir
 
 
 class CampaignError(RuntimeError):
-    """The campaign could not be started (missing script, bad config, no controller)."""
+    """The campaign cannot start or go on: one line, naming the file (and line) or the reason."""
+
+
+class CampaignScriptError(RuntimeError):
+    """The campaign's own code raised; ``str()`` is its traceback, trimmed to the campaign's frames."""
 
 
 @dataclass
@@ -45,99 +50,160 @@ class Outcome:
 
     run_dir: Path
     done: int = 0
-    failed: list[tuple[str, str]] = field(default_factory=list)  # (app, reason)
+    failed: list[tuple[str, BaseException]] = field(default_factory=list)  # (app call, its exception)
     cached: int = 0
+    fatal: str | None = None  # why the campaign could not go on (the controller could not), if it could not
+    stopped: str | None = None  # where the campaign's script stopped on a failed app's result, if it did
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and self.fatal is None and self.stopped is None
 
 
 def default_run_dir(script: Path) -> Path:
     return script.parent / "runs" / f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
-def start_controller(run_dir: Path, config: str | None, timeout_s: float = 60.0) -> subprocess.Popen:
-    """The controller as its own process; it dies with this one (and its ranks with it)."""
-    argv = [sys.executable, "-m", "pilotfill.controller", "--run-dir", str(run_dir)]
-    if config:
-        argv += ["--config", config]
-    proc = procs.spawn(argv, log_path=str(run_dir / "controller.out"))
-    endpoint = run_dir / "controller.json"
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise CampaignError(f"the controller exited ({proc.returncode}):\n{(run_dir / 'controller.out').read_text()[-3000:]}")
-        try:
-            if json.loads(endpoint.read_text())["pid"] == proc.pid:
-                return proc
-        except (OSError, ValueError, KeyError):
-            pass
-        time.sleep(0.1)
-    procs.kill_group(proc.pid)
-    raise CampaignError(f"the controller did not start within {timeout_s:.0f} s")
-
-
-def stop_controller(proc: subprocess.Popen, run_dir: Path) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            procs.kill_group(proc.pid)
-            proc.wait()
-    for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(run_dir)):
-        procs.kill_pid(pid)
-
-
-def _record_submissions(dfk) -> list:
-    """Keep every AppFuture the campaign creates (the DFK forgets finished tasks)."""
+def _record_submissions(dfk, apps=None) -> list:
+    """Keep every AppFuture the campaign creates (the DFK forgets finished tasks), and count them."""
     futures: list = []
     submit = dfk.submit
+    lock = threading.Lock()
 
     def recording_submit(*args, **kwargs):
         future = submit(*args, **kwargs)
-        futures.append(future)
+        with lock:
+            futures.append(future)
+        if apps is not None:
+            apps.track(future)
         return future
 
     dfk.submit = recording_submit
     return futures
 
 
-def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None) -> Outcome:
+def check_script(script: Path) -> Path:
+    """The campaign file, resolved; one line if it is missing, unreadable or not Python."""
     script = Path(script).resolve()
     if not script.is_file():
         raise CampaignError(f"{script}: no such campaign file")
+    try:
+        source = script.read_bytes()
+        compile(source, str(script), "exec")
+    except OSError as exc:
+        raise CampaignError(f"{script}: cannot read it: {exc.strerror or exc}") from None
+    except SyntaxError as exc:
+        raise CampaignError(f"{script}:{exc.lineno}: {exc.msg}") from None
+    except ValueError as exc:  # null bytes
+        raise CampaignError(f"{script}: not a Python file: {exc}") from None
+    return script
+
+
+def prepare_run_dir(run_dir: Path) -> Path:
+    """The run directory, created private; one line if it cannot be."""
+    from .security import private_dir
+
+    run_dir = Path(run_dir).resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CampaignError(f"--run-dir {run_dir}: is a file, not a directory")
+    try:
+        return private_dir(run_dir)
+    except OSError as exc:
+        raise CampaignError(f"--run-dir {run_dir}: cannot use it: {exc.strerror or exc}") from None
+
+
+def _script_frames(exc: BaseException, script: Path) -> str:
+    """The traceback of ``exc`` from the campaign's first frame on (pilotfill's and runpy's frames dropped)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    first = next((i for i, f in enumerate(frames) if Path(f.filename) == script), 0)
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[first:]), *traceback.format_exception_only(type(exc), exc)]
+    return "".join(lines).rstrip()
+
+
+def _line_in(exc: BaseException, script: Path) -> int | None:
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if Path(frame.filename) == script:
+            return frame.lineno
+    return None
+
+
+def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None) -> Outcome:
+    """Run ``script`` as a campaign (see the module docstring). ``apps``: a :class:`pilotfill.progress.AppCounts`
+    to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists."""
+    import parsl
+    from parsl.config import Config
+    from parsl.dataflow.memoization import BasicMemoizer
+    from parsl.executors import ThreadPoolExecutor
+
+    from .checkpoints import UnsafeCheckpoint, parsl_checkpoints
+    from .executors import ElasticExecutor
+    from .executors.decorator import ElasticAppError
+    from .executors.elastic import call_name
+    from .progress import is_app_failure
+    from .supervisor import ControllerFailed, ControllerSupervisor
+
+    os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
+    logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
+    script = check_script(script)
     load_config(config)  # fail here, with the file and key, rather than in the controller
-    run_dir = private_dir(Path(run_dir).resolve() if run_dir else default_run_dir(script))
-    parsl_dir = run_dir.parent / "parsl"
-    controller = start_controller(run_dir, config)
+    run_dir = prepare_run_dir(run_dir if run_dir else default_run_dir(script))
+    if on_run_dir is not None:
+        on_run_dir(run_dir)
+    runs = run_dir.parent
+    parsl_dir, checkpoint_dir = runs / "parsl", runs / "checkpoints"
+    try:
+        checkpoints = parsl_checkpoints(parsl_dir, runs)
+    except UnsafeCheckpoint as exc:
+        raise CampaignError(str(exc)) from None
     outcome = Outcome(run_dir)
+    executor = ElasticExecutor(run_dir)
+
+    def fatal(why: str) -> None:
+        outcome.fatal = why
+        executor.fail_all(f"the campaign cannot go on: {why}")
+
+    supervisor = ControllerSupervisor(run_dir, config, checkpoint_dir, new_campaign=(run_dir / "state.sqlite").exists(), on_fatal=fatal)
+    try:
+        supervisor.start()
+    except ControllerFailed as exc:
+        raise CampaignError(str(exc)) from None
     dfk = None
     try:
         dfk = parsl.load(
             Config(
-                executors=[ElasticExecutor(run_dir), ThreadPoolExecutor(label="local", max_threads=4)],
+                executors=[executor, ThreadPoolExecutor(label="local", max_threads=4)],
                 run_dir=str(parsl_dir),
-                memoizer=BasicMemoizer(checkpoint_mode="task_exit", checkpoint_files=get_all_checkpoints(str(parsl_dir))),
+                memoizer=BasicMemoizer(checkpoint_mode="task_exit", checkpoint_files=checkpoints),
                 initialize_logging=True,
             )
         )
-        futures = _record_submissions(dfk)
+        futures = _record_submissions(dfk, apps)
         sys.path.insert(0, str(script.parent))
-        runpy.run_path(str(script), run_name="__main__")
+        stopped = None
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except ElasticAppError as exc:
+            raise CampaignError(f"{script}:{_line_in(exc, script) or '?'}: {exc}") from None
+        except Exception as exc:
+            stopped = exc
         dfk.wait_for_current_tasks()
-        for future in futures:
+        for future in list(futures):
             task = future.task_record
             exc = future.exception()
             if exc is not None:
-                outcome.failed.append((task["func_name"], f"{type(exc).__name__}: {exc}"))
+                outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})), exc))
             else:
                 outcome.done += 1
                 outcome.cached += bool(task.get("from_memo"))
+        if stopped is not None and outcome.fatal is None:
+            if not is_app_failure(stopped, [e for _, e in outcome.failed]):
+                raise CampaignScriptError(_script_frames(stopped, script))
+            outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
     finally:
         if dfk is not None:
             dfk.cleanup()
         parsl.clear()
-        stop_controller(controller, run_dir)
+        supervisor.stop()
+    if outcome.fatal is None and supervisor.fatal is not None:
+        outcome.fatal = supervisor.fatal
     return outcome

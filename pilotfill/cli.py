@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from .allocator import Formulation
 from .traces import InputError, format_time, parse_time, read_jobs, read_trace
@@ -60,30 +61,42 @@ def run(
     config: Annotated[Optional[str], typer.Option("--config", "-c", help="Site config file, or a bundled name (default: the embedded local cluster).")] = None,
     run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default: runs/<id>/ beside the campaign).")] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Show the live view while the campaign runs (its output goes to campaign.out).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line: only the campaign's output and the summary.")] = False,
 ) -> None:
     """Run a campaign: start the controller, load Parsl with the elastic executor, run the script, wait, clean up."""
-    from .campaign import CampaignError, default_run_dir, run_campaign
+    from .campaign import CampaignError, CampaignScriptError, default_run_dir, run_campaign
     from .config import ConfigError
+    from .progress import AppCounts, print_failures, show
 
+    apps = AppCounts()
+    where: dict[str, Path] = {}
     try:
         if tui:
             from .tui import run_with_view
 
             run_dir = run_dir or default_run_dir(script.resolve())
-            outcome = run_with_view(lambda: run_campaign(script, config, run_dir), run_dir)
+            outcome = run_with_view(lambda: run_campaign(script, config, run_dir, apps=apps), run_dir)
         else:
-            outcome = run_campaign(script, config, run_dir)
+            work = lambda: run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d))  # noqa: E731
+            outcome = show(work, apps, lambda: where.get("run_dir"), err, quiet=quiet)
     except (CampaignError, ConfigError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
+    except CampaignScriptError as exc:
+        err.print(Text(str(exc)), highlight=False)
+        err.print(f"[bold red]error:[/] the campaign {script} raised (its traceback is above)", highlight=False)
+        raise typer.Exit(1) from None
+    print_failures(outcome.failed, err)
     table = Table(title=f"campaign {script.name}: run directory {outcome.run_dir}")
     table.add_column("apps finished", justify="right")
     table.add_column("from earlier runs", justify="right")
-    table.add_column("failed", justify="right")
+    table.add_column("failed or not run", justify="right")
     table.add_row(str(outcome.done), str(outcome.cached), str(len(outcome.failed)))
     err.print(table)
-    for name, reason in outcome.failed:
-        err.print(f"[red]failed[/] {name}: {reason}", highlight=False)
+    if outcome.stopped:
+        err.print(Text(outcome.stopped), highlight=False)
+    if outcome.fatal:
+        err.print(f"[bold red]error:[/] the campaign could not go on: {outcome.fatal}", highlight=False)
     if not outcome.ok:
         raise typer.Exit(1)
 
@@ -101,9 +114,23 @@ def top(
             err.print("[bold red]error:[/] no run directory given and none under ./runs")
             raise typer.Exit(2)
         run_dir = candidates[-1]
-    if not (run_dir / "state.sqlite").exists():
+    if not (run_dir / "state.sqlite").is_file():
         err.print(f"[bold red]error:[/] {run_dir} is not a pilotfill run directory (no state.sqlite)", highlight=False)
         raise typer.Exit(2)
+    from .tui import RunUnreadable, read_snapshot
+
+    try:
+        snap, source = read_snapshot(run_dir)  # one line now rather than a traceback inside the live view
+    except RunUnreadable as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    if not sys.stdout.isatty():  # piped or redirected: one frame, as `top -b -n 1` does
+        from .tui import render, view_from_snapshot
+
+        view = view_from_snapshot(snap, title=f"pilotfill top {run_dir.name}")
+        view.source = source
+        Console(width=120).print(render(view, 120, 40))
+        return
     show(run_dir)
 
 
@@ -130,6 +157,7 @@ def replay(
     plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of idle nodes and nodes used by training over time.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
     tui: Annotated[bool, typer.Option("--tui", help="Show the simulated machine live while it replays.")] = False,
+    speed: Annotated[Optional[float], typer.Option(help="With --tui: trace seconds per second (e.g. 3600: an hour a second); default as fast as it goes.", min=0.001)] = None,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
@@ -158,7 +186,7 @@ def replay(
     if tui and not as_json:
         from .tui import replay_with_view
 
-        result = replay_with_view(sim)
+        result = replay_with_view(sim, speed=speed)
     elif as_json or not sys.stderr.isatty():
         result = sim.run()
     else:

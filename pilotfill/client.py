@@ -26,6 +26,10 @@ class ControllerClient:
     def job(self, job_id: str) -> dict[str, Any]:
         return self._client.request({"type": "job.get", "job_id": job_id})["job"]
 
+    def status(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Status, progress, result and error of each job (one request; the jobs' code is not sent back)."""
+        return self._client.request({"type": "job.status", "job_ids": job_ids})["jobs"]
+
     def cancel(self, job_id: str) -> None:
         self._client.request({"type": "job.cancel", "job_id": job_id})
 

@@ -11,6 +11,7 @@ whose main workload replays a time-compressed excerpt of Summit's trace.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -95,11 +96,14 @@ class ControllerConfig:
     max_jobs: int = 10
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
+    max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    kind: str = "processes"  # "horovod": Elastic Horovod (Gloo); "processes": plain rank processes
+    kind: str = "processes"  # "torch": torch.distributed.elastic; "horovod": Elastic Horovod (Gloo); "processes": plain rank processes
+    ranks_per_node: int = 1  # ranks a job runs on each node (one per GPU on GPU nodes)
+    gpus_per_node: int = 0  # GPUs each node has: rank i of a node sees only GPU i (CUDA_VISIBLE_DEVICES); 0: no binding
     local_hosts: bool = False  # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
     network_interface: str = "lo"  # what Gloo uses between ranks (e.g. "hsn0" on a Slingshot machine)
 
@@ -118,7 +122,9 @@ class Config:
 
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python"}
-RUNTIMES = ("processes", "horovod")
+MAY_BE_ZERO = {"gpus_per_node"}
+RUNTIMES = ("processes", "horovod", "torch")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
 
 
@@ -131,8 +137,14 @@ def load_config(path: str | Path | None = None) -> Config:
         path = PACKAGE_CONFIGS / f"{path}.toml"
     if not path.exists():
         raise ConfigError(f"{path}: no such config file")
+    if not path.is_file():
+        raise ConfigError(f"{path}: not a file (a config is a TOML file)")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): a config is a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_config(data, str(path))
@@ -147,8 +159,11 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         if key not in known:
             raise ConfigError(f"{where(key)}: unknown key (known: {', '.join(sorted(known))})")
     scheduler = data.get("scheduler", "local")
-    if scheduler not in SCHEDULERS:
+    if not isinstance(scheduler, str) or scheduler not in SCHEDULERS:
         raise ConfigError(f"{where('scheduler')}: {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+    for key in known - {"scheduler"}:
+        if key in data and not isinstance(data[key], dict):
+            raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}")
     local_raw = dict(data.get("local", {}))
     script_raw = local_raw.pop("script", [])
     local = _section(LocalConfig, local_raw, "local", where)
@@ -165,6 +180,10 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     local = LocalConfig(**{**local.__dict__, "script": tuple(sorted(script, key=lambda c: c.at))})
     if local.nodes < 1:
         raise ConfigError(f"{where('local.nodes')}: must be at least 1")
+    if local.nodes > 4096:
+        raise ConfigError(f"{where('local.nodes')}: at most 4096 virtual nodes on one machine, got {local.nodes}")
+    if not NODE_NAME.fullmatch(local.node_prefix):
+        raise ConfigError(f"{where('local.node_prefix')}: {local.node_prefix!r} must be letters, digits, '.', '_' or '-' (it names hosts and files)")
     if local.workload not in ("trace", "script", "none"):
         raise ConfigError(f"{where('local.workload')}: must be trace, script or none")
     names = {f"{local.node_prefix}{i}" for i in range(local.nodes)}
@@ -238,7 +257,7 @@ def _section(cls, raw: Any, name: str, where) -> Any:
             raise ConfigError(f"{where(f'{name}.{key}')}: must not be empty")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{where(f'{name}.{key}')}: must be a finite number, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
-            raise ConfigError(f"{where(f'{name}.{key}')}: must be positive, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (value < 0 if key in MAY_BE_ZERO else value <= 0):
+            raise ConfigError(f"{where(f'{name}.{key}')}: must be {'zero or more' if key in MAY_BE_ZERO else 'positive'}, got {value!r}")
         values[key] = value
     return cls(**values)

@@ -105,8 +105,13 @@ def kill_pid(pid: int) -> None:
 
 def with_environment(**wanted: str) -> list[int]:
     """Live processes (other than this one) whose environment has all of ``wanted``."""
+    return list(environments(**wanted))
+
+
+def environments(**wanted: str) -> dict[int, dict[str, str]]:
+    """Live processes (other than this one) whose environment has all of ``wanted``, with their environments."""
     needles = [f"{k}={v}".encode() for k, v in wanted.items()]
-    found = []
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -116,5 +121,6 @@ def with_environment(**wanted: str) -> list[int]:
         except OSError:
             continue
         if all(n in env for n in needles) and alive(int(entry)):
-            found.append(int(entry))
+            pairs = (item.decode(errors="replace").partition("=") for item in env if b"=" in item)
+            found[int(entry)] = {k: v for k, _, v in pairs}
     return found

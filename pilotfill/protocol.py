@@ -8,16 +8,22 @@ in :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
 type               fields                                      reply
 =================  ==========================================  ===========================================
 pilot.register     pilot, nodes [str], scheduler_id, pid       ok
-pilot.heartbeat    pilot                                       release [str]: nodes to give back; stop
+pilot.heartbeat    pilot[, wait_s, exits [{host, job, code,     release [str]: nodes to give back; commands
+                   requested}]] — a long poll of up to wait_s  [{op: start|stop, job, host, argv, env}];
+                                                               stop; register; incarnation
 pilot.leaving      pilot, nodes [str], deadline (POSIX s)      ok — ranks on those nodes are removed now
 job.submit         spec {name, entry, min_nodes, max_nodes,    job_id
                    …} (see :func:`check_spec`)
 job.report         job_id, host, samples, seconds              progress: the job's committed total
 job.result         job_id, value (JSON)                        ok — rank 0's return value
 job.failed         job_id, error (traceback text)[, value]     ok — value: the serialized remote exception
-job.get            job_id                                      job {id, status, progress, result, error, …}
+job.get            job_id                                      job {id, status, progress, result, error, …}, checkpoint
+job.status         job_ids [str]                               jobs {id: {status, progress, result, error}}
 job.cancel         job_id                                      ok
 state.snapshot     —                                           jobs, pilots, nodes, events (latest 50)
+rdzv.join          job_id, host, last_round                    state wait|closed|ended[, round, rank, world_size,
+                                                               hosts, store {host, port, prefix}] (torch runtime)
+rdzv.poll          job_id, host, round                         waiting, current, member (torch runtime)
 =================  ==========================================  ===========================================
 """
 
@@ -35,11 +41,14 @@ FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "job.result": {"job_id": str},
     "job.failed": {"job_id": str, "error": str},
     "job.get": {"job_id": str},
+    "job.status": {"job_ids": list},
     "job.cancel": {"job_id": str},
     "state.snapshot": {},
+    "rdzv.join": {"job_id": str, "host": str, "last_round": int},
+    "rdzv.poll": {"job_id": str, "host": str, "round": int},
 }
 
-READ_ONLY = {"job.get", "state.snapshot"}
+READ_ONLY = {"job.get", "job.status", "state.snapshot", "rdzv.join", "rdzv.poll"}  # nothing journaled
 
 
 class ProtocolError(ValueError):

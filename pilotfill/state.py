@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     rescales INTEGER NOT NULL DEFAULT 0,
     launches INTEGER NOT NULL DEFAULT 0,
     crashes INTEGER NOT NULL DEFAULT 0,
-    key TEXT
+    key TEXT,
+    held INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS pilots (
     id TEXT PRIMARY KEY,
@@ -90,7 +91,10 @@ CREATE INDEX IF NOT EXISTS pilots_state ON pilots (state);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key);
 """
 
-COLUMNS_ADDED = {"jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT"}, "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0"}}
+COLUMNS_ADDED = {
+    "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0"},
+    "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0"},
+}
 """Columns newer than the first schema: added in place to a run directory an older pilotfill made."""
 
 TERMINAL = ("finished", "failed", "cancelled")
@@ -119,6 +123,7 @@ class JobRow:
     launches: int
     crashes: int = 0
     key: str | None = None
+    held: bool = False
 
 
 def _job(row: sqlite3.Row) -> JobRow:
@@ -139,6 +144,7 @@ def _job(row: sqlite3.Row) -> JobRow:
         launches=row["launches"],
         crashes=row["crashes"],
         key=row["key"],
+        held=bool(row["held"]),
     )
 
 

@@ -26,6 +26,11 @@ from pathlib import Path
 from .allocator import ProblemError, ScalingCurve
 
 
+def shown(text: str, limit: int = 120) -> str:
+    """``text`` as quoted in an error: whole if short, its start and length if not (a bad row may be megabytes)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}… ({len(text):,} characters)"
+
+
 class InputError(ValueError):
     """Bad input, located: ``str()`` reads ``FILE:LINE: what is wrong``."""
 
@@ -50,6 +55,8 @@ def format_time(t: float) -> str:
 def _open(path: Path) -> io.TextIOBase:
     if not path.exists():
         raise InputError(path, None, "no such file")
+    if not path.is_file():
+        raise InputError(path, None, "not a file (a directory?)")
     if path.suffix == ".gz":
         return gzip.open(path, "rt", newline="")
     return open(path, newline="")
@@ -76,7 +83,7 @@ def _rows(path: Path, header: tuple[str, ...], optional: tuple[str, ...] = ()) -
                 if not row:
                     continue
                 if len(row) != len(names):
-                    raise InputError(path, line, f"expected {len(names)} fields, got {len(row)}: {','.join(row)!r}")
+                    raise InputError(path, line, f"expected {len(names)} fields, got {len(row)}: {shown(','.join(row))}")
                 yield line, dict(zip(names, row))
         except (OSError, EOFError, csv.Error, UnicodeDecodeError) as exc:
             raise InputError(path, reader.line_num, f"unreadable: {exc}") from None
@@ -154,7 +161,7 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
             try:
                 t = times[stamp] = parse_time(stamp)
             except ValueError:
-                raise InputError(path, line, f"bad time {stamp!r} (want ISO-8601, e.g. 2021-02-10T20:21:15Z)") from None
+                raise InputError(path, line, f"bad time {shown(stamp)} (want ISO-8601, e.g. 2021-02-10T20:21:15Z)") from None
         if t < last_time:
             raise InputError(path, line, f"time goes backwards: {stamp} after {format_time(last_time)}")
         if trace_end is not None:
@@ -167,7 +174,7 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
             last_time = t
             continue
         if st not in STATES:
-            raise InputError(path, line, f"unknown state {st!r} (want idle, busy or end)")
+            raise InputError(path, line, f"unknown state {shown(st)} (want idle, busy or end)")
         if not name:
             raise InputError(path, line, "empty node name")
         if first_time is None:
@@ -182,7 +189,7 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
                 continue
             keep = set(order[:nodes] if nodes is not None else order)
         if name not in state:
-            raise InputError(path, line, f"node {name!r} is not in the initial state (the first rows must list every node)")
+            raise InputError(path, line, f"node {shown(name)} is not in the initial state (the first rows must list every node)")
         last_time = t
         if name not in keep:
             continue
@@ -264,7 +271,7 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
         try:
             value = kind(text)
         except ValueError:
-            raise InputError(path, line, f"{col} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+            raise InputError(path, line, f"{col} must be {'an integer' if kind is int else 'a number'}, got {shown(text)}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise InputError(path, line, f"{col} must be finite, got {text!r}")
         return value
@@ -273,7 +280,7 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
         try:
             values = [float(v) for v in row[col].split(";")]
         except ValueError:
-            raise InputError(path, line, f"{col} must be ';'-separated numbers, got {row[col]!r}") from None
+            raise InputError(path, line, f"{col} must be ';'-separated numbers, got {shown(row[col])}") from None
         if len(values) != len(counts):
             raise InputError(path, line, f"{col} has {len(values)} values for {len(counts)} node counts")
         try:
@@ -287,7 +294,7 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
     try:
         submit = parse_time(row["submit_time"])
     except ValueError:
-        raise InputError(path, line, f"bad submit_time {row['submit_time']!r}") from None
+        raise InputError(path, line, f"bad submit_time {shown(row['submit_time'])}") from None
     lo, hi = number("min_nodes", int), number("max_nodes", int)
     if lo < 1:
         raise InputError(path, line, f"min_nodes must be at least 1, got {lo}")
@@ -302,7 +309,7 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
     try:
         counts = [int(n) for n in row["nodes"].split(";")]
     except ValueError:
-        raise InputError(path, line, f"nodes must be ';'-separated integers, got {row['nodes']!r}") from None
+        raise InputError(path, line, f"nodes must be ';'-separated integers, got {shown(row['nodes'])}") from None
     if counts[0] != 0:
         raise InputError(path, line, f"the curve must start at 0 nodes, starts at {counts[0]}")
     thr = curve("samples_per_s", counts)

@@ -21,6 +21,7 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,23 @@ class ControllerUnavailable(ConnectionError):
     """No authenticated reply from the controller within the deadline."""
 
 
+class Interrupted(RuntimeError):
+    """A request given up because its caller's ``interrupt`` said so."""
+
+
 class RequestRefused(RuntimeError):
     """The controller answered, but refused the request (its reason is the message)."""
+
+
+@dataclass(frozen=True)
+class Park:
+    """A handler's answer meaning "reply later": when :meth:`Server.wake` is called with ``key``, or after
+    ``timeout_s``, whichever comes first, the client gets ``reply()`` (computed then). A long poll: a pilot
+    agent waits for commands without asking every second, and gets them the moment there are some."""
+
+    key: str
+    timeout_s: float
+    reply: Callable[[], dict[str, Any]]
 
 
 class Server:
@@ -69,6 +85,7 @@ class Server:
         self.endpoint = f"tcp://{reachable}:{port}"
         self.dropped = 0
         self._answered: OrderedDict[str, bytes] = OrderedDict()
+        self._parked: dict[str, tuple[bytes, bytes, Any, float, Park]] = {}  # key -> identity, nonce, rid, deadline, park
         self._warned_at = 0.0
         self._dropped_since_warning = 0
 
@@ -87,7 +104,11 @@ class Server:
         runs every tick however many clients are talking.
         """
         handled = 0
+        self._expire_parked()
+        if self._parked:
+            timeout_ms = min(timeout_ms, max(0, int((min(p[3] for p in self._parked.values()) - time.monotonic()) * 1000) + 1))
         if not self.socket.poll(timeout_ms):
+            self._expire_parked()
             return 0
         while handled < max_batch:
             try:
@@ -100,13 +121,39 @@ class Server:
             except AuthError as exc:
                 self._dropped(exc)
                 continue
-            reply = self._dispatch(handler, payload)
-            self.socket.send_multipart([identity, *seal(self._key, reply, nonce=nonce)])
+            request, reply = self._dispatch(handler, payload)
+            if isinstance(reply, Park):
+                old = self._parked.pop(reply.key, None)
+                if old is not None:  # the same client asked again: its earlier wait is over
+                    self._send(*old[:3], old[4].reply())
+                self._parked[reply.key] = (identity, nonce, request.get("rid"), time.monotonic() + reply.timeout_s, reply)
+            else:
+                self.socket.send_multipart([identity, *seal(self._key, reply, nonce=nonce)])
             handled += 1
         return handled
 
-    def _dispatch(self, handler: Callable[[dict[str, Any]], dict[str, Any]], payload: bytes) -> bytes:
-        """The reply (JSON bytes) to one authentic payload."""
+    def wake(self, key: str) -> bool:
+        """Answer the request parked under ``key`` now (False if none waits)."""
+        parked = self._parked.pop(key, None)
+        if parked is None:
+            return False
+        self._send(*parked[:3], parked[4].reply())
+        return True
+
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        for key in [k for k, p in self._parked.items() if p[3] <= now]:
+            parked = self._parked.pop(key)
+            self._send(*parked[:3], parked[4].reply())
+
+    def _send(self, identity: bytes, nonce: bytes, rid: Any, reply: dict[str, Any]) -> None:
+        body = json.dumps({"ok": True, **reply}).encode()
+        if isinstance(rid, str) and len(body) <= REMEMBERED_REPLY_BYTES:
+            self._remember(rid, body)
+        self.socket.send_multipart([identity, *seal(self._key, body, nonce=nonce)])
+
+    def _dispatch(self, handler: Callable[[dict[str, Any]], Any], payload: bytes) -> tuple[dict[str, Any], bytes | Park]:
+        """The request and the reply (JSON bytes, or a :class:`Park`) to one authentic payload."""
         try:
             request = json.loads(payload)
             if not isinstance(request, dict):
@@ -114,16 +161,22 @@ class Server:
             if _depth(request) > MAX_DEPTH:
                 raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         except (ValueError, RecursionError) as exc:
-            return json.dumps({"ok": False, "error": f"unparseable request: {str(exc)[:200]}"}).encode()
+            return {}, json.dumps({"ok": False, "error": f"unparseable request: {str(exc)[:200]}"}).encode()
         rid = request.pop("rid", None)
         if isinstance(rid, str) and rid in self._answered:
-            return self._answered[rid]  # a client's retry of a request already applied
-        reply = json.dumps(handler(request)).encode()
+            return {"rid": rid}, self._answered[rid]  # a client's retry of a request already applied
+        answer = handler(request)
+        if isinstance(answer, Park):
+            return {"rid": rid}, answer
+        reply = json.dumps(answer).encode()
         if isinstance(rid, str) and len(reply) <= REMEMBERED_REPLY_BYTES:  # big replies are reads: answering twice is harmless
-            self._answered[rid] = reply
-            while len(self._answered) > REMEMBERED_REPLIES:
-                self._answered.popitem(last=False)
-        return reply
+            self._remember(rid, reply)
+        return {"rid": rid}, reply
+
+    def _remember(self, rid: str, reply: bytes) -> None:
+        self._answered[rid] = reply
+        while len(self._answered) > REMEMBERED_REPLIES:
+            self._answered.popitem(last=False)
 
     def _dropped(self, exc: AuthError) -> None:
         """Count a message that failed authentication; warn at most once per WARN_EVERY_S (a flood must not fill the disk)."""
@@ -165,6 +218,7 @@ class Client:
         self._ctx = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
         self._endpoint: str | None = None
+        self._interrupt: Callable[[], bool] | None = None
 
     def _connect(self) -> zmq.Socket | None:
         try:
@@ -182,8 +236,15 @@ class Client:
             self._endpoint = endpoint
         return self._socket
 
-    def request(self, message: dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0) -> dict[str, Any]:
-        """Send ``message``; return the reply's fields. Retries until ``timeout_s``."""
+    def request(self, message: dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0,
+                interrupt: Callable[[], bool] | None = None) -> dict[str, Any]:  # fmt: skip
+        """Send ``message``; return the reply's fields. Retries until ``timeout_s``.
+
+        ``interrupt``: checked a few times a second while waiting; when it says
+        so, :class:`Interrupted` is raised (an agent waiting on a long poll that
+        just got SIGTERM).
+        """
+        self._interrupt = interrupt
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         # One request id for every attempt: a retry after a lost reply is answered, not applied twice.
         payload = json.dumps({**message, "rid": secrets.token_hex(8)}).encode()
@@ -205,8 +266,10 @@ class Client:
     def _await(self, sock: zmq.Socket, nonce: bytes, wait_s: float) -> dict[str, Any] | None:
         end = time.monotonic() + wait_s
         while (left := end - time.monotonic()) > 0:
-            if not sock.poll(int(left * 1000) + 1):
-                return None
+            if self._interrupt is not None and self._interrupt():
+                raise Interrupted("interrupted while waiting for the controller")
+            if not sock.poll(int(min(left, 0.2) * 1000) + 1):
+                continue
             frames = sock.recv_multipart()
             try:
                 _, payload = self._verify.open(frames, expect_nonce=nonce)

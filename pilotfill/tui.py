@@ -109,7 +109,8 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
         harvested, training = snap["node_seconds"]["held"] / 3600, snap["node_seconds"]["used"] / 3600
     else:
         harvested, training = node_hours(snap["events"])
-    return View(title, nodes, jobs, pilots, [describe(e) for e in snap["events"][-50:]], harvested, training)
+    names = {j["id"]: j["name"] for j in snap["jobs"]}
+    return View(title, nodes, jobs, pilots, [describe(e, names) for e in snap["events"][-50:]], harvested, training)
 
 
 def node_hours(events: list[dict[str, Any]]) -> tuple[float, float]:
@@ -131,22 +132,30 @@ def node_hours(events: list[dict[str, Any]]) -> tuple[float, float]:
     return held, used
 
 
-def describe(e: dict[str, Any]) -> str:
-    """One line per event, for the log pane."""
+def describe(e: dict[str, Any], names: dict[str, str] | None = None) -> str:
+    """One line per event, for the log pane; jobs by the names the jobs table shows (their calls)."""
+    names = names or {}
     d, when = e["data"], time.strftime("%H:%M:%S", time.localtime(e["time"]))
-    kind, job, node = e["kind"], e.get("job") or "", e.get("node") or ""
+    kind, node = e["kind"], e.get("node") or ""
+    job = names.get(e.get("job") or "", e.get("job") or "")
     if kind == "allocation":
-        moved = ", ".join(f"{j}→{n}" for j, n in d.get("moved", {}).items())
+        moved = ", ".join(f"{names.get(j, j)}→{n}" for j, n in d.get("moved", {}).items())
         return f"{when} allocation {d.get('method', '')} {d.get('solve_ms', 0):.1f} ms" + (f": {moved}" if moved else "")
     if kind == "job.resized":
         return f"{when} {job} {d.get('before')}→{d.get('after')} nodes" + (f" ({d['cause']})" if d.get("cause") else "")
-    detail = node or ", ".join(f"{k}={v}" for k, v in d.items() if k in ("nodes", "why", "error", "scheduler_id", "name"))
+    detail = node or ", ".join(f"{k}={v}" for k, v in d.items() if k in ("nodes", "why", "error", "scheduler_id", "cause"))
     return f"{when} {kind} {job} {detail}".replace("  ", " ").strip()
+
+
+class RunUnreadable(RuntimeError):
+    """A run directory whose state cannot be read (empty, damaged, not pilotfill's); ``str()`` says which."""
 
 
 def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
     """The live controller's snapshot (authenticated), or the durable state if none answers."""
-    from .state import State
+    import sqlite3
+
+    from .state import JournalError, State
     from .transport import Client, ControllerUnavailable
 
     try:
@@ -155,18 +164,23 @@ def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
             return client.request({"type": "state.snapshot"}, timeout_s=1.0, attempt_s=1.0), "live"
         finally:
             client.close()
-    except (ControllerUnavailable, FileNotFoundError, PermissionError, OSError):
+    except (ControllerUnavailable, FileNotFoundError, PermissionError, OSError, ValueError):
         pass
-    state = State(run_dir, readonly=True)
     try:
-        return {
-            "jobs": [j.__dict__ for j in state.jobs()],
-            "pilots": state.pilots(),
-            "nodes": state.nodes(),
-            "events": state.events(),
-        }, "state (no controller running)"
-    finally:
-        state.close()
+        state = State(run_dir, readonly=True)
+        try:
+            counters = state.counters()
+            return {
+                "jobs": [j.__dict__ for j in state.jobs()],
+                "pilots": state.pilots(("queued", "running", "leaving")),
+                "nodes": state.nodes(),
+                "events": state.events(limit=50),
+                "node_seconds": {"held": counters.get("held_node_s", 0), "used": counters.get("used_node_s", 0)},
+            }, "state (no controller running)"
+        finally:
+            state.close()
+    except (JournalError, FileNotFoundError, sqlite3.Error, ValueError, KeyError) as exc:
+        raise RunUnreadable(f"{run_dir}: cannot read the run's state ({exc})") from None
 
 
 # ---------------------------------------------------------------- rendering
@@ -215,23 +229,22 @@ def _header(view: View) -> Text:
 
 def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
     table = Table(title="jobs", title_justify="left", expand=True, box=None, padding=(0, 1), header_style="bold")
-    table.add_column("job", no_wrap=True, max_width=24, overflow="ellipsis")
+    name_width = 24 if width >= 100 else 18
+    table.add_column("job", no_wrap=True, max_width=name_width, overflow="ellipsis")
     table.add_column("nodes", justify="right", no_wrap=True)
     table.add_column("samples/s", justify="right", no_wrap=True)
-    table.add_column("progress", ratio=1, no_wrap=True)
+    table.add_column("progress", ratio=1, no_wrap=True, min_width=8)
     table.add_column("resc", justify="right", no_wrap=True)
     table.add_column("state", no_wrap=True)
     active = [j for j in view.jobs if j.status in ("running", "pending")] + [j for j in view.jobs if j.status not in ("running", "pending")]
+    longest = max((len(j.name) for j in active[:12]), default=4)
+    room = width - min(name_width, longest) - 44  # what the other columns (about 32) and the padding (12) leave it
     for j in active[:12]:
-        if j.total:
-            bar = Text.assemble(_bar_text(j, max(5, min(20, (width - 60) // 2 + 5))), " ", (_eta(j), "dim"))
-        else:
-            bar = Text(f"{j.progress:,.0f} samples", style="dim")
         table.add_row(
             Text(j.name, style=colours.get(j.id, "")),
             f"{j.nodes} [{j.min_nodes}-{j.max_nodes}]",
             f"{j.rate:,.0f}",
-            bar,
+            _progress(j, room),
             str(j.rescales),
             Text(j.status, style={"running": "green", "failed": "red", "finished": "dim"}.get(j.status, "yellow")),
         )
@@ -240,10 +253,23 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
     return table
 
 
-def _bar_text(j: JobView, width: int) -> Text:
-    frac = min(1.0, j.progress / j.total) if j.total else 0.0
+def _progress(j: JobView, room: int) -> Text:
+    """Progress that fits ``room`` columns: a bar, the percentage and the ETA while there is space, then fewer."""
+    if not j.total:
+        return Text(f"{j.progress:,.0f}" + (" samples" if room >= 16 else ""), style="dim")
+    frac = min(1.0, j.progress / j.total)
+    pct, eta = f"{100 * frac:.0f}%", _eta(j)
+    if room >= 22:
+        bar = max(4, min(20, room - 14))
+        return Text.assemble(*_bar(frac, bar), f" {pct:>4} ", (eta, "dim"))
+    if room >= 14:
+        return Text.assemble(*_bar(frac, room - 10), f" {pct:>4} ", (eta.removeprefix("ETA "), "dim"))
+    return Text.assemble(f"{pct} ", (eta.removeprefix("ETA "), "dim"))
+
+
+def _bar(frac: float, width: int) -> tuple[tuple[str, str], tuple[str, str]]:
     full = int(frac * width)
-    return Text.assemble(("█" * full, "green"), ("░" * (width - full), "dim"), f" {100 * frac:3.0f}%")
+    return ("█" * full, "green"), ("░" * (width - full), "dim")
 
 
 def _eta(j: JobView) -> str:
@@ -272,7 +298,7 @@ def _pilots(view: View, width: int) -> Table:
 def _grid(view: View, colours: dict[str, str], width: int, per: int) -> RenderableType:
     """One cell per node, or per ``per`` nodes (shade: share in use; colour: the main job there)."""
     nodes = view.nodes
-    legend = Text.assemble(*[(f"■ {j.name[:10]} ", colours[j.id]) for j in view.jobs if j.status == "running"][:6], ("□ idle ", "dim"), ("▒ leaving", "red"))
+    legend = _legend(view, colours, width)
     if not nodes:
         return Group(Text("no nodes held", style="dim"), legend)
     text = Text()
@@ -294,6 +320,28 @@ def _grid(view: View, colours: dict[str, str], width: int, per: int) -> Renderab
             top = max(set(busy), key=busy.count) if busy else None
             text.append(glyph, colours.get(top, "dim") if top else "dim")
     return Group(text, legend)
+
+
+def _legend(view: View, colours: dict[str, str], width: int) -> Text:
+    """One entry per running job (and idle, leaving), each kept whole: lines break between entries, never
+    inside one; a name longer than a line is shortened with an ellipsis."""
+    limit = max(6, width - 2)
+    entries = []
+    for j in [j for j in view.jobs if j.status == "running"][:8]:
+        entry = f"■ {j.name}"
+        entries.append((entry if len(entry) <= limit else entry[: limit - 1] + "…", colours[j.id]))
+    entries += [("□ idle", "dim"), ("▒ leaving", "red")]
+    text, used = Text(no_wrap=True, overflow="ellipsis"), 0
+    for entry, style in entries:
+        if used and used + 1 + len(entry) > limit:
+            text.append("\n")
+            used = 0
+        elif used:
+            text.append(" ")
+            used += 1
+        text.append(entry, style)
+        used += len(entry)
+    return text
 
 
 def _events(view: View, rows: int) -> Panel:
@@ -406,7 +454,12 @@ def top_until(run_dir: Path, until: Callable[[], bool], refresh_s: float = 0.25,
 
     def make() -> View:
         nonlocal previous, last
-        snap, source = read_snapshot(run_dir)
+        try:
+            snap, source = read_snapshot(run_dir)
+        except RunUnreadable as exc:  # written right now (a full disk?): show what was last seen, and why
+            view = previous or View(f"{title} {run_dir.name}")
+            view.source = str(exc)
+            return view
         now = time.monotonic()
         view = view_from_snapshot(snap, previous, now - last, title=f"{title} {run_dir.name}")
         view.source = source
@@ -416,22 +469,31 @@ def top_until(run_dir: Path, until: Callable[[], bool], refresh_s: float = 0.25,
     live(make, refresh_s, console=console, until=until)
 
 
-def replay_with_view(sim, refresh_s: float = 0.1):
-    """Run a replay with the simulated machine on screen (q hides the view; the replay goes on)."""
+def replay_with_view(sim, refresh_s: float = 0.1, speed: float | None = None):
+    """Run a replay with the simulated machine on screen; ``speed``: trace seconds per second (None: as fast
+    as it goes). ``q`` hides the view; the replay goes on."""
     from rich.live import Live
 
     console = Console()
     state = {"shown": True, "last": 0.0}
+    began, t0 = time.monotonic(), sim.trace.start
     with keys() as read, Live(console=console, screen=True, auto_refresh=False, transient=True) as screen:
 
-        def tick(t: float, _sim) -> None:
-            if not state["shown"] or time.monotonic() - state["last"] < refresh_s:
-                return
+        def draw() -> None:
             state["last"] = time.monotonic()
             size = console.size
             screen.update(render(view_from_replay(sim), size.width, size.height), refresh=True)
             if read(0) in ("q", "Q"):
                 state["shown"] = False
+
+        def tick(t: float, _sim) -> None:
+            if speed:  # keep to the wall clock: the trace moves ``speed`` seconds per second
+                while state["shown"] and (wait := began + (t - t0) / speed - time.monotonic()) > 0:
+                    time.sleep(min(wait, refresh_s))
+                    if time.monotonic() - state["last"] >= refresh_s:
+                        draw()
+            if state["shown"] and time.monotonic() - state["last"] >= refresh_s:
+                draw()
 
         try:
             return sim.run(tick)

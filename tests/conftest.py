@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,10 @@ def shared_data() -> Path:
 
 
 JOB_HEADER = "name,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_cost_s,scale_down_cost_s,nodes,samples_per_s"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slurm_conf(**settings): slurm.conf settings for the `slurm` fixture (see SlurmCluster)")
 
 
 @pytest.fixture
@@ -50,15 +57,34 @@ def horovod():
 
 
 @pytest.fixture
-def slurm(tmp_path_factory):
-    """A real Slurm (slurmctld + four slurmd) on this machine. Required in CI; skipped on a laptop without it."""
+def torch_runtime():
+    """PyTorch with torch.distributed (gloo) and scikit-learn, for the torch runtime. Required in CI; skipped without them."""
+    try:
+        import sklearn  # noqa: F401
+        import torch.distributed
+
+        if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+            raise ImportError("this torch has no torch.distributed with gloo")
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"CI needs torch with gloo and scikit-learn (make install): {exc}")
+        pytest.skip(f"torch with gloo is not installed ({exc}); `make install` installs it")
+
+
+@pytest.fixture
+def slurm(request, tmp_path_factory):
+    """A real Slurm (slurmctld + four slurmd) on this machine. Required in CI; skipped on a laptop without it.
+
+    ``@pytest.mark.slurm_conf(min_job_age=2, extra="JobSubmitPlugins=throttle", scheduler_parameters="…")``
+    changes its slurm.conf for one test."""
     from slurm_cluster import SlurmCluster, available
 
     if not available():
         if IN_CI:
             pytest.fail("CI needs Slurm (apt-get install slurm-wlm; .ci/run does it)")
         pytest.skip("Slurm is not installed (apt-get install slurm-wlm)")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    marker = request.node.get_closest_marker("slurm_conf")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), **(marker.kwargs if marker else {}))
     cluster.start()
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
@@ -71,3 +97,51 @@ def slurm(tmp_path_factory):
         else:
             os.environ["SLURM_CONF"] = old
         assert cluster.daemons_running() == [], "Slurm daemons left running"
+
+
+PBS_STANDIN = HERE / "pbs_standin"
+
+
+class PbsStandin:
+    """The stand-in OpenPBS of one test (OpenPBS is not packaged here; see tests/pbs_standin/_standin.py):
+    run its commands, read its state (what each command received)."""
+
+    def __init__(self, state: Path, history: bool):
+        self.path, self.history = state, history
+
+    def __call__(self, *argv: str, check: bool = True):
+        # From the test's own folder: a job's default output file lands in the submitting directory, as with qsub.
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=30, cwd=self.path.parent)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{argv} exited {proc.returncode}: {proc.stderr}")
+        return proc
+
+    def state(self) -> dict:
+        return json.loads(self.path.read_text())
+
+    def calls(self, cmd: str) -> list[list[str]]:
+        return [c["argv"] for c in self.state()["calls"] if c["cmd"] == cmd]
+
+    def job(self, jid: str) -> dict:
+        return json.loads(self("qstat", "-f", "-F", "json", jid).stdout)["Jobs"][jid]
+
+    def jobs(self) -> dict:
+        """Every job qstat lists (no -x: the live ones)."""
+        return json.loads(self("qstat", "-f", "-F", "json").stdout).get("Jobs", {})
+
+    def vnode(self, name: str) -> dict:
+        return json.loads(self("pbsnodes", "-av", "-F", "json").stdout)["nodes"][name]
+
+
+@pytest.fixture(params=[False, True], ids=["history-off", "history-on"])
+def pbs(request, tmp_path, monkeypatch) -> PbsStandin:
+    """The stand-in OpenPBS first on PATH (with this interpreter as its ``python3``), its state in tmp_path, with job
+    history off (the real server's default) or on: every PBS test runs both ways. Job scripts do not run unless a
+    test says ``pbs_standin exec on``; every job process left is killed at the end."""
+    monkeypatch.setenv("PATH", os.pathsep.join([str(PBS_STANDIN), str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    monkeypatch.setenv("PBS_STANDIN_STATE", str(tmp_path / "pbs-state.json"))
+    monkeypatch.delenv("PBS_JOBID", raising=False)
+    standin = PbsStandin(tmp_path / "pbs-state.json", request.param)
+    standin("pbs_standin", "history", "on" if request.param else "off")
+    yield standin
+    standin("pbs_standin", "killall", check=False)

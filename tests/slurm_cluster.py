@@ -36,7 +36,7 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,sched_interval=1
+SchedulerParameters=bf_interval=1,sched_interval=1{scheduler_parameters}
 SelectType=select/linear
 PreemptType=preempt/partition_prio
 PreemptMode=CANCEL
@@ -45,8 +45,9 @@ ReturnToService=2
 SwitchType=switch/none
 SlurmdTimeout=30
 InactiveLimit=0
-MinJobAge=60
+MinJobAge={min_job_age}
 KillWait={grace}
+{extra}
 {nodes}
 PartitionName=main Nodes={nodelist} PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP Default=YES
 PartitionName=scavenger Nodes={nodelist} PriorityTier=1 PreemptMode=CANCEL GraceTime={grace} MaxTime=INFINITE State=UP
@@ -64,7 +65,10 @@ def free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, nodes: int = 4, grace_s: int = 5):
+    """``min_job_age``: how long slurmctld keeps a finished job before purging it (then squeue no longer knows
+    it); ``scheduler_parameters``: added to SchedulerParameters; ``extra``: more slurm.conf lines."""
+
+    def __init__(self, root: Path, nodes: int = 4, grace_s: int = 5, min_job_age: int = 60, scheduler_parameters: str = "", extra: str = ""):
         self.root = Path(root)
         self.names = [f"node{i + 1}" for i in range(nodes)]
         for d in ("state", "spool", "log"):
@@ -75,7 +79,8 @@ class SlurmCluster:
         )
         self.conf = self.root / "slurm.conf"
         self.conf.write_text(
-            CONF.format(host=host, ctld_port=free_port(), root=self.root, grace=grace_s, nodes=node_lines, nodelist=",".join(self.names))
+            CONF.format(host=host, ctld_port=free_port(), root=self.root, grace=grace_s, nodes=node_lines, nodelist=",".join(self.names),
+                        min_job_age=min_job_age, scheduler_parameters="," + scheduler_parameters if scheduler_parameters else "", extra=extra)
         )
         self.env = {"SLURM_CONF": str(self.conf)}
         self.started = False

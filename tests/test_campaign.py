@@ -248,3 +248,81 @@ def test_job_names_say_which_call_they_are():
 
     assert call_name("train", (2, 96, "relu"), {"epochs": 5, "parsl_resource_specification": {}}) == "train(2, 96, 'relu', epochs=5)"
     assert len(call_name("train", (list(range(100)),), {})) == 48
+
+
+README_PATTERN = """
+import json, os
+import pilotfill
+from parsl import python_app
+
+SAMPLES = 32                      # a module-level constant the app uses
+
+def scaled(x):                    # a module-level helper the app calls
+    return x * 10
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def train(x):
+    for _ in range(3):
+        pilotfill.report(samples=SAMPLES)   # the module-level import, inside the rank
+    return scaled(x)
+
+@python_app(executors=["local"])
+def leaderboard(*results):
+    return sorted(results, reverse=True)
+
+print(leaderboard(*[train(x) for x in (1, 2)]).result())
+"""
+
+
+@pytest.mark.parametrize("kind", ["processes", "torch"])
+def test_an_elastic_app_uses_the_campaigns_imports_helpers_and_constants(tmp_path, kind, request):
+    if kind == "torch":
+        request.getfixturevalue("torch_runtime")
+    config = tmp_path / "c.toml"
+    config.write_text(FAST.replace('kind = "processes"', f'kind = "{kind}"'))
+    campaign = tmp_path / "readme.py"
+    campaign.write_text(README_PATTERN)
+    result = pilotfill_run(campaign, "--config", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[20, 10]" in result.stdout
+    run_dir = next((tmp_path / "runs").glob("2*"))
+    state = State(run_dir, readonly=True)
+    try:
+        assert [j.progress % 96 == 0 and j.progress > 0 for j in state.jobs()] == [True, True]  # SAMPLES × 3 from every rank
+    finally:
+        state.close()
+
+
+def test_what_cannot_be_shipped_is_named_when_the_app_is_called(tmp_path, fast_config):
+    campaign = tmp_path / "unshippable.py"
+    campaign.write_text(
+        """
+import threading
+import pilotfill
+
+LOCK = threading.Lock()
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def train():
+    with LOCK:
+        return 1
+
+print(train().exception())
+"""
+    )
+    result = pilotfill_run(campaign, "--config", str(fast_config))
+    assert "train(): cannot be sent to the nodes: it uses the global 'LOCK' (lock), which cannot be pickled" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_readme_example_runs_as_printed(tmp_path, request):
+    """Users copy the README: its campaign, saved to a file, runs with `pilotfill run` on the embedded default."""
+    request.getfixturevalue("torch_runtime")
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A campaign", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    campaign = tmp_path / "campaign.py"
+    campaign.write_text(code)
+    result = pilotfill_run(campaign, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    board = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(board) == 4 and board == sorted(board, reverse=True) and board[0] > 0.8

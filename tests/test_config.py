@@ -35,6 +35,11 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("scheduler = 'slurm'\n[slurm]\nextra_args = '--exclusive'", "slurm.extra_args: expected a list of strings"),
         ("scheduler = 'pbs'\n[pbs]\nmin_walltime = '05:00:00'\nmax_walltime = '01:00:00'", "pbs.min_walltime: 05:00:00 is longer than pbs.max_walltime"),
         ("scheduler = 'pbs'\n[pbs]\nqueue = 7", "pbs.queue: expected str"),
+        ("[pilots]\nmax_queued_pilots = 0", "pilots.max_queued_pilots: must be positive"),
+        ("[pilots]\nmax_submits_per_minute = 2.5", "pilots.max_submits_per_minute: expected int"),
+        ("[controller]\nformulation = 'node-level'", "controller.formulation: 'node-level' is not one of"),
+        ("[runtime]\nranks_per_node = 0", "runtime.ranks_per_node: must be positive"),
+        ("[runtime]\ngpus_per_node = -1", "runtime.gpus_per_node: must be zero or more"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path, text, where):
@@ -57,6 +62,10 @@ def test_site_examples_load():
     root = Path(__file__).resolve().parent.parent / "configs"
     perlmutter = load_config(root / "perlmutter.toml")
     assert perlmutter.scheduler == "slurm" and perlmutter.slurm.qos == "preempt" and perlmutter.slurm.max_nodes == 8
-    assert perlmutter.runtime.kind == "horovod"
+    assert (perlmutter.runtime.kind, perlmutter.runtime.ranks_per_node, perlmutter.runtime.gpus_per_node) == ("torch", 4, 4)
+    assert (perlmutter.pilots.max_queued_pilots, perlmutter.pilots.max_submits_per_minute) == (5, 6)
+    polaris = load_config(root / "polaris.toml")
+    assert (polaris.pilots.max_queued_pilots, polaris.pilots.max_submits_per_minute) == (5, 6)
+    assert (polaris.runtime.kind, polaris.runtime.ranks_per_node, polaris.runtime.gpus_per_node) == ("torch", 4, 4)
     local = load_config(root / "local.toml")
     assert local.local.workload == "script" and len(local.local.script) == 2

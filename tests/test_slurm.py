@@ -16,7 +16,8 @@ from localrun import committed_step, digits_job
 from pilotfill.client import ControllerClient
 from pilotfill.config import PilotConfig, SlurmConfig
 from pilotfill.schedulers.commands import SchedulerCommandError
-from pilotfill.schedulers.slurm import SlurmScheduler, hostnames
+from pilotfill.schedulers.base import PilotRefused
+from pilotfill.schedulers.slurm import SlurmScheduler, hostnames, is_policy_refusal
 from pilotfill.state import State
 
 
@@ -43,6 +44,9 @@ def main_job(slurm, tmp: Path, nodes: int, tag: str) -> float:
 
 
 def test_adapter_submits_shrinks_and_cancels_pilots(slurm, tmp_path):
+    from pilotfill.security import create_secret
+
+    create_secret(tmp_path)  # the pilot's agent waits for a controller instead of exiting at once
     sched = SlurmScheduler(SlurmConfig(partition="scavenger", min_nodes=1, max_nodes=3, time_min="00:05:00", time_max="00:30:00", poll_s=0.0),
                            PilotConfig(), tmp_path)  # fmt: skip
     assert sched.idle_nodes() == 4
@@ -71,13 +75,15 @@ def test_failing_and_hanging_commands_are_clear_errors(slurm, tmp_path, monkeypa
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\nexit 1\n")
-    (bin_dir / "sinfo").write_text("#!/bin/sh\nsleep 30\n")
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho node1\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     sched = SlurmScheduler(SlurmConfig(partition="nosuch", command_timeout_s=0.5, poll_s=0.0), PilotConfig(), tmp_path)
     with pytest.raises(SchedulerCommandError, match=r"`sbatch .*-p nosuch.*` exited 1: sbatch: error: .*Invalid partition"):
         sched.submit_pilot("p1", 1)
+    (bin_dir / "sinfo").write_text("#!/bin/sh\nsleep 30\n")
+    sched._idle_cache = None
     began = time.time()
     with pytest.raises(SchedulerCommandError, match=r"`sinfo .*` timed out after 0.5 s"):
         sched.idle_nodes()
@@ -155,3 +161,152 @@ local_hosts = true
         ctl.wait(60)
     # The controller cancelled its pilots on the way out.
     wait_for(lambda: not slurm.command("squeue", "-h", "-p", "scavenger", "-o", "%i").stdout.strip(), 30, "pilots gone")
+
+
+# ---------------------------------------------------------------- the adapter's bookkeeping, on the real Slurm
+
+
+def adapter(tmp_path: Path, **fields) -> SlurmScheduler:
+    """An adapter whose pilots' agents stay up without a controller (the run's secret exists; they retry forever)."""
+    from pilotfill.security import create_secret
+
+    create_secret(tmp_path)
+    config = SlurmConfig(**{"partition": "scavenger", "min_nodes": 1, "max_nodes": 4, "time_min": "00:05:00", "time_max": "00:30:00", "poll_s": 0.0, **fields})
+    return SlurmScheduler(config, PilotConfig(heartbeat_s=0.5, heartbeat_deadline_s=5.0), tmp_path)
+
+
+def squeue_states(slurm, *job_ids: str) -> dict[str, str]:
+    out = slurm.command("squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T", check=False).stdout
+    return dict(line.split() for line in out.splitlines() if line.strip())
+
+
+def partition(slurm, state: str) -> None:
+    slurm.command("scontrol", "update", "PartitionName=scavenger", f"State={state}")
+
+
+def test_a_pilot_started_while_release_runs_is_not_lost(slurm, tmp_path):
+    """release() asks squeue about its pilot when our view is behind; whatever else that answer says happened
+    (another pilot started) is reported by the next poll, not thrown away."""
+    sched = adapter(tmp_path)
+    a = sched.submit_pilot("a", 1)
+    b = sched.submit_pilot("b", 2)
+    wait_for(lambda: set(squeue_states(slurm, a, b).values()) == {"RUNNING"}, 60, "both pilots to run")
+    node_a = slurm.job(a)["NodeList"]
+    assert sched.release("a", [node_a]) == [node_a]  # before any poll: its agent registered first
+    events = {(e.kind, e.pilot): e for e in sched.poll(time.time())}
+    assert ("started", "b") in events, "b's start, seen by release(), reaches the controller"
+    assert events[("started", "b")].scheduler_id == b and len(events[("started", "b")].nodes) == 2
+    assert events[("started", "a")].nodes == (node_a,)
+    ended = wait_for(lambda: [e for e in sched.poll(time.time()) if e.kind == "ended"], 60, "a to end (released whole)")
+    assert [e.pilot for e in ended] == ["a"]
+    sched.close()
+
+
+def test_idle_nodes_subtract_what_pending_pilots_asked_for(slurm, tmp_path):
+    sched = adapter(tmp_path, max_nodes=2)
+    assert sched.idle_nodes() == 4
+    partition(slurm, "DOWN")  # the scheduler does not start them yet: the nodes stay idle, the pilots pending
+    a = sched.submit_pilot("a", 2)
+    assert "PENDING" in squeue_states(slurm, a).values()
+    assert sched.idle_nodes() == 2, "the nodes a pending pilot asked for are not idle"
+    sched.submit_pilot("b", 4)  # -N 1-2: max_nodes
+    assert sched.idle_nodes() == 0
+    with pytest.raises(SchedulerCommandError, match="not submitted: 1 node.* 0 idle"):
+        sched.submit_pilot("c", 1)
+    partition(slurm, "UP")
+    started = []
+    wait_for(lambda: len(started.__iadd__([e for e in sched.poll(time.time()) if e.kind == "started"])) == 2, 60, "both to start")
+    assert sum(len(e.nodes) for e in started) == 4 and sched.idle_nodes() == 0
+    sched.close()
+
+
+def test_a_pilot_never_asks_for_more_than_is_idle(slurm, tmp_path):
+    sched = adapter(tmp_path)
+    slurm.command("sbatch", "--parsable", "-p", "main", "-N", "3", "-o", "/dev/null", "--wrap", "sleep 300")
+    wait_for(lambda: sched.idle_nodes() == 1, 60, "the main workload to take three nodes")
+    job = sched.submit_pilot("p", 4)
+    assert slurm.job(job)["NumNodes"] in ("1", "1-1"), "-N 1-1: capped at the one idle node"
+    assert wait_for(lambda: squeue_states(slurm, job).get(job) == "RUNNING", 60, "the pilot to start at once")
+    sched.close()
+
+
+def test_a_purged_pilot_is_asked_about_once_more_and_a_live_one_never_dropped(slurm, tmp_path):
+    """MinJobAge=2: slurmctld soon forgets a finished job; squeue then prints nothing for it (or, asked about it
+    alone, "Invalid job id specified"). The adapter asks once more before it declares the pilot ended."""
+    sched = adapter(tmp_path)
+    a = sched.submit_pilot("a", 1)
+    b = sched.submit_pilot("b", 1)
+    seen: list = []
+    wait_for(lambda: len(seen.__iadd__([e for e in sched.poll(time.time()) if e.kind == "started"])) == 2, 60, "both to start")
+    slurm.command("scancel", b)  # someone else ends it; we do not look until slurmctld has forgotten it
+    wait_for(lambda: "Invalid job id" in slurm.command("squeue", "-h", "-t", "all", "-j", b, check=False).stderr, 150, "b to be purged")
+    assert sched.poll(time.time()) == [], "not known once: asked about once more"
+    [ended] = sched.poll(time.time())
+    assert (ended.kind, ended.pilot, ended.scheduler_id) == ("ended", "b", b)
+    for _ in range(3):
+        assert sched.poll(time.time()) == [], "a is running: never declared gone"
+    assert squeue_states(slurm, a) == {a: "RUNNING"}
+    # A new adapter is handed both: the purged one is not adopted (squeue alone: "Invalid job id specified").
+    new = adapter(tmp_path)
+    assert new.adopt([("a", a), ("b", b)]) == ["a"]
+    sched._pilots.clear()
+    new.close()
+    wait_for(lambda: squeue_states(slurm, a).get(a, "CANCELLED") not in ("RUNNING", "PENDING"), 60, "a cancelled by close()")
+
+
+def test_a_failing_squeue_never_ends_a_pilot(slurm, tmp_path, monkeypatch):
+    sched = adapter(tmp_path)
+    a = sched.submit_pilot("a", 1)
+    wait_for(lambda: [e for e in sched.poll(time.time()) if e.kind == "started"], 60, "a to start")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for _ in range(3):
+        with pytest.raises(SchedulerCommandError, match="Unable to contact slurm controller"):
+            sched.poll(time.time())
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    assert sched.poll(time.time()) == [] and squeue_states(slurm, a) == {a: "RUNNING"}
+    sched.close()
+
+
+@pytest.mark.slurm_conf(extra="JobSubmitPlugins=throttle", scheduler_parameters="jobs_per_user_per_hour=1")
+def test_a_submission_refused_by_policy_is_pilot_refused(slurm, tmp_path):
+    """Slurm's throttle plugin refuses as QOS limits do: "Job violates accounting/QOS policy"."""
+    sched = adapter(tmp_path)
+    sched.submit_pilot("a", 1)
+    with pytest.raises(PilotRefused) as info:
+        sched.submit_pilot("b", 1)
+    assert "sbatch --parsable -p scavenger" in str(info.value)
+    assert "Batch job submission failed: Job violates accounting/QOS policy" in str(info.value)
+    sched.close()
+
+
+def test_policy_messages_are_recognised():
+    for message in (
+        "sbatch: error: QOSMaxSubmitJobPerUserLimit\nsbatch: error: Batch job submission failed: Job violates accounting/QOS policy "
+        "(job submit limit, user's size and/or time limits)",
+        "sbatch: error: AssocMaxSubmitJobLimit",
+        "sbatch: error: Reached jobs per hour limit",
+    ):
+        assert is_policy_refusal(message)
+    assert not is_policy_refusal("sbatch: error: Batch job submission failed: Invalid partition name specified")
+    assert not is_policy_refusal("sbatch: error: Batch job submission failed: Resource temporarily unavailable")
+
+
+def test_a_new_adapter_adopts_live_pilots_and_close_leaves_none(slurm, tmp_path):
+    old = adapter(tmp_path)
+    a = old.submit_pilot("a", 1)
+    wait_for(lambda: squeue_states(slurm, a).get(a) == "RUNNING", 60, "a to run")
+    partition(slurm, "DOWN")
+    b = old.submit_pilot("b", 1)  # pending
+    other = slurm.command("sbatch", "--parsable", "-p", "main", "-N", "1", "-J", "someone-else", "-o", "/dev/null", "--wrap", "sleep 300").stdout.strip()
+    new = adapter(tmp_path)
+    assert sorted(new.adopt([("a", a), ("b", b), ("c", other), ("d", "999999")])) == ["a", "b"]
+    events = new.poll(time.time())
+    assert [(e.kind, e.pilot, e.scheduler_id) for e in events] == [("started", "a", a)]
+    assert new.idle_nodes() <= 2, "the adopted pending pilot's request is counted"
+    new.close()
+    wait_for(lambda: not slurm.command("squeue", "-h", "-p", "scavenger", "-o", "%i").stdout.strip(), 60, "no pilot left in squeue")
+    assert squeue_states(slurm, other)[other] in ("RUNNING", "PENDING"), "another job is left alone"

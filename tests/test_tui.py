@@ -62,7 +62,8 @@ def test_frame_shows_jobs_pilots_grid_events_and_totals():
     assert "allocation dp 1.2 ms" in text
     assert "harvested" in text and "node-h" in text
     html = console.export_html()
-    assert "pf-node" not in text.split("nodes (")[1].split("events")[0] or True
+    grid = text.split("nodes (4)")[1].split("events")[0]
+    assert "■" in grid and "pf-node" not in grid  # the grid draws cells, not names
     assert view.efficiency is not None and 0 < view.efficiency <= 1
     assert "#" in html  # coloured cells
 
@@ -91,6 +92,45 @@ def test_thousands_of_nodes_aggregate_instead_of_overflowing():
 def test_event_lines():
     e = {"time": NOW, "kind": "pilot.ended", "job": None, "node": None, "data": {"why": "preempted for pf-node-1"}}
     assert "pilot.ended why=preempted for pf-node-1" in describe(e)
+
+
+def long_named_snapshot() -> dict:
+    snap = snapshot()
+    names = {"ja": "train(2, 96, 'relu', lr=0.05)", "jb": "train(1, 32, 'tanh', lr=0.1)", "jc": "train(2, 32, 'gelu')"}
+    for j in snap["jobs"]:
+        j["name"] = names[j["id"]]
+    snap["events"].append({"time": NOW - 5, "kind": "job.stopped", "job": "jb", "node": None, "data": {"cause": "pf-node-2 leaving"}})
+    return snap
+
+
+def test_the_events_pane_names_jobs_as_the_jobs_table_does():
+    view = view_from_snapshot(long_named_snapshot(), now=NOW)
+    events = "\n".join(view.events)
+    assert "job.stopped train(1, 32, 'tanh', lr=0.1)" in events and "train(2, 96, 'relu', lr=0.05) 3→2 nodes" in events
+    assert "jb" not in events.split() and "allocation dp 0.8 ms: train(2, 96, 'relu', lr=0.05)→2" in events
+    text, _ = frame(view, 80, 24)
+    assert "job.stopped train(1, 32" in text
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 160])
+def test_the_legend_never_breaks_an_entry(width):
+    view = view_from_snapshot(long_named_snapshot(), now=NOW)
+    text, _ = frame(view, width, 40)
+    grid = text.split("nodes (4)")[1].split("events")[0]
+    joined = " ".join(line.strip(" │╭╮╰╯─") for line in grid.splitlines())
+    for name in ("train(2, 96, 'relu', lr=0.05)", "train(1, 32, 'tanh', lr=0.1)"):
+        # Whole on one line, or shortened with an ellipsis; never split over two lines.
+        assert name in grid or name[:8] in joined and "…" in grid, grid
+    for line in grid.splitlines():
+        assert not line.rstrip(" │").endswith(("■", "train(2,", "train(1,")), line
+
+
+def test_progress_is_readable_at_80_columns():
+    view = view_from_snapshot(long_named_snapshot(), now=NOW)
+    text, _ = frame(view, 80, 24)
+    row = next(line for line in text.splitlines() if "train(2, 96" in line)
+    assert "50%" in row and "…" not in row.split("50%")[1][:8], row  # the percentage and ETA whole, not cut
+    assert "█" in row
 
 
 @pytest.fixture
@@ -200,3 +240,94 @@ print("RESULTS", [f.result() for f in [work(i) for i in range(3)]])
         time.sleep(0.3)
     assert done.read_text().strip() == "0"
     assert "RESULTS [0, 1, 2]" in capture(session)
+
+
+SLOW_CAMPAIGN = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def work(i):
+    import time
+    for _ in range(25):
+        time.sleep(0.2)
+        pilotfill.report(samples=10)
+    return i
+
+print("RESULTS", [f.result() for f in [work(i) for i in range(4)]])
+"""
+
+
+def test_run_in_a_terminal_shows_a_progress_line_that_moves(tmp_path, tmux):
+    from test_campaign import FAST
+
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST)
+    campaign = tmp_path / "c.py"
+    campaign.write_text(SLOW_CAMPAIGN)
+    session = f"pf-progress-{os.getpid()}"
+    tmux.append(session)
+    done = tmp_path / "exit"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "30", "-c", str(tmp_path),
+                    f"{sys.executable} -m pilotfill run --config {config} {campaign}; echo $? > {done}; sleep 30"], check=True)  # fmt: skip
+    first = wait_screen(session, lambda t: "pilotfill run" in t and "jobs training" in t, 120)
+    assert "pilotfill run" in first and "jobs training on" in first and "samples/s" in first, first
+    progress = lambda t: next((line for line in t.splitlines() if "pilotfill run" in line), "")  # noqa: E731
+    changed = wait_screen(session, lambda t: progress(t) and progress(t) != progress(first), 60)
+    assert progress(changed) != progress(first)  # it moves while apps run
+    deadline = time.time() + 180
+    while time.time() < deadline and not done.exists():
+        time.sleep(0.3)
+    assert done.read_text().strip() == "0"
+    assert "RESULTS [0, 1, 2, 3]" in capture(session)
+
+
+def test_run_piped_prints_plain_lines(tmp_path):
+    from test_campaign import FAST, pilotfill_run
+
+    config = tmp_path / "fast.toml"
+    config.write_text(FAST)
+    campaign = tmp_path / "c.py"
+    campaign.write_text(SLOW_CAMPAIGN)
+    result = pilotfill_run(campaign, "--config", str(config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain = [line for line in result.stderr.splitlines() if line.startswith("pilotfill: ")]
+    assert plain and all("apps done" in line and "samples/s" in line for line in plain), result.stderr
+    assert "\x1b[" not in result.stderr  # no terminal codes when not a terminal
+    quiet = pilotfill_run(campaign, "--config", str(config), "--quiet")
+    assert quiet.returncode == 0 and not [line for line in quiet.stderr.splitlines() if line.startswith("pilotfill: ")]
+
+
+def test_live_view_at_80x24_names_jobs_in_the_events_pane(tmp_path, tmux):
+    run = LocalRun(tmp_path)
+    run.start()
+    try:
+        job = run.client.submit({**synthetic_job("train(2, 96, 'relu')", total=100_000, hi=2), "total_samples": 100_000})
+        run.wait_for(lambda: run.client.job(job)["status"] == "running", 60, "a running job")
+        session = f"pf-top80-{os.getpid()}"
+        tmux.append(session)
+        subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", f"{sys.executable} -m pilotfill top {run.run_dir}; sleep 30"], check=True)
+        screen = wait_screen(session, lambda t: "job.started train(2, 96" in t, 60)
+        events = screen.split("events")[-1]
+        assert "job.started train(2, 96, 'relu')" in events, screen
+        assert job not in events.split()  # by name, not by id
+        assert len(screen.rstrip("\n").split("\n")) <= 24
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+    finally:
+        run.stop()
+
+
+def test_replay_tui_at_a_chosen_speed_is_still_drawing_after_5_s(tmp_path, tmux, shared_data):
+    session = f"pf-speed-{os.getpid()}"
+    tmux.append(session)
+    trace, jobs = shared_data / "summit-2021-02-10-week.csv.gz", shared_data / "jobs-imagenet-1001.csv"
+    command = (f"{sys.executable} -m pilotfill replay {trace} {jobs} --start 2021-02-10T20:21:15Z --end 2021-02-11T20:21:15Z "
+               f"--nodes 256 --tui --speed 3600")  # fmt: skip
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "36", f"{command}; sleep 60"], check=True)
+    first = wait_screen(session, lambda t: "pilotfill replay 2021-02" in t, 60)
+    assert "pilotfill replay 2021-02-10" in first, first
+    clock = lambda t: next((w for w in t.split() if w.startswith("2021-02-")), "")  # noqa: E731
+    time.sleep(5.0)
+    later = capture(session)
+    assert "pilotfill replay" in later and "samples processed" not in later  # still drawing: a day at an hour a second
+    assert clock(later) > clock(first)  # and the simulated clock moves
+    subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 import traceback
 from collections import Counter, OrderedDict
@@ -30,10 +31,12 @@ from .. import procs
 from ..allocator import Allocation, Job as AllocJob, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
+from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
 from ..protocol import READ_ONLY, ProtocolError, check, check_spec
 from ..schedulers.base import BatchScheduler, PilotEvent
 from ..security import create_secret, private_dir
+from ..transport import Park
 from ..state import TERMINAL, JournalError, State
 from .world import Job, Pilot, World
 
@@ -88,11 +91,14 @@ class Controller:
         scheduler: BatchScheduler | None = None,
         runtime: Runtime | None = None,
         clock: Callable[[], float] = time.time,
+        new_campaign: bool = False,
+        checkpoint_dir: Path | None = None,
     ):
         self.run_dir = private_dir(Path(run_dir))
         self.config = config
         self.clock = clock
         self.key = create_secret(self.run_dir)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.run_dir / "checkpoints"
         self.journal = State(self.run_dir)
         with self.journal.transaction():
             self.incarnation = self.journal.next_incarnation()
@@ -106,6 +112,7 @@ class Controller:
         self._heard: OrderedDict[str, float] = OrderedDict()  # live pilot -> last message, oldest first
         self._heard_floor = 0.0  # after our own stall, silence is counted from here
         self._last_step: float | None = None
+        self._polled_at = self._polled_before = 0.0  # this and the previous scheduler poll
         self._scheduler_backoff: dict[str, tuple[float, float]] = {}  # call -> (not before, last delay)
         self._meters: dict[str, Meter] = {}
         self._curves: dict[str, ScalingCurve] = {}
@@ -116,7 +123,11 @@ class Controller:
         self._held_s = self._used_s = 0.0
         self.stats: dict[str, list[float]] = {"solve_ms": [], "decide_ms": []}
         self.methods: Counter[str] = Counter()
+        self._errors = 0
         self.last_method: str | None = None
+        self.launcher = AgentLauncher(self.world, wake=self._wake_later)
+        self.wake: Callable[[str], object] | None = None  # answers a pilot's parked heartbeat now (set by the serving process)
+        self._to_wake: set[str] = set()
         self.scheduler = scheduler or self._make_scheduler()
         self.runtime = runtime or self._make_runtime()
         self.pilots = PilotManager(self)
@@ -129,26 +140,37 @@ class Controller:
             "job.result": self._on_job_result,
             "job.failed": self._on_job_failed,
             "job.cancel": self._on_job_cancel,
+            "rdzv.join": self._on_rendezvous,
+            "rdzv.poll": self._on_rendezvous,
             "job.get": self._on_job_get,
+            "job.status": self._on_job_status,
             "state.snapshot": self._on_state_snapshot,
         }
-        self._recover()
+        self._recover(new_campaign)
 
     # ------------------------------------------------------------ construction
 
     def _make_runtime(self) -> Runtime:
-        def record(p, job: str, host: str) -> None:
-            self._record_process(p, "rank", job, host)
-
-        kind = self.config.runtime.kind
-        if kind == "horovod":
+        """The configured runtime; every process it puts on a compute node goes through the node's pilot agent."""
+        rt = self.config.runtime
+        if rt.kind == "horovod":
             from ..elastic.horovod import HorovodRuntime
 
-            local = self.config.scheduler == "local" or self.config.runtime.local_hosts
-            return HorovodRuntime(self.run_dir, local=local, network_interface=self.config.runtime.network_interface, on_spawn=record)
+            def record(p, job: str, host: str) -> None:  # the horovodrun driver runs here, with the controller
+                self._record_process(p, "driver", job, host)
+
+            local = self.config.scheduler == "local" or rt.local_hosts
+            return HorovodRuntime(self.run_dir, launcher=self.launcher, local=local, network_interface=rt.network_interface, on_spawn=record,
+                                  ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node)  # fmt: skip
+        if rt.kind == "torch":
+            from ..elastic.torch import TorchRuntime
+
+            bind = self.config.controller.bind
+            store_host = socket.getfqdn() if bind in ("0.0.0.0", "*") else bind
+            return TorchRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host)
         from ..elastic.processes import ProcessRuntime
 
-        return ProcessRuntime(self.run_dir, on_spawn=record)
+        return ProcessRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node)
 
     def _make_scheduler(self) -> BatchScheduler:
         kind = self.config.scheduler
@@ -166,15 +188,18 @@ class Controller:
             return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir)
         raise ValueError(f"unknown scheduler {kind!r}")
 
-    def _recover(self) -> None:
+    def _recover(self, new_campaign: bool) -> None:
         """Take over from a predecessor: nothing it ran survives; running jobs are requeued from their
-        committed progress; pilots the batch system still has are adopted, the others are lost."""
+        committed progress; pilots the batch system still has are adopted, the others are lost.
+
+        ``new_campaign``: a campaign starts anew on this run directory, so the jobs
+        left open are held until its submissions claim them by call (they resume
+        from their commits) — none runs for nobody, none runs twice.
+        """
         now = self.clock()
         leftovers = self.journal.processes()
-        for p in leftovers:
+        for p in leftovers:  # what it ran on this machine (agents of the local cluster, launchers, the store)
             procs.kill_group(p["pid"], p["start_ticks"])
-        for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(self.run_dir)):  # ranks under a launcher
-            procs.kill_pid(pid)
         world = self.world
         with self.journal.transaction():
             self.journal.clear_processes()
@@ -185,6 +210,9 @@ class Controller:
                         world.assign(node, None)
                     world.update_job(job, status="pending", nodes=[])
                     requeued.append(job.id)
+            if new_campaign:
+                for job in list(world.open.values()):
+                    world.hold(job)
             live = [(p.id, p.scheduler_id) for p in world.pilots.values() if p.scheduler_id]
             adopted = set(self._scheduler_call("adopt", self.scheduler.adopt, live) or []) if live else set()
             for pilot in list(world.pilots.values()):
@@ -192,7 +220,7 @@ class Controller:
                     self._heard[pilot.id] = now
                     continue
                 self.remove_nodes(list(pilot.nodes), now, "lost with the previous controller", "gone", event="node.lost")
-                world.end_pilot(pilot, "lost", now)
+                self.end_pilot(pilot, "lost", now)
             for node in list(world.nodes.values()):
                 if node.state != "gone" and node.pilot not in world.pilots:
                     world.set_node_state(node, "gone", now)
@@ -222,7 +250,8 @@ class Controller:
                 return {"ok": True, **handler(message, now)}
             with self.journal.transaction():
                 reply = handler(message, now)
-            return {"ok": True, **reply}
+            self._flush_wakes()
+            return reply if isinstance(reply, Park) else {"ok": True, **reply}
         except ProtocolError as exc:
             return {"ok": False, "error": str(exc)}
         except JournalError:
@@ -232,7 +261,16 @@ class Controller:
             return {"ok": False, "error": f"internal error: {exc!r}"}
 
     def _on_job_get(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        return {"job": self._known_job(message["job_id"]).record()}
+        job = self._known_job(message["job_id"])
+        return {"job": job.record(), "checkpoint": str(self.checkpoint_dir / f"{job.key or job.id}.pt")}
+
+    def _on_job_status(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        jobs = {}
+        for job_id in message["job_ids"]:
+            job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
+            if job is not None:
+                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "result": job.result, "error": job.error}
+        return {"jobs": jobs}
 
     def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         self._account(now)
@@ -256,10 +294,31 @@ class Controller:
 
     def _on_job_submit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         spec = check_spec(message["spec"])
-        job = self.world.add_job(self.world.next_job_id(), spec["name"], spec, now, key=spec.get("key"))
-        self.world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
+        world = self.world
+        key = spec.get("key")
+        earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
+        if earlier is not None and earlier.status not in ("failed", "cancelled"):
+            # The same call again (a re-run of the campaign): the job it already is — finished, or resuming.
+            if earlier.held:
+                world.claim(earlier)
+                world.log("job.claimed", now, job=earlier.id, name=earlier.name, progress=earlier.progress)
+                self.dirty = True
+            return {"job_id": earlier.id, "reused": True}
+        capacity = self.capacity()
+        if spec["min_nodes"] > capacity:
+            raise ProtocolError(f"job spec: min_nodes {spec['min_nodes']} is more than this machine could ever give ({capacity} nodes)")
+        if spec["max_nodes"] > capacity:
+            spec["max_nodes"] = capacity  # no job can hold more than there is; asking for more is not an error
+        job = world.add_job(world.next_job_id(), spec["name"], spec, now, key=key)
+        world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
         self.dirty = True
         return {"job_id": job.id}
+
+    def capacity(self) -> int:
+        """The most nodes a job could ever get: the machine (if the batch system says) within the configured cap."""
+        machine = self._scheduler_call("capacity", self.scheduler.capacity)
+        cap = self.config.controller.max_job_nodes
+        return min(cap, machine) if isinstance(machine, int) and machine > 0 else cap
 
     def _on_job_cancel(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         self._end_job(self._known_job(message["job_id"]), now, "cancelled")
@@ -308,19 +367,57 @@ class Controller:
             if name not in pilot.nodes or world.nodes[name].state != "ready":
                 world.node_joins(name, pilot, now)
                 world.log("node.joined", now, pilot=pilot.id, node=name)
+        pilot.registered_at = now
         self._hear(pilot.id, now)
         self.pilots.arrived(pilot, now)
         self.dirty = True
         return {}
 
-    def _on_pilot_heartbeat(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_pilot_heartbeat(self, message: dict[str, Any], now: float) -> dict[str, Any] | Park:
+        """A pilot is alive; it reports the processes that ended on its nodes and waits for commands (a long poll)."""
         pilot = self.world.pilot_of(message["pilot"])
         if pilot is None:
-            return {"register": message["pilot"] not in self.world.ended_pilots, "stop": message["pilot"] in self.world.ended_pilots}
+            ended = message["pilot"] in self.world.ended_pilots
+            return {"register": not ended, "stop": ended, "incarnation": self.incarnation}
         if pilot.state == "queued":
-            return {"register": True, "stop": False}
+            return {"register": True, "stop": False, "incarnation": self.incarnation}
         self._hear(pilot.id, now)
-        return {"release": self.pilots.released(pilot.id), "stop": False}
+        if isinstance(message.get("exits"), list):
+            self.launcher.reported(message["exits"])
+        wait = message.get("wait_s")
+        if self.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
+            return Park(pilot.id, min(float(wait), self.config.pilots.heartbeat_s), lambda: self._heartbeat_reply(pilot.id))
+        return self._heartbeat_reply(pilot.id)
+
+    def _heartbeat_reply(self, pilot_id: str) -> dict[str, Any]:
+        """What a pilot's agent is told: nodes to give back, commands for its nodes, whether to stop."""
+        live = pilot_id in self.world.pilots
+        return {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id), "stop": not live,
+                "register": False, "incarnation": self.incarnation}  # fmt: skip
+
+    def _has_news(self, pilot_id: str) -> bool:
+        return self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id) or pilot_id not in self.world.pilots
+
+    def _wake_later(self, pilot_id: str) -> None:
+        """A pilot has news: answer its parked heartbeat once what caused the news is committed."""
+        self._to_wake.add(pilot_id)
+
+    def _flush_wakes(self) -> None:
+        if self._to_wake and self.wake is not None:
+            for pilot_id in self._to_wake:
+                self.wake(pilot_id)
+        self._to_wake.clear()
+
+    def _on_rendezvous(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        """A torch elastic agent joining its job's round, or asking whether membership changed."""
+        book = getattr(self.runtime, "rendezvous", None)
+        if book is None:
+            raise ProtocolError("this run's runtime has no rendezvous (runtime.kind is not torch)")
+        from ..elastic.rendezvous import handle as rendezvous
+
+        reply = rendezvous(book, message, now)
+        reply.pop("ok", None)
+        return reply
 
     def _on_pilot_leaving(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         pilot = self.world.pilot_of(message["pilot"])
@@ -366,10 +463,33 @@ class Controller:
     # ------------------------------------------------------------ polled events
 
     def step(self, now: float | None = None) -> None:
-        """One pass over what is polled rather than messaged, then a decision if anything changed."""
+        """One pass over what is polled rather than messaged, then a decision if anything changed.
+
+        A bug met here is logged and the loop goes on (the journal holds what
+        memory holds); only a journal that cannot be written stops the controller.
+        """
         now = self.clock() if now is None else now
+        try:
+            self._step(now)
+        except JournalError:
+            raise
+        except Exception:
+            self._errors += 1
+            if self._errors <= 10 or self._errors % 1000 == 0:
+                log.error("error in the controller's step (%d so far): %s", self._errors, traceback.format_exc())
+            self.dirty = False  # do not retry the same failing decision every tick; the next event will
+        self._last_step = now
+
+    def _step(self, now: float) -> None:
         self._account(now)
+        try:
+            self._step_in_transaction(now)
+        finally:
+            self._flush_wakes()
+
+    def _step_in_transaction(self, now: float) -> None:
         with self.journal.transaction():
+            self._polled_before, self._polled_at = self._polled_at, now
             for event in self._scheduler_call("poll", self.scheduler.poll, now) or []:
                 self._on_pilot_event(event, now)
             for exit_ in self.runtime.poll():
@@ -387,7 +507,6 @@ class Controller:
                 self._journal_accounts()
                 self.world.prune(KEEP_EVENTS, KEEP_ENDED_PILOTS)
                 self._forget_dead_processes()
-        self._last_step = now
 
     def _on_pilot_event(self, event: PilotEvent, now: float) -> None:
         world = self.world
@@ -400,12 +519,19 @@ class Controller:
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
                 self.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline)
+        elif event.kind == "ended" and event.detail.startswith("requeued"):
+            # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
+            # its next agent registers as it. Unless that agent already did (it ran again between two polls).
+            world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
+            if pilot is not None and not (pilot.state == "running" and pilot.registered_at > self._polled_before):
+                self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone")
+                world.set_pilot(pilot, state="queued", nodes=[])
+                self._heard.pop(pilot.id, None)
         elif event.kind == "ended":
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
                 self.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone")
-                world.end_pilot(pilot, "ended", now)
-                self._heard.pop(pilot.id, None)
+                self.end_pilot(pilot, "ended", now)
                 self.dirty = True
 
     def _on_rank_exit(self, exit_: RankExit, now: float) -> None:
@@ -445,8 +571,15 @@ class Controller:
                 continue
             self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
             self.remove_nodes(list(pilot.nodes), now, "its pilot went silent", "gone", event="node.lost")
-            self.world.end_pilot(pilot, "lost", now)
+            self.end_pilot(pilot, "lost", now)
             self._scheduler_call("cancel", self.scheduler.cancel, pilot_id)
+
+    def end_pilot(self, pilot: Pilot, state: str, now: float) -> None:
+        """A pilot is over (``ended`` or ``lost``); its nodes must have been removed. Its agent ends what ran there."""
+        self.world.end_pilot(pilot, state, now)
+        self.launcher.forget(pilot.id)
+        self._heard.pop(pilot.id, None)
+        self._wake_later(pilot.id)  # a heartbeat it has waiting is told to stop
 
     def _hear(self, pilot_id: str, now: float) -> None:
         self._heard.pop(pilot_id, None)
@@ -523,7 +656,11 @@ class Controller:
         jobs = []
         current = {}
         for job in active:
-            jobs.append(self._allocator_job(job))
+            try:
+                jobs.append(self._allocator_job(job))
+            except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
+                self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
+                continue
             if job.nodes:
                 current[job.id] = frozenset(job.nodes)
         pool = tuple(self.world.ready) + tuple(f"+{i}" for i in range(extra))
@@ -538,8 +675,10 @@ class Controller:
             if curve is None:
                 curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
         else:
-            curve = self.profiler.confirmed(job.id, lo, hi)
             explore = self.profiler.curve(job.id, lo, hi)
+            curve = self.profiler.confirmed(job.id, lo, hi)
+            if job.status == "running" and not self.profiler.measured(job.id):
+                curve = explore  # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
         objective = None
         if spec.get("objective"):
             objective = self._curves.get(job.id + "/objective")
@@ -658,7 +797,7 @@ class Controller:
                     world.update_job(job, status="pending", nodes=[])
             for pilot in list(world.pilots.values()):
                 self.remove_nodes(list(pilot.nodes), now, "controller stopped", "gone")
-                world.end_pilot(pilot, "ended", now)
+                self.end_pilot(pilot, "ended", now)
             self.journal.clear_processes()
             self._account(now)
             self._journal_accounts()

@@ -18,7 +18,6 @@ import argparse
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 
 from ..config import ConfigError, load_config
@@ -47,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pilotfill-controller", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--config", default=None, help="config file or name (default: the embedded local cluster)")
+    ap.add_argument("--new-campaign", action="store_true", help="a campaign starts anew here: jobs left open wait to be claimed by its calls")
+    ap.add_argument("--checkpoint-dir", type=Path, default=None, help="where trainings commit, by call (default: RUN_DIR/checkpoints)")
     args = ap.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -61,12 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     controller = None
     try:
-        controller = Controller(args.run_dir, config)
+        controller = Controller(args.run_dir, config, new_campaign=args.new_campaign, checkpoint_dir=args.checkpoint_dir)
         try:
             server = Server(args.run_dir, controller.key, host=config.controller.bind, incarnation=controller.incarnation, not_before=controller.started)
-        except Exception as exc:  # an address that cannot be bound: one line, not a traceback
-            print(f"pilotfill controller: cannot listen on {config.controller.bind!r} ({config.source}: controller.bind): {exc}", file=sys.stderr)
+        except Exception as exc:  # an address that cannot be bound: one line, not a traceback (and the last line)
             controller.shutdown()
+            print(f"pilotfill controller: cannot listen on {config.controller.bind!r} ({config.source}: controller.bind): {exc}", file=sys.stderr, flush=True)
             return EXIT_CONFIG
 
         def stop(signum, frame) -> None:
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        controller.wake = server.wake  # long polls: a pilot's waiting heartbeat is answered when it has news
         server.publish(incarnation=controller.incarnation)
         log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
         try:
@@ -83,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         controller.shutdown()
         return 0
     except JournalError as exc:
-        print(f"pilotfill controller: stopping, the run's state cannot be written: {exc}", file=sys.stderr, flush=True)
         log.error("stopping: %s", exc)
         if controller is not None:
             _stop_without_journal(controller)
+        # The last line the controller prints: what `pilotfill run` shows.
+        print(f"pilotfill controller: stopping, the run's state cannot be written: {exc}", file=sys.stderr, flush=True)
         return EXIT_JOURNAL
 
 
@@ -97,7 +100,6 @@ def _stop_without_journal(controller: Controller) -> None:
             close()
         except Exception as exc:  # best effort: the process is ending
             log.error("while stopping: %s", exc)
-    time.sleep(0)
 
 
 if __name__ == "__main__":

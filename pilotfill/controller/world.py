@@ -44,6 +44,7 @@ class Pilot:
     pid: int | None = None
     walltime_end: float | None = None
     controller: int = 0
+    registered_at: float = 0.0  # when its agent last registered (not journaled)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class Job:
     launches: int = 0
     crashes: int = 0
     key: str | None = None
+    held: bool = False  # recovered from an earlier campaign: waits until a submission of the same call claims it
     lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
 
     def record(self) -> dict[str, Any]:
@@ -83,7 +85,8 @@ class World:
         self.ended_pilots: OrderedDict[str, str] = OrderedDict()  # recently ended pilot -> its last state
         self.ended_order: deque[str] = deque()  # pilots ended by this controller, oldest first (journal pruning)
         self.jobs: dict[str, Job] = {}
-        self.open: dict[str, Job] = {}  # pending and running jobs, in submission order
+        self.open: dict[str, Job] = {}  # pending and running jobs, in submission order (held ones aside)
+        self.held: dict[str, Job] = {}  # pending jobs of an earlier campaign, not yet claimed
         self.by_key: dict[str, str] = {}  # app-call key -> newest job for it
         self.counters: Counter[str] = Counter(journal.counters())
         self._seq = journal.max_job_seq()
@@ -96,7 +99,7 @@ class World:
             job = Job(**{k: v for k, v in row.__dict__.items()})
             self.jobs[job.id] = job
             if job.status not in TERMINAL:
-                self.open[job.id] = job
+                (self.held if job.held else self.open)[job.id] = job
             if job.key:
                 self.by_key[job.key] = job.id
         for row in self.journal.pilots(LIVE_PILOT_STATES):
@@ -143,6 +146,22 @@ class World:
             setattr(job, k, v)
         if job.status in TERMINAL:
             self.open.pop(job.id, None)
+            self.held.pop(job.id, None)
+
+    def hold(self, job: Job) -> None:
+        """Set an open job aside until a submission of the same call claims it."""
+        self.journal.set_job(job.id, held=1)
+        job.held = True
+        self.open.pop(job.id, None)
+        self.held[job.id] = job
+
+    def claim(self, job: Job) -> None:
+        """A held job is wanted again: it rejoins the open jobs (in submission order)."""
+        self.journal.set_job(job.id, held=0)
+        job.held = False
+        self.held.pop(job.id, None)
+        self.open[job.id] = job
+        self.open = dict(sorted(self.open.items(), key=lambda kv: kv[1].seq))
 
     def add_progress(self, job: Job, samples: float) -> float:
         samples = max(0.0, samples)

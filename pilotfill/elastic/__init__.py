@@ -1,7 +1,12 @@
 """Runtimes that start, resize and stop the ranks of training jobs on pilot nodes.
 
-``from pilotfill.elastic import TorchState``: Horovod's elastic state with
-every commit also saved durably (imported lazily: it needs Horovod and torch).
+For training code (imported lazily: they need torch, and Horovod for ``TorchState``):
+
+* ``from pilotfill.elastic import ElasticState`` — plain ``torch.distributed``
+  (``runtime.kind = "torch"``): a model, an optimizer and named values that
+  survive every change of nodes, committed durably;
+* ``from pilotfill.elastic import TorchState`` — Horovod's elastic state with
+  every commit also saved durably (``runtime.kind = "horovod"``).
 """
 
 from typing import Any
@@ -12,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from .torch_state import TorchState
 
         return TorchState
+    if name == "ElasticState":
+        from .state import ElasticState
+
+        return ElasticState
     raise AttributeError(f"module 'pilotfill.elastic' has no attribute {name!r}")

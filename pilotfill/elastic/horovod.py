@@ -17,6 +17,7 @@ back. On a cluster the hosts are the pilots' nodes and ssh is the real one.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,9 +28,10 @@ from typing import Any
 
 from .. import procs
 from .base import RankExit, Runtime
+from .launch import NodeLauncher
 
 SHRINK_DEADLINE_S = 3.0
-"""A removed host's rank gets this long to leave through Horovod before it is killed."""
+"""A removed host's ranks get this long to leave through Horovod before that host's pilot agent ends them."""
 JOB_RETRIES = 3
 """horovodrun dying without a reported failure is retried (from the last durable commit) this often."""
 
@@ -38,12 +40,17 @@ class HorovodRuntime(Runtime):
     def __init__(
         self,
         run_dir: Path,
+        launcher: NodeLauncher | None = None,
         local: bool = True,
         network_interface: str | None = "lo",
         on_spawn: Callable[[subprocess.Popen, str, str], None] | None = None,
         cooldown_s: tuple[int, int] = (5, 15),
+        ranks_per_node: int = 1,
+        gpus_per_node: int = 0,
     ):
         self.run_dir = Path(run_dir)
+        self.launcher = launcher
+        self.ranks_per_node, self.gpus_per_node = ranks_per_node, gpus_per_node
         self.local = local
         self.network_interface = network_interface
         self.cooldown_s = cooldown_s
@@ -52,6 +59,7 @@ class HorovodRuntime(Runtime):
         self.discovery.mkdir(mode=0o700, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self._drivers: dict[str, subprocess.Popen] = {}
+        self._slots: dict[str, int] = {}
         self._hosts: dict[str, list[str]] = {}
         self._stopping: dict[str, subprocess.Popen] = {}
         self._removed: list[tuple[str, str, float]] = []  # job, host, kill-after
@@ -60,7 +68,7 @@ class HorovodRuntime(Runtime):
         if local:
             self._bin.mkdir(mode=0o700, exist_ok=True)
             ssh = self._bin / "ssh"
-            ssh.write_text(f'#!/bin/sh\nexec {sys.executable} -m pilotfill.elastic.local_ssh "$@"\n')
+            ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m pilotfill.elastic.local_ssh "$@"\n')
             ssh.chmod(0o700)
 
     # ------------------------------------------------------------ Runtime
@@ -68,9 +76,10 @@ class HorovodRuntime(Runtime):
     def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
         if job_id in self._drivers:
             self.stop(job_id)
+        self._slots[job_id] = slots = int(spec.get("ranks_per_node") or self.ranks_per_node)
         self._write_hosts(job_id, hosts)
         script = self.discovery / f"{job_id}.sh"
-        script.write_text(f"#!/bin/sh\nexec cat {self.discovery / f'{job_id}.hosts'}\n")
+        script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(self.discovery / f'{job_id}.hosts'))}\n")  # paths may hold spaces
         script.chmod(0o700)
         (self.discovery / f"{job_id}.exits").unlink(missing_ok=True)
         self._exits_read[job_id] = 0
@@ -78,8 +87,8 @@ class HorovodRuntime(Runtime):
         if horovodrun is None:
             raise RuntimeError("horovodrun not found: install Horovod (scripts/build_horovod.sh)")
         argv = [
-            horovodrun, "-np", str(len(hosts)), "--min-np", str(spec["min_nodes"]), "--max-np", str(spec["max_nodes"]),
-            "--host-discovery-script", str(script), "--gloo", "--elastic-timeout", "600",
+            horovodrun, "-np", str(len(hosts) * slots), "--min-np", str(spec["min_nodes"] * slots), "--max-np", str(spec["max_nodes"] * slots),
+            "--host-discovery-script", shlex.quote(str(script)), "--gloo", "--elastic-timeout", "600",  # Horovod runs it in a shell
             "--blacklist-cooldown-range", str(self.cooldown_s[0]), str(self.cooldown_s[1]),
         ]  # fmt: skip
         if self.network_interface:
@@ -89,6 +98,8 @@ class HorovodRuntime(Runtime):
             **os.environ,
             "PILOTFILL_RUN_DIR": str(self.run_dir),
             "PILOTFILL_JOB_ID": job_id,
+            "PILOTFILL_RUNTIME": "horovod",
+            "PILOTFILL_GPUS_PER_NODE": str(int(spec.get("gpus_per_node", self.gpus_per_node) or 0)),
             "PYTHONUNBUFFERED": "1",
         }
         if self.local:
@@ -106,12 +117,13 @@ class HorovodRuntime(Runtime):
 
     def stop(self, job_id: str) -> None:
         proc = self._drivers.pop(job_id, None)
+        hosts = self._hosts.get(job_id, [])
         self._write_hosts(job_id, [])
         if proc is not None:
             procs.kill_group(proc.pid)
             self._stopping[job_id] = proc
-        for pid in self._job_processes(job_id):
-            procs.kill_pid(pid)
+        for host in hosts:  # what Horovod started on them over ssh ends there, by their agents' hands
+            self._end_on(host, job_id)
 
     def hosts(self, job_id: str) -> list[str]:
         return list(self._hosts.get(job_id, [])) if job_id in self._drivers else []
@@ -131,13 +143,10 @@ class HorovodRuntime(Runtime):
         for job_id, host, deadline in self._removed:
             if host in self._hosts.get(job_id, []):
                 continue  # given back to the job meanwhile
-            left = self._job_processes(job_id, host)
-            if not left:
-                continue
             if now >= deadline:
-                for pid in left:
-                    procs.kill_pid(pid)
-            keep.append((job_id, host, deadline))
+                self._end_on(host, job_id)  # Horovod has had its chance to remove it
+            else:
+                keep.append((job_id, host, deadline))
         self._removed = keep
         return out
 
@@ -154,7 +163,8 @@ class HorovodRuntime(Runtime):
         self._hosts[job_id] = list(hosts)
         path = self.discovery / f"{job_id}.hosts"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(f"{h}:1\n" for h in hosts))
+        slots = self._slots.get(job_id, self.ranks_per_node)
+        tmp.write_text("".join(f"{h}:{slots}\n" for h in hosts))
         os.replace(tmp, path)
 
     def _new_exits(self, job_id: str) -> list[RankExit]:
@@ -172,9 +182,7 @@ class HorovodRuntime(Runtime):
                 out.append(RankExit(job_id, host, int(code), requested=False))
         return out
 
-    def _job_processes(self, job_id: str, host: str | None = None) -> list[int]:
-        """Live processes of this job (optionally on one host), found by their environment."""
-        wanted = {"PILOTFILL_JOB_ID": job_id, "PILOTFILL_RUN_DIR": str(self.run_dir)}
-        if host is not None:
-            wanted["PILOTFILL_HOST"] = host
-        return procs.with_environment(**wanted)
+    def _end_on(self, host: str, job_id: str) -> None:
+        """End the job's processes on ``host`` through its pilot agent (which finds them by their environment)."""
+        if self.launcher is not None:
+            self.launcher.terminate(host, job_id)

@@ -1,104 +1,88 @@
-"""The simple runtime: every rank is a plain process running the job's function on its host.
+"""The simple runtime: every rank a plain process running the job's function on its host.
 
 It has no collective communication — each rank works and reports on its own —
 which is enough to prove the controller, pilots and durable state with real
-processes, and is the shape Elastic Horovod fills in next. On the local
-cluster "running on host X" means a process on this machine with
-``PILOTFILL_HOST=X``.
+processes. A job's share of each node (``ranks_per_node`` ranks, one per GPU
+on GPU nodes) is started and ended through that node's pilot agent
+(:class:`~pilotfill.elastic.launch.NodeLauncher`); the controller never starts
+anything on a compute node itself.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import procs
 from .base import RankExit, Runtime
-
-STOP_GRACE_S = 3.0
+from .launch import NodeLauncher
 
 
 class ProcessRuntime(Runtime):
-    def __init__(self, run_dir: Path, on_spawn: Callable[[subprocess.Popen, str, str], None] | None = None):
+    def __init__(self, run_dir: Path, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int = 0, python: str = sys.executable):
         self.run_dir = Path(run_dir)
-        self._on_spawn = on_spawn or (lambda p, job, host: None)
-        self._ranks: dict[str, dict[str, subprocess.Popen]] = {}
-        self._stopping: list[tuple[str, str, subprocess.Popen, float]] = []  # job, host, process, SIGKILL deadline
+        self.launcher = launcher
+        self.ranks_per_node, self.gpus_per_node, self.python = ranks_per_node, gpus_per_node, python
+        self._hosts: dict[str, list[str]] = {}
         self._specs: dict[str, dict[str, Any]] = {}
         (self.run_dir / "logs").mkdir(exist_ok=True)
 
     def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
+        if job_id in self._hosts:
+            self.stop(job_id)
         self._specs[job_id] = spec
-        self._ranks.setdefault(job_id, {})
+        self._hosts[job_id] = []
         self.resize(job_id, hosts)
 
     def resize(self, job_id: str, hosts: list[str], lost: Sequence[str] = ()) -> None:
-        ranks = self._ranks.setdefault(job_id, {})
-        for host in [h for h in ranks if h not in hosts]:
-            self._terminate(job_id, host, ranks.pop(host))
+        if job_id not in self._hosts:
+            return
+        before = self._hosts[job_id]
+        self._hosts[job_id] = list(hosts)
+        for host in dict.fromkeys([*before, *lost]):
+            if host not in hosts:
+                self.launcher.terminate(host, job_id)
         for host in hosts:
-            if host not in ranks:
-                ranks[host] = self._spawn(job_id, host, rank=len(ranks), size=len(hosts))
+            if host not in before:
+                self.launcher.launch(host, job_id, self._argv(job_id), self._env(job_id, hosts.index(host), len(hosts)))
 
     def stop(self, job_id: str) -> None:
-        for host, proc in self._ranks.pop(job_id, {}).items():
-            self._terminate(job_id, host, proc)
+        for host in self._hosts.pop(job_id, []):
+            self.launcher.terminate(host, job_id)
+        self._specs.pop(job_id, None)
 
     def hosts(self, job_id: str) -> list[str]:
-        return list(self._ranks.get(job_id, {}))
+        return list(self._hosts.get(job_id, []))
 
     def poll(self) -> list[RankExit]:
-        out: list[RankExit] = []
-        for job_id, ranks in self._ranks.items():
-            for host, proc in list(ranks.items()):
-                if proc.poll() is not None:
-                    del ranks[host]
-                    out.append(RankExit(job_id, host, proc.returncode, requested=False))
-        now = time.monotonic()
-        still = []
-        for job_id, host, proc, deadline in self._stopping:
-            if proc.poll() is not None:
-                out.append(RankExit(job_id, host, proc.returncode, requested=True))
-            elif now >= deadline:
-                procs.kill_group(proc.pid)
-                still.append((job_id, host, proc, now + 1.0))
-            else:
-                still.append((job_id, host, proc, deadline))
-        self._stopping = still
+        out = []
+        for ended in self.launcher.exits():
+            held = ended.host in self._hosts.get(ended.job_id, [])
+            if held and not ended.requested:
+                self._hosts[ended.job_id].remove(ended.host)  # died on its own: the controller takes the host off the job
+            out.append(RankExit(ended.job_id, ended.host, ended.returncode, requested=ended.requested or not held))
         return out
 
     def close(self) -> None:
-        for job_id in list(self._ranks):
+        for job_id in list(self._hosts):
             self.stop(job_id)
-        for _, _, proc, _ in self._stopping:
-            procs.kill_group(proc.pid)
-            proc.wait()
-        self._stopping = []
 
-    def _spawn(self, job_id: str, host: str, rank: int, size: int) -> subprocess.Popen:
-        env = {
-            **os.environ,
+    def _ranks(self, job_id: str) -> int:
+        return int(self._specs.get(job_id, {}).get("ranks_per_node") or self.ranks_per_node)
+
+    def _argv(self, job_id: str) -> list[str]:
+        return [self.python, "-m", "pilotfill.elastic.rank", "--nproc", str(self._ranks(job_id))]
+
+    def _env(self, job_id: str, node_index: int, nodes: int) -> dict[str, str]:
+        per = self._ranks(job_id)
+        gpus = self._specs.get(job_id, {}).get("gpus_per_node", self.gpus_per_node)
+        return {
             "PILOTFILL_RUN_DIR": str(self.run_dir),
             "PILOTFILL_JOB_ID": job_id,
-            "PILOTFILL_HOST": host,
-            "PILOTFILL_RANK": str(rank),
-            "PILOTFILL_SIZE": str(size),
+            "PILOTFILL_RUNTIME": "processes",
+            "PILOTFILL_NODE_RANK": str(node_index),
+            "PILOTFILL_SIZE": str(nodes * per),
+            "PILOTFILL_GPUS_PER_NODE": str(int(gpus or 0)),
+            "PYTHONUNBUFFERED": "1",
         }
-        log = self.run_dir / "logs" / f"{job_id}.{host}.log"
-        proc = procs.spawn([sys.executable, "-m", "pilotfill.elastic.rank"], env=env, log_path=str(log))
-        self._on_spawn(proc, job_id, host)
-        return proc
-
-    def _terminate(self, job_id: str, host: str, proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        self._stopping.append((job_id, host, proc, time.monotonic() + STOP_GRACE_S))

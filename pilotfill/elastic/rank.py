@@ -1,11 +1,14 @@
-"""Entry point of one rank (both runtimes): fetch the job, run its function, send the outcome.
+"""Entry point of one rank (processes and Horovod runtimes): fetch the job, run its function, send the outcome.
 
-    PILOTFILL_RUN_DIR=… PILOTFILL_JOB_ID=… PILOTFILL_HOST=… python -m pilotfill.elastic.rank
+    PILOTFILL_RUN_DIR=… PILOTFILL_JOB_ID=… PILOTFILL_HOST=… python -m pilotfill.elastic.rank [--nproc N]
 
 The function's return value (JSON) goes back as ``job.result`` — from rank 0
 when the function used Horovod, from whichever rank finishes first otherwise;
 an exception on any rank goes back as ``job.failed`` with its full traceback,
-and the rank exits 1.
+and the rank exits 1. ``--nproc N`` starts a node's share of a job: N ranks,
+each with ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (ended together on SIGTERM).
+Where the node has GPUs (``PILOTFILL_GPUS_PER_NODE`` > 0) each rank sees only
+its own: ``CUDA_VISIBLE_DEVICES`` is its local rank, so it uses ``cuda:0``.
 """
 
 from __future__ import annotations
@@ -38,12 +41,60 @@ def horovod_rank() -> int | None:
         return None
 
 
-def main() -> int:
+def local_rank() -> int | None:
+    """This rank's index on its node, as whichever launcher started it says."""
+    for name in ("LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return None
+
+
+def bind_device() -> None:
+    """One GPU per rank: its local rank's, before anything imports CUDA (nothing to do without GPUs)."""
+    gpus = int(os.environ.get("PILOTFILL_GPUS_PER_NODE", "0") or 0)
+    rank = local_rank()
+    if gpus > 0 and rank is not None and "PILOTFILL_DEVICE_BOUND" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank % gpus)
+        os.environ["PILOTFILL_DEVICE_BOUND"] = "1"
+
+
+def node_share(nproc: int) -> int:
+    """Run ``nproc`` ranks of the job on this node and wait for them; SIGTERM ends them all."""
+    import signal
+    import subprocess
+
+    node = int(os.environ.get("PILOTFILL_NODE_RANK", "0") or 0)
+    children = []
+    for i in range(nproc):
+        env = {**os.environ, "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(nproc), "PILOTFILL_RANK": str(node * nproc + i)}
+        children.append(subprocess.Popen([sys.executable, "-m", "pilotfill.elastic.rank"], env=env, preexec_fn=die_with_parent))
+
+    def forward(signum, frame) -> None:
+        for child in children:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    codes = [child.wait() for child in children]
+    return next((c for c in codes if c != 0), 0)
+
+
+def main(argv: list[str] | None = None) -> int:
     die_with_parent()
+    args = sys.argv[1:] if argv is None else argv
+    if "--nproc" in args:
+        nproc = int(args[args.index("--nproc") + 1])
+        if nproc > 1:
+            return node_share(nproc)
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+    bind_device()
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
-    job = client.request({"type": "job.get", "job_id": job_id})["job"]
+    reply = client.request({"type": "job.get", "job_id": job_id})
+    job = reply["job"]
     spec = job["spec"]
+    if reply.get("checkpoint"):
+        os.environ["PILOTFILL_CHECKPOINT"] = reply["checkpoint"]  # where this training's commits go, by its call
     if spec.get("payload"):
         return run_parsl_task(client, job_id, spec["payload"])
     try:
@@ -61,9 +112,15 @@ def run_parsl_task(client: Client, job_id: str, payload: str) -> int:
     comes back as a ``RemoteExceptionWrapper`` carrying the traceback; both outcomes travel
     serialized by Parsl's own serializer."""
     from parsl.app.errors import RemoteExceptionWrapper
-    from parsl.serialize import serialize, unpack_apply_message
+    from parsl.serialize import serialize
 
-    func, args, kwargs = unpack_apply_message(base64.b64decode(payload))
+    from ..executors.shipping import CannotShip, unpack_call
+
+    try:
+        func, args, kwargs = unpack_call(payload)
+    except CannotShip as exc:  # a module the app needs is not here: said once, naming it
+        client.request({"type": "job.failed", "job_id": job_id, "error": str(exc)})
+        return 1
     value = func(*args, **kwargs)
     packed = {"parsl": base64.b64encode(serialize(value)).decode()}
     if isinstance(value, RemoteExceptionWrapper):

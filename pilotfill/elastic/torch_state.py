@@ -21,14 +21,7 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 
-
-def checkpoint_path(job_id: str | None = None) -> Path | None:
-    """Where the current job's commits go (None outside pilotfill)."""
-    run_dir = os.environ.get("PILOTFILL_RUN_DIR")
-    job_id = job_id or os.environ.get("PILOTFILL_JOB_ID")
-    if not run_dir or not job_id:
-        return None
-    return Path(run_dir) / "checkpoints" / f"{job_id}.pt"
+from ..checkpoints import checkpoint_path
 
 
 class TorchState(hvd.elastic.TorchState):
@@ -59,7 +52,7 @@ class TorchState(hvd.elastic.TorchState):
             "optimizer": self.optimizer.state_dict() if getattr(self, "optimizer", None) is not None else None,
             "extra": {k: getattr(self, k) for k in self._durable_keys},
         }
-        self._durable_path.parent.mkdir(parents=True, exist_ok=True)
+        self._durable_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self._durable_path.with_name(f".{self._durable_path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             torch.save(payload, f)
@@ -71,4 +64,7 @@ class TorchState(hvd.elastic.TorchState):
     def _load(path: Path | None) -> dict[str, Any] | None:
         if path is None or not path.exists():
             return None
+        from ..checkpoints import check_private
+
+        check_private(path, path.parent)  # a pickle: loaded only if nobody else could have written it
         return torch.load(path, map_location="cpu", weights_only=False)

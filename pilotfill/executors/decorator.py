@@ -22,6 +22,8 @@ from parsl import python_app
 from ..allocator import ProblemError, ScalingCurve
 
 RESOURCE_KEY = "parsl_resource_specification"
+MAX_NODES = 1_000_000
+"""No job asks for more nodes than this; the controller further caps a job at the machine it runs on."""
 
 
 def elastic_app(
@@ -34,11 +36,17 @@ def elastic_app(
     weight: float = 1.0,
     scale_up_cost_s: float = 10.0,
     scale_down_cost_s: float = 5.0,
+    restart_cost_s: float = 30.0,
     cache: bool = True,
     executor: str = "elastic",
 ) -> Callable:
-    """Decorate a training function as an elastic Parsl app (see module docstring)."""
-    spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s)
+    """Decorate a training function as an elastic Parsl app (see module docstring).
+
+    ``restart_cost_s``: seconds of training a stop and restart costs (the work
+    since the last commit, and starting again); the allocator stops a running
+    job only when that is worth paying.
+    """
+    spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
 
     def decorate(func: Callable) -> Callable:
         if not callable(func):
@@ -61,24 +69,34 @@ def elastic_app(
     return decorate(function) if function is not None else decorate
 
 
-def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down) -> dict[str, Any]:
+class ElasticAppError(ValueError):
+    """An ``elastic_app`` argument that cannot work; ``pilotfill run`` shows it as one line with the campaign's line."""
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down, restart) -> dict[str, Any]:
     def fail(message: str) -> None:
-        raise ValueError(f"elastic_app: {message}")
+        raise ElasticAppError(f"elastic_app: {message}")
 
     if not isinstance(min_nodes, int) or isinstance(min_nodes, bool) or min_nodes < 1:
         fail(f"min_nodes must be an integer >= 1, got {min_nodes!r}")
     if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < min_nodes:
         fail(f"max_nodes must be an integer >= min_nodes ({min_nodes}), got {max_nodes!r}")
+    if max_nodes > MAX_NODES:
+        fail(f"max_nodes must be at most {MAX_NODES:,} (no machine is larger), got {max_nodes!r}")
     if curve is not None:
         try:
             ScalingCurve(tuple(curve["nodes"]), tuple(curve["samples_per_s"]))
         except (KeyError, TypeError, ProblemError) as exc:
             fail(f"curve must be {{'nodes': [0, …], 'samples_per_s': [0, …]}} starting at 0 nodes: {exc}")
-    if total_samples is not None and not (isinstance(total_samples, (int, float)) and total_samples > 0 and math.isfinite(total_samples)):
+    if total_samples is not None and not (_finite(total_samples) and total_samples > 0):
         fail(f"total_samples must be a positive number, got {total_samples!r}")
-    for name, value in (("weight", weight), ("scale_up_cost_s", up), ("scale_down_cost_s", down)):
-        if not isinstance(value, (int, float)) or value < 0 or (name == "weight" and value == 0):
-            fail(f"{name} must be a {'positive' if name == 'weight' else 'non-negative'} number, got {value!r}")
+    for name, value in (("weight", weight), ("scale_up_cost_s", up), ("scale_down_cost_s", down), ("restart_cost_s", restart)):
+        if not _finite(value) or value < 0 or (name == "weight" and value == 0):
+            fail(f"{name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {value!r}")
     return {
         "min_nodes": min_nodes,
         "max_nodes": max_nodes,
@@ -87,4 +105,5 @@ def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down) -> dict
         "weight": float(weight),
         "scale_up_cost_s": float(up),
         "scale_down_cost_s": float(down),
+        "restart_cost_s": float(restart),
     }

@@ -16,6 +16,7 @@ thread pool instead of being turned into a training job.
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import queue
 import threading
@@ -25,14 +26,29 @@ from typing import Any, Callable
 
 from parsl.executors import ThreadPoolExecutor
 from parsl.executors.base import ParslExecutor
-from parsl.serialize import deserialize, pack_apply_message
+from parsl.serialize import deserialize
 
 from ..client import ControllerClient
+from ..transport import ControllerUnavailable
+from .shipping import CannotShip, pack_call
 from ..state import TERMINAL
 
 log = logging.getLogger("pilotfill.executor")
 
-SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "name"}
+SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name"}
+
+
+def call_key(name: str, args: tuple, kwargs: dict) -> str | None:
+    """Which call this is, stably across runs (the function's name and its arguments, as Parsl's memoizer
+    identifies them): a re-run's submission of the same call resumes the same training. None when an
+    argument has no stable identity."""
+    from parsl.dataflow.memoization import id_for_memo
+
+    try:
+        ident = id_for_memo(list(args)) + id_for_memo({k: v for k, v in kwargs.items() if not k.startswith("parsl_")})
+    except Exception:  # an argument Parsl cannot identify: no resume for this call, nothing worse
+        return None
+    return hashlib.sha256(name.encode() + b"\0" + ident).hexdigest()[:32]
 
 
 def call_name(name: str, args: tuple, kwargs: dict, limit: int = 48) -> str:
@@ -51,8 +67,9 @@ class ElasticExecutor(ParslExecutor):
         self.controller_run_dir = Path(controller_run_dir)
         self.poll_s = poll_s
         self._outbox: queue.Queue = queue.Queue()
-        self._pending: dict[str, Future] = {}
+        self._pending: dict[str, list[Future]] = {}  # job -> the futures of the calls it is (a call made twice is one job)
         self._stop = threading.Event()
+        self._failed: str | None = None
         self._thread: threading.Thread | None = None
         self._local = ThreadPoolExecutor(label=f"{label}-local", max_threads=2)
 
@@ -67,20 +84,48 @@ class ElasticExecutor(ParslExecutor):
         if "min_nodes" not in spec:
             return self._local.submit(func, {}, *args, **kwargs)
         future: Future = Future()
-        payload = base64.b64encode(pack_apply_message(func, args, kwargs)).decode()
+        if self._failed is not None:
+            future.set_exception(RuntimeError(self._failed))
+            return future
         job = {k: v for k, v in spec.items() if k in SPEC_KEYS}
-        job["name"] = call_name(job.get("name") or getattr(func, "__name__", "task"), args, kwargs)
+        function = job.get("name") or getattr(func, "__name__", "task")
+        job["name"] = call_name(function, args, kwargs)
+        try:
+            payload = pack_call(job["name"], func, args, kwargs)
+        except CannotShip as exc:  # said when the app is called, naming what cannot go
+            future.set_exception(exc)
+            return future
+        key = call_key(function, args, kwargs)
+        if key is not None:
+            job["key"] = key
         job["payload"] = payload
         self._outbox.put((future, job))
         return future
+
+    def fail_all(self, reason: str) -> None:
+        """The controller is gone for good: every app still waiting fails with ``reason``, and so will new ones."""
+        self._failed = reason
+        while True:
+            try:
+                future, _ = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            if not future.done():
+                future.set_exception(RuntimeError(reason))
+        for job_id, futures in list(self._pending.items()):
+            self._pending.pop(job_id, None)
+            for future in futures:
+                if not future.done():
+                    future.set_exception(RuntimeError(reason))
 
     def shutdown(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for job_id, future in list(self._pending.items()):
-            if not future.done():
-                future.set_exception(RuntimeError(f"executor shut down before job {job_id} finished"))
+        for job_id, futures in list(self._pending.items()):
+            for future in futures:
+                if not future.done():
+                    future.set_exception(RuntimeError(f"executor shut down before job {job_id} finished"))
         self._local.shutdown()
 
     # ------------------------------------------------------------ the background thread
@@ -88,26 +133,47 @@ class ElasticExecutor(ParslExecutor):
     def _work(self) -> None:
         client = ControllerClient(self.controller_run_dir)
         while not self._stop.is_set():
-            try:
-                while True:
-                    future, job = self._outbox.get_nowait()
-                    try:
-                        self._pending[client.submit(job)] = future
-                    except Exception as exc:  # refused (bad spec) or no controller: the app fails, clearly
-                        future.set_exception(exc)
-            except queue.Empty:
-                pass
-            for job_id, future in list(self._pending.items()):
-                try:
-                    record = client.job(job_id)
-                except Exception as exc:
-                    log.warning("cannot read job %s: %s", job_id, exc)
-                    break
-                if record["status"] in TERMINAL:
-                    del self._pending[job_id]
-                    self._resolve(future, record)
+            self._send(client)
+            self._collect(client)
             self._stop.wait(self.poll_s)
         client.close()
+
+    def _send(self, client: ControllerClient) -> None:
+        """Submit what the campaign launched; while the controller is away (restarting), keep it for later."""
+        waiting = []
+        while True:
+            try:
+                future, job = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            if future.done():
+                continue
+            try:
+                job_id = client.submit(job)
+            except ControllerUnavailable:
+                waiting.append((future, job))
+                continue
+            except Exception as exc:  # refused (a bad spec, an impossible job): the app fails, clearly
+                future.set_exception(exc)
+                continue
+            self._pending.setdefault(job_id, []).append(future)
+        for item in waiting:
+            self._outbox.put(item)
+
+    def _collect(self, client: ControllerClient) -> None:
+        """Resolve the futures of jobs that ended (one request for all of them)."""
+        if not self._pending:
+            return
+        try:
+            records = client.status(list(self._pending))
+        except ControllerUnavailable as exc:
+            log.info("controller unavailable (%s); still waiting", exc)
+            return
+        for job_id, record in records.items():
+            if record["status"] in TERMINAL:
+                for future in self._pending.pop(job_id, []):
+                    if not future.done():
+                        self._resolve(future, record)
 
     @staticmethod
     def _resolve(future: Future, record: dict[str, Any]) -> None:

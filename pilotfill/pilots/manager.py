@@ -63,6 +63,9 @@ class PilotManager:
         """Nodes the pilot's agent should stop holding (drained once told)."""
         return sorted(self._release.pop(pilot, set()))
 
+    def has_release(self, pilot: str) -> bool:
+        return bool(self._release.get(pilot))
+
     def adjust(self, now: float, idle: int, answer: Allocation | None = None) -> None:
         """Release, cancel or submit so that what we hold and ask for matches what the jobs would use."""
         world = self.world
@@ -101,6 +104,7 @@ class PilotManager:
             self.controller.remove_nodes(given, now, "released: no job needs it", "gone", event="node.released")
             self.world.count("nodes_released", len(given))
             self._release.setdefault(pilot, set()).update(given)
+            self.controller._wake_later(pilot)  # its agent ends what runs there and lets the nodes go now
 
     def _cancel_queued(self, now: float) -> None:
         for pilot in list(self.world.queued.values()):
@@ -108,7 +112,7 @@ class PilotManager:
                 continue
             self.world.log("pilot.cancelled", now, pilot=pilot.id, why="no job needs it any more")
             self.world.count("pilots_cancelled")
-            self.world.end_pilot(pilot, "ended", now)
+            self.controller.end_pilot(pilot, "ended", now)
             self._asked_at.pop(pilot.id, None)
 
     def _submit(self, nodes: int, now: float) -> None:

@@ -141,6 +141,9 @@ class LocalScheduler(BatchScheduler):
     def idle_nodes(self) -> int:
         return len(self._free())
 
+    def capacity(self) -> int:
+        return len(self.nodes)
+
     def submit_pilot(self, pilot_id: str, nodes: int) -> str:
         free = self._free()[: max(1, min(nodes, self.pilots.nodes_per_pilot))]
         if not free:

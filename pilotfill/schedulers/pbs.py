@@ -1,20 +1,39 @@
 """OpenPBS / PBS Pro: pilots as rerunnable jobs with shrink-to-fit walltime in a preemptible queue.
 
-What the commands print and do is taken from a real OpenPBS 23.06 (the
-recordings in ``shared/data/openpbs``), not from the manual alone:
+What the commands print and do is taken from a real OpenPBS 23.06.06 run as
+a normal user with the server's defaults (``shared/data/openpbs/real-23.06.06``)
+and an earlier capture (``shared/data/openpbs``), not from the manual alone:
 
+* Job history may be off (the default) or on. Live jobs are asked about with
+  ``qstat -f -F json ID`` and never with ``-x``: with history off ``-x`` prints
+  no ``Jobs`` at all, even for a running job. A job ``qstat`` no longer knows
+  (153) is asked about once more, at the next poll, before it is declared
+  ended; 35 (PBSE_HISTJOBID, history on) means finished.
 * ``pbsnodes -av -F json`` lists every vnode; on a multi-vnode host the
   natural vnode (``vm``) has ``ncpus`` 0 and is not a node. A vnode is idle
-  when its state is ``free``; our running pilots' vnodes show ``job-busy``.
+  when its state is ``free`` and no job is on it.
 * A ``select`` larger than the machine is accepted and queued forever, so a
   pilot never asks for more vnodes than exist, nor than are idle now.
-* ``qstat`` of a job that is gone exits 153 and still prints a JSON document.
-* ``pbs_release_nodes`` frees only vnodes on sister hosts; one on the primary
-  execution host (the first host of ``exec_host``) is refused with exit 162.
-* Preemption with ``preempt_order = R`` requeues the pilot: the same job id
-  goes back to ``Q`` and later runs again with ``run_count`` + 1. To the
-  controller that is one run ending and, later, a new one starting (its agent
-  registers again).
+* Giving back is per whole sister host: ``pbs_release_nodes`` frees only
+  vnodes on sister hosts (never the primary execution host, the first of
+  ``exec_host``), and a vnode released while the job keeps others on the same
+  host leaves ``exec_vnode`` but stays ``job-busy`` — PBS cannot use it until
+  every vnode of that host is released. So a vnode is given back only with
+  the rest of its host.
+* Exit 162 is PBSE_SYSTEM, not "primary host": the message tells which. A
+  release retried after a timeout may have worked the first time (and then
+  gets 162): what the job still holds decides. 168 (PBSE_BADSTATE) comes for
+  about 2 s after a multi-host job starts: retried briefly.
+* Preemption with ``preempt_order = R`` requeues the pilot: while it exits it
+  shows R with substate 60 and its vnodes already show ``free`` — they are
+  the waiting main job's; then the same id goes back to ``Q`` with its
+  original select and later runs again with ``run_count`` + 1 on its full
+  vnode set. To the controller that is one run ending and, later, a new one
+  starting (its agent registers again).
+* A main-workload job queued in a higher-priority queue that fits in what is
+  free (plus what our pilots hold) takes those vnodes next: they are not idle.
+* A queue or server limit refuses ``qsub`` (PBSE_ENTLIMCT/ENTLIMRESC/MAXQUED,
+  "would exceed queue generic's per-user limit…"): :class:`PilotRefused`.
 
 Every command goes through :func:`commands.run` (timeout, retries, errors
 naming the command and PBS's message).
@@ -34,18 +53,27 @@ from pathlib import Path
 from typing import Any
 
 from ..config import PbsConfig, PilotConfig
-from .base import BatchScheduler, PilotEvent, agent_command
-from .commands import SchedulerCommandError, run
+from .base import BatchScheduler, PilotEvent, PilotRefused, agent_command
+from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
 
 UNKNOWN_JOB = 153  # PBSE_UNKJOBID: "qstat: Unknown Job Id 99.vm", with an empty JSON document
-FINISHED_JOB = 35  # PBSE_HISTJOBID: a finished job under job history, asked for without -x
-PRIMARY_HOST = 162  # "Can't free 'vm[2]' since it's on a primary execution host"
+FINISHED_JOB = 35  # PBSE_HISTJOBID: a finished job under job history, asked for without -x (qstat, qdel)
+SYSTEM_ERROR = 162  # PBSE_SYSTEM: pbs_release_nodes refused (primary host, vnode not in the job, …): read the message
+BAD_STATE = 168  # PBSE_BADSTATE: "Request invalid for state of job", e.g. sister MOMs still joining
 MIN_GT_MAX_WALLTIME = 59  # qsub: "min_walltime" can not be greater than "max_walltime"
 UNKNOWN_QUEUE = 170  # qsub: Unknown queue
+POLICY_CODES = (38, 39, 198)  # PBSE_ENTLIMCT, PBSE_ENTLIMRESC, PBSE_MAXQUED: a queue or server limit
+POLICY_MESSAGE = re.compile(r"would exceed .*limit|Maximum number of jobs .*already in", re.IGNORECASE)
+PRIMARY_HOST_MESSAGE = "primary execution host"
 UNUSABLE_STATES = ("down", "offline", "unknown", "stale", "unresolvable", "maintenance")
-QSTAT_BATCH = 200  # job ids per qstat call: long enough to be cheap, short enough for any argv limit
+QUEUED_STATES = ("Q", "H", "W", "T")
+QSTAT_BATCH = 200  # job ids per qstat/qdel call: long enough to be cheap, short enough for any argv limit
+RUNNING_SUBSTATE = 42
+RERUN_SUBSTATES = range(60, 64)  # JOB_SUBSTATE_RERUN*: requeued, still exiting
+BAD_STATE_RETRY_S = (0.5, 1.0, 1.0, 1.5)  # 168 right after a start: sister MOMs join within ~2 s
+PROMISE_S = 120.0  # how long a preempted pilot's vnodes are taken as the main job's, at most
 
 
 # ---------------------------------------------------------------- parsing (pure; tested on the recordings)
@@ -83,6 +111,31 @@ class JobStatus:
     comment: str = ""
     exit_status: int | None = None
     walltime_left_s: float | None = None  # Resource_List.walltime (shrunk to fit) minus resources_used.walltime
+    substate: int | None = None
+    name: str = ""
+    queue: str = ""
+    nodect: int = 0
+
+    @property
+    def running(self) -> bool:
+        """Running and staying: R, not exiting (a requeued job shows R with substate 60 until it has exited)."""
+        return self.state == "R" and (self.substate is None or self.substate < 50)
+
+    @property
+    def rerunning(self) -> bool:
+        """Requeued by preemption and still exiting: its vnodes are the main job's already."""
+        return self.state == "R" and self.substate in RERUN_SUBSTATES
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("F", "X")
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    priority: int | None
+    queued: int
 
 
 def load_document(text: str) -> dict[str, Any]:
@@ -123,15 +176,34 @@ def parse_pbsnodes(doc: dict[str, Any]) -> dict[str, Vnode]:
 
 
 def parse_jobs(doc: dict[str, Any]) -> dict[str, JobStatus]:
-    """``qstat -f -F json`` -> job status by id."""
+    """``qstat -f -F json`` -> job status by id (only attributes a normal user sees)."""
     out = {}
     for jid, j in (doc.get("Jobs") or {}).items():
-        exit_status = j.get("Exit_status")
+        exit_status, substate = j.get("Exit_status"), j.get("substate")
+        resources = j.get("Resource_List") or {}
         out[jid] = JobStatus(
             jid, str(j.get("job_state", "")), int(j.get("run_count") or 0), tuple(parse_exec_vnode(j.get("exec_vnode") or "")),
             tuple(parse_exec_host(j.get("exec_host") or "")), str(j.get("comment") or ""), int(exit_status) if exit_status is not None else None,
-            _walltime_left(j),
+            _walltime_left(j), int(substate) if substate is not None else None, str(j.get("Job_Name") or ""), str(j.get("queue") or ""),
+            int(_number(resources.get("nodect")) or 0),
         )  # fmt: skip
+    return out
+
+
+def parse_qstat_errors(stderr: str) -> tuple[set[str], set[str]]:
+    """qstat's per-job errors: (ids it does not know, ids that have finished under job history)."""
+    unknown = set(re.findall(r"Unknown Job Id (\S+)", stderr))
+    finished = set(re.findall(r"qstat: (\S+) Job has finished", stderr)) | set(re.findall(r"Job has finished (\S+)", stderr))
+    return unknown, finished
+
+
+def parse_queues(doc: dict[str, Any]) -> dict[str, Queue]:
+    """``qstat -Q -f -F json`` -> queues with their priority and queued-job count (``state_count``)."""
+    out = {}
+    for name, q in (doc.get("Queue") or {}).items():
+        match = re.search(r"Queued:(\d+)", str(q.get("state_count") or ""))
+        priority = _number(q.get("Priority"))
+        out[name] = Queue(name, int(priority) if priority is not None else None, int(match.group(1)) if match else 0)
     return out
 
 
@@ -163,6 +235,11 @@ def parse_chunk(chunk: str) -> dict[str, int]:
         if value.isdigit():
             out[key.strip()] = int(value)
     return out
+
+
+def is_policy_refusal(returncode: int | None, output: str) -> bool:
+    """qsub refused by a queue or server limit (max_queued, queued_jobs_threshold, …), not by a failure."""
+    return returncode in POLICY_CODES or bool(POLICY_MESSAGE.search(output))
 
 
 def _number(value: Any) -> float | None:
@@ -202,6 +279,31 @@ def vnode_hosts(status: JobStatus, vnodes: dict[str, Vnode]) -> dict[str, str]:
     return hosts
 
 
+def whole_hosts(wanted: Sequence[str], held: Sequence[str], hosts: dict[str, str]) -> list[str]:
+    """The vnodes of ``wanted`` whose host has no other vnode in ``held``: PBS can use a released vnode only with its whole host."""
+    wanted_set = set(wanted)
+    by_host: dict[str | None, list[str]] = {}
+    for n in held:
+        by_host.setdefault(hosts.get(n), []).append(n)
+    return [n for n in wanted if n in held and all(m in wanted_set for m in by_host[hosts.get(n)])]
+
+
+def main_job_demand(main: Sequence[JobStatus], free: int, promised: int, preemptible: int) -> int:
+    """Free vnodes queued main-workload jobs will take next: each that fits in what is free plus what our pilots
+    hold, in order, served first from vnodes already promised to it (a preempted pilot's), then from free ones."""
+    taken = 0
+    for job in main:
+        need = job.nodect or len(job.vnodes) or 1
+        if need > free - taken + promised + preemptible:
+            continue  # waits for a drain: the holes before it are what pilots are for
+        from_promised = min(need, promised)
+        promised -= from_promised
+        from_free = min(need - from_promised, free - taken)
+        taken += from_free
+        preemptible -= need - from_promised - from_free
+    return taken
+
+
 # ---------------------------------------------------------------- inside a pilot
 
 
@@ -214,7 +316,7 @@ def id_of_this_job() -> str:
 
 
 def nodes_of_this_job(timeout_s: float = 30.0) -> list[str]:
-    """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode``."""
+    """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode`` (no -x: history may be off)."""
     jid = id_of_this_job()
     argv = ["qstat", "-f", "-F", "json", jid]
     result = run(argv, timeout_s=timeout_s, final_codes=(UNKNOWN_JOB,))
@@ -238,11 +340,22 @@ class _Pilot:
     nodes: list[str] = field(default_factory=list)  # vnodes of the current run (empty while queued)
     hosts: dict[str, str] = field(default_factory=dict)  # vnode -> host, current run
     primary: str | None = None  # first host of exec_host, current run: PBS never releases its vnodes
-    runs_seen: int = 0  # run_count of the last run reported as started
+    run: int = 0  # run_count of the last run reported as started
     running: bool = False  # a "started" has been reported and no "ended" since
-    state: str = "Q"  # job_state at the last qstat (a held pilot waits for nothing)
+    state: str = "Q"  # job_state at the last qstat
+    rerunning: bool = False  # requeued, still exiting (R, substate 60)
+    missing: int = 0  # consecutive qstat answers that did not know the job
     deleted: bool = False  # qdel sent: it takes nothing more, though its end is reported by poll
     ended: bool = False
+
+
+@dataclass
+class _Answer:
+    """What ``qstat`` said about some jobs."""
+
+    statuses: dict[str, JobStatus]
+    unknown: set[str]
+    finished: set[str]
 
 
 class PbsScheduler(BatchScheduler):
@@ -251,14 +364,19 @@ class PbsScheduler(BatchScheduler):
     name = "pbs"
 
     def __init__(
-        self, config: PbsConfig, pilots: PilotConfig, run_dir: Path, *, retries: int = 2, backoff_s: float = 1.0, clock: Callable[[], float] = time.monotonic
-    ):
+        self, config: PbsConfig, pilots: PilotConfig, run_dir: Path, *, retries: int = 2, backoff_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+    ):  # fmt: skip
         self.config, self.pilot_config = config, pilots
         self.run_dir = Path(run_dir).resolve()
-        self.retries, self.backoff_s, self.clock = retries, backoff_s, clock
+        self.retries, self.backoff_s, self.clock, self.sleep = retries, backoff_s, clock, sleep
         self.chunk = parse_chunk(config.chunk)
         self._pilots: dict[str, _Pilot] = {}
+        self._jobs: dict[str, str] = {}  # every job id submitted or adopted -> pilot id: close() deletes them all
+        self._finished: set[str] = set()  # job ids PBS said have finished (35, F): nothing to delete
+        self._promised: dict[str, float] = {}  # vnode of a preempted pilot -> until when it is the main job's
         self._vnodes: dict[str, Vnode] = {}
+        self._main: list[JobStatus] = []  # main-workload jobs queued ahead of our queue
         self._vnodes_at: float | None = None
         self._polled_at: float | None = None
         self._events: list[PilotEvent] = []
@@ -268,26 +386,22 @@ class PbsScheduler(BatchScheduler):
     # ------------------------------------------------------------ BatchScheduler
 
     def idle_nodes(self) -> int:
-        """Free usable vnodes, less those our queued pilots are about to take (cached for ``poll_s``)."""
+        """Free usable vnodes, less those promised to the main workload and our waiting pilots' (cached for ``poll_s``)."""
+        return self._idle(self._pbsnodes(max_age=self.config.poll_s))
+
+    def capacity(self) -> int | None:
+        """Chunks one pilot could take on the whole machine (every usable vnode, as ``place`` allows)."""
         vnodes = self._pbsnodes(max_age=self.config.poll_s)
-        return self._idle(vnodes)
+        return placeable([v.name for v in vnodes.values() if v.usable(self.chunk)], vnodes, self.config.place)
 
     def submit_pilot(self, pilot_id: str, nodes: int) -> str:
         vnodes = self._pbsnodes(max_age=0.0)
         usable = placeable([v.name for v in vnodes.values() if v.usable(self.chunk)], vnodes, self.config.place)
-        count = min(nodes, self.config.nodes_per_pilot, usable, self._idle(vnodes))
+        idle = self._idle(vnodes)
+        count = min(nodes, self.config.nodes_per_pilot, usable, idle)
         if count < 1:
-            raise SchedulerCommandError(["qsub"], f"not submitted: {nodes} node(s) wanted, {self._idle(vnodes)} idle of {usable} usable vnode(s)")
-        script = self.run_dir / "pilots" / f"{pilot_id}.sh"
-        python = self.config.python or sys.executable
-        agent = agent_command(self.run_dir, pilot_id, "pbs", self.pilot_config.heartbeat_s, self.pilot_config.grace_s, python=python)
-        script.write_text(
-            "#!/bin/sh\n"
-            f"# pilotfill pilot {pilot_id}: the agent reads this job's vnodes from qstat (exec_vnode) and registers them.\n"
-            "# A requeued run's output is not delivered; the agent reports through the controller.\n"
-            f"{agent}\n"
-        )
-        script.chmod(0o700)
+            raise SchedulerCommandError(["qsub"], f"not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)")
+        script = self._write_script(pilot_id)
         argv = [
             "qsub", "-q", self.config.queue, "-N", f"pf-{pilot_id}", "-r", "y",
             "-l", f"select={count}:{self.config.chunk}", "-l", f"place={self.config.place}",
@@ -297,20 +411,23 @@ class PbsScheduler(BatchScheduler):
         ]  # fmt: skip
         # No retry: a qsub that timed out may have queued the job, and a second one would queue it twice.
         # The pilot manager tries again on a later tick, with a new pilot id.
-        result = self._run(argv, retries=0, final_codes=(MIN_GT_MAX_WALLTIME, UNKNOWN_QUEUE))
-        if result.returncode != 0:
-            raise SchedulerCommandError(argv, f"exited {result.returncode}", result.returncode, result.stderr + result.stdout)
+        try:
+            result = self._run(argv, retries=0)
+        except SchedulerCommandError as exc:
+            if exc.returncode is not None and is_policy_refusal(exc.returncode, exc.output):
+                raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {exc.output.strip()[-500:]}") from None
+            raise
         try:
             job = parse_job_id(result.stdout)
         except ValueError:
             raise SchedulerCommandError(argv, "printed no job id", 0, result.stdout + result.stderr) from None
-        self._pilots[pilot_id] = _Pilot(pilot_id, job, count)
+        self._track(_Pilot(pilot_id, job, count))
         self._vnodes_at = None  # the next idle count must see this pilot
         log.info("pilot %s is PBS job %s: %d x %s in %s", pilot_id, job, count, self.config.chunk, self.config.queue)
         return job
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
-        """Give back vnodes on sister hosts; the primary host's stay until the whole pilot goes (then ``qdel``)."""
+        """Give back whole sister hosts; the primary host's vnodes, and those of a host partly still needed, stay."""
         pilot = self._pilots.get(pilot_id)
         if pilot is not None and not pilot.ended and not set(nodes) <= set(pilot.nodes):
             self._refresh([pilot])  # its agent may have registered before our last poll saw it start
@@ -323,35 +440,23 @@ class PbsScheduler(BatchScheduler):
         if set(wanted) == set(pilot.nodes):
             self.cancel(pilot_id)
             return list(nodes)
-        primary = pilot.primary
-        sisters = [n for n in wanted if primary is not None and pilot.hosts.get(n) not in (None, primary)]
+        sisters = [n for n in whole_hosts(wanted, pilot.nodes, pilot.hosts) if pilot.primary is not None and pilot.hosts.get(n) != pilot.primary]
         kept = [n for n in wanted if n not in sisters]
         if kept:
-            log.info("pilot %s keeps %s: on its primary execution host %s, which PBS cannot release", pilot_id, kept, primary)
+            log.info("pilot %s keeps %s: on its primary execution host %s or on a host it still uses", pilot_id, kept, pilot.primary)
         if not sisters:
             return not_held
-        argv = ["pbs_release_nodes", "-j", pilot.job, *sisters]
-        try:
-            result = self._run(argv, final_codes=(PRIMARY_HOST,))
-        except SchedulerCommandError:
-            # A retried release may have worked the first time: trust what the job holds now.
-            status = self._qstat([pilot.job]).get(pilot.job)
-            gone = [n for n in sisters if status is None or n not in status.vnodes]
-            if not gone:
-                raise
-        else:
-            if result.returncode == PRIMARY_HOST:  # an answer, not a failure: the pilot keeps them all
-                log.warning("pilot %s: PBS refused to release %s: %s", pilot_id, sisters, (result.stderr or result.stdout).strip())
-                return not_held
-            gone = sisters
+        released = set(self._release_vnodes(pilot, sisters))
+        gone = whole_hosts([n for n in sisters if n in released], pilot.nodes, pilot.hosts)  # what PBS can really use
         pilot.nodes = [n for n in pilot.nodes if n not in gone]
-        self._vnodes_at = None
+        if gone:
+            self._vnodes_at = None
         return not_held + gone
 
     def cancel(self, pilot_id: str) -> None:
         pilot = self._pilots.get(pilot_id)
         if pilot is not None and not pilot.ended:
-            self._run(["qdel", pilot.job], final_codes=(UNKNOWN_JOB,))  # already gone is fine
+            self._qdel([pilot.job])
             pilot.deleted = True
             self._vnodes_at = None
 
@@ -363,86 +468,283 @@ class PbsScheduler(BatchScheduler):
         events, self._events = self._events, []
         return events
 
+    def adopt(self, pilots: list[tuple[str, str]]) -> list[str]:
+        """Track the pilots a previous controller submitted that PBS still has queued or running (and named as ours)."""
+        if not pilots:
+            return []
+        answer = self._qstat([job for _, job in pilots])
+        again = [job for _, job in pilots if job in answer.unknown]
+        if again:  # asked once more before taken for gone
+            second = self._qstat(again)
+            answer.statuses.update(second.statuses)
+            answer.finished |= second.finished
+        adopted = []
+        for pilot_id, job in pilots:
+            status = answer.statuses.get(job)
+            if status is None or status.finished or job in answer.finished:
+                continue
+            if status.name and status.name != f"pf-{pilot_id}":
+                log.warning("not adopting PBS job %s: it is %r, not pilot %s", job, status.name, pilot_id)
+                continue
+            pilot = _Pilot(pilot_id, job, status.nodect or len(status.vnodes) or 1, state=status.state)
+            self._track(pilot)
+            adopted.append(pilot_id)
+            log.info("adopted pilot %s (PBS job %s, %s)", pilot_id, job, status.state)
+        self._vnodes_at = None
+        return adopted
+
     def close(self) -> None:
-        """qdel every pilot still queued or running."""
-        jobs = [p.job for p in self._pilots.values() if not p.ended]
-        for i in range(0, len(jobs), QSTAT_BATCH):
-            self._run(["qdel", *jobs[i : i + QSTAT_BATCH]], final_codes=(UNKNOWN_JOB,))
+        """qdel every pilot ever submitted or adopted, tracked or not, that PBS still has (and that still carries
+        our pilot's name: a job id is never someone else's job we delete); then once more whatever is still queued."""
+        jobs = [j for j in self._jobs if j not in self._finished]
+        try:
+            answer = self._qstat(jobs)
+        except SchedulerCommandError:
+            self._qdel([p.job for p in self._pilots.values() if not p.ended])  # cannot look: delete what we track
+            raise
+        ours = [j for j, s in answer.statuses.items() if not s.finished and s.name in ("", f"pf-{self._jobs[j]}")]
+        self._qdel(ours)
+        queued = [j for j, s in self._qstat(ours).statuses.items() if s.state in QUEUED_STATES]
+        if queued:
+            self._qdel(queued)
         self._pilots.clear()
+        self._jobs.clear()
 
     # ------------------------------------------------------------ helpers
+
+    def _track(self, pilot: _Pilot) -> None:
+        self._pilots[pilot.id] = pilot
+        self._jobs[pilot.job] = pilot.id
+
+    def _write_script(self, pilot_id: str) -> Path:
+        script = self.run_dir / "pilots" / f"{pilot_id}.sh"
+        python = self.config.python or sys.executable
+        agent = agent_command(self.run_dir, pilot_id, "pbs", self.pilot_config.heartbeat_s, self.pilot_config.grace_s, python=python)
+        script.write_text(
+            "#!/bin/sh\n"
+            f"# pilotfill pilot {pilot_id}: the agent reads this job's vnodes from qstat (exec_vnode) and registers them.\n"
+            "# A requeued run's output may not be delivered; the agent reports through the controller.\n"
+            f"{agent}\n"
+        )
+        script.chmod(0o700)
+        return script
+
+    def _release_vnodes(self, pilot: _Pilot, vnodes: list[str]) -> list[str]:
+        """``pbs_release_nodes``; the vnodes the job no longer holds afterwards (after a failure: what qstat says)."""
+        waits, gone = list(BAD_STATE_RETRY_S), []
+        while True:
+            argv = ["pbs_release_nodes", "-j", pilot.job, *vnodes]
+            try:
+                result = self._run(argv, retries=0, final_codes=(SYSTEM_ERROR, BAD_STATE, UNKNOWN_JOB, FINISHED_JOB))
+            except SchedulerCommandError as exc:
+                # It timed out or failed: it may have worked anyway. Trust what the job holds now.
+                done = self._not_held(pilot, vnodes)
+                if not done and not gone:
+                    raise
+                log.warning("pilot %s: %s; the job no longer holds %s", pilot.id, exc, gone + (done or []))
+                return gone + (done or [])
+            message = (result.stderr + result.stdout).strip()
+            if result.returncode in (0, UNKNOWN_JOB, FINISHED_JOB):
+                return gone + vnodes  # released; or the job is over and poll reports its end
+            if result.returncode == BAD_STATE and waits:
+                self.sleep(waits.pop(0))  # sister MOMs still joining right after the start
+                continue
+            if result.returncode == SYSTEM_ERROR and PRIMARY_HOST_MESSAGE in message:
+                log.warning("pilot %s: PBS refused to release %s: %s", pilot.id, vnodes, message)
+                self._learn_primary(pilot, message)
+                return gone
+            if result.returncode == SYSTEM_ERROR and not gone:
+                # Some are no longer in the job (a retry of a release whose first try worked, or released by
+                # someone else), and then PBS releases none: release the others.
+                done = self._not_held(pilot, vnodes) or []
+                gone, vnodes = done, [n for n in vnodes if n not in done]
+                if done and vnodes:
+                    continue
+                if done:
+                    return gone
+            raise SchedulerCommandError(argv, f"exited {result.returncode}", result.returncode, message)
+
+    def _not_held(self, pilot: _Pilot, vnodes: list[str]) -> list[str] | None:
+        """Which of ``vnodes`` the job no longer has in exec_vnode; None when qstat cannot tell."""
+        try:
+            answer = self._qstat([pilot.job])
+        except SchedulerCommandError:
+            return None
+        status = answer.statuses.get(pilot.job)
+        if status is None:
+            return list(vnodes) if pilot.job in answer.finished else None
+        return [n for n in vnodes if n not in status.vnodes]
+
+    def _learn_primary(self, pilot: _Pilot, message: str) -> None:
+        """PBS named a vnode on the primary host: our view of the hosts was stale."""
+        match = re.search(r"Can't free '([^']+)'", message)
+        if match and match.group(1) in pilot.hosts:
+            pilot.primary = pilot.hosts[match.group(1)]
 
     def _refresh(self, pilots: list[_Pilot]) -> None:
         """Ask qstat about ``pilots`` now; what changed waits in ``_events`` for the next poll."""
         if not pilots:
             return
-        statuses = self._qstat([p.job for p in pilots])
+        answer = self._qstat([p.job for p in pilots])
+        details = self._exit_details(sorted(answer.finished))
         for pilot in pilots:
-            self._events += self._changes(pilot, statuses.get(pilot.job))
+            status = answer.statuses.get(pilot.job)
+            if status is not None and not status.finished:
+                pilot.missing = 0
+                self._events += self._changes(pilot, status)
+            elif status is not None or pilot.job in answer.finished:
+                self._finished.add(pilot.job)
+                why = details.get(pilot.job) or (f"Exit_status {status.exit_status}" if status is not None else "")
+                self._events += self._end(pilot, "finished" + (f", {why}" if why else ""))
+            else:
+                pilot.missing += 1
+                if pilot.missing >= 2 or pilot.deleted:  # asked once more (or we deleted it): gone
+                    self._events += self._end(pilot, "gone")
         self._pilots = {k: p for k, p in self._pilots.items() if not p.ended}
 
-    def _changes(self, pilot: _Pilot, status: JobStatus | None) -> list[PilotEvent]:
-        """The events between what we last reported and the job's status now."""
+    def _changes(self, pilot: _Pilot, status: JobStatus) -> list[PilotEvent]:
+        """The events between what we last reported and the job's status now (the job still exists)."""
         events = []
-        pilot.state = status.state if status is not None else "gone"
-        gone = status is None or status.state in ("F", "X")
-        requeued = status is not None and status.state in ("Q", "H", "W", "T")
-        rerun = status is not None and status.state == "R" and status.run_count > pilot.runs_seen
-        if pilot.running and (gone or requeued or rerun):
-            why = "gone" if status is None else f"finished, Exit_status {status.exit_status}" if gone else "requeued (preempted)"
+        pilot.state, pilot.rerunning = status.state, status.rerunning
+        new_run = status.running and status.run_count != pilot.run
+        if pilot.running and (not status.running or new_run):
+            why = "requeued (preempted)" if status.rerunning or status.state in QUEUED_STATES or new_run else f"exiting ({status.state})"
             events.append(PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why))
-            pilot.running, pilot.nodes, pilot.hosts, pilot.primary = False, [], {}, None
-        if status is not None and status.state == "R" and not pilot.running and status.vnodes:
-            pilot.running, pilot.runs_seen = True, status.run_count
-            pilot.nodes = list(status.vnodes)
-            pilot.hosts = vnode_hosts(status, self._vnodes)
-            if len(pilot.hosts) < len(pilot.nodes):
-                pilot.hosts = vnode_hosts(status, self._pbsnodes(max_age=self.config.poll_s))
+            pilot.running = False
+        if status.rerunning or (status.state in QUEUED_STATES and pilot.nodes):
+            self._promise(status.vnodes or pilot.nodes)  # the waiting main job's, though pbsnodes shows them free
+        if not pilot.running and not (status.running and status.vnodes):
+            pilot.nodes, pilot.hosts, pilot.primary = [], {}, None
+        if status.running and status.vnodes and not pilot.running:
+            hosts = vnode_hosts(status, self._vnodes)
+            if len(hosts) < len(status.vnodes):
+                try:
+                    hosts = vnode_hosts(status, self._pbsnodes(max_age=self.config.poll_s))
+                except SchedulerCommandError as exc:  # hosts unknown: nothing is released until they are known
+                    log.warning("pilot %s: hosts of %s unknown: %s", pilot.id, status.vnodes, exc)
+            pilot.running, pilot.run, pilot.hosts = True, status.run_count, hosts
+            pilot.nodes = list(status.vnodes)  # the whole run: a requeued pilot gets its original select back
+            for n in pilot.nodes:
+                self._promised.pop(n, None)
             pilot.primary = status.chunk_hosts[0] if status.chunk_hosts else pilot.hosts.get(pilot.nodes[0])
             deadline = time.time() + status.walltime_left_s if status.walltime_left_s is not None else None
             events.append(PilotEvent("started", pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
-        if gone:
-            if not events and not pilot.running:
-                events.append(PilotEvent("ended", pilot.id, pilot.job, detail="gone before it ran" if status is None else "finished before it ran"))
-            pilot.ended = True
         return events
 
+    def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
+        """The job is gone or finished: its last run ends (or it ended before it ran)."""
+        pilot.ended = True
+        if pilot.running:
+            pilot.running = False
+            return [PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why)]
+        if pilot.run:
+            return []  # its last run's end was reported already (requeued, or exiting)
+        return [PilotEvent("ended", pilot.id, pilot.job, detail=f"{why} before it ran")]
+
+    def _promise(self, vnodes: Sequence[str]) -> None:
+        until = self.clock() + PROMISE_S
+        for n in vnodes:
+            self._promised.setdefault(n, until)
+
     def _idle(self, vnodes: dict[str, Vnode]) -> int:
-        """Chunks a new pilot could get now: idle vnodes (as ``place`` allows) less what our waiting pilots will take."""
+        """Chunks a new pilot could get now: idle vnodes (as ``place`` allows), less what the main workload and our
+        waiting pilots will take."""
+        now = self.clock()
+        # A promise ends when it expires or another job (the main job) is on the vnode.
+        self._promised = {n: t for n, t in self._promised.items() if t > now and n in vnodes and set(vnodes[n].jobs) <= set(self._jobs)}
+        free = [n for n in idle_vnodes(vnodes, self.chunk) if n not in self._promised]
         on_vnodes = {j for v in vnodes.values() for j in v.jobs}
-        waiting = sum(p.requested for p in self._pilots.values() if p.state == "Q" and not (p.deleted or p.ended) and p.job not in on_vnodes)
-        return max(0, placeable(idle_vnodes(vnodes, self.chunk), vnodes, self.config.place) - waiting)
+        waiting = sum(
+            p.requested for p in self._pilots.values()
+            if (p.state in QUEUED_STATES or p.rerunning) and not (p.deleted or p.ended) and (p.rerunning or p.job not in on_vnodes)
+        )  # fmt: skip
+        ours = sum(len(p.nodes) for p in self._pilots.values() if p.running and not p.deleted)
+        promised = sum(1 for n in self._promised if vnodes[n].free)
+        main = main_job_demand(self._main, len(free), promised, ours)
+        return max(0, placeable(free, vnodes, self.config.place) - main - waiting)
 
     def _pbsnodes(self, max_age: float) -> dict[str, Vnode]:
+        """The vnodes, and the main-workload jobs queued ahead of us, at most ``max_age`` seconds old."""
         if self._vnodes_at is not None and self.clock() - self._vnodes_at < max_age:
             return self._vnodes
+        main = self._main_queued()  # first: a main job that starts meanwhile shows in pbsnodes as busy vnodes
         argv = ["pbsnodes", "-av", "-F", "json"]
         result = self._run(argv)
         try:
-            self._vnodes = parse_pbsnodes(load_document(result.stdout))
+            vnodes = parse_pbsnodes(load_document(result.stdout))
         except ValueError as exc:
             raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", 0, result.stdout) from None
-        self._vnodes_at = self.clock()
+        self._main, self._vnodes, self._vnodes_at = main, vnodes, self.clock()
         return self._vnodes
 
-    def _qstat(self, jobs: Sequence[str]) -> dict[str, JobStatus]:
-        """Status of ``jobs``; a job that is gone (153) or finished (35, or F with -x) is simply absent or F."""
-        out: dict[str, JobStatus] = {}
+    def _main_queued(self) -> list[JobStatus]:
+        """Jobs queued (``Q``) in queues of higher priority than ours, in priority order: they run before any pilot.
+        Seen only where the server lets users see others' jobs (``query_other_jobs``, on by default)."""
+        argv = ["qstat", "-Q", "-f", "-F", "json"]
+        result = self._run(argv)
+        try:
+            queues = parse_queues(load_document(result.stdout))
+        except ValueError as exc:
+            raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", 0, result.stdout) from None
+        ours = queues.get(self.config.queue)
+        floor = ours.priority if ours is not None and ours.priority is not None else None
+        ahead = [q for q in queues.values() if q.name != self.config.queue and q.queued and (floor is None or q.priority is None or q.priority > floor)]
+        ahead.sort(key=lambda q: -(q.priority or 0))
+        mine = set(self._jobs)
+        ids: list[str] = []
+        for q in ahead:
+            out = self._run(["qselect", "-q", q.name, "-s", "Q"]).stdout
+            ids += [j for j in out.split() if j not in mine and j not in ids]
+        if not ids:
+            return []
+        answer = self._qstat(ids[:QSTAT_BATCH])
+        order = {j: i for i, j in enumerate(ids)}
+        queued = [s for s in answer.statuses.values() if s.state == "Q" and not s.comment.startswith("Can Never Run")]
+        return sorted(queued, key=lambda s: order[s.id])
+
+    def _qstat(self, jobs: Sequence[str]) -> _Answer:
+        """Status of ``jobs`` (never with -x: with history off it shows nothing, even of a running job).
+        A job qstat does not know (153) is in ``unknown``; one that finished under job history (35), in ``finished``."""
+        answer = _Answer({}, set(), set())
         for i in range(0, len(jobs), QSTAT_BATCH):
             batch = list(jobs[i : i + QSTAT_BATCH])
-            argv = ["qstat", "-x", "-f", "-F", "json", *batch]
+            argv = ["qstat", "-f", "-F", "json", *batch]
             result = self._run(argv, final_codes=(UNKNOWN_JOB, FINISHED_JOB))
+            unknown, finished = parse_qstat_errors(result.stderr)
             try:
-                out.update(parse_jobs(load_document(result.stdout)))
+                statuses = parse_jobs(load_document(result.stdout))
             except ValueError as exc:
-                if result.returncode == 0:
-                    raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", 0, result.stdout + result.stderr) from None
-                # An unknown job and no document: never take the others for gone, ask one by one.
-                if len(batch) > 1:
+                if result.returncode == 0 or not (unknown or finished):
+                    raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout + result.stderr) from None
+                statuses = {}
+                if len(batch) > 1:  # no document: never take the others for gone, ask one by one
                     for job in batch:
-                        out.update(self._qstat([job]))
-        return out
+                        one = self._qstat([job])
+                        answer.statuses.update(one.statuses)
+                        answer.unknown |= one.unknown
+                        answer.finished |= one.finished
+                    continue
+            answer.statuses.update(statuses)
+            answer.finished |= {j for j in batch if j in finished}
+            answer.unknown |= {j for j in batch if j not in statuses and j not in finished}
+        return answer
 
-    def _run(self, argv: Sequence[str], retries: int | None = None, final_codes: Sequence[int] = ()):
+    def _exit_details(self, jobs: list[str]) -> dict[str, str]:
+        """``Exit_status`` of jobs PBS said have finished (35: history is on, so -x shows them). Best effort."""
+        if not jobs:
+            return {}
+        try:
+            result = self._run(["qstat", "-x", "-f", "-F", "json", *jobs[:QSTAT_BATCH]], retries=0, final_codes=(UNKNOWN_JOB,))
+            statuses = parse_jobs(load_document(result.stdout))
+        except (SchedulerCommandError, ValueError):
+            return {}
+        return {j: f"Exit_status {s.exit_status}" for j, s in statuses.items() if s.exit_status is not None}
+
+    def _qdel(self, jobs: Sequence[str]) -> None:
+        """Delete ``jobs``; one PBS no longer knows (153) or that has finished (35) is fine."""
+        for i in range(0, len(jobs), QSTAT_BATCH):
+            self._run(["qdel", *jobs[i : i + QSTAT_BATCH]], final_codes=(UNKNOWN_JOB, FINISHED_JOB))
+
+    def _run(self, argv: Sequence[str], retries: int | None = None, final_codes: Sequence[int] = ()) -> Result:
         retries = self.retries if retries is None else retries
         return run(argv, timeout_s=self.config.command_timeout_s, retries=retries, backoff_s=self.backoff_s, final_codes=final_codes)

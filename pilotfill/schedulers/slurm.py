@@ -1,15 +1,26 @@
 """Slurm: pilots in a low-priority, preemptible partition, sized by a node range.
 
-* idle nodes: ``sinfo -N -h -p PARTITION -t idle -o %N`` (nodes in no job);
+* idle nodes: ``sinfo -N -h -p PARTITION -t idle -o %N`` (nodes in no job),
+  less what our own pending pilots have asked for (Slurm gives them those
+  nodes next);
 * pilots: ``sbatch --parsable -p PARTITION -N MIN-MAX --time=MAX --time-min=MIN``
   with a job script of our own (Parsl's Slurm template writes a fixed
-  ``--nodes``/``--time``; a pilot wants whatever is idle, as long as it fits);
-* status: ``squeue -h -j IDS -o "%i|%T|%N"`` (a job no longer listed has ended);
+  ``--nodes``/``--time``; a pilot wants whatever is idle, as long as it fits).
+  MAX is never more than the nodes idle now: a pilot must not wait for nodes
+  the main workload holds;
+* status: ``squeue -h -t all -j IDS -o "%i|%T|%N|%L|%j|%D"``. A finished job
+  stays listed (COMPLETED, CANCELLED…) for ``MinJobAge``, then slurmctld
+  purges it and ``squeue`` no longer knows it ("Invalid job id specified",
+  or nothing printed): a pilot missing once is asked about again, on its own,
+  before it is declared ended — a live job is never declared gone;
 * giving nodes back: ``scontrol update JobId=ID NodeList=KEPT`` — Slurm shrinks
   a running job in place; the batch host (first node) holds the job script,
   so it is released only by ending the pilot (``scancel``);
 * preemption: the partition's ``PreemptMode`` with ``GraceTime`` sends the job
-  SIGTERM first, which the agent inside turns into ``pilot.leaving``.
+  SIGTERM first, which the agent inside turns into ``pilot.leaving``;
+* a submission refused by policy (``QOSMaxSubmitJobPerUserLimit``,
+  ``AssocMaxSubmitJobLimit``, "Job violates accounting/QOS policy") raises
+  :class:`PilotRefused` so the pilot manager backs off.
 
 Every command goes through :func:`pilotfill.schedulers.commands.run` (timeout,
 retries with backoff, errors naming the command and its output).
@@ -17,18 +28,29 @@ retries with backoff, errors naming the command and its output).
 
 from __future__ import annotations
 
+import logging
 import os
-import subprocess
+import re
+import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import PilotConfig, SlurmConfig
-from .base import BatchScheduler, PilotEvent, agent_command
-from .commands import SchedulerCommandError, run
+from .base import BatchScheduler, PilotEvent, PilotRefused, agent_command
+from .commands import Result, SchedulerCommandError, run
+
+log = logging.getLogger("pilotfill.schedulers.slurm")
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}  # asked for nodes, holds none
+INVALID_JOB = "Invalid job id"  # squeue/scancel of a job slurmctld has purged (MinJobAge) or never had
+ALREADY_DONE = re.compile(r"already completing or completed|Invalid job id", re.IGNORECASE)
+POLICY_MESSAGE = re.compile(r"accounting/QOS policy|QOSMax\w*Limit|AssocMax\w*Limit|MaxSubmitJobs|jobs per hour limit", re.IGNORECASE)
+SQUEUE_FORMAT = "%i|%T|%N|%L|%j|%D"
+SCANCEL_BATCH = 200
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=pf-{pilot}
@@ -55,12 +77,43 @@ def id_of_this_job() -> str:
     return os.environ["SLURM_JOB_ID"]
 
 
+@dataclass(frozen=True)
+class Row:
+    """One line of ``squeue -o SQUEUE_FORMAT``."""
+
+    job_id: str
+    state: str
+    nodelist: str
+    time_left: str
+    name: str
+    nodes: int
+
+
+def parse_squeue(text: str) -> dict[str, Row]:
+    """``squeue -h -o "%i|%T|%N|%L|%j|%D"`` -> rows by job id (pure)."""
+    rows = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 6:
+            rows[parts[0]] = Row(parts[0], parts[1], parts[2], parts[3], parts[4], int(parts[5]) if parts[5].isdigit() else 0)
+    return rows
+
+
+def is_policy_refusal(output: str) -> bool:
+    """sbatch refused by a QOS/association/site limit rather than failing."""
+    return bool(POLICY_MESSAGE.search(output))
+
+
 @dataclass
 class _Pilot:
     id: str
     job_id: str
+    requested: int  # -N's upper bound: what Slurm may give it when it starts
     nodes: list[str] = field(default_factory=list)
     running: bool = False
+    state: str = "PENDING"  # at the last squeue
+    missing: int = 0  # consecutive squeue answers that did not know the job
+    cancelled: bool = False
 
 
 @dataclass
@@ -70,35 +123,44 @@ class SlurmScheduler(BatchScheduler):
     run_dir: Path
     name: str = "slurm"
     _pilots: dict[str, _Pilot] = field(default_factory=dict)
+    _jobs: dict[str, str] = field(default_factory=dict)  # every job id submitted or adopted -> pilot: close() cancels them all
+    _ended: set[str] = field(default_factory=set)  # job ids seen in a final state or purged
+    _events: list[PilotEvent] = field(default_factory=list)  # found outside poll() (by release), reported by the next poll
     _last_poll: float = 0.0
-    _idle_cache: tuple[float, int] = (0.0, 0)
+    _idle_cache: tuple[float, int] | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         (self.run_dir / "pilots").mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
-    def _run(self, argv: list[str], **kw):
+    def _run(self, argv: list[str], **kw) -> Result:
         # One retry inside the call; the controller backs off between failing calls.
         return run(argv, timeout_s=self.config.command_timeout_s, **{"retries": 1, **kw})
 
     # ------------------------------------------------------------ BatchScheduler
 
     def idle_nodes(self) -> int:
-        now = time.monotonic()
-        if now - self._idle_cache[0] < min(self.config.poll_s, 1.0):
-            return self._idle_cache[1]
-        out = self._run(["sinfo", "-N", "-h", "-p", self.config.partition, "-t", "idle", "-o", "%N"]).stdout
-        idle = len({line.strip() for line in out.splitlines() if line.strip()})
-        self._idle_cache = (now, idle)
-        return idle
+        """Idle nodes of the partition less what our pending pilots asked for (sinfo cached for up to a second)."""
+        waiting = sum(p.requested for p in self._pilots.values() if p.state in WAITING and not p.cancelled)
+        return max(0, self._sinfo_idle(max_age=min(self.config.poll_s, 1.0)) - waiting)
+
+    def capacity(self) -> int | None:
+        """Nodes in the partition, whatever their state: the most a pilot could ever hold."""
+        out = self._run(["sinfo", "-N", "-h", "-p", self.config.partition, "-o", "%N"]).stdout
+        return len({line.strip() for line in out.splitlines() if line.strip()})
 
     def submit_pilot(self, pilot_id: str, nodes: int) -> str:
-        hi = max(self.config.min_nodes, min(nodes, self.config.max_nodes))
+        self._idle_cache = None
+        idle = self.idle_nodes()
+        hi = min(nodes, self.config.max_nodes, idle)
+        if hi < 1:
+            raise SchedulerCommandError(["sbatch"], f"not submitted: {nodes} node(s) wanted, {idle} idle")
         lo = min(self.config.min_nodes, hi)
         script = self.run_dir / "pilots" / f"{pilot_id}.sh"
         python = self.config.python or sys.executable
-        script.write_text(SCRIPT.format(pilot=pilot_id, agent=agent_command(self.run_dir, pilot_id, "slurm", self.pilots.heartbeat_s, self.pilots.grace_s, python)))
+        agent = agent_command(self.run_dir, pilot_id, "slurm", self.pilots.heartbeat_s, self.pilots.grace_s, python)
+        script.write_text(SCRIPT.format(pilot=pilot_id, agent=agent))
         script.chmod(0o700)
         argv = [
             "sbatch", "--parsable", "-p", self.config.partition, "-N", f"{lo}-{hi}",
@@ -111,20 +173,30 @@ class SlurmScheduler(BatchScheduler):
         if self.config.qos:
             argv += ["--qos", self.config.qos]
         argv += [*self.config.extra_args, str(script)]
-        out = self._run(argv, retries=0).stdout.strip()
+        try:
+            out = self._run(argv, retries=0).stdout.strip()  # never twice: a timed-out sbatch may have queued it
+        except SchedulerCommandError as exc:
+            if exc.returncode is not None and is_policy_refusal(exc.output):
+                raise PilotRefused(f"`{' '.join(argv)}` refused by Slurm policy: {exc.output.strip()[-500:]}") from None
+            raise
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise SchedulerCommandError(argv, "printed no job id", 0, out)
-        self._pilots[pilot_id] = _Pilot(pilot_id, job_id)
-        self._idle_cache = (0.0, 0)
+        self._track(_Pilot(pilot_id, job_id, hi))
+        self._idle_cache = None
         return job_id
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
         pilot = self._pilots.get(pilot_id)
+        if pilot is not None and not set(nodes) <= set(pilot.nodes):
+            self._events += self._refresh([pilot])  # its agent may have registered before our last poll saw it start
+            pilot = self._pilots.get(pilot_id)
         if pilot is None:
-            return list(nodes)
-        if not pilot.nodes:
-            self._refresh(force=True)
+            return list(nodes)  # not ours any more
+        if not pilot.running:
+            log.info("pilot %s is %s: nothing to give back yet", pilot_id, pilot.state)
+            return []
+        not_held = [n for n in nodes if n not in pilot.nodes]
         keep = [n for n in pilot.nodes if n not in nodes]
         if not keep:
             self.cancel(pilot_id)
@@ -134,61 +206,153 @@ class SlurmScheduler(BatchScheduler):
             keep.insert(0, batch_host)  # the job script runs there: only ending the pilot frees it
         given = [n for n in pilot.nodes if n not in keep]
         if not given:
-            return []
-        self._run(["scontrol", "update", f"JobId={pilot.job_id}", f"NodeList={','.join(keep)}"], retries=1)
+            return not_held
+        argv = ["scontrol", "update", f"JobId={pilot.job_id}", f"NodeList={','.join(keep)}"]
+        try:
+            self._run(argv, retries=0)
+        except SchedulerCommandError:
+            # It may have worked before it failed or timed out, or the job may be over: trust what it holds now.
+            held = self._nodes_now(pilot)
+            if held is None or all(n in held for n in given):
+                raise
+            given = [n for n in given if n not in held]
+            keep = [n for n in pilot.nodes if n not in given]
+            if not keep:  # the job is over: poll reports its end
+                return list(nodes)
         pilot.nodes = keep
-        self._idle_cache = (0.0, 0)
-        return given
+        self._idle_cache = None
+        return not_held + given
 
     def cancel(self, pilot_id: str) -> None:
         pilot = self._pilots.get(pilot_id)
         if pilot is not None:
-            self._run(["scancel", pilot.job_id], retries=1)
+            self._scancel([pilot.job_id])
+            pilot.cancelled = True
+            self._idle_cache = None
 
     def poll(self, now: float) -> list[PilotEvent]:
-        if not self._pilots or now - self._last_poll < self.config.poll_s:
+        """Started/ended events from squeue (at most every ``poll_s``), and those found meanwhile by release()."""
+        if self._pilots and now - self._last_poll >= self.config.poll_s:
+            self._last_poll = now
+            self._events += self._refresh(list(self._pilots.values()))
+        events, self._events = self._events, []
+        return events
+
+    def adopt(self, pilots: list[tuple[str, str]]) -> list[str]:
+        """Track the pilots a previous controller submitted that Slurm still has pending or running (named as ours)."""
+        if not pilots:
             return []
-        self._last_poll = now
-        return self._refresh()
+        rows = self._squeue([job for _, job in pilots])
+        for job in [j for _, j in pilots if j not in rows]:
+            rows.update(self._squeue([job]))  # asked once more, on its own, before taken for gone
+        adopted = []
+        for pilot_id, job in pilots:
+            row = rows.get(job)
+            if row is None or row.state not in ACTIVE:
+                continue
+            if row.name and row.name != f"pf-{pilot_id}":
+                log.warning("not adopting Slurm job %s: it is %r, not pilot %s", job, row.name, pilot_id)
+                continue
+            self._track(_Pilot(pilot_id, job, max(1, row.nodes), state=row.state))
+            adopted.append(pilot_id)
+            log.info("adopted pilot %s (Slurm job %s, %s)", pilot_id, job, row.state)
+        self._idle_cache = None
+        return adopted
 
     def close(self) -> None:
-        ids = [p.job_id for p in self._pilots.values()]
+        """scancel every pilot ever submitted or adopted, tracked or not, that Slurm still has (by our pilot's name:
+        never someone else's job); then once more whatever is still pending."""
+        ids = [j for j in self._jobs if j not in self._ended]
         if ids:
             try:
-                self._run(["scancel", *ids], retries=1)
+                rows = self._squeue(ids)
             except SchedulerCommandError:
-                pass
+                self._scancel([p.job_id for p in self._pilots.values()])  # cannot look: cancel what we track
+                raise
+            ours = [j for j, r in rows.items() if r.state in ACTIVE and r.name in ("", f"pf-{self._jobs[j]}")]
+            if ours:
+                self._scancel(ours)
+                pending = [j for j, r in self._squeue(ours).items() if r.state in WAITING]
+                if pending:
+                    self._scancel(pending)
         self._pilots.clear()
+        self._jobs.clear()
 
     # ------------------------------------------------------------ helpers
 
-    def _refresh(self, force: bool = False) -> list[PilotEvent]:
-        ids = [p.job_id for p in self._pilots.values()]
-        if not ids:
+    def _track(self, pilot: _Pilot) -> None:
+        self._pilots[pilot.id] = pilot
+        self._jobs[pilot.job_id] = pilot.id
+
+    def _sinfo_idle(self, max_age: float) -> int:
+        now = time.monotonic()
+        if self._idle_cache is not None and now - self._idle_cache[0] < max_age:
+            return self._idle_cache[1]
+        out = self._run(["sinfo", "-N", "-h", "-p", self.config.partition, "-t", "idle", "-o", "%N"]).stdout
+        idle = len({line.strip() for line in out.splitlines() if line.strip()})
+        self._idle_cache = (now, idle)
+        return idle
+
+    def _squeue(self, ids: Sequence[str]) -> dict[str, Row]:
+        """Rows of ``ids`` in any state; a purged job is simply absent. Fails (never says "gone") when squeue fails."""
+        argv = ["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT]
+        result = self._run(argv, final_codes=(1,))
+        if result.returncode == 1:
+            if INVALID_JOB in result.stderr:
+                return {}  # every one of them purged
+            raise SchedulerCommandError(argv, "exited 1", 1, result.stderr + result.stdout)
+        return parse_squeue(result.stdout)
+
+    def _refresh(self, pilots: list[_Pilot]) -> list[PilotEvent]:
+        if not pilots:
             return []
-        result = self._run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i|%T|%N|%L"], final_codes=(1,))
-        if result.returncode == 1 and "Invalid job id" not in result.stderr:
-            raise SchedulerCommandError(["squeue", "-j", ",".join(ids)], "exited 1", 1, result.stderr)
-        out = result.stdout
-        seen: dict[str, tuple[str, str, str]] = {}
-        for line in out.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 4:
-                seen[parts[0]] = (parts[1], parts[2], parts[3])
+        rows = self._squeue([p.job_id for p in pilots])
         events = []
-        for pilot in list(self._pilots.values()):
-            state, nodelist, left = seen.get(pilot.job_id, ("GONE", "", ""))
-            if state == "RUNNING" and not pilot.running:
-                pilot.running, pilot.nodes = True, hostnames(nodelist)
-                deadline = time.time() + _seconds(left) if _seconds(left) is not None else None
-                events.append(PilotEvent("started", pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=deadline))
-            elif state not in ACTIVE:
-                del self._pilots[pilot.id]
-                events.append(PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=state.lower()))
-            elif state in ("PENDING", "REQUEUED") and pilot.running:
+        for pilot in pilots:
+            row = rows.get(pilot.job_id)
+            if row is None and pilot.missing >= 1:
+                row = self._squeue([pilot.job_id]).get(pilot.job_id)  # asked once more, on its own
+            if row is None:
+                pilot.missing += 1
+                if pilot.missing >= 2:
+                    events += self._end(pilot, "gone (purged by slurmctld)")
+                continue
+            pilot.missing, pilot.state = 0, row.state
+            if row.state == "RUNNING" and not pilot.running:
+                pilot.running, pilot.nodes = True, hostnames(row.nodelist)
+                left = _seconds(row.time_left)
+                events.append(PilotEvent("started", pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=time.time() + left if left is not None else None))
+            elif row.state not in ACTIVE:
+                events += self._end(pilot, row.state.lower())
+            elif row.state in WAITING and pilot.running:
                 pilot.running, pilot.nodes = False, []
                 events.append(PilotEvent("ended", pilot.id, pilot.job_id, (), detail="requeued"))
         return events
+
+    def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
+        self._pilots.pop(pilot.id, None)
+        self._ended.add(pilot.job_id)
+        self._idle_cache = None
+        return [PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why)]
+
+    def _nodes_now(self, pilot: _Pilot) -> list[str] | None:
+        """The nodes squeue says the job holds now (none once it is over); None when it cannot tell."""
+        try:
+            row = self._squeue([pilot.job_id]).get(pilot.job_id)
+            if row is None:
+                return None
+            return hostnames(row.nodelist) if row.state in ACTIVE else []
+        except SchedulerCommandError:
+            return None
+
+    def _scancel(self, ids: Sequence[str]) -> None:
+        """Cancel ``ids``; one that has already ended or been purged is fine."""
+        for i in range(0, len(ids), SCANCEL_BATCH):
+            argv = ["scancel", *ids[i : i + SCANCEL_BATCH]]
+            result = self._run(argv, final_codes=(1,))
+            errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+            if result.returncode == 1 and not (errors and all(ALREADY_DONE.search(e) for e in errors)):
+                raise SchedulerCommandError(argv, "exited 1", 1, result.stderr + result.stdout)
 
 
 def _seconds(time_left: str) -> float | None:
@@ -202,8 +366,5 @@ def _seconds(time_left: str) -> float | None:
 
 
 def sbatch_available() -> bool:
-    """True when the Slurm client commands are installed and answer."""
-    try:
-        return subprocess.run(["sinfo", "--version"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """True when the Slurm client commands are installed (``sinfo --version`` needs a reachable config, so not asked)."""
+    return all(shutil.which(c) for c in ("sbatch", "squeue", "sinfo", "scontrol", "scancel"))

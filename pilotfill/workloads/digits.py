@@ -1,14 +1,19 @@
-"""Real elastic training: a small MLP on scikit-learn's digits, with Elastic Horovod.
+"""Real elastic training: a small MLP on scikit-learn's digits, on either elastic runtime.
 
-Plain torch with ``horovod.torch`` and ``hvd.elastic.run``; pilotfill adds one
-``report`` line and the durable ``TorchState``. Each epoch re-shards the
-training set over the ranks there are now, so growing and shrinking change
-how much each rank does, not what is learned. Rank 0 returns the validation
-accuracy: that is the job's result.
+``PILOTFILL_RUNTIME=torch`` (set by the torch runtime): plain
+``torch.distributed`` with gloo and ``DistributedDataParallel``, state in
+pilotfill's durable :class:`~pilotfill.elastic.state.ElasticState`; torch
+elastic restarts the workers on every membership change and they resume from
+the last commit. Otherwise: ``horovod.torch`` with ``hvd.elastic.run`` and the
+durable ``TorchState``. Either way pilotfill adds one ``report`` line. Each
+epoch re-shards the training set over the ranks there are now, so growing and
+shrinking change how much each rank does, not what is learned. Rank 0 returns
+the validation accuracy: that is the job's result.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -39,7 +44,59 @@ def data(seed: int = 0):
 
 def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "relu", lr: float = 0.05, batch: int = 32, seed: int = 0,
           step_delay_s: float = 0.0, fail_at_epoch: int | None = None, durable: bool = True) -> dict:
-    """Train elastically; returns {"val_accuracy", "epochs", "restored"} from rank 0."""
+    """Train elastically; returns {"val_accuracy", "epochs", "restored", "size_at_end"} from rank 0."""
+    if os.environ.get("PILOTFILL_RUNTIME") == "torch":
+        return train_torch(epochs, depth, width, activation, lr, batch, seed, step_delay_s, fail_at_epoch, durable)
+    return train_horovod(epochs, depth, width, activation, lr, batch, seed, step_delay_s, fail_at_epoch, durable)
+
+
+def train_torch(epochs: int, depth: int, width: int, activation: str, lr: float, batch: int, seed: int,
+                step_delay_s: float, fail_at_epoch: int | None, durable: bool) -> dict:
+    """Plain torch.distributed (gloo); a restart resumes from the last commit of ElasticState."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ..elastic.state import ElasticState
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    xtr, ytr, xva, yva = data(seed)
+    model = make_model(depth, width, activation)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    state = ElasticState(model, optimizer, durable=durable, epoch=0, batch=0)
+    ddp = DistributedDataParallel(model)
+    while state.epoch < epochs:
+        if fail_at_epoch is not None and state.epoch >= fail_at_epoch:
+            raise RuntimeError(f"training diverged at epoch {state.epoch} (as asked)")
+        g = torch.Generator().manual_seed(seed + state.epoch)
+        order = torch.randperm(len(xtr), generator=g)
+        mine = order[rank::size]
+        steps = len(mine) // batch
+        while state.batch < steps:
+            idx = mine[state.batch * batch : (state.batch + 1) * batch]
+            optimizer.zero_grad()
+            loss = F.cross_entropy(ddp(xtr[idx]), ytr[idx])
+            loss.backward()
+            optimizer.step()
+            report(samples=len(idx))
+            if step_delay_s:
+                time.sleep(step_delay_s)
+            state.batch += 1
+            if state.batch % 4 == 0:
+                state.commit()
+        state.epoch, state.batch = state.epoch + 1, 0
+        state.commit()
+    with torch.no_grad():
+        accuracy = float((model(xva).argmax(1) == yva).float().mean())
+    return {"val_accuracy": accuracy, "epochs": epochs, "restored": state.restored, "size_at_end": size}
+
+
+def train_horovod(epochs: int, depth: int, width: int, activation: str, lr: float, batch: int, seed: int,
+                  step_delay_s: float, fail_at_epoch: int | None, durable: bool) -> dict:
+    """Elastic Horovod; hvd.elastic.run keeps the ranks' state across membership changes in memory."""
     import horovod.torch as hvd
 
     from ..elastic.torch_state import TorchState

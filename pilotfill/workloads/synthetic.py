@@ -1,26 +1,60 @@
 """A stand-in training loop: each rank "processes" samples at a fixed rate and reports them.
 
 It behaves like data-parallel training as the controller sees it — progress
-that grows with the number of ranks, reported every step, resumed from the
-committed total after any restart — without needing a model. Used by the
-controller's tests and as the simplest example of ``pilotfill.report``.
+that grows with the number of ranks, reported every step, resumed after any
+restart — without needing a model. Used by the controller's tests and as the
+simplest example of ``pilotfill.report``.
+
+It resumes from the larger of the job's progress as the controller counts it
+and its own durable commit (``PILOTFILL_CHECKPOINT``, written atomically every
+step), so a training interrupted by a crash of the whole campaign picks up
+where it committed in the next run.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 from ..report import report
 
 
 def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.2, fail_after: float | None = None) -> dict:
     """Work until the job's progress (over all ranks) reaches ``total_samples``; return a summary."""
-    progress = report(0.0) or 0.0
+    committed = _committed()
+    progress = max(report(0.0) or 0.0, committed)
+    resumed_from = progress
     steps = 0
     while progress < total_samples:
         time.sleep(step_s)
         steps += 1
-        progress = report(samples_per_s * step_s) or progress + samples_per_s * step_s
+        progress = max(report(samples_per_s * step_s) or progress + samples_per_s * step_s, progress + samples_per_s * step_s)
+        _commit(progress)
         if fail_after is not None and progress >= fail_after:
             raise RuntimeError(f"synthetic failure at {progress:.0f} samples")
-    return {"samples": progress, "steps_on_this_rank": steps}
+    return {"samples": progress, "steps_on_this_rank": steps, "resumed_from": resumed_from}
+
+
+def _checkpoint() -> Path | None:
+    path = os.environ.get("PILOTFILL_CHECKPOINT")
+    return Path(path).with_suffix(".json") if path else None
+
+
+def _committed() -> float:
+    path = _checkpoint()
+    try:
+        return float(json.loads(path.read_text())["samples"]) if path else 0.0
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def _commit(progress: float) -> None:
+    path = _checkpoint()
+    if path is None:
+        return
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"samples": progress}))
+    os.replace(tmp, path)

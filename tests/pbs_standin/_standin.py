@@ -1,52 +1,90 @@
 """A STAND-IN for the OpenPBS 23.06 commands, for tests: OpenPBS is not packaged here.
 
 It reproduces what a real OpenPBS 23.06.06 printed and did, as recorded in
-``shared/data/openpbs/`` (its README.md tells the story); where this stand-in
-and the recordings differ, THE RECORDING IS RIGHT and this file is wrong.
+``shared/data/openpbs/real-23.06.06/`` (a normal user, the server's defaults)
+and, where that says nothing, in the earlier capture ``shared/data/openpbs/``.
+Where this stand-in and the recordings differ, THE RECORDING IS RIGHT (and
+real-23.06.06 over the earlier one) and this file is wrong.
 
 Recorded, and reproduced:
 
-* ``qstat -f -F json`` and ``pbsnodes -av -F json``: tab-indented JSON with the
-  same keys in the same order (``Jobs``/``job_state``/``exec_host``/
-  ``exec_vnode``/``Resource_List`` with ``walltime`` set to ``max_walltime``/
-  ``run_count``/``comment``; ``nodes``/``state``/``jobs``/``resources_available``…),
-  four one-cpu vnodes ``vm[0]``..``vm[3]`` on host ``vm`` plus the natural
-  vnode ``vm`` (ncpus 0), job ids ``0.vm``, ``1.vm``….
-* exit codes and messages of ``cli-errors.txt``: 59 (min_walltime >
-  max_walltime), 170 (unknown queue), 153 (unknown job: the error on stderr and
-  an empty JSON document on stdout), 162 (a vnode on the primary execution
-  host cannot be released), and a select larger than the machine accepted and
-  queued forever.
-* queues ``main`` (priority 150) and ``scavenger`` (10) with ``preempt_order
-  = R``: a ``main`` job that does not fit requeues rerunnable lower-priority
-  jobs — same id, state ``Q``, ``Exit_status`` -11, comment "Not Running: Not
-  enough free nodes available" — which run again (``run_count`` + 1) when
-  vnodes are free.
+* layout: JSON indented with 4 spaces, ``"key":value``, lists one item per
+  line; a normal user's attributes (no ``schedselect``, ``euser``, ``egroup``,
+  ``hashname``, ``queue_rank``, ``queue_type``, ``run_version``; ``pbsnodes``
+  without ``Port``, ``pbs_version``, ``in_multivnode_host``); the natural
+  vnodes (``ncpus`` 0) listed first. Two MOM hosts ``vm`` and ``vm-n1`` with
+  four one-cpu vnodes each; queues ``workq`` (priority 150) and ``scavenger``
+  (10), ``preempt_order = R``; job ids ``0.vm``, ``1.vm``….
+* job history OFF by default (``pbs_standin history on`` turns it on): a
+  finished job vanishes (``qstat ID``: 153 "Unknown Job Id"); ``qstat -x``
+  then exits 0 with a document without ``Jobs`` — even for a running job —
+  and "qstat: PBS is not configured to maintain job history ID" on stderr.
+  With history on a finished job stays as ``F``; ``qstat`` without ``-x`` and
+  ``qdel`` of it exit 35 ("Job has finished").
+* ``pbs_release_nodes``: exit 162 is PBSE_SYSTEM, for a vnode on the primary
+  execution host ("Can't free … since it's on a primary execution host"), for
+  a vnode not (or no longer) in the job ("Server returned error 15010 for
+  job"), and for a list mixing primary and sister vnodes — then nothing is
+  released. Exit 168 ("Request invalid for state of job") for ``join`` seconds
+  (default 2) after a multi-host job starts. Releasing part of a sister host
+  takes the vnodes out of ``exec_vnode`` but ``pbsnodes`` keeps them
+  ``job-busy`` with the job until every vnode the job had on that host is
+  released; only then can another job use them.
+* preemption (``preempt_order R``): a ``workq`` job that does not fit requeues
+  rerunnable lower-priority jobs. While a victim exits it shows ``job_state``
+  R, ``substate`` 60 (the server log: "Obit received … state:R substate:60")
+  and its vnodes show ``free`` in ``pbsnodes``, though they are promised to
+  the waiting main job, which stays ``Q``. Once it has exited the victim is
+  ``Q`` with ``Exit_status`` -11 and the comment "Not Running: Not enough free
+  nodes available", and has its ORIGINAL select back (vnodes it had released
+  come back when it runs again, ``run_count`` + 1).
+* exit codes and messages of ``cli-errors.txt``: 59, 170, 153 (the error on
+  stderr and an empty JSON document on stdout), a select larger than the
+  machine accepted and queued forever; ``qdel`` of a finished job 35.
+* site limits (``pbs_standin limit QUEUE KIND N``): ``max_queued`` and
+  ``queued_jobs_threshold`` ``[u:PBS_GENERIC=N]``, refused with exit 38
+  (PBSE_ENTLIMCT) and OpenPBS's own messages ("qsub: would exceed queue
+  generic's per-user limit" / "… of jobs in 'Q' state", from its test suite).
 
-Not recorded, so guessed (marked ``# guess`` below): messages of other
-failures, ``Account_Name``'s place, jobs that never ran, hosts with a single
-vnode. Not modelled: time passing (walltime never runs out; ``finish`` ends a
-job), PBS's polling delays (a requeue takes ~4 s on the real one, no time
-here), job scripts (never executed), ``E`` state (``qdel`` removes at once).
+Not recorded, so guessed (marked ``# guess``): messages of other failures,
+``Account_Name``'s place, attributes of a job that never ran, how long a
+victim takes to exit without a job script (``exit`` delay, default 0),
+``qdel`` of a running job (``E`` until its processes are gone, SIGKILL after
+``kill`` seconds, default 10, as ``kill_delay``). Not modelled: time running
+out (walltime), reservations, refusing root (a real PBS refuses jobs from
+root: "qsub: Bad UID for job execution", exit 175; tests here run as root).
 
-A "scheduler pass" starts queued jobs that fit on free vnodes, highest queue
-priority first, then in submission order; it runs implicitly after every
-command (``pbs_standin auto off`` stops that; ``pbs_standin run`` does one).
+Job scripts: with ``pbs_standin exec on`` a stand-in MOM runs each job's
+script (or ``--`` command) when it starts, in its own process group, with the
+submitter's environment (like ``qsub -V``; a real PBS builds a login
+environment) plus ``PBS_JOBID``, ``PBS_NODEFILE``…; output appended to the
+``-o`` file. SIGTERM on ``qdel`` and on preemption, SIGKILL ``kill`` seconds
+later. With ``exec off`` (the default) scripts never run.
 
-State: one JSON file named by ``$PBS_STANDIN_STATE`` (created with the recorded
-topology on first use), locked by every command; every command's argv is
-appended to its ``calls`` so tests can check exactly what was run.
+A "scheduler pass" first finishes exits (processes gone, delays passed), then
+starts queued jobs that fit on free vnodes, highest queue priority first,
+then in submission order; it runs implicitly after every command
+(``pbs_standin auto off`` stops that; ``pbs_standin run`` does one).
+
+State: one JSON file named by ``$PBS_STANDIN_STATE`` (created with the
+recorded topology on first use), locked by every command; every command's
+argv is appended to its ``calls`` so tests can check exactly what was run.
 
 Test-only control command::
 
-    pbs_standin init [--hosts vm:4] [--ncpus 1] [--ngpus 0]  # a fresh machine; HOST:0 = one natural vnode (Polaris style)
+    pbs_standin init [--hosts vm:4,vm-n1:4] [--ncpus 1] [--ngpus 0]  # a fresh machine; HOST:0 = one natural vnode (Polaris style)
     pbs_standin run                      # one scheduler pass
-    pbs_standin preempt JOBID            # a main-queue job that needs exactly JOBID's vnodes arrives; prints its id
+    pbs_standin preempt JOBID [SECONDS]  # a workq job that needs exactly JOBID's vnodes arrives (runs SECONDS with exec on); prints its id
     pbs_standin finish JOBID [EXIT]      # a running job ends (gone, or F with history on)
-    pbs_standin hang CMD [SECONDS] [TIMES]   # CMD's next TIMES runs sleep (default 60 s, once)
-    pbs_standin fail CMD CODE [TIMES]    # CMD's next TIMES runs exit CODE
+    pbs_standin hang CMD [SECONDS] [TIMES]   # CMD's next TIMES runs sleep (default 60 s, once) and do nothing
+    pbs_standin slow CMD [SECONDS] [TIMES]   # CMD's next TIMES runs do their work, then sleep before answering
+    pbs_standin fail CMD CODE [TIMES]    # CMD's next TIMES runs exit CODE (qstat 153: as if it did not know the jobs)
     pbs_standin auto on|off              # implicit scheduler passes
     pbs_standin history on|off           # job_history_enable: finished jobs stay as F
+    pbs_standin exec on|off              # run job scripts (a stand-in MOM)
+    pbs_standin delay join|exit|kill SECONDS
+    pbs_standin limit QUEUE max_queued|queued_jobs_threshold N   # [u:PBS_GENERIC=N]; 0 removes it
+    pbs_standin killall                  # SIGKILL every job's processes (test teardown)
 """
 
 from __future__ import annotations
@@ -55,6 +93,9 @@ import fcntl
 import getopt
 import json
 import os
+import shlex
+import signal
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -62,11 +103,15 @@ from contextlib import contextmanager
 STATE_ENV = "PBS_STANDIN_STATE"
 SERVER = "vm"
 VERSION = "23.06.06"
-QUEUES = {"main": 150, "scavenger": 10}
+QUEUES = {"workq": 150, "scavenger": 10}
+HOSTS = [("vm", 4), ("vm-n1", 4)]
 NOT_ENOUGH_FREE = "Not Running: Not enough free nodes available"
-# Exit codes (PBSE_* error numbers modulo 256), cli-errors.txt.
-MIN_GT_MAX, UNKNOWN_JOB, PRIMARY_HOST, UNKNOWN_QUEUE = 59, 153, 162, 170
-FINISHED_JOB = 35  # guess: PBSE_HISTJOBID (15139), qstat without -x on a finished job when history is on
+# Exit codes: PBSE_* error numbers modulo 256.
+MIN_GT_MAX, UNKNOWN_JOB, SYSTEM_ERROR, BAD_STATE, UNKNOWN_QUEUE = 59, 153, 162, 168, 170
+FINISHED_JOB = 35  # PBSE_HISTJOBID
+ENTITY_LIMIT = 38  # PBSE_ENTLIMCT
+RUNNING, RERUN = 42, 60  # substates
+KILLED = 256 + signal.SIGTERM  # PBS's Exit_status for a job ended by a signal: 256 + signal number
 
 
 class Exit(Exception):
@@ -86,13 +131,17 @@ def idle_vnode(now: int) -> dict:
 def new_state(hosts: list[tuple[str, int]], ncpus: int = 1, ngpus: int = 0, pcpus: int = 2) -> dict:
     now = int(time.time())
     vnodes: dict[str, dict] = {}
-    for host, count in hosts:
+    for host, count in hosts:  # natural vnodes first, as pbsnodes lists them
         natural = {"ncpus": 0} if count else {"ncpus": ncpus * max(1, count), **({"ngpus": ngpus} if ngpus else {})}
         vnodes[host] = {"host": host, "natural": True, "multi": count > 0, "resources": natural, **idle_vnode(now)}
+    for host, count in hosts:
         for i in range(count):
             res = {"ncpus": ncpus, **({"ngpus": ngpus} if ngpus else {})}
             vnodes[f"{host}[{i}]"] = {"host": host, "natural": False, "multi": True, "resources": res, **idle_vnode(now)}
-    return {"next_id": 0, "auto": True, "history": False, "pcpus": pcpus, "queues": dict(QUEUES), "vnodes": vnodes, "jobs": {}, "calls": [], "faults": {}}
+    return {
+        "next_id": 0, "auto": True, "history": False, "exec": False, "pcpus": pcpus, "queues": dict(QUEUES), "limits": {},
+        "delays": {"join": 2.0, "exit": 0.0, "kill": 10.0}, "vnodes": vnodes, "jobs": {}, "calls": [], "faults": {},
+    }  # fmt: skip
 
 
 @contextmanager
@@ -106,10 +155,12 @@ def locked_state():
             with open(path) as f:
                 state = json.load(f)
         except FileNotFoundError:
-            state = new_state([(SERVER, 4)])
+            state = new_state(HOSTS)
+        state["path"] = path
         try:
             yield state
         finally:
+            state.pop("path", None)
             tmp = path + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(state, f)
@@ -120,20 +171,22 @@ def locked_state():
 
 
 def dumps(value, level: int = 0) -> str:
-    """PBS's JSON layout: one tab per level, ``"key":<TAB>value``, lists on one line, ``{`` + newline for empty objects."""
+    """PBS's JSON layout (real-23.06.06): 4 spaces per level, ``"key":value``, one list item per line."""
+    pad, inner = "    " * level, "    " * (level + 1)
     if isinstance(value, dict):
-        pad = "\t" * (level + 1)
         if not value:
-            return "{\n" + "\t" * level + "}"
-        items = [f"{pad}{json.dumps(k)}:\t{dumps(v, level + 1)}" for k, v in value.items()]
-        return "{\n" + ",\n".join(items) + "\n" + "\t" * level + "}"
+            return "{\n" + pad + "}"
+        items = [f"{inner}{json.dumps(k)}:{dumps(v, level + 1)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(json.dumps(v) for v in value) + "]"
+        if not value:
+            return "[\n" + pad + "]"  # guess
+        return "[\n" + ",\n".join(inner + dumps(v, level + 1) for v in value) + "\n" + pad + "]"
     return json.dumps(value)
 
 
-def document(state: dict, key: str | None = None, body: dict | None = None) -> str:
-    doc = {"timestamp": int(time.time()), "pbs_version": VERSION, "pbs_server": SERVER}
+def document(key: str | None = None, body: dict | None = None) -> str:
+    doc: dict = {"timestamp": int(time.time()), "pbs_version": VERSION, "pbs_server": SERVER}
     if key is not None and body:
         doc[key] = body
     return dumps(doc) + "\n"
@@ -155,13 +208,18 @@ def seconds(text: str) -> int:
     return (parts[0] * 60 + parts[1]) * 60 + parts[2]
 
 
+def on_vnodes(job: dict) -> bool:
+    """R (running or exiting) or E: the job has exec_vnode."""
+    return job["state"] in ("R", "E")
+
+
 def render_job(job: dict) -> dict:
-    """One job as ``qstat -f -F json`` prints it, keys in the recorded order."""
-    running = job["state"] in ("R", "E")
+    """One job as ``qstat -f -F json`` prints it to a normal user, keys in the recorded order."""
+    running = on_vnodes(job)
     d: dict = {"Job_Name": job["name"], "Job_Owner": job["owner"]}
     if running:
-        n = sum(c.get("ncpus", 0) for c in job["chunks"])
-        d["resources_used"] = {"cpupercent": 0, "cput": "00:00:00", "mem": "5608kb", "ncpus": n, "vmem": "9032kb", "walltime": hms(time.time() - job["stime"])}
+        n = sum(c.get("ncpus", 0) for c in job["orig_chunks"])  # recorded: still the whole run's ncpus after a release
+        d["resources_used"] = {"cpupercent": 0, "cput": "00:00:00", "mem": "0kb", "ncpus": n, "vmem": "0kb", "walltime": hms(time.time() - job["stime"])}
     d.update(job_state=job["state"], queue=job["queue"], server=SERVER)
     if job.get("account"):
         d["Account_Name"] = job["account"]  # guess: not recorded
@@ -172,7 +230,6 @@ def render_job(job: dict) -> dict:
     d.update(Hold_Types="n", Join_Path=job["join"], Keep_Files="n", Mail_Points="a", mtime=ctime(job["mtime"]), Output_Path=job["output_path"])
     d.update(Priority=0, qtime=ctime(job["ctime"]), Rerunable="True" if job["rerunable"] else "False")
     d["Resource_List"] = dict(sorted(job["resources"].items()))
-    d["schedselect"] = job["resources"]["select"]
     if running:
         d["stime"] = ctime(job["stime"])
     if job.get("obittime") and not running:
@@ -181,9 +238,8 @@ def render_job(job: dict) -> dict:
         d["session_id"] = job["session_id"]
     if running:
         d["jobdir"] = job["variables"]["PBS_O_HOME"]
-    d["substate"] = {"R": 42, "E": 51, "F": 92}.get(job["state"], 10)
+    d["substate"] = job["substate"]
     d["Variable_List"] = job["variables"]
-    d.update(euser=job["owner"].split("@")[0], egroup=job["owner"].split("@")[0], hashname=job["id"], queue_rank=job["queue_rank"], queue_type="E")
     if job.get("comment"):
         d["comment"] = job["comment"]
     d["etime"] = ctime(job["ctime"])
@@ -191,28 +247,32 @@ def render_job(job: dict) -> dict:
         d["run_count"] = job["run_count"]  # guess: absent before the first run
     if job.get("exit_status") is not None and not running:
         d["Exit_status"] = job["exit_status"]
-    d.update(Submit_arguments=job["submit_args"], project="_pbs_project_default", run_version=max(1, job["run_count"]), Submit_Host=SERVER)
+    d.update(Submit_arguments=job["submit_args"], project="_pbs_project_default", Submit_Host=SERVER)
     return d
 
 
+def shown_free(state: dict, v: dict) -> bool:
+    """Recorded (item 7): while a preempted job exits, the vnodes its waiting main job will take show ``free``."""
+    jobs = [state["jobs"].get(j) for j in v["jobs"]]
+    return bool(jobs) and all(j is not None and j["state"] == "R" and j["substate"] == RERUN for j in jobs)
+
+
 def render_vnode(state: dict, name: str, v: dict) -> dict:
-    """One vnode as ``pbsnodes -av -F json`` prints it, keys in the recorded order."""
-    d: dict = {"Mom": v["host"], "Port": 15002, "pbs_version": VERSION, "ntype": "PBS", "state": v["state"]}
+    """One vnode as ``pbsnodes -av -F json`` prints it to a normal user, keys in the recorded order."""
+    exiting = shown_free(state, v)
+    d: dict = {"Mom": v["host"], "ntype": "PBS", "state": "free" if exiting else v["state"]}
     if v["natural"]:
         d["pcpus"] = state["pcpus"] if v["multi"] else v["resources"]["ncpus"]
-    if v["jobs"]:
+    if v["jobs"] and not exiting:
         d["jobs"] = list(v["jobs"])
     available = {"arch": "linux", "host": v["host"], **v["resources"], "vnode": name}
     if v["natural"] and v["multi"]:
         available["mem"] = "0b"
     d["resources_available"] = dict(sorted(available.items()))
-    d["resources_assigned"] = dict(sorted(v["assigned"].items()))
-    d.update(resv_enable="True", sharing="default_shared")
-    if v["multi"]:
-        d["in_multivnode_host"] = 1
-    d.update(license="l", last_state_change_time=v["changed"])
+    d["resources_assigned"] = {} if exiting else dict(sorted(v["assigned"].items()))
+    d.update(resv_enable="True", sharing="default_shared", license="l", last_state_change_time=v["changed"])
     if v["used"] is not None:
-        d["last_used_time"] = v["used"]
+        d["last_used_time"] = v["used"]  # from the earlier capture
     return d
 
 
@@ -224,7 +284,8 @@ def chunk_text(chunk: dict) -> str:
 
 
 def schedule(state: dict) -> None:
-    """One scheduler pass: run what fits, highest queue priority first; preempt (requeue) lower queues for it."""
+    """One scheduler pass: finish exits, then run what fits, highest queue priority first; preempt (requeue) lower queues for it."""
+    reap(state)
     tried: set[str] = set()
     while True:
         queued = [j for j in state["jobs"].values() if j["state"] == "Q" and j["id"] not in tried]
@@ -232,33 +293,50 @@ def schedule(state: dict) -> None:
             return
         job = min(queued, key=lambda j: (-state["queues"][j["queue"]], j["queue_rank"]))
         tried.add(job["id"])
-        free = free_vnodes(state)
+        if job.get("placed"):  # waiting for the jobs it preempted to exit
+            if all(n in free_vnodes(state, job) for n in job["placed"]):
+                start(state, job, job.pop("placed"))
+            continue
+        free = free_vnodes(state, job)
         picked = place(state, job, free)
         if picked is None:
-            priority = state["queues"][job["queue"]]
-            victims = sorted(
-                (j for j in state["jobs"].values() if j["state"] == "R" and j["rerunable"] and state["queues"][j["queue"]] < priority),
-                key=lambda j: (state["queues"][j["queue"]], -j["stime"]),
-            )
-            chosen: list[dict] = []
-            for victim in victims:
-                chosen.append(victim)
-                if place(state, job, free + [v for c in chosen for v in c["vnodes"]]) is not None:
-                    break
-            else:
-                chosen = []
-            if chosen:
-                for victim in chosen:
-                    requeue(state, victim)
-                picked = place(state, job, free_vnodes(state))
+            picked = preempt_for(state, job, free)
         if picked is None:
             job["comment"] = NOT_ENOUGH_FREE
-        else:
+        elif all(n in free_vnodes(state, job) for n in picked):
             start(state, job, picked)
+        else:
+            job["placed"] = picked
 
 
-def free_vnodes(state: dict) -> list[str]:
-    return [n for n, v in state["vnodes"].items() if v["state"] == "free" and not v["jobs"]]
+def preempt_for(state: dict, job: dict, free: list[str]) -> list[str] | None:
+    """Rerun lower-priority rerunnable jobs (newest first) until ``job`` fits; the vnodes it will take, or None."""
+    priority = state["queues"][job["queue"]]
+    victims = sorted(
+        (j for j in state["jobs"].values() if j["state"] == "R" and j["substate"] == RUNNING and j["rerunable"] and state["queues"][j["queue"]] < priority),
+        key=lambda j: (state["queues"][j["queue"]], -j["stime"]),
+    )
+    chosen: list[dict] = []
+    for victim in victims:
+        chosen.append(victim)
+        picked = place(state, job, free + [v for c in chosen for v in held_vnodes(state, c)])
+        if picked is not None:
+            for c in chosen:
+                begin_exit(state, c, "rerun")
+            reap(state)
+            return picked
+    return None
+
+
+def held_vnodes(state: dict, job: dict) -> list[str]:
+    """Every vnode the job keeps busy, including those released from a host it still holds."""
+    return [n for n, v in state["vnodes"].items() if job["id"] in v["jobs"]]
+
+
+def free_vnodes(state: dict, job: dict | None = None) -> list[str]:
+    """Vnodes a job could start on: no job on them, and not promised to another waiting job."""
+    promised = {n for j in state["jobs"].values() if j is not job for n in j.get("placed") or ()}
+    return [n for n, v in state["vnodes"].items() if v["state"] == "free" and not v["jobs"] and n not in promised]
 
 
 def fits(v: dict, chunk: dict) -> bool:
@@ -273,6 +351,8 @@ def place(state: dict, job: dict, free: list[str]) -> list[str] | None:
     pinned = job.get("pinned")
     if pinned:
         return list(pinned) if all(n in free for n in pinned) else None
+    order = {n: i for i, n in enumerate(vnodes)}
+    free = sorted(set(free), key=order.__getitem__)  # recorded: a main job took the preempted vm[0..2], not the free vm[3]
     arrangement = job["resources"]["place"].split(":")[0]
     groups = [free]
     if arrangement == "pack":
@@ -302,37 +382,147 @@ def start(state: dict, job: dict, picked: list[str]) -> None:
         cpus = chunk.get("ncpus", 1)
         job["exec_host"].append(f"{v['host']}/{k}" + (f"*{cpus}" if cpus > 1 else ""))
     job["run_count"] += 1
-    job["session_id"] = 26432 + 103 * (int(job["id"].split(".")[0]) + job["run_count"])
+    state.setdefault("runs", []).append({"job": job["id"], "name": job["name"], "run": job["run_count"], "vnodes": picked, "at": now})  # for tests
+    job["session_id"] = 5067 + 103 * (int(job["id"].split(".")[0]) + job["run_count"])
     if "walltime" not in job["resources"] and "max_walltime" in job["resources"]:
         job["resources"]["walltime"] = job["resources"]["max_walltime"]  # recorded: nothing reserved ahead -> the full max
-    job.update(state="R", vnodes=picked, stime=now, mtime=now, exit_status=None, obittime=None)
+    job.update(state="R", substate=RUNNING, vnodes=picked, stime=now, mtime=now, exit_status=None, obittime=None, ending=None, pid=None, ending_at=None)
     on = "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(picked, job["chunks"]))
     job["comment"] = f"Job run at {time.strftime('%a %b %d at %H:%M', time.gmtime(now))} on {on}"
+    if state["exec"]:
+        spawn(state, job)
 
 
 def free_job_vnodes(state: dict, job: dict, names: list[str] | None = None) -> None:
     now = int(time.time())
-    for name in names if names is not None else job.get("vnodes", []):
+    for name in names if names is not None else held_vnodes(state, job):
         v = state["vnodes"][name]
         v["jobs"] = [j for j in v["jobs"] if j != job["id"]]
         if not v["jobs"]:
             v.update(state="free", assigned={}, changed=now, used=now)
 
 
-def requeue(state: dict, job: dict) -> None:
-    """preempt_order R: "Job Rerun at request of Scheduler" — same id, back to Q, Exit_status -11."""
-    free_job_vnodes(state, job)
+def begin_exit(state: dict, job: dict, why: str) -> None:
+    """A running job is told to go (``rerun``: preempted; ``delete``: qdel): SIGTERM now, SIGKILL after the kill delay."""
     now = time.time()
-    job.update(state="Q", vnodes=[], exec_host=[], exit_status=-11, obittime=now, mtime=now, comment=NOT_ENOUGH_FREE)
+    job["ending"] = why
+    if why == "rerun":
+        job["substate"] = RERUN
+    else:
+        job.update(state="E", substate=50)  # guess: the exiting substate
+    job["mtime"] = job["ending_at"] = now
+    if job.get("pid"):
+        signal_group(job["pid"], signal.SIGTERM)
+
+
+def reap(state: dict) -> None:
+    """Finish what has ended: exiting jobs whose processes are gone (SIGKILL after the delay), scripts that returned."""
+    now = time.time()
+    for job in list(state["jobs"].values()):
+        if job["state"] not in ("R", "E"):
+            continue
+        pid = job.get("pid")
+        alive = bool(pid) and group_alive(pid)
+        if job.get("ending"):
+            since = now - job["ending_at"]
+            if alive and since >= state["delays"]["kill"]:
+                signal_group(pid, signal.SIGKILL)
+                alive = False
+            if not alive and (pid or since >= state["delays"]["exit"]):  # without a script: the exit delay
+                finish_exit(state, job)
+        elif pid and not alive:
+            end(state, job, script_status(state, job))
+
+
+def finish_exit(state: dict, job: dict) -> None:
+    if job["ending"] == "rerun":
+        requeue(state, job)
+    else:
+        end(state, job, KILLED)
+
+
+def requeue(state: dict, job: dict) -> None:
+    """preempt_order R: "Job Rerun at request of Scheduler" — same id, back to Q with its original select, Exit_status -11."""
+    free_job_vnodes(state, job)
+    state["requeues"] = state.get("requeues", 0) + 1  # for tests: how many preemptions there were
+    now = time.time()
+    job.update(state="Q", substate=10, vnodes=[], exec_host=[], exit_status=-11, obittime=now, mtime=now, comment=NOT_ENOUGH_FREE, ending=None, pid=None)
+    job["chunks"] = [dict(c) for c in job["orig_chunks"]]
+    job["resources"] = dict(job["orig_resources"], **({"walltime": job["resources"]["walltime"]} if "walltime" in job["resources"] else {}))
 
 
 def end(state: dict, job: dict, exit_status: int) -> None:
     free_job_vnodes(state, job)
     if state["history"]:
         now = time.time()
-        job.update(state="F", vnodes=[], exec_host=[], exit_status=exit_status, obittime=now, mtime=now)
+        job.update(state="F", substate=92, vnodes=[], exec_host=[], exit_status=exit_status, obittime=now, mtime=now, ending=None, pid=None)
     else:
         del state["jobs"][job["id"]]
+
+
+# ---------------------------------------------------------------- the stand-in MOM (exec on)
+
+
+def spool(state: dict) -> str:
+    path = state["path"] + ".mom"
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def spawn(state: dict, job: dict) -> None:
+    """Run the job's script in its own process group, as its MOM would (environment: the submitter's, like -V)."""
+    d = spool(state)
+    script = os.path.join(d, f"{job['id']}.SC")
+    with open(script, "w") as f:
+        f.write(job["script"])
+    os.chmod(script, 0o700)
+    nodefile = os.path.join(d, f"{job['id']}.nodes")
+    with open(nodefile, "w") as f:
+        f.write("".join(state["vnodes"][n]["host"] + "\n" for n in job["vnodes"]))
+    status = os.path.join(d, f"{job['id']}.{job['run_count']}.status")
+    env = dict(job["env"])
+    env.update(PBS_JOBID=job["id"], PBS_JOBNAME=job["name"], PBS_QUEUE=job["queue"], PBS_NODEFILE=nodefile, PBS_ENVIRONMENT="PBS_BATCH",
+               PBS_O_WORKDIR=job["variables"]["PBS_O_WORKDIR"], PBS_JOBDIR=job["variables"]["PBS_O_HOME"])  # fmt: skip
+    out_path = job["output_path"].split(":", 1)[1]
+    try:
+        out = open(out_path, "a")
+    except OSError:
+        out = open(os.devnull, "w")
+    with out:
+        proc = subprocess.Popen(["/bin/sh", "-c", '"$0"; echo $? > "$1"', script, status], cwd=job["variables"]["PBS_O_HOME"], env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    job["pid"] = proc.pid
+    proc.returncode = 0  # never waited for here: the stand-in exits, the process lives on
+
+
+def script_status(state: dict, job: dict) -> int:
+    try:
+        with open(os.path.join(spool(state), f"{job['id']}.{job['run_count']}.status")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return KILLED  # killed before it could say
+
+
+def group_alive(pgid: int) -> bool:
+    """Any live (not zombie) process in the process group."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 # ---------------------------------------------------------------- commands
@@ -344,6 +534,7 @@ OPTSTRINGS = {
     "pbsnodes": "aF:vlsjS",
     "pbs_release_nodes": "j:ak:",
     "qdel": "W:x",
+    "qselect": "q:s:u:N:x",
 }
 
 
@@ -368,9 +559,24 @@ def parse_select(text: str) -> list[dict]:
     return chunks
 
 
+def user() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "pbsuser"
+
+
+def check_limits(state: dict, queue: str, owner: str) -> None:
+    """The queue's [u:PBS_GENERIC=N] limits, refused as OpenPBS words it (its test suite, PBSE_ENTLIMCT)."""
+    limits = state["limits"].get(queue, {})
+    mine = [j for j in state["jobs"].values() if j["queue"] == queue and j["owner"] == owner and j["state"] != "F"]
+    if limits.get("max_queued") and len(mine) >= limits["max_queued"]:
+        raise Exit(ENTITY_LIMIT, err="qsub: would exceed queue generic's per-user limit\n")
+    queued = [j for j in mine if j["state"] == "Q"]
+    if limits.get("queued_jobs_threshold") and len(queued) >= limits["queued_jobs_threshold"]:
+        raise Exit(ENTITY_LIMIT, err="qsub: would exceed queue generic's per-user limit of jobs in 'Q' state\n")
+
+
 def qsub(state: dict, argv: list[str]) -> str:
     opts, operands = options("qsub", argv)
-    queue, name, rerun, account, out, join = "scavenger", None, True, "", None, "n"
+    queue, name, rerun, account, out, join = "workq", None, True, "", None, "n"
     resources: dict = {}
     for opt, val in opts:
         if opt == "-q":
@@ -395,6 +601,13 @@ def qsub(state: dict, argv: list[str]) -> str:
         raise Exit(MIN_GT_MAX, err='qsub: "min_walltime" can not be greater than "max_walltime"\n')
     if not operands:
         raise Exit(2, err="qsub: stand-in needs a script or -- command\n")  # guess: real qsub would read stdin
+    owner = f"{user()}@{SERVER}"
+    check_limits(state, queue, owner)
+    command = "--" in argv
+    try:
+        script = "#!/bin/sh\nexec " + shlex.join(operands) + "\n" if command else open(operands[0]).read()  # PBS copies the script at submission
+    except OSError as exc:
+        raise Exit(2, err=f"qsub: script file:: {exc.strerror}\n") from None  # guess
     jid = f"{state['next_id']}.{SERVER}"
     seq = state["next_id"]
     state["next_id"] += 1
@@ -408,18 +621,19 @@ def qsub(state: dict, argv: list[str]) -> str:
         if total or key == "ncpus":
             resources[key] = total
     cwd = os.getcwd()
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "pfuser"
-    name = name or os.path.basename(operands[0])
+    name = name or ("STDIN" if command else os.path.basename(operands[0]))
     now = time.time()
+    home = os.environ.get("HOME", "/")
     state["jobs"][jid] = {
-        "id": jid, "name": name, "owner": f"{user}@{SERVER}", "queue": queue, "state": "Q", "chunks": chunks, "resources": resources,
+        "id": jid, "name": name, "owner": owner, "queue": queue, "state": "Q", "substate": 10, "chunks": chunks,
+        "orig_chunks": [dict(c) for c in chunks], "resources": resources, "orig_resources": dict(resources),
         "rerunable": rerun, "account": account, "join": join, "output_path": f"{SERVER}:{out or os.path.join(cwd, f'{name}.o{seq}')}",
         "error_path": f"{SERVER}:{os.path.join(cwd, f'{name}.e{seq}')}", "submit_args": " ".join(argv), "ctime": now, "mtime": now,
         "queue_rank": int(now * 1e6), "run_count": 0, "vnodes": [], "exec_host": [], "comment": "", "exit_status": None,
+        "script": script, "env": dict(os.environ), "pid": None, "ending": None, "ending_at": None,
         "variables": {
-            "PBS_O_HOME": os.environ.get("HOME", "/"), "PBS_O_LANG": os.environ.get("LANG", "C.UTF-8"), "PBS_O_LOGNAME": user,
-            "PBS_O_PATH": os.environ.get("PATH", ""), "PBS_O_MAIL": f"/var/mail/{user}", "PBS_O_SHELL": os.environ.get("SHELL", "/bin/sh"),
-            "PBS_O_INTERACTIVE_AUTH_METHOD": "resvport", "PBS_O_INTERACTIVE_ENCRYPT_METHOD": "", "PBS_O_WORKDIR": cwd,
+            "PBS_O_HOME": home, "PBS_O_LANG": os.environ.get("LANG", "C.UTF-8"), "PBS_O_LOGNAME": user(),
+            "PBS_O_PATH": os.environ.get("PATH", ""), "PBS_O_SHELL": os.environ.get("SHELL", "/bin/sh"), "PBS_O_WORKDIR": cwd,
             "PBS_O_SYSTEM": "Linux", "PBS_O_QUEUE": queue, "PBS_O_HOST": SERVER,
         },
     }  # fmt: skip
@@ -432,41 +646,70 @@ def qstat(state: dict, argv: list[str]) -> str:
     if ("-F", "json") not in opts or "-f" not in flags:
         raise Exit(2, err="qstat: this stand-in prints only -f -F json\n")
     if "-Q" in flags:
-        body = {}
-        for q, prio in state["queues"].items():
-            jobs = [j for j in state["jobs"].values() if j["queue"] == q and j["state"] != "F"]
-            count = {s: sum(1 for j in jobs if j["state"] == s) for s in "QRE"}
-            running = [j for j in jobs if j["state"] == "R"]
-            body[q] = {
-                "queue_type": "Execution", "Priority": prio, "total_jobs": len(jobs),
-                "state_count": f"Transit:0 Queued:{count['Q']} Held:0 Waiting:0 Running:{count['R']} Exiting:{count['E']} Begun:0 ",
-                "resources_assigned": {"ncpus": sum(j["resources"]["ncpus"] for j in running), "nodect": sum(j["resources"]["nodect"] for j in running)},
-                "enabled": "True", "started": "True",
-            }  # fmt: skip
-        return document(state, "Queue", body)
+        return qstat_queues(state)
+    history = "-x" in flags
+    if history and not state["history"]:
+        # Recorded: exit 0, no Jobs at all (even for a running job), and this on stderr.
+        message = "qstat: PBS is not configured to maintain job history"
+        raise Exit(0, document(), "".join(f"{message} {jid}\n" for jid in ids) or message + "\n")
     errors, body, code = [], {}, 0
-    shown = [j["id"] for j in state["jobs"].values() if j["state"] != "F" or "-x" in flags]
-    for jid in ids or shown:
+    queues = [q.split("@")[0] for q in ids if not q[:1].isdigit()]
+    wanted = [j for j in ids if j[:1].isdigit()] or [j["id"] for j in state["jobs"].values() if not queues or j["queue"] in queues]
+    for jid in wanted:
         job = state["jobs"].get(jid)
         if job is None:
             errors.append(f"qstat: Unknown Job Id {jid}\n")
             code = UNKNOWN_JOB
-        elif job["state"] == "F" and "-x" not in flags:
-            errors.append(f"qstat: {jid} Job has finished, use -x or -H to obtain historical job information\n")  # guess
-            code = FINISHED_JOB
+        elif job["state"] == "F" and not history:
+            if ids:
+                errors.append(f"qstat: {jid} Job has finished, use -x or -H to obtain historical job information\n")
+                code = FINISHED_JOB
         else:
             body[jid] = render_job(job)
-    out = document(state, "Jobs", body)
+    out = document("Jobs", body)
     if errors:
         raise Exit(code, out, "".join(errors))
     return out
+
+
+def qstat_queues(state: dict) -> str:
+    """``qstat -Q -f -F json`` as in the earlier capture (the queue attributes a normal user sees were not recorded)."""
+    body = {}
+    for q, prio in state["queues"].items():
+        jobs = [j for j in state["jobs"].values() if j["queue"] == q and j["state"] != "F"]
+        count = {s: sum(1 for j in jobs if j["state"] == s) for s in "QRE"}
+        running = [j for j in jobs if j["state"] == "R"]
+        body[q] = {
+            "queue_type": "Execution", "Priority": prio, "total_jobs": len(jobs),
+            "state_count": f"Transit:0 Queued:{count['Q']} Held:0 Waiting:0 Running:{count['R']} Exiting:{count['E']} Begun:0 ",
+            "resources_assigned": {"ncpus": sum(j["resources"]["ncpus"] for j in running), "nodect": sum(j["resources"]["nodect"] for j in running)},
+            "enabled": "True", "started": "True",
+        }  # fmt: skip
+    return document("Queue", body)
+
+
+def qselect(state: dict, argv: list[str]) -> str:
+    """``qselect [-q QUEUE] [-s STATES] [-u USER]``: the ids of the matching jobs, one per line."""
+    opts = dict(options("qselect", argv)[0])
+    out = []
+    for job in state["jobs"].values():
+        if job["state"] == "F" and "-x" not in opts:
+            continue
+        if "-q" in opts and job["queue"] != opts["-q"].split("@")[0]:
+            continue
+        if "-s" in opts and job["state"] not in opts["-s"]:
+            continue
+        if "-u" in opts and job["owner"].split("@")[0] != opts["-u"]:
+            continue
+        out.append(job["id"] + "\n")
+    return "".join(out)
 
 
 def pbsnodes(state: dict, argv: list[str]) -> str:
     opts, _ = options("pbsnodes", argv)
     if ("-F", "json") not in opts:
         raise Exit(2, err="pbsnodes: this stand-in prints only -av -F json\n")
-    return document(state, "nodes", {n: render_vnode(state, n, v) for n, v in state["vnodes"].items()})
+    return document("nodes", {n: render_vnode(state, n, v) for n, v in state["vnodes"].items()})
 
 
 def pbs_release_nodes(state: dict, argv: list[str]) -> str:
@@ -474,23 +717,28 @@ def pbs_release_nodes(state: dict, argv: list[str]) -> str:
     jid = dict(opts).get("-j", "")
     job = state["jobs"].get(jid)
     if job is None:
-        raise Exit(UNKNOWN_JOB, err=f"pbs_release_nodes: Unknown Job Id {jid}\n")  # guess
-    if job["state"] != "R":
-        raise Exit(UNKNOWN_JOB, err=f"pbs_release_nodes: Request invalid for state of job {jid}\n")  # guess
-    if "-a" in dict(opts):
-        primary = state["vnodes"][job["vnodes"][0]]["host"]
-        names = [n for n in job["vnodes"] if state["vnodes"][n]["host"] != primary]
+        raise Exit(UNKNOWN_JOB, err=f"pbs_release_nodes: Unknown Job Id {jid}\n")
+    if job["state"] == "F":
+        raise Exit(FINISHED_JOB, err=f"pbs_release_nodes: Job has finished {jid}\n")  # guess
+    hosts = {state["vnodes"][n]["host"] for n in job["vnodes"]}
+    joining = len(hosts) > 1 and time.time() - job.get("stime", 0) < state["delays"]["join"]
+    if job["state"] != "R" or job["substate"] != RUNNING or joining:
+        raise Exit(BAD_STATE, err="pbs_release_nodes: Request invalid for state of job \n")  # recorded for a job just started
     primary = job["exec_host"][0].split("/")[0]
+    if "-a" in dict(opts):
+        names = [n for n in job["vnodes"] if state["vnodes"][n]["host"] != primary]
     for name in names:
-        if name not in job["vnodes"]:
-            raise Exit(1, err=f"pbs_release_nodes: node(s) requested to be released not part of the job: {name}\n")  # guess
-        if state["vnodes"][name]["host"] == primary:
-            raise Exit(PRIMARY_HOST, err=f"pbs_release_nodes: Can't free '{name}' since it's on a primary execution host\n")
+        if name in job["vnodes"] and state["vnodes"][name]["host"] == primary:
+            raise Exit(SYSTEM_ERROR, err=f"pbs_release_nodes: Can't free '{name}' since it's on a primary execution host\n")
+    if any(n not in job["vnodes"] for n in names):
+        raise Exit(SYSTEM_ERROR, err="pbs_release_nodes: Server returned error 15010 for job \n")
     keep = [i for i, n in enumerate(job["vnodes"]) if n not in names]
-    free_job_vnodes(state, job, names)
     job["vnodes"] = [job["vnodes"][i] for i in keep]
     job["exec_host"] = [job["exec_host"][i] for i in keep]
     job["chunks"] = [job["chunks"][i] for i in keep]
+    # Recorded: a vnode leaves exec_vnode at once, but stays job-busy until the job holds nothing more on its host.
+    still = {state["vnodes"][n]["host"] for n in job["vnodes"]}
+    free_job_vnodes(state, job, [n for n in held_vnodes(state, job) if n not in job["vnodes"] and state["vnodes"][n]["host"] not in still])
     select = "+".join(f"1:{chunk_text(c)}" for c in job["chunks"])
     job["resources"].update(select=select, nodect=len(keep), ncpus=sum(c.get("ncpus", 0) for c in job["chunks"]))
     job["mtime"] = time.time()
@@ -498,16 +746,30 @@ def pbs_release_nodes(state: dict, argv: list[str]) -> str:
 
 
 def qdel(state: dict, argv: list[str]) -> str:
-    _, ids = options("qdel", argv)
-    errors = []
+    opts, ids = options("qdel", argv)
+    force = dict(opts).get("-W") == "force"
+    errors, code = [], 0
     for jid in ids:
         job = state["jobs"].get(jid)
-        if job is None or job["state"] == "F":
+        if job is None:
             errors.append(f"qdel: Unknown Job Id {jid}\n")
+            code = UNKNOWN_JOB
+        elif job["state"] == "F":
+            errors.append(f"qdel: Job has finished {jid}\n")
+            code = FINISHED_JOB
+        elif not on_vnodes(job):
+            end(state, job, KILLED)  # guess: a queued job's Exit_status in history
+        elif force:
+            if job.get("pid"):
+                signal_group(job["pid"], signal.SIGKILL)
+            end(state, job, KILLED)
+        elif job["state"] == "R":
+            begin_exit(state, job, "delete")
+            reap(state)
         else:
-            end(state, job, 271)  # guess: a deleted running job's Exit_status (SIGTERM)
+            job["ending"], job["ending_at"] = "delete", job.get("ending_at") or time.time()  # already exiting: it will end
     if errors:
-        raise Exit(UNKNOWN_JOB, err="".join(errors))
+        raise Exit(code, err="".join(errors))
     return ""
 
 
@@ -516,10 +778,10 @@ def control(state: dict, argv: list[str]) -> str:
     what, args = (argv[0], argv[1:]) if argv else ("", [])
     if what == "init":
         opts = dict(zip(args[::2], args[1::2]))
-        hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in opts.get("--hosts", f"{SERVER}:4").split(",")]
-        calls = state["calls"]
+        hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in opts["--hosts"].split(",")] if "--hosts" in opts else HOSTS
+        keep = {k: state[k] for k in ("calls", "history", "exec", "delays", "limits", "auto") if k in state}
         state.clear()
-        state.update(new_state(hosts, int(opts.get("--ncpus", 1)), int(opts.get("--ngpus", 0))), calls=calls)
+        state.update(new_state(hosts, int(opts.get("--ncpus", 1)), int(opts.get("--ngpus", 0))), **keep)
     elif what == "run":
         schedule(state)
     elif what == "preempt":
@@ -527,21 +789,32 @@ def control(state: dict, argv: list[str]) -> str:
         if victim["state"] != "R":
             raise Exit(2, err=f"pbs_standin: {victim['id']} is not running\n")
         select = "+".join(f"1:{chunk_text(c)}" for c in victim["chunks"])
-        main = state["jobs"][qsub(state, ["-q", "main", "-N", "mainjob", "-l", f"select={select}", "--", "/bin/true"]).strip()]
+        command = ["/bin/sleep", args[1]] if len(args) > 1 else ["/bin/true"]
+        main = state["jobs"][qsub(state, ["-q", "workq", "-N", "mainjob", "-l", f"select={select}", "--", *command]).strip()]
         main["pinned"] = list(victim["vnodes"])
         schedule(state)
         return main["id"] + "\n"
     elif what == "finish":
         job = job_arg(state, args)
+        if job.get("pid"):
+            signal_group(job["pid"], signal.SIGKILL)
         end(state, job, int(args[1]) if len(args) > 1 else 0)
-    elif what in ("hang", "fail"):
-        if what == "hang":
-            fault = {"kind": "hang", "seconds": float(args[1]) if len(args) > 1 else 60.0, "times": int(args[2]) if len(args) > 2 else 1}
+    elif what in ("hang", "slow", "fail"):
+        if what in ("hang", "slow"):
+            fault = {"kind": what, "seconds": float(args[1]) if len(args) > 1 else 60.0, "times": int(args[2]) if len(args) > 2 else 1}
         else:
             fault = {"kind": "fail", "code": int(args[1]), "times": int(args[2]) if len(args) > 2 else 1}
         state["faults"][args[0]] = fault
-    elif what in ("auto", "history"):
+    elif what in ("auto", "history", "exec"):
         state[what] = args[0] == "on"
+    elif what == "delay":
+        state["delays"][args[0]] = float(args[1])
+    elif what == "limit":
+        state["limits"].setdefault(args[0], {})[args[1]] = int(args[2])
+    elif what == "killall":
+        for job in state["jobs"].values():
+            if job.get("pid"):
+                signal_group(job["pid"], signal.SIGKILL)
     else:
         raise Exit(2, err=__doc__.split("Test-only control command::")[1])
     return ""
@@ -553,21 +826,26 @@ def job_arg(state: dict, args: list[str]) -> dict:
     return state["jobs"][args[0]]
 
 
-COMMANDS = {"qsub": qsub, "qstat": qstat, "pbsnodes": pbsnodes, "pbs_release_nodes": pbs_release_nodes, "qdel": qdel, "pbs_standin": control}
+COMMANDS = {
+    "qsub": qsub, "qstat": qstat, "qselect": qselect, "pbsnodes": pbsnodes, "pbs_release_nodes": pbs_release_nodes, "qdel": qdel,
+    "pbs_standin": control,
+}  # fmt: skip
 
 
 def main(command: str, argv: list[str]) -> int:
-    out, err, code, sleep = "", "", 0, 0.0
+    out, err, code, sleep, hang = "", "", 0, 0.0, False
     try:
         with locked_state() as state:
-            state["calls"].append({"cmd": command, "argv": [command, *argv], "cwd": os.getcwd()})
+            state["calls"].append({"cmd": command, "argv": [command, *argv], "cwd": os.getcwd(), "at": time.time()})
             fault = state["faults"].get(command)
             if fault and fault["times"] > 0:
                 fault["times"] -= 1
+                if fault["kind"] == "fail" and (command, fault["code"]) == ("qstat", UNKNOWN_JOB):  # a server that lost the jobs
+                    raise Exit(UNKNOWN_JOB, document(), "".join(f"qstat: Unknown Job Id {a}\n" for a in argv if a[:1].isdigit()))
                 if fault["kind"] == "fail":
                     raise Exit(fault["code"], err=f"{command}: cannot connect to server {SERVER} (errno=15010)\n")  # guess
-                sleep = fault["seconds"]  # slept after the lock is released, so other commands go on
-            else:
+                sleep, hang = fault["seconds"], fault["kind"] == "hang"  # slept after the lock is released
+            if not hang:
                 if state["auto"]:
                     schedule(state)
                 try:
@@ -579,6 +857,7 @@ def main(command: str, argv: list[str]) -> int:
         out, err, code = e.out, e.err, e.code
     if sleep:
         time.sleep(sleep)
+    if hang:
         return 0
     sys.stdout.write(out)
     sys.stderr.write(err)

@@ -1,0 +1,95 @@
+"""Checkpoints that are safe to load: private, the user's own, and whole.
+
+Parsl's app checkpoints (``runs/parsl/*/checkpoint/tasks.pkl``) and training
+commits (``runs/checkpoints/*.pt``) are pickles: loading one runs code. So a
+file is loaded only when it and every folder above it, up to the campaign's
+``runs/``, belong to the user and nobody else can write them; anything else is
+refused with an error naming the file. A Parsl checkpoint cut short (a kill or
+a full disk mid-write) keeps the entries written before the cut: they are
+salvaged and the file rewritten, so one damaged record costs at most the apps
+after it, not every later run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import stat
+from pathlib import Path
+
+log = logging.getLogger("pilotfill.checkpoints")
+
+
+def checkpoint_path(job_id: str | None = None) -> Path | None:
+    """Where the running job's commits go (None outside pilotfill): named by its app call
+    (``PILOTFILL_CHECKPOINT``, from the controller), so that a re-run resumes them."""
+    if job_id is None and os.environ.get("PILOTFILL_CHECKPOINT"):
+        return Path(os.environ["PILOTFILL_CHECKPOINT"])
+    run_dir = os.environ.get("PILOTFILL_RUN_DIR")
+    job_id = job_id or os.environ.get("PILOTFILL_JOB_ID")
+    if not run_dir or not job_id:
+        return None
+    return Path(run_dir) / "checkpoints" / f"{job_id}.pt"
+
+
+class UnsafeCheckpoint(PermissionError):
+    """A checkpoint someone else could have written: never loaded."""
+
+
+def check_private(path: Path, root: Path) -> None:
+    """Refuse ``path`` unless it and its folders up to ``root`` are the user's own and writable by nobody else."""
+    path, root = Path(path), Path(root)
+    uid = os.getuid()
+    current = path
+    while True:
+        try:
+            st = current.lstat()
+        except FileNotFoundError:
+            break
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeCheckpoint(f"{current} is a symbolic link: refusing to load {path}")
+        if st.st_uid != uid:
+            raise UnsafeCheckpoint(f"{current} belongs to uid {st.st_uid}, not you (uid {uid}): refusing to load {path}; remove it")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise UnsafeCheckpoint(f"{current} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): refusing to load {path}; remove it or chmod go-w")
+        if current == root or current.parent == current:
+            break
+        current = current.parent
+
+
+def parsl_checkpoints(parsl_dir: Path, root: Path) -> list[str]:
+    """Parsl run folders with a checkpoint to reuse: checked, and salvaged when cut short."""
+    found = []
+    for tasks in sorted(Path(parsl_dir).glob("*/checkpoint/tasks.pkl")):
+        check_private(tasks, root)
+        _salvage(tasks)
+        found.append(str(tasks.parent))
+    return found
+
+
+def _salvage(tasks: Path) -> None:
+    """Keep the whole entries of a checkpoint log; rewrite it (atomically) if its tail is damaged."""
+    entries = []
+    damaged = None
+    with open(tasks, "rb") as f:
+        while True:
+            try:
+                entry = pickle.load(f)
+            except EOFError:
+                break
+            except Exception as exc:  # cut short, or garbage after the last whole entry
+                damaged = exc
+                break
+            if isinstance(entry, dict) and "hash" in entry and entry.get("exception") is None and "result" in entry:
+                entries.append(entry)
+    if damaged is None:
+        return
+    log.warning("%s was damaged (%s): kept its %d whole entries", tasks, damaged, len(entries))
+    tmp = tasks.with_name(f".{tasks.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        for entry in entries:
+            pickle.dump(entry, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, tasks)

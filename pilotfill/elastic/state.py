@@ -1,0 +1,125 @@
+"""Durable elastic state for plain ``torch.distributed`` (the torch runtime).
+
+torch elastic restarts every worker on each membership change (a node joins or
+leaves, a rank dies), so what survives is what was committed:
+:class:`ElasticState` restores the job's last commit when it is constructed —
+rank 0 reads ``checkpoints/<job>.pt`` in the run directory and broadcasts it,
+so every rank starts from the same state even where only rank 0 sees the file
+— and ``commit()`` has rank 0 write it atomically (write, fsync, rename). A
+grow or shrink costs at most the steps since the last commit. The file has the
+format of :class:`pilotfill.elastic.torch_state.TorchState` (Horovod's), so
+the two runtimes resume each other's commits.
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    import pilotfill
+    from pilotfill.elastic.state import ElasticState
+
+    dist.init_process_group("gloo")                  # env:// — the runtime set it all up
+    ddp = DistributedDataParallel(model)
+    state = ElasticState(model, optimizer, epoch=0, batch=0)   # the last commit, or these values
+    while state.epoch < EPOCHS:
+        for batch in my_shard(dist.get_rank(), dist.get_world_size(), state.epoch)[state.batch:]:
+            step(ddp, batch)
+            pilotfill.report(samples=len(batch))
+            state.batch += 1
+            if state.batch % 10 == 0:
+                state.commit()
+        state.epoch, state.batch = state.epoch + 1, 0
+        state.commit()
+
+Outside pilotfill (no ``PILOTFILL_RUN_DIR``/``PILOTFILL_JOB_ID``) and without
+``path=``, commits are kept nowhere and nothing is restored.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoints import checkpoint_path
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if _distributed() else int(os.environ.get("RANK", "0"))
+
+
+def device() -> torch.device:
+    """This rank's device: its GPU (the runtime made it ``cuda:0`` via CUDA_VISIBLE_DEVICES) or the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+class ElasticState:
+    """A model, an optimizer and named values (``epoch=0, batch=0``) that survive worker restarts."""
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 path: str | Path | None = None, durable: bool = True, **extra: Any):  # fmt: skip
+        """``path``: where commits go (default: the job's in the run directory); ``durable=False``: nowhere."""
+        self.model = model
+        self.optimizer = optimizer
+        self.path = None if not durable else Path(path) if path is not None else checkpoint_path()
+        self.keys = list(extra)
+        for key, value in extra.items():
+            setattr(self, key, value)
+        self.restored = self.restore()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict() if self.model is not None else None,
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "extra": {k: getattr(self, k) for k in self.keys},
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        if self.model is not None and saved.get("model") is not None:
+            self.model.load_state_dict(saved["model"])
+        if self.optimizer is not None and saved.get("optimizer") is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        for key, value in saved.get("extra", {}).items():
+            if key in self.keys:
+                setattr(self, key, value)
+
+    def commit(self) -> None:
+        """Rank 0 saves the state durably; the others carry on (their state is the same)."""
+        if self.path is None or rank() != 0:
+            return
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            torch.save(self.state_dict(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself
+        finally:
+            os.close(fd)
+
+    def restore(self) -> bool:
+        """Load the last commit on every rank (rank 0 reads, then broadcasts); True if there was one."""
+        saved = None
+        if rank() == 0 and self.path is not None:
+            for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+                stale.unlink(missing_ok=True)  # a commit cut short when its writer was stopped
+            if self.path.exists():
+                from ..checkpoints import check_private
+
+                check_private(self.path, self.path.parent)  # a pickle: loaded only if nobody else could have written it
+                saved = torch.load(self.path, map_location="cpu", weights_only=False)
+        if _distributed() and dist.get_world_size() > 1:
+            box = [saved]
+            dist.broadcast_object_list(box, src=0)
+            saved = box[0]
+        if saved is None:
+            return False
+        self.load_state_dict(saved)
+        return True

@@ -1,0 +1,196 @@
+"""Elastic PyTorch (``torch.distributed.elastic``) behind the runtime interface: ``runtime.kind = "torch"``.
+
+One torch elastic agent per node of a job (:mod:`pilotfill.elastic.torch_agent`),
+started and ended on its node through a :class:`~pilotfill.elastic.launch.NodeLauncher`
+(the node's pilot agent; :class:`~pilotfill.elastic.launch.LocalLauncher` on the
+local cluster and in tests) — this runtime never starts anything on a compute
+node itself. Membership is the controller's: every start, resize and stop
+updates :attr:`TorchRuntime.rendezvous` (a :class:`RendezvousBook`), which
+answers the agents' ``rdzv.join``/``rdzv.poll`` (route them with
+:func:`pilotfill.elastic.rendezvous.handle`). A round closes as soon as the
+allocated hosts have joined; agents on kept hosts hear of the change from the
+controller and restart their workers, which resume from the last durable
+commit (:class:`pilotfill.elastic.state.ElasticState`).
+
+The run's torch store (:mod:`pilotfill.elastic.torch_store`) runs here, on the
+controller's machine, started once with the runtime; rank 0's node holds
+nothing that the job needs after it leaves.
+
+An agent ending on its own on a host the job still holds is that host lost,
+not the job: it is dropped from the job's rendezvous at once (the survivors
+re-form without waiting for the controller's next allocation) and reported as
+a crashed :class:`RankExit` for that host.
+
+This module imports no torch: the controller does not pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from .. import procs
+from .base import RankExit, Runtime
+from .launch import NodeLauncher
+from .rendezvous import RendezvousBook
+from .torch_store import PORT_FILE, read_port_file
+
+STORE_RESTART_BACKOFF_S = 2.0
+
+
+class TorchRuntime(Runtime):
+    """``TorchRuntime(run_dir, launcher, ranks_per_node=1, gpus_per_node=None, store_host="127.0.0.1")``.
+
+    ``ranks_per_node`` (one per GPU on GPU nodes) and ``gpus_per_node`` (None:
+    each node's own; 0: no binding) are defaults a job spec may override with
+    keys of the same names. ``store_host`` is the address of this machine that
+    compute nodes reach (the controller's host name on a cluster).
+    ``agent_env`` is added to every agent's environment.
+    """
+
+    def __init__(self, run_dir: Path | str, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int | None = None,
+                 store_host: str = "127.0.0.1", python: str = sys.executable, agent_env: dict[str, str] | None = None,
+                 poll_interval_s: float = 0.2, clock: Callable[[], float] = time.time):  # fmt: skip
+        self.run_dir = Path(run_dir)
+        self.launcher = launcher
+        self.ranks_per_node = ranks_per_node
+        self.gpus_per_node = gpus_per_node
+        self.store_host = store_host
+        self.python = python
+        self.agent_env = dict(agent_env or {})
+        self.poll_interval_s = poll_interval_s
+        self._clock = clock
+        self.rendezvous = RendezvousBook()
+        self._hosts: dict[str, list[str]] = {}
+        self._specs: dict[str, dict[str, Any]] = {}
+        self._store: Any = None  # the store's Popen
+        self._store_started = 0.0
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._start_store()
+
+    # ------------------------------------------------------------ Runtime
+
+    def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
+        if job_id in self._hosts:
+            self.stop(job_id)
+        self._specs[job_id] = dict(spec)
+        self._hosts[job_id] = []
+        self.resize(job_id, hosts)
+
+    def resize(self, job_id: str, hosts: list[str], lost: Iterable[str] = ()) -> None:
+        """Grow or shrink to exactly ``hosts``; ``lost``: hosts that went away on their own (their agents are ended too).
+
+        A job that is not running (never started, or stopped) is left alone.
+        """
+        if job_id not in self._specs:
+            return
+        hosts = list(dict.fromkeys(hosts))
+        before = self._hosts.get(job_id, [])
+        self._hosts[job_id] = hosts
+        self._check_store()
+        self.rendezvous.expect(job_id, hosts, self._clock())
+        for host in dict.fromkeys([*before, *lost]):
+            if host not in hosts:
+                self.launcher.terminate(host, job_id)
+        for host in hosts:
+            if host not in before:
+                self.launcher.launch(host, job_id, self.agent_argv(job_id, host), self.agent_environment(job_id))
+
+    def stop(self, job_id: str) -> None:
+        hosts = self._hosts.pop(job_id, [])
+        self._specs.pop(job_id, None)
+        self.rendezvous.forget(job_id)
+        for host in hosts:
+            self.launcher.terminate(host, job_id)
+
+    def hosts(self, job_id: str) -> list[str]:
+        return list(self._hosts.get(job_id, []))
+
+    def poll(self) -> list[RankExit]:
+        self._check_store()
+        out: list[RankExit] = []
+        for ended in self.launcher.exits():
+            held = self._hosts.get(ended.job_id, [])
+            if ended.requested or ended.host not in held:
+                out.append(RankExit(ended.job_id, ended.host, ended.returncode, requested=True))
+                continue
+            # The agent ended on its own on a host the job holds: the host is lost, the job goes on.
+            self._hosts[ended.job_id] = [h for h in held if h != ended.host]
+            self.rendezvous.expect(ended.job_id, self._hosts[ended.job_id], self._clock())
+            out.append(RankExit(ended.job_id, ended.host, ended.returncode, requested=False))
+        return out
+
+    def close(self, wait_s: float = 10.0) -> None:
+        pending = {(h, j) for j, hs in self._hosts.items() for h in hs}
+        for job_id in list(self._hosts):
+            self.stop(job_id)
+        deadline = time.monotonic() + wait_s
+        while pending and time.monotonic() < deadline:
+            pending -= {(e.host, e.job_id) for e in self.launcher.exits()}
+            time.sleep(0.05)
+        if self._store is not None:
+            procs.kill_group(self._store.pid, grace_s=2.0)
+            self._store.wait()
+            self._store = None
+        (self.run_dir / PORT_FILE).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------ agents
+
+    def agent_argv(self, job_id: str, host: str) -> list[str]:
+        spec = self._specs[job_id]
+        argv = [
+            self.python, "-m", "pilotfill.elastic.torch_agent", "--job-id", job_id, "--host", host,
+            "--nproc", str(int(spec.get("ranks_per_node") or self.ranks_per_node)),
+            "--min-nodes", str(spec.get("min_nodes", 1)), "--max-nodes", str(spec.get("max_nodes", 1 << 20)),
+            "--poll-interval", str(self.poll_interval_s),
+        ]  # fmt: skip
+        gpus = spec.get("gpus_per_node", self.gpus_per_node)
+        if gpus is not None:
+            argv += ["--gpus-per-node", str(int(gpus))]
+        return argv
+
+    def agent_environment(self, job_id: str) -> dict[str, str]:
+        return {
+            **self.agent_env,
+            "PILOTFILL_RUN_DIR": str(self.run_dir),
+            "PILOTFILL_JOB_ID": job_id,
+            "PILOTFILL_RUNTIME": "torch",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    # ------------------------------------------------------------ the store
+
+    def _start_store(self) -> None:
+        (self.run_dir / PORT_FILE).unlink(missing_ok=True)
+        self.rendezvous.store = None
+        log = self.run_dir / "logs" / "torch_store.log"
+        argv = [self.python, "-m", "pilotfill.elastic.torch_store", "--run-dir", str(self.run_dir), "--host", self.store_host]
+        self._store = procs.spawn(argv, env={**os.environ, "PILOTFILL_RUN_DIR": str(self.run_dir)}, log_path=str(log))
+        self._store_started = time.monotonic()
+
+    def _check_store(self) -> None:
+        """Learn the store's port once it listens; restart it if it died (new rounds then use the new one)."""
+        if self._store is None:
+            return
+        if self._store.poll() is not None:
+            if time.monotonic() - self._store_started >= STORE_RESTART_BACKOFF_S:
+                self._start_store()
+            return
+        if self.rendezvous.store is None:
+            info = read_port_file(self.run_dir)
+            if info is not None and info.get("pid") == self._store.pid:
+                self.rendezvous.set_store(info["host"], info["port"])
+
+    def wait_for_store(self, timeout_s: float = 60.0) -> tuple[str, int]:
+        """Block until the store listens (tests and benchmarks; the controller just polls)."""
+        deadline = time.monotonic() + timeout_s
+        while self.rendezvous.store is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the torch store did not start; see {self.run_dir / 'logs' / 'torch_store.log'}")
+            time.sleep(0.05)
+            self._check_store()
+        return self.rendezvous.store

@@ -1,0 +1,154 @@
+"""One rank under the torch runtime: :mod:`pilotfill.elastic.rank`, adapted to torch elastic.
+
+The elastic agent (:mod:`pilotfill.elastic.torch_agent`) starts it — forked
+from a warm forkserver as a function (:func:`entry`), or as
+``python -m pilotfill.elastic.torch_worker``. It fetches the job and runs its
+function like ``rank`` does, with three differences:
+
+* the round's store namespace: a plain ``dist.init_process_group()``
+  (``env://``) finds the run's store at ``MASTER_ADDR:MASTER_PORT`` and, here,
+  works under the round's secret prefix (``PILOTFILL_RDZV_PREFIX``), so it
+  never sees another round's or another job's keys, and nobody without the
+  prefix sees its keys;
+* a collective failing because a peer went away (gloo's "Connection reset by
+  peer", a ``DistError``) is not the job's failure: the rank exits with
+  :data:`EXIT_PEER_LOST`, and its agent re-forms with the controller's hosts;
+* only global rank 0 sends ``job.result`` (every rank returns a value).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import traceback
+from typing import Any
+
+from ..procs import die_with_parent
+from ..transport import Client
+from .rank import resolve
+
+EXIT_PEER_LOST = 75
+"""Exit status of a rank whose collective failed because another rank is gone (EX_TEMPFAIL)."""
+
+PEER_LOST_MARKERS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Connection refused",
+    "Socket Timeout",
+    "Timed out waiting",
+    "/gloo/",
+    "NCCL communicator was aborted",
+)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a collective failing, not the user's code."""
+    try:
+        from torch.distributed import DistError
+    except ImportError:  # pragma: no cover - torch is there whenever this runtime is
+        DistError = ()  # type: ignore[assignment]  # noqa: N806
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DistError):
+            return True
+        if isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_LOST_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def bind_store(prefix: str | None = None) -> None:
+    """Make ``env://`` rendezvous (plain ``init_process_group``) use the round's prefix in the store."""
+    prefix = prefix or os.environ.get("PILOTFILL_RDZV_PREFIX")
+    if not prefix:
+        return
+    import importlib
+
+    from torch.distributed import PrefixStore
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module; torch.distributed.rendezvous is also a function
+    handlers = rdzv._rendezvous_handlers  # torch's scheme -> handler table (register_rendezvous_handler refuses to replace)
+    original = handlers["env"]
+    if getattr(original, "pilotfill_prefix", None) == prefix:
+        return
+    original = getattr(original, "pilotfill_original", original)
+
+    def env_handler(url: str, *args: Any, **kwargs: Any):
+        store, rank, world_size = next(original(url, *args, **kwargs))
+        yield PrefixStore(prefix, store), rank, world_size
+        raise RuntimeError("env:// cannot re-rendezvous; pilotfill restarts the workers instead")
+
+    env_handler.pilotfill_prefix = prefix  # type: ignore[attr-defined]
+    env_handler.pilotfill_original = original  # type: ignore[attr-defined]
+    handlers["env"] = env_handler
+
+
+def global_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def main() -> int:
+    die_with_parent()
+    bind_store()
+    run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
+    client = Client(run_dir, timeout_s=60)
+    reply = client.request({"type": "job.get", "job_id": job_id})
+    spec = reply["job"]["spec"]
+    if reply.get("checkpoint"):
+        os.environ["PILOTFILL_CHECKPOINT"] = reply["checkpoint"]  # where this training's commits go (as in rank.py)
+    if spec.get("payload"):
+        return run_parsl_task(client, job_id, spec["payload"])
+    try:
+        value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
+    except Exception as exc:
+        if peer_lost(exc):
+            print(f"pilotfill: rank {global_rank()} lost a peer ({type(exc).__name__}: {str(exc)[:200]}); re-forming", file=sys.stderr, flush=True)
+            return EXIT_PEER_LOST
+        client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
+        return 1
+    if global_rank() == 0:
+        client.request({"type": "job.result", "job_id": job_id, "value": value})
+    return 0
+
+
+def run_parsl_task(client: Client, job_id: str, payload: str) -> int:
+    """A call shipped by the Parsl executor (as in :func:`pilotfill.elastic.rank.run_parsl_task`)."""
+    from parsl.app.errors import RemoteExceptionWrapper
+    from parsl.serialize import serialize
+
+    from ..executors.shipping import CannotShip, unpack_call
+
+    try:
+        func, args, kwargs = unpack_call(payload)
+    except CannotShip as exc:  # a module the app needs is not here: said once, naming it
+        client.request({"type": "job.failed", "job_id": job_id, "error": str(exc)})
+        return 1
+    value = func(*args, **kwargs)
+    if isinstance(value, RemoteExceptionWrapper):
+        if peer_lost(value.e_value):
+            return EXIT_PEER_LOST
+        tb = value.e_traceback.as_traceback() if value.e_traceback is not None else None
+        error = "".join(traceback.format_exception(value.e_type, value.e_value, tb))
+        client.request({"type": "job.failed", "job_id": job_id, "error": error, "value": {"parsl": base64.b64encode(serialize(value)).decode()}})
+        return 1
+    if global_rank() == 0:
+        client.request({"type": "job.result", "job_id": job_id, "value": {"parsl": base64.b64encode(serialize(value)).decode()}})
+    return 0
+
+
+def entry() -> None:
+    """The agent's function entrypoint: a non-zero status must end the process, not be a return value."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == EXIT_PEER_LOST:
+        os._exit(code)  # at once: tearing down a broken process group can take seconds, and nothing is left to save
+    if code:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

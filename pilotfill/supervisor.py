@@ -1,0 +1,139 @@
+"""The controller as a child of ``pilotfill run``: started, watched, restarted, stopped.
+
+The controller recovers from its own death by design (a new one on the same
+run directory carries on from the journal), so the campaign that started it
+also restarts it: a controller killed mid-campaign costs a few seconds, not the
+campaign. It is restarted at most ``max_restarts`` times in a row; a
+controller that stops because its state cannot be written (a full disk, a
+read-only file) or because its config cannot work is not restarted — the
+campaign ends with that one line instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import procs
+from .controller.process import EXIT_CONFIG, EXIT_JOURNAL
+
+log = logging.getLogger("pilotfill.supervisor")
+
+START_TIMEOUT_S = 120.0
+
+
+class ControllerFailed(RuntimeError):
+    """The controller cannot run (it says why), or died too often to go on."""
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line a controller printed (its one-line reason when it stops on purpose)."""
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+class ControllerSupervisor:
+    """Runs ``python -m pilotfill.controller`` on ``run_dir`` and keeps it running for the campaign."""
+
+    def __init__(self, run_dir: Path, config: str | None, checkpoint_dir: Path, new_campaign: bool = True, max_restarts: int = 3,
+                 on_fatal: Callable[[str], None] = lambda why: None):  # fmt: skip
+        self.run_dir, self.config, self.checkpoint_dir = Path(run_dir), config, Path(checkpoint_dir)
+        self.new_campaign = new_campaign
+        self.max_restarts = max_restarts
+        self.on_fatal = on_fatal
+        self.restarts = 0
+        self.fatal: str | None = None
+        self.proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the controller and wait until it listens; then watch it on a thread."""
+        self.proc = self._spawn(self.new_campaign)
+        self._watcher = threading.Thread(target=self._watch, name="pilotfill-controller-watch", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        """SIGTERM (the controller stops its jobs and pilots), SIGKILL after a minute; nothing of the run survives."""
+        self._stopping.set()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                procs.kill_group(proc.pid)
+                proc.wait()
+        for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(self.run_dir)):
+            procs.kill_pid(pid)
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+
+    # ------------------------------------------------------------ helpers
+
+    def _spawn(self, new_campaign: bool) -> subprocess.Popen:
+        argv = [sys.executable, "-m", "pilotfill.controller", "--run-dir", str(self.run_dir), "--checkpoint-dir", str(self.checkpoint_dir)]
+        if self.config:
+            argv += ["--config", self.config]
+        if new_campaign:
+            argv.append("--new-campaign")
+        out = self.run_dir / "controller.out"
+        proc = procs.spawn(argv, log_path=str(out))
+        endpoint = self.run_dir / "controller.json"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise ControllerFailed(self._why(proc.returncode))
+            try:
+                if json.loads(endpoint.read_text())["pid"] == proc.pid:
+                    return proc
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            time.sleep(0.1)
+        procs.kill_group(proc.pid)
+        raise ControllerFailed(f"the controller did not start within {START_TIMEOUT_S:.0f} s (see {out})")
+
+    def _why(self, code: int) -> str:
+        line = last_line(self.run_dir / "controller.out")
+        if code in (EXIT_CONFIG, EXIT_JOURNAL) and line:
+            return line.removeprefix("pilotfill controller: ")
+        return f"the controller exited ({code}); its last words: {line or '(none)'} (see {self.run_dir / 'controller.out'})"
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.5):
+            proc = self.proc
+            if proc is None or proc.poll() is None:
+                continue
+            code = proc.returncode
+            if self._stopping.is_set():
+                return
+            if code in (EXIT_CONFIG, EXIT_JOURNAL) or self.restarts >= self.max_restarts:
+                why = self._why(code)
+                if code not in (EXIT_CONFIG, EXIT_JOURNAL):
+                    why = f"the controller died {self.restarts + 1} times; {why}"
+                self._give_up(why)
+                return
+            self.restarts += 1
+            log.warning("the controller exited (%s); restarting it on %s (%d of %d)", code, self.run_dir, self.restarts, self.max_restarts)
+            try:
+                self.proc = self._spawn(new_campaign=False)  # it recovers: running jobs resume from their commits
+            except ControllerFailed as exc:
+                self._give_up(str(exc))
+                return
+
+    def _give_up(self, why: str) -> None:
+        self.fatal = why
+        log.info("giving up on the controller: %s", why)
+        self.on_fatal(why)

@@ -1,0 +1,60 @@
+"""A job entry for the torch runtime's tests: ``digits.train`` with a log of what each rank saw.
+
+Every worker start (with the position it restored), every durable commit and
+each process's first training step go as JSON lines to ``$PROBE_LOG``, with
+the rank's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+CUDA_VISIBLE_DEVICES, PILOTFILL_HOST).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from pilotfill.elastic import state as elastic_state
+from pilotfill.workloads import digits
+
+_stepped = False
+
+
+def log(event: str, **fields) -> None:
+    env = os.environ
+    record = {
+        "event": event, "time": time.time(), "pid": os.getpid(), "host": env.get("PILOTFILL_HOST"),
+        "rank": int(env.get("RANK", -1)), "world": int(env.get("WORLD_SIZE", -1)),
+        "local_rank": int(env.get("LOCAL_RANK", -1)), "local_world": int(env.get("LOCAL_WORLD_SIZE", -1)),
+        "cuda": env.get("CUDA_VISIBLE_DEVICES"), "round": int(env.get("PILOTFILL_RDZV_ROUND", -1)), **fields,
+    }  # fmt: skip
+    with open(env["PROBE_LOG"], "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+class ProbedState(elastic_state.ElasticState):
+    def restore(self) -> bool:
+        restored = super().restore()
+        log("start", epoch=self.epoch, batch=self.batch, restored=restored)
+        return restored
+
+    def commit(self) -> None:
+        super().commit()
+        if elastic_state.rank() == 0:
+            log("commit", epoch=self.epoch, batch=self.batch)
+
+
+def report(samples: float):
+    global _stepped
+    if not _stepped:
+        _stepped = True
+        log("step")
+    return _real_report(samples)
+
+
+_real_report = digits.report
+
+
+def train(**kwargs) -> dict:
+    elastic_state.ElasticState = ProbedState  # digits imports it at call time
+    digits.report = report
+    return digits.train(**kwargs)
+
