@@ -146,9 +146,14 @@ def print_failures(failed: list[tuple[str, BaseException]], console: Console) ->
     """Each failed app once: its own traceback; apps that did not run because of it, one line each."""
     from parsl.dataflow.errors import DependencyError
 
+    from .executors.elastic import CampaignHalted
+
     for name, exc in failed:
         if isinstance(exc, DependencyError):
             console.print("[yellow]not run[/]", Text(f"{name}: an app it depends on failed"), highlight=False)
+            continue
+        if isinstance(exc, CampaignHalted):
+            console.print("[yellow]not finished[/]", Text(f"{name}: the campaign could not go on"), highlight=False)
             continue
         console.print("[red]failed[/]", Text(f"{name}: {type(exc).__name__}: {exc}"), highlight=False)
         console.print(Text(_indent(user_traceback(exc))), highlight=False)
@@ -162,7 +167,9 @@ def is_app_failure(exc: BaseException, failures: list[BaseException]) -> bool:
     """Whether the campaign's script stopped because an app failed (it waited on a failed app's result)."""
     from parsl.dataflow.errors import DependencyError
 
-    return isinstance(exc, DependencyError) or any(exc is f for f in failures)
+    from .executors.elastic import CampaignHalted
+
+    return isinstance(exc, (DependencyError, CampaignHalted)) or any(exc is f for f in failures)
 
 
 __all__ = ["AppCounts", "Machine", "is_app_failure", "line", "print_failures", "show", "user_traceback"]

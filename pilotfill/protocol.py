@@ -80,6 +80,21 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _check_curve(spec: dict[str, Any], key: str, values: str) -> None:
+    """``spec[key]``, when given, must be ``{nodes: [...], <values>: [...]}`` making a valid curve."""
+    curve = spec.get(key)
+    if curve is None:
+        return
+    if not isinstance(curve, dict) or not isinstance(curve.get("nodes"), list) or not isinstance(curve.get(values), list):
+        raise ProtocolError(f"job spec: {key} must be {{nodes: [...], {values}: [...]}}")
+    from .allocator import ProblemError, ScalingCurve
+
+    try:
+        ScalingCurve(tuple(curve["nodes"]), tuple(curve[values]))
+    except (ProblemError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"job spec: {key}: {exc}") from None
+
+
 def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Validate a job spec; return it with defaults filled in.
 
@@ -121,24 +136,6 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError(f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {out[name]!r}")
     if out.get("key") is not None and not isinstance(out["key"], str):
         raise ProtocolError("job spec: key must be a string")
-    if out.get("objective") is not None:
-        objective = out["objective"]
-        if not isinstance(objective, dict) or not isinstance(objective.get("nodes"), list) or not isinstance(objective.get("values"), list):
-            raise ProtocolError("job spec: objective must be {nodes: [...], values: [...]}")
-        from .allocator import ProblemError, ScalingCurve
-
-        try:
-            ScalingCurve(tuple(objective["nodes"]), tuple(objective["values"]))
-        except (ProblemError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"job spec: objective: {exc}") from None
-    if out["curve"] is not None:
-        curve = out["curve"]
-        if not isinstance(curve, dict) or not isinstance(curve.get("nodes"), list) or not isinstance(curve.get("samples_per_s"), list):
-            raise ProtocolError("job spec: curve must be {nodes: [...], samples_per_s: [...]}")
-        from .allocator import ProblemError, ScalingCurve
-
-        try:
-            ScalingCurve(tuple(curve["nodes"]), tuple(curve["samples_per_s"]))
-        except (ProblemError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"job spec: curve: {exc}") from None
+    _check_curve(out, "curve", "samples_per_s")
+    _check_curve(out, "objective", "values")
     return out

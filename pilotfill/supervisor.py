@@ -109,7 +109,9 @@ class ControllerSupervisor:
         line = last_line(self.run_dir / "controller.out")
         if code in (EXIT_CONFIG, EXIT_JOURNAL) and line:
             return line.removeprefix("pilotfill controller: ")
-        return f"the controller exited ({code}); its last words: {line or '(none)'} (see {self.run_dir / 'controller.out'})"
+        if code < 0:
+            return f"the controller was killed ({signal.Signals(-code).name}); see {self.run_dir / 'controller.out'}"
+        return f"the controller exited ({code}); see {self.run_dir / 'controller.out'}"
 
     def _watch(self) -> None:
         while not self._stopping.wait(0.5):

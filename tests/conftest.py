@@ -145,3 +145,22 @@ def pbs(request, tmp_path, monkeypatch) -> PbsStandin:
     standin("pbs_standin", "history", "on" if request.param else "off")
     yield standin
     standin("pbs_standin", "killall", check=False)
+
+
+@pytest.fixture
+def local(tmp_path):
+    """make(**LocalRun options) -> a LocalRun (a real controller on the local cluster); at the end each is stopped
+    and must leave no process behind."""
+    from localrun import LocalRun
+
+    runs: list = []
+
+    def make(**kw):
+        runs.append(LocalRun(tmp_path, **kw))
+        return runs[-1]
+
+    yield make
+    for run in runs:
+        run.stop()
+        run.wait_for(lambda: not run.leftover_processes(), 15, "no leftover processes")  # raises if any is left
+        assert run.leftover_processes() == []

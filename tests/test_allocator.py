@@ -17,7 +17,6 @@ import random
 import numpy as np
 import pytest
 
-from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
 from pilotfill.allocator import (
     DEFAULT_TYPE,
     Allocation,
@@ -32,6 +31,7 @@ from pilotfill.allocator import (
 )
 from pilotfill.allocator import milp as milp_module
 from pilotfill.allocator import nodelevel as nodelevel_module
+from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
 
 POINTS = (0, 1, 2, 4, 8, 16, 32, 64)
 """Node counts at which the shared job files measure every curve."""

@@ -9,25 +9,10 @@ import time
 
 import pytest
 import zmq
-
 from localrun import LocalRun, synthetic_job
+
 from pilotfill import procs
 from pilotfill.security import seal, session_key
-
-
-@pytest.fixture
-def local(tmp_path):
-    runs: list[LocalRun] = []
-
-    def make(**kw) -> LocalRun:
-        runs.append(LocalRun(tmp_path, **kw))
-        return runs[-1]
-
-    yield make
-    for run in runs:
-        run.stop()
-        run.wait_for(lambda: not run.leftover_processes(), 15, "no leftover processes")  # raises if any is left
-        assert run.leftover_processes() == []
 
 
 def progress_watch(run: LocalRun, job_ids: list[str]):

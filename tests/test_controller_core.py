@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import JOB_HEADER
+
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
 from pilotfill.elastic.simulated import SimulatedRuntime

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
-
 from localrun import LocalRun, committed_step, digits_job
 
 

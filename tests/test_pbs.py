@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PbsStandin
+
 from pilotfill.config import PbsConfig, PilotConfig, load_config
 from pilotfill.schedulers import pbs as pbs_module
 from pilotfill.schedulers.base import PilotRefused, agent_command

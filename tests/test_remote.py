@@ -9,10 +9,10 @@ import time
 
 import pytest
 from globus_compute_sdk.errors import TaskExecutionFailed
-
 from local_endpoint import LocalEndpointExecutor, api_error
-from pilotfill import remote
 from test_campaign import FAST
+
+from pilotfill import remote
 
 ENDPOINT = "2f1e4a5c-6b7d-4e8f-9a0b-1c2d3e4f5a6b"
 

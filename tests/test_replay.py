@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import JOB_HEADER
+
 from pilotfill.allocator import ScalingCurve
 from pilotfill.controller import core as controller_core
 from pilotfill.replay import Replay, replay

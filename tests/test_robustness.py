@@ -21,26 +21,13 @@ from pathlib import Path
 
 import pytest
 import zmq
-
 from conftest import IN_CI
-from localrun import LocalRun, synthetic_job
+from localrun import synthetic_job
+from test_campaign import FAST
+
 from pilotfill.config import ConfigError, load_config
 from pilotfill.state import State
 from pilotfill.transport import RequestRefused
-
-FAST = """scheduler = "local"
-[local]
-nodes = 2
-workload = "none"
-[pilots]
-heartbeat_s = 0.5
-heartbeat_deadline_s = 3.0
-grace_s = 3.0
-[controller]
-tick_s = 0.1
-[runtime]
-kind = "processes"
-"""
 
 TRAINING = """
 import pilotfill
@@ -70,19 +57,6 @@ def fast(tmp_path) -> Path:
     path = tmp_path / "fast.toml"
     path.write_text(FAST)
     return path
-
-
-@pytest.fixture
-def local(tmp_path):
-    runs: list[LocalRun] = []
-
-    def make(**kw) -> LocalRun:
-        runs.append(LocalRun(tmp_path, **kw))
-        return runs[-1]
-
-    yield make
-    for r in runs:
-        r.stop()
 
 
 # ---------------------------------------------------------------- 1. NaN and infinity
@@ -568,3 +542,16 @@ def _progress(run_dir: Path) -> float:
         return 0.0
     finally:
         state.close()
+
+
+def test_an_agent_with_no_controller_for_long_ends_its_pilot(tmp_path, monkeypatch):
+    """A campaign whose controller is gone for good leaves no pilot holding nodes: the agents end them."""
+    from pilotfill.pilots import agent as agent_module
+    from pilotfill.security import create_secret
+
+    monkeypatch.setattr(agent_module, "ORPHAN_AFTER_S", 1.0)
+    run_dir = tmp_path / "run"
+    create_secret(run_dir)  # a run directory whose controller never answers
+    began = time.monotonic()
+    code = agent_module.Agent(str(run_dir), "p-orphan", ["n0"], "1", heartbeat_s=0.1, grace_s=1.0, scheduler="local").run()
+    assert code == 4 and time.monotonic() - began < 60

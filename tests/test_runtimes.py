@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from localrun import LocalRun, digits_job
 
 HERE = Path(__file__).resolve().parent

@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from localrun import committed_step, digits_job
+
 from pilotfill.client import ControllerClient
 from pilotfill.config import PilotConfig, SlurmConfig
-from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.base import PilotRefused
+from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.slurm import SlurmScheduler, hostnames, is_policy_refusal
 from pilotfill.state import State
 

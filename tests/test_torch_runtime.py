@@ -9,14 +9,13 @@ are generous (busy CI machines): nothing here depends on timing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
-
-import json
 
 import pytest
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gzip
 
 import pytest
-
 from conftest import JOB_HEADER
+
 from pilotfill.traces import InputError, parse_time, read_jobs, read_trace
 
 TRACE = """

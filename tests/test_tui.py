@@ -7,13 +7,12 @@ import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-from rich.console import Console
-
 from conftest import IN_CI
 from localrun import LocalRun, synthetic_job
+from rich.console import Console
+
 from pilotfill.tui import describe, render, view_from_snapshot
 
 NOW = 1_800_000_000.0

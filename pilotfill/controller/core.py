@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import procs
-from ..allocator import Allocation, Job as AllocJob, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
+from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
+from ..allocator import Job as AllocJob
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..pilots.launcher import AgentLauncher
@@ -36,8 +37,8 @@ from ..pilots.manager import PilotManager
 from ..protocol import READ_ONLY, ProtocolError, check, check_spec
 from ..schedulers.base import BatchScheduler, PilotEvent
 from ..security import create_secret, private_dir
-from ..transport import Park
 from ..state import TERMINAL, JournalError, State
+from ..transport import Park
 from .world import Job, Pilot, World
 
 log = logging.getLogger("pilotfill.controller")

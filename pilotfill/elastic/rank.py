@@ -18,6 +18,7 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 from ..procs import die_with_parent
 from ..transport import Client
@@ -107,10 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_parsl_task(client: Client, job_id: str, payload: str) -> int:
+def run_parsl_task(client: Client, job_id: str, payload: str, sends_result: Callable[[], bool] | None = None,
+                   transient: Callable[[BaseException], int | None] | None = None) -> int:  # fmt: skip
     """A call shipped by the Parsl executor: Parsl already wraps the function so that an exception
     comes back as a ``RemoteExceptionWrapper`` carrying the traceback; both outcomes travel
-    serialized by Parsl's own serializer."""
+    serialized by Parsl's own serializer.
+
+    ``sends_result``: whether this rank is the one that answers (default: Horovod's rank 0, or any rank
+    without Horovod); ``transient``: an exit status for a failure that is not the job's (a lost peer), else None.
+    """
     from parsl.app.errors import RemoteExceptionWrapper
     from parsl.serialize import serialize
 
@@ -124,11 +130,14 @@ def run_parsl_task(client: Client, job_id: str, payload: str) -> int:
     value = func(*args, **kwargs)
     packed = {"parsl": base64.b64encode(serialize(value)).decode()}
     if isinstance(value, RemoteExceptionWrapper):
+        code = transient(value.e_value) if transient is not None else None
+        if code is not None:
+            return code
         tb = value.e_traceback.as_traceback() if value.e_traceback is not None else None
         error = "".join(traceback.format_exception(value.e_type, value.e_value, tb))
         client.request({"type": "job.failed", "job_id": job_id, "error": error, "value": packed})
         return 1
-    if horovod_rank() in (None, 0):
+    if (sends_result or (lambda: horovod_rank() in (None, 0)))():
         client.request({"type": "job.result", "job_id": job_id, "value": packed})
     return 0
 

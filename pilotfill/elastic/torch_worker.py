@@ -18,7 +18,6 @@ function like ``rank`` does, with three differences:
 
 from __future__ import annotations
 
-import base64
 import os
 import sys
 import traceback
@@ -26,7 +25,7 @@ from typing import Any
 
 from ..procs import die_with_parent
 from ..transport import Client
-from .rank import resolve
+from .rank import resolve, run_parsl_task
 
 EXIT_PEER_LOST = 75
 """Exit status of a rank whose collective failed because another rank is gone (EX_TEMPFAIL)."""
@@ -100,7 +99,8 @@ def main() -> int:
     if reply.get("checkpoint"):
         os.environ["PILOTFILL_CHECKPOINT"] = reply["checkpoint"]  # where this training's commits go (as in rank.py)
     if spec.get("payload"):
-        return run_parsl_task(client, job_id, spec["payload"])
+        return run_parsl_task(client, job_id, spec["payload"], sends_result=lambda: global_rank() == 0,
+                              transient=lambda exc: EXIT_PEER_LOST if peer_lost(exc) else None)  # fmt: skip
     try:
         value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
     except Exception as exc:
@@ -111,31 +111,6 @@ def main() -> int:
         return 1
     if global_rank() == 0:
         client.request({"type": "job.result", "job_id": job_id, "value": value})
-    return 0
-
-
-def run_parsl_task(client: Client, job_id: str, payload: str) -> int:
-    """A call shipped by the Parsl executor (as in :func:`pilotfill.elastic.rank.run_parsl_task`)."""
-    from parsl.app.errors import RemoteExceptionWrapper
-    from parsl.serialize import serialize
-
-    from ..executors.shipping import CannotShip, unpack_call
-
-    try:
-        func, args, kwargs = unpack_call(payload)
-    except CannotShip as exc:  # a module the app needs is not here: said once, naming it
-        client.request({"type": "job.failed", "job_id": job_id, "error": str(exc)})
-        return 1
-    value = func(*args, **kwargs)
-    if isinstance(value, RemoteExceptionWrapper):
-        if peer_lost(value.e_value):
-            return EXIT_PEER_LOST
-        tb = value.e_traceback.as_traceback() if value.e_traceback is not None else None
-        error = "".join(traceback.format_exception(value.e_type, value.e_value, tb))
-        client.request({"type": "job.failed", "job_id": job_id, "error": error, "value": {"parsl": base64.b64encode(serialize(value)).decode()}})
-        return 1
-    if global_rank() == 0:
-        client.request({"type": "job.result", "job_id": job_id, "value": {"parsl": base64.b64encode(serialize(value)).decode()}})
     return 0
 
 

@@ -29,13 +29,17 @@ from parsl.executors.base import ParslExecutor
 from parsl.serialize import deserialize
 
 from ..client import ControllerClient
+from ..state import TERMINAL
 from ..transport import ControllerUnavailable
 from .shipping import CannotShip, pack_call
-from ..state import TERMINAL
 
 log = logging.getLogger("pilotfill.executor")
 
 SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name"}
+
+
+class CampaignHalted(RuntimeError):
+    """The app did not finish because the campaign could not go on (its controller is gone for good)."""
 
 
 def call_key(name: str, args: tuple, kwargs: dict) -> str | None:
@@ -85,7 +89,7 @@ class ElasticExecutor(ParslExecutor):
             return self._local.submit(func, {}, *args, **kwargs)
         future: Future = Future()
         if self._failed is not None:
-            future.set_exception(RuntimeError(self._failed))
+            future.set_exception(CampaignHalted(self._failed))
             return future
         job = {k: v for k, v in spec.items() if k in SPEC_KEYS}
         function = job.get("name") or getattr(func, "__name__", "task")
@@ -111,12 +115,12 @@ class ElasticExecutor(ParslExecutor):
             except queue.Empty:
                 break
             if not future.done():
-                future.set_exception(RuntimeError(reason))
+                future.set_exception(CampaignHalted(reason))
         for job_id, futures in list(self._pending.items()):
             self._pending.pop(job_id, None)
             for future in futures:
                 if not future.done():
-                    future.set_exception(RuntimeError(reason))
+                    future.set_exception(CampaignHalted(reason))
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -37,6 +37,10 @@ from ..transport import Client, ControllerUnavailable, Interrupted, RequestRefus
 
 log = logging.getLogger("pilotfill.agent")
 
+ORPHAN_AFTER_S = 600.0
+"""An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot: a campaign
+whose controller is gone for good leaves no pilot behind holding nodes."""
+
 
 class Agent:
     def __init__(self, run_dir: str, pilot: str, nodes: list[str], scheduler_id: str, heartbeat_s: float, grace_s: float, scheduler: str = "local"):
@@ -47,6 +51,8 @@ class Agent:
         self.launcher = LocalLauncher(log_dir=Path(run_dir) / "logs", grace_s=max(0.5, min(3.0, grace_s / 2)))
         self.leaving_at: float | None = None
         self.incarnation: int | None = None
+        self.orphan_after_s = max(ORPHAN_AFTER_S, 60 * heartbeat_s)
+        self._heard_at = time.monotonic()
         self._exits: list[dict] = []
         self._here = socket.gethostname().split(".")[0]
         signal.signal(signal.SIGTERM, self._on_term)
@@ -71,6 +77,7 @@ class Agent:
                     registered = True
                     log.info("registered %s", self.nodes)
                 reply = self._heartbeat()
+                self._heard_at = time.monotonic()
                 self._follow_controller(reply.get("incarnation"))
                 if reply.get("register"):
                     registered = False  # a new controller does not know us yet
@@ -87,6 +94,9 @@ class Agent:
             except Interrupted:
                 continue
             except ControllerUnavailable:
+                if time.monotonic() - self._heard_at > self.orphan_after_s:
+                    # No controller for this long: none will come back for us. End the pilot rather than hold nodes idle.
+                    return self._end(4, f"no controller for {self.orphan_after_s:.0f} s")
                 log.warning("controller unavailable; retrying")
                 self._sleep(min(1.0, self.heartbeat_s))
             except RequestRefused as exc:
@@ -129,7 +139,12 @@ class Agent:
                 log.error("ignored a start without a command line: %s", command)
                 return
             env = {str(k): str(v) for k, v in env.items()}
-            self.launcher.launch(host, job, self._on_node(host, argv, env), env)
+            try:
+                self.launcher.launch(host, job, self._on_node(host, argv, env), env)
+            except OSError as exc:  # the command cannot be run here: the job loses this node, the agent goes on
+                log.error("could not start %s on %s: %s", job, host, exc)
+                self._exits.append({"host": host, "job": job, "code": 127, "requested": False})
+                return
             log.info("started %s on %s", job, host)
         elif op == "stop":
             self._end_job(host, job)
@@ -139,7 +154,7 @@ class Agent:
         """``argv`` as run on ``host``: here, or through the batch system onto another node of this pilot."""
         if self.scheduler == "local" or host.split(".")[0].split("[")[0] == self._here:
             return argv
-        with_env = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+        with_env = ["env", *(f"{k}={v}" for k, v in {**env, "PILOTFILL_HOST": host}.items()), *argv]
         if self.scheduler == "slurm":
             return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=1", *with_env]
         if self.scheduler == "pbs":

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from itertools import islice
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..traces import Trace

@@ -50,6 +50,35 @@ def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "
     return train_horovod(epochs, depth, width, activation, lr, batch, seed, step_delay_s, fail_at_epoch, durable)
 
 
+def _epochs(state, forward, optimizer, xtr, ytr, rank_size, epochs: int, batch: int, seed: int, step_delay_s: float,
+            fail_at_epoch: int | None) -> None:  # fmt: skip
+    """The training loop both runtimes share: this rank's shard of each epoch, a commit every 4 steps.
+
+    (epoch, batch) only ever increases — the end of an epoch is the start of the next — so a restart
+    from any commit resumes at the right step, on however many ranks there are then (``rank_size()``).
+    """
+    while state.epoch < epochs:
+        if fail_at_epoch is not None and state.epoch >= fail_at_epoch:
+            raise RuntimeError(f"training diverged at epoch {state.epoch} (as asked)")
+        rank, size = rank_size()
+        order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(seed + state.epoch))
+        mine = order[rank::size]
+        steps = len(mine) // batch
+        while state.batch < steps:
+            idx = mine[state.batch * batch : (state.batch + 1) * batch]
+            optimizer.zero_grad()
+            F.cross_entropy(forward(xtr[idx]), ytr[idx]).backward()
+            optimizer.step()
+            report(samples=len(idx))
+            if step_delay_s:
+                time.sleep(step_delay_s)
+            state.batch += 1
+            if state.batch % 4 == 0:
+                state.commit()
+        state.epoch, state.batch = state.epoch + 1, 0
+        state.commit()
+
+
 def train_torch(epochs: int, depth: int, width: int, activation: str, lr: float, batch: int, seed: int,
                 step_delay_s: float, fail_at_epoch: int | None, durable: bool) -> dict:
     """Plain torch.distributed (gloo); a restart resumes from the last commit of ElasticState."""
@@ -68,27 +97,7 @@ def train_torch(epochs: int, depth: int, width: int, activation: str, lr: float,
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     state = ElasticState(model, optimizer, durable=durable, epoch=0, batch=0)
     ddp = DistributedDataParallel(model)
-    while state.epoch < epochs:
-        if fail_at_epoch is not None and state.epoch >= fail_at_epoch:
-            raise RuntimeError(f"training diverged at epoch {state.epoch} (as asked)")
-        g = torch.Generator().manual_seed(seed + state.epoch)
-        order = torch.randperm(len(xtr), generator=g)
-        mine = order[rank::size]
-        steps = len(mine) // batch
-        while state.batch < steps:
-            idx = mine[state.batch * batch : (state.batch + 1) * batch]
-            optimizer.zero_grad()
-            loss = F.cross_entropy(ddp(xtr[idx]), ytr[idx])
-            loss.backward()
-            optimizer.step()
-            report(samples=len(idx))
-            if step_delay_s:
-                time.sleep(step_delay_s)
-            state.batch += 1
-            if state.batch % 4 == 0:
-                state.commit()
-        state.epoch, state.batch = state.epoch + 1, 0
-        state.commit()
+    _epochs(state, ddp, optimizer, xtr, ytr, lambda: (rank, size), epochs, batch, seed, step_delay_s, fail_at_epoch)
     with torch.no_grad():
         accuracy = float((model(xva).argmax(1) == yva).float().mean())
     return {"val_accuracy": accuracy, "epochs": epochs, "restored": state.restored, "size_at_end": size}
@@ -114,28 +123,7 @@ def train_horovod(epochs: int, depth: int, width: int, activation: str, lr: floa
 
     @hvd.elastic.run
     def loop(state) -> float:
-        while state.epoch < epochs:
-            if fail_at_epoch is not None and state.epoch >= fail_at_epoch:
-                raise RuntimeError(f"training diverged at epoch {state.epoch} (as asked)")
-            g = torch.Generator().manual_seed(seed + state.epoch)
-            order = torch.randperm(len(xtr), generator=g)
-            mine = order[hvd.rank() :: hvd.size()]
-            steps = len(mine) // batch
-            while state.batch < steps:
-                idx = mine[state.batch * batch : (state.batch + 1) * batch]
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
-                loss.backward()
-                optimizer.step()
-                report(samples=len(idx))
-                if step_delay_s:
-                    time.sleep(step_delay_s)
-                state.batch += 1
-                if state.batch % 4 == 0:
-                    state.commit()
-            # (epoch, batch) only ever increases: the end of an epoch is the start of the next.
-            state.epoch, state.batch = state.epoch + 1, 0
-            state.commit()
+        _epochs(state, model, optimizer, xtr, ytr, lambda: (hvd.rank(), hvd.size()), epochs, batch, seed, step_delay_s, fail_at_epoch)
         with torch.no_grad():
             return float((model(xva).argmax(1) == yva).float().mean())
 
