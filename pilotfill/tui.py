@@ -405,7 +405,7 @@ def view_from_replay(sim, title: str = "pilotfill replay") -> View:
     if ctl is None:
         return View(title)
     snap = ctl.world.snapshot()
-    snap["jobs"] = [j.record() for j in ctl.world.open.values()]
+    snap["jobs"] = [j.summary() for j in ctl.world.open.values()]
     snap["events"] = ctl.journal.events(limit=50)
     view = view_from_snapshot(snap, title=f"{title} {format_time(sim.now)}", now=sim.now)
     for j in view.jobs:

@@ -69,8 +69,14 @@ class Job:
     lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
 
     def record(self) -> dict[str, Any]:
-        """The job as clients see it (``job.get``, snapshots)."""
+        """The job as clients see it (``job.get``)."""
         return {k: v for k, v in self.__dict__.items() if k != "lost"}
+
+    def summary(self) -> dict[str, Any]:
+        """The job as views see it: without the code it ships (a shipped call can be megabytes)."""
+        out = self.record()
+        out["spec"] = {k: v for k, v in self.spec.items() if k != "payload"}
+        return out
 
 
 class World:
@@ -248,7 +254,7 @@ class World:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            "jobs": [j.record() for j in self.jobs.values()],
+            "jobs": [j.summary() for j in self.jobs.values()],
             "pilots": [
                 {"id": p.id, "scheduler_id": p.scheduler_id, "state": p.state, "nodes": list(p.nodes), "requested": p.requested,
                  "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid}  # fmt: skip

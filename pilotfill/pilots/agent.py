@@ -82,13 +82,13 @@ class Agent:
                 if reply.get("register"):
                     registered = False  # a new controller does not know us yet
                     continue
+                for command in reply.get("commands", []):  # before releases: a job's processes end on a node it leaves
+                    self._do(command)
                 for node in reply.get("release", []):
                     self._end_on(node)
                     if node in self.nodes:
                         self.nodes.remove(node)
                         log.info("released %s", node)
-                for command in reply.get("commands", []):
-                    self._do(command)
                 if reply.get("stop") or not self.nodes:
                     return self._end(0, "stopped by the controller" if reply.get("stop") else "no node left")
             except Interrupted:
@@ -131,7 +131,8 @@ class Agent:
     def _do(self, command: dict) -> None:
         op, job, host = command.get("op"), command.get("job"), command.get("host")
         if host not in self.nodes or not isinstance(job, str):
-            log.warning("ignored a command for %s, not a node of this pilot: %s", host, command)
+            if op != "stop":  # a stop for a node already given back has nothing left to do
+                log.warning("ignored a command for %s, not a node of this pilot: %s", host, command)
             return
         if op == "start":
             argv, env = command.get("argv"), command.get("env") or {}
