@@ -13,6 +13,7 @@ Payloads are JSON objects; the message types are in :mod:`pilotfill.protocol`.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
@@ -86,6 +87,8 @@ class Server:
         self.dropped = 0
         self._answered: OrderedDict[str, bytes] = OrderedDict()
         self._parked: dict[str, tuple[bytes, bytes, Any, float, Park]] = {}  # key -> identity, nonce, rid, deadline, park
+        self._deadlines: list[tuple[float, int, str]] = []  # (deadline, serial, key), a heap: expiry is O(log n)
+        self._serial = 0
         self._warned_at = 0.0
         self._dropped_since_warning = 0
 
@@ -105,8 +108,8 @@ class Server:
         """
         handled = 0
         self._expire_parked()
-        if self._parked:
-            timeout_ms = min(timeout_ms, max(0, int((min(p[3] for p in self._parked.values()) - time.monotonic()) * 1000) + 1))
+        if self._deadlines:
+            timeout_ms = min(timeout_ms, max(0, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1))
         if not self.socket.poll(timeout_ms):
             self._expire_parked()
             return 0
@@ -126,7 +129,10 @@ class Server:
                 old = self._parked.pop(reply.key, None)
                 if old is not None:  # the same client asked again: its earlier wait is over
                     self._send(*old[:3], old[4].reply())
-                self._parked[reply.key] = (identity, nonce, request.get("rid"), time.monotonic() + reply.timeout_s, reply)
+                deadline = time.monotonic() + reply.timeout_s
+                self._parked[reply.key] = (identity, nonce, request.get("rid"), deadline, reply)
+                self._serial += 1
+                heapq.heappush(self._deadlines, (deadline, self._serial, reply.key))
             else:
                 self.socket.send_multipart([identity, *seal(self._key, reply, nonce=nonce)])
             handled += 1
@@ -142,9 +148,12 @@ class Server:
 
     def _expire_parked(self) -> None:
         now = time.monotonic()
-        for key in [k for k, p in self._parked.items() if p[3] <= now]:
-            parked = self._parked.pop(key)
-            self._send(*parked[:3], parked[4].reply())
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, key = heapq.heappop(self._deadlines)
+            parked = self._parked.get(key)
+            if parked is not None and parked[3] == deadline:  # else answered already, or parked again since
+                del self._parked[key]
+                self._send(*parked[:3], parked[4].reply())
 
     def _send(self, identity: bytes, nonce: bytes, rid: Any, reply: dict[str, Any]) -> None:
         body = json.dumps({"ok": True, **reply}).encode()
@@ -267,6 +276,7 @@ class Client:
         end = time.monotonic() + wait_s
         while (left := end - time.monotonic()) > 0:
             if self._interrupt is not None and self._interrupt():
+                self.close()  # the reply still on its way answers nothing any more: drop it with the socket
                 raise Interrupted("interrupted while waiting for the controller")
             if not sock.poll(int(min(left, 0.2) * 1000) + 1):
                 continue

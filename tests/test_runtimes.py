@@ -86,9 +86,12 @@ def test_ranks_per_node_each_with_its_local_rank_and_own_gpu(cluster, tmp_path, 
         by_host.setdefault(r["host"], []).append(r)
     assert len(by_host) == 2 and all(sorted(r["local_rank"] for r in rs) == [0, 1] for rs in by_host.values())
     assert all(r["local_size"] == 2 and r["cuda"] == str(r["local_rank"]) for r in seen)  # each rank sees only its own GPU
-    # The pilot agents started the ranks on their nodes (Horovod's driver starts its own, over ssh), and ended them.
+    # The pilot agents started the ranks on their nodes (Horovod's driver starts its own, over ssh), and ended them:
+    # by the job's stop command, or — when the pilot was cancelled before its agent collected that command — by
+    # ending everything on its nodes as it left. Nothing of the job outlives it either way (checked at teardown).
     agents = "".join(p.read_text() for p in (run.run_dir / "logs").glob("pilot-*.log"))
-    assert ("started" in agents) == (kind != "horovod") and "ended j" in agents
+    assert ("started" in agents) == (kind != "horovod")
+    assert "ended j" in agents or "ending (leaving)" in agents, agents
 
 
 def test_a_torch_job_through_the_pilots_shrinks_and_grows_as_the_main_workload_moves(cluster, request):

@@ -21,7 +21,7 @@ EPOCHS = int(os.environ.get("HPO_EPOCHS", "10"))
 
 @pilotfill.elastic_app(min_nodes=1, max_nodes=2, scale_up_cost_s=3.0, scale_down_cost_s=2.0)
 def train(lr: float, batch: int, epochs: int = EPOCHS) -> dict:
-    """One configuration, trained with Elastic Horovod; returns its validation accuracy."""
+    """One configuration, trained on the configured runtime (torch elastic or Elastic Horovod); returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits
 
     result = train_digits(epochs=epochs, depth=2, width=64, activation="relu", lr=lr, batch=batch, step_delay_s=0.02)

@@ -3,8 +3,9 @@
     pilotfill run workflows/nas_campaign.py            # the embedded local cluster
     pilotfill run workflows/nas_campaign.py -c configs/perlmutter.toml
 
-Each architecture (depth × width × activation) is one elastic training job:
-Elastic Horovod on however many nodes the allocator gives it (1 to 2 here),
+Each architecture (depth × width × activation) is one elastic training job —
+torch.distributed.elastic, or Elastic Horovod with ``runtime.kind = "horovod"``
+— on however many nodes the allocator gives it (1 to 2 here),
 growing and shrinking as the machine's main workload takes nodes back and
 returns them. Every rank reports its samples (``pilotfill.report``, inside the
 training loop of ``pilotfill.workloads.digits``); rank 0 returns the validation
@@ -25,7 +26,7 @@ EPOCHS = int(os.environ.get("NAS_EPOCHS", "12"))
 
 @pilotfill.elastic_app(min_nodes=1, max_nodes=2, scale_up_cost_s=3.0, scale_down_cost_s=2.0)
 def train(depth: int, width: int, activation: str, epochs: int = EPOCHS) -> dict:
-    """Train one architecture with Elastic Horovod; returns its validation accuracy."""
+    """Train one architecture on the configured runtime; returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits
 
     result = train_digits(epochs=epochs, depth=depth, width=width, activation=activation, lr=0.05, step_delay_s=0.02)

@@ -165,23 +165,28 @@ class Agent:
     def _end_job(self, host: str, job: str) -> None:
         """End a job's processes on a node: those we started, and any it started itself (found by environment)."""
         self.launcher.terminate(host, job)
-        self._terminate_later(self._found_on(host, PILOTFILL_JOB_ID=job))
+        self._terminate_later(list(self._found_on(host, PILOTFILL_JOB_ID=job)))
 
     def _end_on(self, node: str) -> None:
-        """End every job's processes on ``node`` (it is given back, or its controller is gone)."""
+        """End every job's processes on ``node`` (it is given back, its pilot is leaving, or its controller is gone)."""
+        jobs = set()
         for host, job in self.launcher.running():
             if host == node:
                 self.launcher.terminate(host, job)
-        self._terminate_later(self._found_on(node))
+                jobs.add(job)
+        found = self._found_on(node)
+        self._terminate_later(list(found))
+        for job in sorted(jobs | {j for j in found.values() if j}):
+            log.info("ended %s on %s", job, node)
 
-    def _found_on(self, node: str, **wanted: str) -> list[int]:
-        """This run's processes on ``node``, by their environment: the node each says it is on (ours, or
+    def _found_on(self, node: str, **wanted: str) -> dict[int, str]:
+        """This run's processes on ``node`` (pid -> job), by their environment: the node each says it is on (ours, or
         Horovod's ``HOROVOD_HOSTNAME``), else this machine (a node where nothing says: a compute node of its own)."""
-        found = []
+        found = {}
         for pid, env in procs.environments(PILOTFILL_RUN_DIR=self.run_dir, **wanted).items():
             on = env.get("PILOTFILL_HOST") or env.get("HOROVOD_HOSTNAME")
             if on == node or (on is None and self.scheduler != "local" and node.split(".")[0].split("[")[0] == self._here):
-                found.append(pid)
+                found[pid] = env.get("PILOTFILL_JOB_ID", "")
         return found
 
     def _terminate_later(self, pids: list[int]) -> None:
