@@ -10,8 +10,14 @@ was removed and still has a rank after the shrink deadline has it killed.
 
 On the local virtual cluster the hosts are distinct names (``pf-node-0`` …),
 ``ssh`` on horovodrun's PATH is :mod:`pilotfill.elastic.local_ssh`, Gloo uses
-``lo``, and ``--blacklist-cooldown-range`` lets a host whose rank died come
-back. On a cluster the hosts are the pilots' nodes and ssh is the real one.
+``lo``. On a cluster the hosts are the pilots' nodes and ssh is the real one.
+
+The discovery file is the truth about which hosts a job has: a rank that died
+costs its node through the controller, and a pilot that leaves ends its ranks
+at once (Horovod counts that as a failure and blacklists the host). So
+Horovod's own blacklist is kept as short as it allows (1-2 s): long enough to
+outlast those kills, short enough that a node preempted and handed back does
+not wait out a cooldown that doubles with every preemption.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ class HorovodRuntime(Runtime):
         local: bool = True,
         network_interface: str | None = "lo",
         on_spawn: Callable[[subprocess.Popen, str, str], None] | None = None,
-        cooldown_s: tuple[int, int] = (5, 15),
+        cooldown_s: tuple[int, int] = (1, 2),
         ranks_per_node: int = 1,
         gpus_per_node: int = 0,
     ):
