@@ -148,43 +148,12 @@ if __name__ == "__main__":
 def pilotfill_run(repeats: int, root: Path) -> tuple[list[float], list[float]]:
     """The same through pilotfill: the main workload frees and takes back pf-node-1."""
     period = 22.0
-    script = []
-    for i in range(repeats):
-        script.append((12.0 + i * period, "pf-node-1", "idle"))
-        script.append((12.0 + i * period + period / 2, "pf-node-1", "busy"))
-    items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in [(0.0, "pf-node-1", "busy"), *script])
-    config = root / "pilotfill.toml"
-    config.write_text(
-        f"""scheduler = "local"
-[local]
-nodes = 2
-workload = "script"
-script = [{items}]
-[pilots]
-heartbeat_s = 0.5
-heartbeat_deadline_s = 3.0
-grace_s = 5.0
-[controller]
-tick_s = 0.05
-[runtime]
-kind = "horovod"
-"""
-    )
-    run_dir = root / "run"
     (root / "bench_worker.py").write_text(STEP_WORKER)
     steps = Steps(root / "horovod-steps.jsonl")
-    env = {**os.environ, "BENCH_STEPS": str(steps.path), "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-    ctl = subprocess.Popen([sys.executable, "-m", "pilotfill.controller", "--run-dir", str(run_dir), "--config", str(config)], env=env,
-                           stdout=open(root / "controller.out", "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    run_dir, ctl = start_controller(root, steps, kind="horovod", repeats=repeats, first_s=12.0, period=period, heartbeat_s=0.5, deadline_s=3.0)
     try:
-        wait_until(lambda: (run_dir / "controller.json").exists() and json.loads((run_dir / "controller.json").read_text())["pid"] == ctl.pid, 30, 0.1)
         client = ControllerClient(run_dir)
-        spec = {
-            "name": "bench", "entry": "bench_worker:train", "kwargs": {"epochs": 10_000, "step_delay_s": 0.05, "durable": False},
-            "min_nodes": 1, "max_nodes": 2, "curve": {"nodes": [0, 1, 2], "samples_per_s": [0, 300, 600]},
-            "scale_up_cost_s": 2.0, "scale_down_cost_s": 1.0,
-        }  # fmt: skip
-        job = client.submit(spec)
+        job = client.submit(bench_job(durable=False))
         gone: list[float] = []
 
         def watch_leaves() -> None:
@@ -250,6 +219,52 @@ class Steps:
         times = [r["time"] for r in self.read() if r["host"] == host and r["world"] == world and r["time"] < before]
         return max(times) if times else float("nan")
 
+
+
+def start_controller(work: Path, steps: "Steps", kind: str, repeats: int, first_s: float, period: float, heartbeat_s: float,
+                     deadline_s: float) -> tuple[Path, subprocess.Popen]:  # fmt: skip
+    """A real controller on a 2-node local cluster whose main workload frees pf-node-1 at ``first_s`` and then
+    every ``period`` (taking it back half a period later), ``repeats`` times; returns its run dir once it serves."""
+    script = [(0.0, "pf-node-1", "busy")]
+    for i in range(repeats):
+        script += [(first_s + i * period, "pf-node-1", "idle"), (first_s + i * period + period / 2, "pf-node-1", "busy")]
+    items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in script)
+    config = work / "pilotfill.toml"
+    config.write_text(
+        f"""scheduler = "local"
+[local]
+nodes = 2
+workload = "script"
+script = [{items}]
+[pilots]
+heartbeat_s = {heartbeat_s}
+heartbeat_deadline_s = {deadline_s}
+grace_s = 5.0
+[controller]
+tick_s = 0.05
+[runtime]
+kind = "{kind}"
+"""
+    )
+    run_dir = work / "run"
+    env = {**os.environ, "BENCH_STEPS": str(steps.path), "PYTHONPATH": os.pathsep.join([str(work), os.environ.get("PYTHONPATH", "")])}
+    ctl = subprocess.Popen([sys.executable, "-m", "pilotfill.controller", "--run-dir", str(run_dir), "--config", str(config)], env=env,
+                           stdout=open(work / "controller.out", "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        wait_until(lambda: (run_dir / "controller.json").exists() and json.loads((run_dir / "controller.json").read_text())["pid"] == ctl.pid, 30, 0.1)
+    except BaseException:
+        ctl.kill()
+        raise
+    return run_dir, ctl
+
+
+def bench_job(durable: bool) -> dict:
+    """The job both pilotfill measurements train: digits on 1 or 2 nodes, stepping every 50 ms."""
+    return {
+        "name": "bench", "entry": "bench_worker:train", "kwargs": {"epochs": 10_000, "step_delay_s": 0.05, "durable": durable},
+        "min_nodes": 1, "max_nodes": 2, "curve": {"nodes": [0, 1, 2], "samples_per_s": [0, 300, 600]},
+        "scale_up_cost_s": 2.0, "scale_down_cost_s": 1.0,
+    }  # fmt: skip
 
 def free_port() -> int:
     import socket
@@ -317,42 +332,11 @@ def torch_pilotfill(repeats: int, root: Path) -> dict[str, list[float]]:
     (work / "bench_worker.py").write_text(STEP_WORKER)
     steps = Steps(work / "steps.jsonl")
     period = 24.0
-    script = []
-    for i in range(repeats):
-        script.append((15.0 + i * period, "pf-node-1", "idle"))
-        script.append((15.0 + i * period + period / 2, "pf-node-1", "busy"))
-    items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in [(0.0, "pf-node-1", "busy"), *script])
-    config = work / "pilotfill.toml"
-    config.write_text(
-        f"""scheduler = "local"
-[local]
-nodes = 2
-workload = "script"
-script = [{items}]
-[pilots]
-heartbeat_s = 1.0
-heartbeat_deadline_s = 10.0
-grace_s = 5.0
-[controller]
-tick_s = 0.05
-[runtime]
-kind = "torch"
-"""
-    )
-    run_dir = work / "run"
-    env = {**os.environ, "BENCH_STEPS": str(steps.path), "PYTHONPATH": os.pathsep.join([str(work), os.environ.get("PYTHONPATH", "")])}
-    ctl = subprocess.Popen([sys.executable, "-m", "pilotfill.controller", "--run-dir", str(run_dir), "--config", str(config)], env=env,
-                           stdout=open(work / "controller.out", "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    run_dir, ctl = start_controller(work, steps, kind="torch", repeats=repeats, first_s=15.0, period=period, heartbeat_s=1.0, deadline_s=10.0)
     out: dict[str, list[float]] = {"grow": [], "pause": [], "shrink": []}
     try:
-        wait_until(lambda: (run_dir / "controller.json").exists() and json.loads((run_dir / "controller.json").read_text())["pid"] == ctl.pid, 30, 0.1)
         client = ControllerClient(run_dir)
-        spec = {
-            "name": "bench", "entry": "bench_worker:train", "kwargs": {"epochs": 10_000, "step_delay_s": 0.05, "durable": True},
-            "min_nodes": 1, "max_nodes": 2, "curve": {"nodes": [0, 1, 2], "samples_per_s": [0, 300, 600]},
-            "scale_up_cost_s": 2.0, "scale_down_cost_s": 1.0,
-        }  # fmt: skip
-        job = client.submit(spec)
+        job = client.submit(bench_job(durable=True))
         time.sleep(15.0 + repeats * period + 10)
         client.cancel(job)
         state = State(run_dir, readonly=True)

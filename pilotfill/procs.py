@@ -11,6 +11,7 @@ time, so a recycled pid is never hit).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -81,26 +82,28 @@ def kill_group(pid: int, ticks: int | None = None, grace_s: float = 0.0) -> None
     if ticks is not None and start_ticks(pid) not in (None, ticks):
         return  # the pid now belongs to someone else
     if grace_s > 0:
-        _signal_group(pid, signal.SIGTERM)
+        signal_group(pid, signal.SIGTERM)
         end = time.monotonic() + grace_s
         while time.monotonic() < end and alive(pid, ticks):
             time.sleep(0.05)
-    _signal_group(pid, signal.SIGKILL)
+    signal_group(pid, signal.SIGKILL)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to a process group, if it is still there (gone or not ours: nothing to do)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+
+
+def signal_pid(pid: int, sig: int) -> None:
+    """Send ``sig`` to one process (not its group), if it is still there."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def kill_pid(pid: int) -> None:
     """SIGKILL one process (not its group), if it is still there."""
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    signal_pid(pid, signal.SIGKILL)
 
 
 def with_environment(**wanted: str) -> list[int]:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from waiting import wait_for
+
 from pilotfill.client import ControllerClient
 from pilotfill.state import State
 
@@ -97,13 +99,7 @@ class LocalRun:
             s.close()
 
     def wait_for(self, predicate, timeout_s: float = 60.0, what: str = "condition"):
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise TimeoutError(f"timed out waiting for {what}; controller log:\n{self.logs[-1].read_text()[-3000:]}")
+        return wait_for(predicate, timeout_s, what, detail=lambda: "controller log:\n" + self.logs[-1].read_text()[-3000:])
 
     def leftover_processes(self) -> list[int]:
         """Processes other than the live controller that belong to this run (by environment or argv)."""

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from waiting import wait_for
+
 from pilotfill.state import State
 
 APPS = 4
@@ -55,16 +57,6 @@ def train(i):
 
 print("results", [f.result() for f in [train(i) for i in range({APPS})]])
 """
-
-
-def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.2):
-    end = time.time() + timeout_s
-    while time.time() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def events(run_dir: Path, kind: str, pilot: str) -> list[dict]:

@@ -24,6 +24,7 @@ import zmq
 from conftest import IN_CI
 from localrun import synthetic_job
 from test_campaign import FAST
+from waiting import wait_for
 
 from pilotfill.config import ConfigError, load_config
 from pilotfill.state import State
@@ -140,7 +141,7 @@ def test_a_killed_controller_is_restarted_and_the_campaign_finishes_without_retr
     proc = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(fast)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     run_dir = _wait_for_run_dir(tmp_path)
-    _wait_for(lambda: _progress(run_dir) >= 150, 120, "training under way")
+    wait_for(lambda: _progress(run_dir) >= 150, 120, "training under way")
     pid = _controller_pid(run_dir)
     os.kill(pid, signal.SIGKILL)
     state = State(run_dir, readonly=True)
@@ -209,7 +210,7 @@ def test_a_full_disk_stops_the_campaign_cleanly_and_a_rerun_after_freeing_space_
     proc = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(fast)], cwd=tiny_fs,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     run_dir = _wait_for_run_dir(tiny_fs)
-    _wait_for(lambda: _progress(run_dir) >= 100, 120, "training under way")
+    wait_for(lambda: _progress(run_dir) >= 100, 120, "training under way")
     filler = tiny_fs / "filler"
     with open(filler, "wb") as f:  # fill the disk to the last byte
         try:
@@ -396,7 +397,7 @@ def test_a_rerun_resumes_unfinished_trainings_from_their_commits_and_never_runs_
     first = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(fast)], cwd=tmp_path,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     run_dir = _wait_for_run_dir(tmp_path)
-    _wait_for(lambda: _progress(run_dir) >= 400, 120, "both trainings under way")
+    wait_for(lambda: _progress(run_dir) >= 400, 120, "both trainings under way")
     os.killpg(first.pid, signal.SIGKILL)  # the whole campaign dies at once
     first.wait()
     time.sleep(1.0)
@@ -501,18 +502,8 @@ def test_a_controller_paused_past_the_heartbeat_deadline_loses_no_healthy_pilot(
 # ---------------------------------------------------------------- helpers
 
 
-def _wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
 def _wait_for_run_dir(root: Path) -> Path:
-    return _wait_for(lambda: next((p for p in (root / "runs").glob("2*") if (p / "controller.json").exists()), None), 120, "a run directory")
+    return wait_for(lambda: next((p for p in (root / "runs").glob("2*") if (p / "controller.json").exists()), None), 120, "a run directory")
 
 
 def _controller_pid(run_dir: Path, wait: bool = True) -> int | None:
@@ -522,7 +513,7 @@ def _controller_pid(run_dir: Path, wait: bool = True) -> int | None:
         except (OSError, ValueError, KeyError):
             return None
 
-    return _wait_for(pid, 60, "the controller") if wait else pid()
+    return wait_for(pid, 60, "the controller") if wait else pid()
 
 
 def _alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from localrun import committed_step, digits_job
+from waiting import wait_for
 
 from pilotfill.client import ControllerClient
 from pilotfill.config import PilotConfig, SlurmConfig
@@ -19,16 +20,6 @@ from pilotfill.schedulers.base import PilotRefused
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.slurm import SlurmScheduler, hostnames, is_policy_refusal
 from pilotfill.state import State
-
-
-def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.1):
-    end = time.time() + timeout_s
-    while time.time() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def main_job(slurm, tmp: Path, nodes: int, tag: str) -> float:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from waiting import wait_for
+
 from pilotfill.state import State
 
 APPS = 3
@@ -50,16 +52,6 @@ def train(i):
 
 print("results", [f.result() for f in [train(i) for i in range({APPS})]])
 """
-
-
-def wait_for(pred, timeout_s: float, what: str, poll_s: float = 0.2):
-    end = time.time() + timeout_s
-    while time.time() < end:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def test_campaign_leaves_no_pilot_and_loses_no_start(slurm, tmp_path):

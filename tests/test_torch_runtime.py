@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from pilotfill.elastic.base import RankExit
 from pilotfill.elastic.launch import LocalLauncher
@@ -77,13 +78,7 @@ class MiniController:
             return []
 
     def wait_for(self, predicate, timeout_s: float, what: str):
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.log_tail()}")
+        return wait_for(predicate, timeout_s, what, detail=self.log_tail)
 
     def log_tail(self, chars: int = 4000) -> str:
         out = []

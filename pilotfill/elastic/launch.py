@@ -86,10 +86,7 @@ class LocalLauncher(NodeLauncher):
             if run is None or run.requested:
                 return
             run.requested = True
-        try:
-            os.killpg(run.proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        procs.signal_group(run.proc.pid, signal.SIGTERM)
         timer = threading.Timer(self.grace_s, self._kill_if_running, args=(run,))
         timer.daemon = True
         timer.start()

@@ -196,10 +196,7 @@ class Agent:
             return
         ticks = {p: procs.start_ticks(p) for p in pids}
         for pid in pids:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+            procs.signal_pid(pid, signal.SIGTERM)
 
         def kill() -> None:
             for pid, t in ticks.items():

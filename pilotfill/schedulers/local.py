@@ -15,7 +15,6 @@ would stop (DESIGN, "Elastic runtime").
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -236,7 +235,4 @@ class LocalScheduler(BatchScheduler):
     def _terminate(self, pilot: _Pilot, why: str) -> None:
         pilot.why = why
         pilot.kill_at = self.clock() + self.pilots.grace_s
-        try:
-            os.killpg(pilot.process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        procs.signal_group(pilot.process.pid, signal.SIGTERM)
