@@ -86,6 +86,7 @@ class PilotConfig:
     nodes_per_pilot: int = 1
     max_queued_pilots: int = 10  # pilots of ours waiting in the batch queue at once (sites cap queued jobs per user)
     max_submits_per_minute: int = 12  # submissions in any 60 s; a refused one also backs off (10 s doubling to 5 min)
+    release_after_s: float = 30.0  # a node no job uses is kept this long while a running job could still grow onto it
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Config:
 
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python"}
-MAY_BE_ZERO = {"gpus_per_node"}
+MAY_BE_ZERO = {"gpus_per_node", "release_after_s"}
 RUNTIMES = ("processes", "horovod", "torch")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker

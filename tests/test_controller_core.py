@@ -150,6 +150,45 @@ def test_fill_and_release_come_from_one_decision(tmp_path, write):
     assert m.scheduler.counts.rerequested_within_60s == 0
 
 
+def test_a_node_a_job_leaves_is_kept_while_another_job_could_grow_then_given_back(tmp_path, write):
+    """A job that ends frees a node no running job wants at that moment; the next decision often wants it (another
+    job ends, one arrives). Releasing it and asking again seconds later is what a site sees as thrash (the README's
+    campaign did exactly that), so it is kept for ``release_after_s`` while some job could still grow, then given back."""
+    flat = "flat,m,2021-02-10T00:00:00Z,1,2,1e12,10,5,0;1;2,0;100;100"  # a second node adds nothing: never wanted now
+    m = Machine(tmp_path, write, 2, [linear("x", 1, 1, 100), flat, linear("y", 1, 1, 100)], release_after_s=30.0)
+    m.submit("x")
+    m.submit("flat")
+    m.at(0)
+    assert len(m.job("x").nodes) == 1 and len(m.job("flat").nodes) == 1
+    freed = m.job("x").nodes[0]
+    m.ctl.handle({"type": "job.result", "job_id": m.ids["x"], "value": 1})
+    m.at(10)
+    assert m.ctl.world.nodes[freed].job is None and freed in m.ctl.world.ready  # unused, kept
+    assert m.ctl.world.counters["nodes_released"] == 0
+    m.submit("y")  # a job arriving within the window takes the kept node: no new pilot
+    m.at(20)
+    assert m.job("y").nodes == [freed]
+    assert m.ctl.world.counters["pilots_submitted"] == 2 and m.ctl.world.counters["nodes_released"] == 0
+    m.ctl.handle({"type": "job.result", "job_id": m.ids["y"], "value": 1})
+    m.at(21)
+    m.at(21 + 29)
+    assert m.ctl.world.counters["nodes_released"] == 0  # still within the window
+    m.at(21 + 31)
+    assert m.ctl.world.counters["nodes_released"] == 1  # unused for release_after_s: given back
+    assert [e["node"] for e in m.events("node.released")] == [freed]
+    assert m.scheduler.counts.rerequested_within_60s == 0
+
+
+def test_a_node_no_open_job_could_use_is_given_back_at_once(tmp_path, write):
+    m = Machine(tmp_path, write, 2, [linear("x", 1, 1, 100), linear("z", 1, 1, 100)], release_after_s=30.0)
+    m.submit("x")
+    m.submit("z")
+    m.at(0)
+    m.ctl.handle({"type": "job.result", "job_id": m.ids["x"], "value": 1})
+    m.at(1)  # z is at its maximum: nothing could use the node
+    assert m.ctl.world.counters["nodes_released"] == 1
+
+
 def test_a_job_is_stopped_only_when_the_allocation_gains_by_it(tmp_path, write):
     """A waiting job with a slightly better curve does not evict a running one that a restart would cost."""
     m = Machine(tmp_path, write, 2, [linear("run", 2, 2, 100), linear("new", 2, 2, 110)])

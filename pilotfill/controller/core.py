@@ -499,8 +499,8 @@ class Controller:
             idle = self._scheduler_call("idle", self.scheduler.idle_nodes)
             if self.dirty and (self.urgent or not self._settling(now)):
                 self.decide(now, idle)
-            elif idle is not None and idle != self._last_idle:
-                self.pilots.adjust(now, idle)  # the main workload freed or took nodes: nothing of ours moved
+            elif (idle is not None and idle != self._last_idle) or self.pilots.release_due(now):
+                self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0)  # the main workload moved, or a kept node's time is up
             if idle is not None:
                 self._last_idle = idle
             if now - self._pruned_at >= PRUNE_EVERY_S:

@@ -8,7 +8,10 @@ turns the answer into what the site sees:
 * more than we hold or have asked for: submit pilots for the difference (never
   more than is idle, within the site's limits: queued pilots, submissions per
   minute, a back-off after a refusal);
-* fewer than we hold: give back ready nodes no job uses, at once;
+* fewer than we hold: give back ready nodes no job uses — at once when no
+  open job could grow onto them, else once they have gone unused for
+  ``release_after_s`` (a job that ends usually frees nodes another one wants a
+  moment later: releasing in between and asking again is the thrash a site sees);
 * fewer than we hold plus what is queued: cancel queued pilots no job needs.
 
 Release and fill never both happen in one decision, and a node is released
@@ -35,6 +38,10 @@ REFUSED_BACKOFF_S = (10.0, 300.0)
 """After the batch system refuses a submission: wait this long before asking again, doubling up to the second value."""
 
 
+RELEASE_RETRY_S = 5.0
+"""A release the batch system failed or declined is asked again no sooner than this (never every tick)."""
+
+
 class PilotManager:
     def __init__(self, controller: Controller):
         self.controller = controller
@@ -42,6 +49,7 @@ class PilotManager:
         self.config = controller.config.pilots
         self._asked_at: dict[str, float] = {}  # queued pilot -> when submitted
         self._release: dict[str, set[str]] = {}  # pilot -> nodes to drop, told at its next heartbeat
+        self._unused_since: dict[str, float] = {}  # node no decision wants -> since when (released after release_after_s)
         self._submits: deque[float] = deque()  # times of recent submissions (per-minute limit)
         self._not_before = 0.0
         self._backoff = 0.0
@@ -72,20 +80,36 @@ class PilotManager:
         ready = len(world.ready)
         pending = world.pending_nodes()
         unused = [n for n in world.ready if world.nodes[n].job is None]
+        if not unused:
+            self._unused_since.clear()
         if not (unused or idle > 0 or pending > 0):
             return  # everything held is used and nothing more could be had: nothing to size
         if answer is None and not world.open and not unused and pending == 0:
             return
         wanted = self.controller.wanted(idle + pending, answer) if world.open else 0
         surplus = ready - wanted
-        if surplus > 0 and unused:
-            self._give_back(unused[:surplus], now)
+        spare = unused[:surplus] if surplus > 0 else []
+        self._unused_since = {n: self._unused_since.get(n, now) for n in spare}
+        if spare:
+            hold = self.config.release_after_s if self._could_grow() else 0.0
+            due = [n for n in spare if now - self._unused_since[n] >= hold]
+            if due:
+                self._give_back(due, now)
         queued_surplus = pending - max(0, wanted - ready)
         if queued_surplus > 0 and wanted <= ready:
             self._cancel_queued(now)
         missing = wanted - ready - pending
         if missing > 0 and idle > 0:
             self._submit(min(missing, idle), now)
+
+    def release_due(self, now: float) -> bool:
+        """True when a node kept unused has waited ``release_after_s``: time to decide again whether to give it back."""
+        wait = max(self.config.release_after_s, RELEASE_RETRY_S)
+        return any(now - t >= wait for t in self._unused_since.values())
+
+    def _could_grow(self) -> bool:
+        """Whether an open job could still take another node (below its maximum, or waiting to start)."""
+        return any(len(job.nodes) < job.spec["max_nodes"] for job in self.world.open.values())
 
     # ------------------------------------------------------------ acting
 
@@ -98,10 +122,15 @@ class PilotManager:
                 by_pilot.setdefault(pilot, []).append(name)
         for pilot, names in by_pilot.items():
             given = self.controller._scheduler_call("release", self.controller.scheduler.release, pilot, names)
-            if given is None:
-                continue  # failed: logged with its command; the nodes stay held and are retried
-            given = [n for n in given if n in names]
+            given = [n for n in given if n in names] if given is not None else []
+            for name in names:
+                if name not in given:  # failed (logged with its command) or kept by the batch system: asked again later
+                    self._unused_since[name] = now
+            if not given:
+                continue
             self.controller.remove_nodes(given, now, "released: no job needs it", "gone", event="node.released")
+            for name in given:
+                self._unused_since.pop(name, None)
             self.world.count("nodes_released", len(given))
             self._release.setdefault(pilot, set()).update(given)
             self.controller._wake_later(pilot)  # its agent ends what runs there and lets the nodes go now
