@@ -232,6 +232,8 @@ def _summary_table(s: dict, result) -> Table:
         ("lost to rescaling and preemption", f"{s['lost_samples']:.4g}"),
         ("efficiency (overhead only)", f"{100 * s['efficiency']:.2f}%"),
         ("jobs completed / started", f"{s['jobs_completed']} / {s['jobs_started']}"),
+        ("jobs past their declared work / open at the end", f"{s['jobs_overran']} / {s['jobs_running_at_end']} running, {s['jobs_waiting_at_end']} waiting"),
+        ("samples redone after stops", f"{s['samples_redone']:.4g}"),
         ("job starts / stops / rescales", f"{s['job_starts']:,} / {s['job_stops']:,} / {s['rescales']:,}"),
         ("pilots submitted / cancelled", f"{s['pilots_submitted']:,} / {s['pilots_cancelled']:,}  (the trace made a node idle {s['idle_transitions']:,} times)"),
         ("nodes released / re-requested within 60 s", f"{s['nodes_released']:,} / {s['nodes_rerequested_within_60s']:,}"),

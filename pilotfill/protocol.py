@@ -14,11 +14,14 @@ pilot.heartbeat    pilot[, wait_s, exits [{host, job, code,     release [str]: n
 pilot.leaving      pilot, nodes [str], deadline (POSIX s)      ok — ranks on those nodes are removed now
 job.submit         spec {name, entry, min_nodes, max_nodes,    job_id
                    …} (see :func:`check_spec`)
-job.report         job_id, host, samples, seconds              progress: the job's committed total
+job.report         job_id, host, samples, seconds[, first,     progress: the job's counted total (since a stop,
+                   commit] — commit: the rank committed after  it falls back to the last commit)
+                   this work
+job.commit         job_id — rank 0 saved the job's state       committed: progress a stop now falls back to
 job.result         job_id, value (JSON)                        ok — rank 0's return value
 job.failed         job_id, error (traceback text)[, value]     ok — value: the serialized remote exception
 job.get            job_id                                      job {id, status, progress, result, error, …}, checkpoint
-job.status         job_ids [str]                               jobs {id: {status, progress, result, error}}
+job.status         job_ids [str]                               jobs {id: {status, progress, committed, result, error}}
 job.cancel         job_id                                      ok
 state.snapshot     —                                           jobs, pilots, nodes, events (latest 50)
 rdzv.join          job_id, host, last_round                    state wait|closed|ended[, round, rank, world_size,
@@ -38,6 +41,7 @@ FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "pilot.leaving": {"pilot": str, "nodes": list, "deadline": (int, float)},
     "job.submit": {"spec": dict},
     "job.report": {"job_id": str, "host": str, "samples": (int, float), "seconds": (int, float)},
+    "job.commit": {"job_id": str},
     "job.result": {"job_id": str},
     "job.failed": {"job_id": str, "error": str},
     "job.get": {"job_id": str},

@@ -85,6 +85,11 @@ class ReplayResult:
     ideal_samples: float = 0.0
     lost_samples: float = 0.0
     jobs_completed: int = 0
+    jobs_overran: int = 0  # counted more work than they declared before they returned
+    samples_redone: float = 0.0  # counted, then lost to stops: resumed from the last commit and done again
+    jobs_running_at_end: int = 0
+    jobs_waiting_at_end: int = 0
+    jobs_stranded_at_end: int = 0  # had started, hold no nodes at the end although enough sat idle
     jobs_started: int = 0
     job_starts: int = 0
     job_stops: int = 0
@@ -126,6 +131,11 @@ class ReplayResult:
             "lost_samples": self.lost_samples,
             "efficiency": self.efficiency,
             "jobs_completed": self.jobs_completed,
+            "jobs_overran": self.jobs_overran,
+            "samples_redone": self.samples_redone,
+            "jobs_running_at_end": self.jobs_running_at_end,
+            "jobs_waiting_at_end": self.jobs_waiting_at_end,
+            "jobs_stranded_at_end": self.jobs_stranded_at_end,
             "jobs_started": self.jobs_started,
             "job_starts": self.job_starts,
             "job_stops": self.job_stops,
@@ -308,6 +318,14 @@ class Replay:
             res.pilots_submitted = counters["pilots_submitted"]
             res.pilots_cancelled = counters["pilots_cancelled"]
             res.nodes_released = counters["nodes_released"]
+            res.jobs_overran = counters["jobs_overran"]
+            res.samples_redone = float(counters["samples_redone"])
+            world = ctl.world
+            res.jobs_running_at_end = len(world.running)
+            pending = [j for j in world.open.values() if j.status == "pending"]
+            res.jobs_waiting_at_end = len(pending)
+            free = sum(1 for n in world.ready_nodes() if n.job is None) + (self.scheduler.idle_nodes() or 0)
+            res.jobs_stranded_at_end = sum(1 for j in pending if j.launches and j.spec["min_nodes"] <= free)
             ctl.shutdown()
         counts = self.scheduler.counts
         res.nodes_rerequested_within_60s = counts.rerequested_within_60s

@@ -1,9 +1,14 @@
 """``pilotfill.report(samples=n)``: the one line a training loop adds.
 
 Every rank reports the samples it processed since its last report; the
-controller sums them over ranks into the job's progress (durable) and its
-throughput (for the profiler). The call returns the job's committed progress
-over all ranks, so a loop can stop when the work is done. Outside pilotfill
+controller sums them over ranks into the job's progress and its throughput
+(for the profiler). Progress counted since the job's last commit is
+provisional: a stop, or a resize that restarts ranks, loses it, and the job
+redoes it from its commit — so the controller's count falls back there too.
+:func:`committed` (called by ``ElasticState.commit`` and pilotfill's Horovod
+``TorchState``) tells the controller that what was counted is now durable.
+``report`` returns the job's progress over all ranks, so a loop can stop when
+the work is done. Outside pilotfill
 (no ``PILOTFILL_JOB_ID`` in the environment) it does nothing and returns None,
 so the same training code runs standalone.
 """
@@ -19,6 +24,13 @@ _client: Client | None = None
 _last: float | None = None
 
 
+def _connect() -> Client:
+    global _client
+    if _client is None:
+        _client = Client(os.environ["PILOTFILL_RUN_DIR"], timeout_s=120)
+    return _client
+
+
 def report(samples: float) -> float | None:
     """Report ``samples`` processed by this rank since its previous report."""
     global _client, _last
@@ -26,13 +38,22 @@ def report(samples: float) -> float | None:
     if not job_id:
         return None
     now = time.monotonic()
-    first = _client is None  # covers this process starting up: the controller does not take it for the training rate
-    if _client is None:
-        _client = Client(os.environ["PILOTFILL_RUN_DIR"], timeout_s=120)
+    first = _last is None  # covers this process starting up: the controller does not take it for the training rate
+    if first:
         _last = float(os.environ.get("PILOTFILL_STARTED", now))
+    client = _connect()
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
-    reply = _client.request(
+    reply = client.request(
         {"type": "job.report", "job_id": job_id, "host": os.environ.get("PILOTFILL_HOST", ""), "samples": float(samples), "seconds": seconds, "first": first}
     )
     return float(reply["progress"])
+
+
+def committed() -> float | None:
+    """Tell the controller that the job's state was just saved durably (rank 0, after the save):
+    the progress counted so far survives any stop. Returns the committed progress (None outside pilotfill)."""
+    job_id = os.environ.get("PILOTFILL_JOB_ID")
+    if not job_id:
+        return None
+    return float(_connect().request({"type": "job.commit", "job_id": job_id})["committed"])

@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     spec TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('pending', 'running', 'finished', 'failed', 'cancelled')),
     progress REAL NOT NULL DEFAULT 0,
+    committed REAL NOT NULL DEFAULT 0,
+    redone REAL NOT NULL DEFAULT 0,
+    overran INTEGER NOT NULL DEFAULT 0,
     nodes TEXT NOT NULL DEFAULT '[]',
     result TEXT,
     error TEXT,
@@ -92,7 +95,8 @@ CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key);
 """
 
 COLUMNS_ADDED = {
-    "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0"},
+    "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0",
+             "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0"},
     "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0"},
 }
 """Columns newer than the first schema: added in place to a run directory an older pilotfill made."""
@@ -124,6 +128,9 @@ class JobRow:
     crashes: int = 0
     key: str | None = None
     held: bool = False
+    committed: float = 0.0  # progress at the job's last commit: what a stop falls back to
+    redone: float = 0.0  # samples counted and then lost to stops (the work done again)
+    overran: bool = False  # its counted progress passed its declared total_samples
 
 
 def _job(row: sqlite3.Row) -> JobRow:
@@ -145,6 +152,9 @@ def _job(row: sqlite3.Row) -> JobRow:
         crashes=row["crashes"],
         key=row["key"],
         held=bool(row["held"]),
+        committed=row["committed"],
+        redone=row["redone"],
+        overran=bool(row["overran"]),
     )
 
 

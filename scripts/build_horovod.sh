@@ -31,4 +31,7 @@ if [ -z "$wheel" ]; then
     wheel=$(ls "$CACHE"/horovod-0.28.1-*.whl | head -n 1)
 fi
 "$PY" -m pip install --quiet --disable-pip-version-check "$wheel"
-"$PY" -m horovod.runner.launch --check-build | grep -q '\[X\] PyTorch' || { echo "Horovod was built without PyTorch" >&2; exit 1; }
+# Read the whole report before looking in it: `| grep -q` exits at the first match, Horovod then dies
+# of a broken pipe, and pipefail takes that for a failed check.
+report=$("$PY" -m horovod.runner.launch --check-build)
+grep -q '\[X\] PyTorch' <<<"$report" || { echo "Horovod was built without PyTorch" >&2; exit 1; }

@@ -158,9 +158,11 @@ def same(a: float, b: float, rel: float = 1e-6) -> bool:
 def reference_value(job: Job, held: int, n: int, t_fwd: float) -> float:
     """BFTrainer's per-job objective, written again from DESIGN and values.py's docstring (one node type).
 
-    w · ( M(n)·min(T_fwd, remaining / S(n))  −  [n > c]·up·M(c)  −  [n < c]·down·M(c) ),
+    w · ( M(n)·min(T_fwd, R / S(n))  −  [n > c]·up·M(c)  −  [n < c]·down·M(c) ),
     with M the metric, S the throughput, c the current count, M(c) = 0 when c is
-    not a valid size, and nothing earned at 0 nodes; −inf for 0 < n < min or n > max.
+    not a valid size, and nothing earned at 0 nodes; −inf for 0 < n < min or n > max;
+    R the remaining work, but never less than T_fwd·S(min) (a job that has not
+    returned is worth its minimum size at least).
     """
     if 0 < n < job.min_nodes or n > job.max_nodes:
         return -math.inf
@@ -170,7 +172,8 @@ def reference_value(job: Job, held: int, n: int, t_fwd: float) -> float:
     gain = 0.0
     if n > 0:
         s = thr.at(n)
-        busy = t_fwd if (math.isinf(job.remaining_samples) or s <= 0) else min(t_fwd, job.remaining_samples / s)
+        remaining = max(job.remaining_samples, t_fwd * thr.at(job.min_nodes))
+        busy = t_fwd if (math.isinf(remaining) or s <= 0) else min(t_fwd, remaining / s)
         gain = metric.at(n) * busy
     loss = job.scale_up_cost_s * rate_now if n > held else job.scale_down_cost_s * rate_now if n < held else 0.0
     return job.weight * (gain - loss)

@@ -138,6 +138,7 @@ class Controller:
             "pilot.leaving": self._on_pilot_leaving,
             "job.submit": self._on_job_submit,
             "job.report": self._on_job_report,
+            "job.commit": self._on_job_commit,
             "job.result": self._on_job_result,
             "job.failed": self._on_job_failed,
             "job.cancel": self._on_job_cancel,
@@ -210,6 +211,7 @@ class Controller:
                     for node in world.nodes_of(job.nodes):
                         world.assign(node, None)
                     world.update_job(job, status="pending", nodes=[])
+                    world.roll_back(job)  # its ranks died with their controller: it resumes from its commit
                     requeued.append(job.id)
             if new_campaign:
                 for job in list(world.open.values()):
@@ -270,7 +272,7 @@ class Controller:
         for job_id in message["job_ids"]:
             job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
             if job is not None:
-                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "result": job.result, "error": job.error}
+                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "committed": job.committed, "result": job.result, "error": job.error}
         return {"jobs": jobs}
 
     def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
@@ -330,6 +332,14 @@ class Controller:
         if job.status in TERMINAL:
             return {"progress": job.progress}
         progress = self.world.add_progress(job, message["samples"])
+        if message.get("commit") is True:  # the reporting rank committed right after this work
+            self.world.commit(job)
+        total = job.spec.get("total_samples")
+        if total and progress > total and not job.overran:
+            self.world.mark_overran(job)
+            self.world.log("job.overran", now, job=job.id, progress=progress, total_samples=total)
+            log.warning("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
+                        job.id, job.name, progress, total)  # fmt: skip
         meter = self._meters.get(job.id)
         if job.status == "running" and message.get("host") in job.nodes and meter is not None and meter.nodes == len(job.nodes):
             measured = meter.add(message["samples"], message["seconds"], now, first=message.get("first") is True)
@@ -341,6 +351,13 @@ class Controller:
                     self.world.log("job.estimate", now, job=job.id, nodes=meter.nodes, samples_per_s=round(rate, 3))
                     self.dirty = True  # a scale never seen before: the estimate changed
         return {"progress": progress}
+
+    def _on_job_commit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        """Rank 0 saved the job's state durably: what was counted so far survives any stop."""
+        job = self._known_job(message["job_id"])
+        if job.status in TERMINAL:
+            return {"committed": job.committed}
+        return {"committed": self.world.commit(job)}
 
     def _on_job_result(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
@@ -551,6 +568,7 @@ class Controller:
                 self._end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
             else:
                 self.world.update_job(job, status="pending", nodes=[], crashes=crashes)
+                self.world.roll_back(job)
             self.dirty = True
         elif exit_.crashed and exit_.host in job.nodes:
             self.world.log("rank.lost", now, job=job.id, node=exit_.host, returncode=exit_.returncode)
@@ -625,7 +643,7 @@ class Controller:
         began = time.perf_counter()
         self.dirty = self.urgent = False
         self._settle_since = None
-        active = self.world.active_jobs(self.config.controller.max_jobs)
+        active = self.world.active_jobs(self.config.controller.max_jobs, room=len(self.world.ready))
         answer = None
         if active or self.world.ready:
             problem = self._problem(active, extra=0)
@@ -646,7 +664,7 @@ class Controller:
         """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target."""
         if extra <= 0 and answer is not None:
             return sum(answer.counts.values())
-        active = self.world.active_jobs(self.config.controller.max_jobs)
+        active = self.world.active_jobs(self.config.controller.max_jobs, room=len(self.world.ready) + extra)
         if not active:
             return 0
         potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
@@ -712,7 +730,7 @@ class Controller:
                 # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
                 self.runtime.stop(job.id)
                 world.update_job(job, status="pending", nodes=[])
-                world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause)
+                world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause, redone=world.roll_back(job))
                 running = False
             try:
                 if running and new:
@@ -720,12 +738,14 @@ class Controller:
                         continue
                     self.runtime.resize(job.id, new, lost=sorted(lost))
                     world.update_job(job, nodes=new, rescales=job.rescales + 1)
+                    if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new)):
+                        world.roll_back(job)
                     world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
                 elif running:
                     self.runtime.stop(job.id)
                     world.update_job(job, status="pending", nodes=[])
                     why = {"cause": cause} if not old and lost else {"cause": "allocation", "objective": round(answer.objective, 3)}
-                    world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), **why)
+                    world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), **why)
                 elif new:
                     self.runtime.start(job.id, job.spec, new)
                     world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
@@ -796,6 +816,7 @@ class Controller:
             for job in list(world.open.values()):
                 if job.status == "running":
                     world.update_job(job, status="pending", nodes=[])
+                    world.roll_back(job)
             for pilot in list(world.pilots.values()):
                 self.remove_nodes(list(pilot.nodes), now, "controller stopped", "gone")
                 self.end_pilot(pilot, "ended", now)

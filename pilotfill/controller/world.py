@@ -66,6 +66,9 @@ class Job:
     crashes: int = 0
     key: str | None = None
     held: bool = False  # recovered from an earlier campaign: waits until a submission of the same call claims it
+    committed: float = 0.0  # progress at its last commit: what it resumes from after a stop
+    redone: float = 0.0  # samples counted, then lost to stops: work the job does twice
+    overran: bool = False  # counted progress passed its declared total_samples (logged once)
     lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
 
     def record(self) -> dict[str, Any]:
@@ -92,6 +95,7 @@ class World:
         self.ended_order: deque[str] = deque()  # pilots ended by this controller, oldest first (journal pruning)
         self.jobs: dict[str, Job] = {}
         self.open: dict[str, Job] = {}  # pending and running jobs, in submission order (held ones aside)
+        self.running: dict[str, Job] = {}  # the open jobs with ranks now
         self.held: dict[str, Job] = {}  # pending jobs of an earlier campaign, not yet claimed
         self.by_key: dict[str, str] = {}  # app-call key -> newest job for it
         self.counters: Counter[str] = Counter(journal.counters())
@@ -106,6 +110,8 @@ class World:
             self.jobs[job.id] = job
             if job.status not in TERMINAL:
                 (self.held if job.held else self.open)[job.id] = job
+            if job.status == "running":
+                self.running[job.id] = job
             if job.key:
                 self.by_key[job.key] = job.id
         for row in self.journal.pilots(LIVE_PILOT_STATES):
@@ -150,6 +156,10 @@ class World:
         self.journal.set_job(job.id, **fields)
         for k, v in fields.items():
             setattr(job, k, v)
+        if job.status == "running":
+            self.running[job.id] = job
+        else:
+            self.running.pop(job.id, None)
         if job.status in TERMINAL:
             self.open.pop(job.id, None)
             self.held.pop(job.id, None)
@@ -170,15 +180,51 @@ class World:
         self.open = dict(sorted(self.open.items(), key=lambda kv: kv[1].seq))
 
     def add_progress(self, job: Job, samples: float) -> float:
+        """Count ``samples`` the job's ranks report: progress since its last commit is provisional."""
         samples = max(0.0, samples)
         if samples:
             self.journal.set_job(job.id, progress=job.progress + samples)
             job.progress += samples
         return job.progress
 
-    def active_jobs(self, limit: int) -> list[Job]:
-        """The first ``limit`` open jobs in submission order: those the allocator considers."""
-        return list(islice(self.open.values(), limit))
+    def commit(self, job: Job) -> float:
+        """The job's ranks committed: everything counted so far survives a stop."""
+        if job.committed != job.progress:
+            self.journal.set_job(job.id, committed=job.progress)
+            job.committed = job.progress
+        return job.committed
+
+    def roll_back(self, job: Job) -> float:
+        """The job stopped (or restarted its ranks): it resumes from its last commit, so its progress
+        falls back there and what it loses is counted as redone. Returns the samples lost."""
+        lost = max(0.0, job.progress - job.committed)
+        if job.progress != job.committed:
+            self.journal.set_job(job.id, progress=job.committed, redone=job.redone + lost)
+            job.progress, job.redone = job.committed, job.redone + lost
+        if lost:
+            self.count("samples_redone", int(round(lost)))
+        return lost
+
+    def mark_overran(self, job: Job) -> None:
+        self.journal.set_job(job.id, overran=1)
+        job.overran = True
+        self.count("jobs_overran")
+
+    def active_jobs(self, limit: int, room: int | None = None) -> list[Job]:
+        """The jobs the allocator considers: every running one, then waiting ones in submission order,
+        at most ``limit`` in all. With ``room`` (the nodes that could be had), a waiting job whose
+        ``min_nodes`` exceeds it takes no place, so a job nothing can place never blocks the rest."""
+        out = list(self.running.values())  # always: the allocator must know every node that is held
+        for job in self.open.values():
+            if len(out) >= limit:
+                break
+            if job.status == "running":
+                continue
+            if room is not None and job.spec["min_nodes"] > room:
+                continue
+            out.append(job)
+        out.sort(key=lambda j: j.seq)
+        return out
 
     # ---------------------------------------------------------------- pilots
 

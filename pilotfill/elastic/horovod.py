@@ -121,6 +121,9 @@ class HorovodRuntime(Runtime):
         deadline = time.monotonic() + SHRINK_DEADLINE_S
         self._removed += [(job_id, h, deadline) for h in before if h not in hosts]
 
+    def resize_keeps_progress(self, grow_only: bool) -> bool:
+        return grow_only  # Horovod grows at a commit; a shrink ends ranks and the survivors restore the last commit
+
     def stop(self, job_id: str) -> None:
         proc = self._drivers.pop(job_id, None)
         hosts = self._hosts.get(job_id, [])

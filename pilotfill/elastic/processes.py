@@ -47,6 +47,9 @@ class ProcessRuntime(Runtime):
             if host not in before:
                 self.launcher.launch(host, job_id, self._argv(job_id), self._env(job_id, hosts.index(host), len(hosts)))
 
+    def resize_keeps_progress(self, grow_only: bool) -> bool:
+        return True  # ranks are independent processes: the survivors go on, new ones start from the commit
+
     def stop(self, job_id: str) -> None:
         for host in self._hosts.pop(job_id, []):
             self.launcher.terminate(host, job_id)

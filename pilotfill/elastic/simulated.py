@@ -16,6 +16,10 @@ controller's decisions cost is charged as BFTrainer's replayer charges it:
   also costs ``start_cost_s`` of progress, and a stop loses the work since the
   job's last commit (every ``commit_interval_s`` of training).
 
+A report says when the job committed right after its work (``commit``), as
+real ranks do through ``ElasticState.commit``, so the controller's count of a
+job's progress falls back to the same commit on a stop.
+
 Costs are a debt paid from the next progress, so reported samples are never
 negative; totals equal BFTrainer's "samples minus what rescaling lost".
 With ``noise`` > 0 the reported samples carry relative Gaussian noise (the
@@ -114,6 +118,9 @@ class SimulatedRuntime(Runtime):
             job.rescales += 1
         job.hosts = list(hosts)
 
+    def resize_keeps_progress(self, grow_only: bool) -> bool:
+        return True  # rescales are charged as BFTrainer charges them (a cost, not a roll-back)
+
     def stop(self, job_id: str) -> None:
         job = self.running.pop(job_id, None)
         if job is None:
@@ -169,10 +176,13 @@ class SimulatedRuntime(Runtime):
             net = min(produced - paid, max(job.remaining, 0.0))
             job.gross += paid + net
             job.done += net
-            self._commit(job, dt)
+            commit = self._commit(job, dt)
             if net > 0:
                 reported = net * max(1e-3, 1.0 + self._rng.gauss(0.0, self.noise)) if self.noise else net
-                self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": reported, "seconds": dt * net / produced})
+                self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": reported,
+                                    "seconds": dt * net / produced, "commit": commit})  # fmt: skip
+            elif commit:
+                self.outbox.append({"type": "job.commit", "job_id": job.job_id})
             if job.remaining <= FINISH_TOLERANCE * job.spec.total_samples:
                 job.done = job.spec.total_samples
                 job.finished = t
@@ -186,7 +196,10 @@ class SimulatedRuntime(Runtime):
             job.debt += samples
             job.charged += samples
 
-    def _commit(self, job: SimJob, dt: float) -> None:
+    def _commit(self, job: SimJob, dt: float) -> bool:
+        """Commit every ``commit_interval_s`` of training (realistic); BFTrainer's stops lose nothing, as if every step committed."""
         job.since_commit_s += dt
-        if job.since_commit_s >= self.commit_interval_s:
+        if self.accounting == "bftrainer" or job.since_commit_s >= self.commit_interval_s:
             job.committed, job.since_commit_s = job.done, 0.0
+            return True
+        return False

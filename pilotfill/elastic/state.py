@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoints import checkpoint_path
+from ..report import committed
 
 
 def _distributed() -> bool:
@@ -103,6 +104,7 @@ class ElasticState:
             os.fsync(fd)  # the rename itself
         finally:
             os.close(fd)
+        committed()  # now durable: the controller's count of the job's progress will not fall back past here
 
     def restore(self) -> bool:
         """Load the last commit on every rank (rank 0 reads, then broadcasts); True if there was one."""

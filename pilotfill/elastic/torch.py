@@ -100,6 +100,9 @@ class TorchRuntime(Runtime):
             if host not in before:
                 self.launcher.launch(host, job_id, self.agent_argv(job_id, host), self.agent_environment(job_id))
 
+    def resize_keeps_progress(self, grow_only: bool) -> bool:
+        return False  # torch elastic restarts every worker on a membership change: they resume from the commit
+
     def stop(self, job_id: str) -> None:
         hosts = self._hosts.pop(job_id, [])
         self._specs.pop(job_id, None)

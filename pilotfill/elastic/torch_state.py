@@ -22,6 +22,7 @@ import horovod.torch as hvd
 import torch
 
 from ..checkpoints import checkpoint_path
+from ..report import committed
 
 
 class TorchState(hvd.elastic.TorchState):
@@ -59,6 +60,7 @@ class TorchState(hvd.elastic.TorchState):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._durable_path)
+        committed()  # now durable: the controller's count of the job's progress will not fall back past here
 
     @staticmethod
     def _load(path: Path | None) -> dict[str, Any] | None:

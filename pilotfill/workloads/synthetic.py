@@ -7,8 +7,9 @@ simplest example of ``pilotfill.report``.
 
 It resumes from the larger of the job's progress as the controller counts it
 and its own durable commit (``PILOTFILL_CHECKPOINT``, written atomically every
-step), so a training interrupted by a crash of the whole campaign picks up
-where it committed in the next run.
+``commit_s`` seconds, every step by default, and then announced with
+:func:`pilotfill.report.committed`), so a training interrupted by a stop or a
+crash of the whole campaign picks up where it committed.
 """
 
 from __future__ import annotations
@@ -18,20 +19,22 @@ import os
 import time
 from pathlib import Path
 
-from ..report import report
+from ..report import committed, report
 
 
-def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.2, fail_after: float | None = None) -> dict:
+def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.2, fail_after: float | None = None, commit_s: float = 0.0) -> dict:
     """Work until the job's progress (over all ranks) reaches ``total_samples``; return a summary."""
-    committed = _committed()
-    progress = max(report(0.0) or 0.0, committed)
+    progress = max(report(0.0) or 0.0, _committed())
     resumed_from = progress
     steps = 0
+    last_commit = time.monotonic()
     while progress < total_samples:
         time.sleep(step_s)
         steps += 1
         progress = max(report(samples_per_s * step_s) or progress + samples_per_s * step_s, progress + samples_per_s * step_s)
-        _commit(progress)
+        if time.monotonic() - last_commit >= commit_s or progress >= total_samples:
+            _commit(progress)
+            last_commit = time.monotonic()
         if fail_after is not None and progress >= fail_after:
             raise RuntimeError(f"synthetic failure at {progress:.0f} samples")
     return {"samples": progress, "steps_on_this_rank": steps, "resumed_from": resumed_from}
@@ -58,3 +61,4 @@ def _commit(progress: float) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"samples": progress}))
     os.replace(tmp, path)
+    committed()

@@ -1,0 +1,102 @@
+"""Progress is what a job would resume from (issue "Progress is what a job would resume from").
+
+A stop loses the work since the job's last commit: the ranks resume from the
+commit and report that work again. The controller's count falls back to the
+commit on every stop, keeps committed and counted progress apart in the
+journal, never values a job that has not returned at nothing, and never lets a
+job that cannot be placed hold one of the ``max_jobs`` places.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import JOB_HEADER
+from test_controller_core import Machine, linear
+
+from pilotfill.replay import Replay
+from pilotfill.state import State
+from pilotfill.traces import read_jobs, read_trace
+
+T0 = "2021-02-10T00:00:00Z"
+
+
+def stamp(seconds: int) -> str:
+    return f"2021-02-10T{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}Z"
+
+
+def machine(write, nodes: dict[str, bool], rows, end: int, jobs: list[str]):
+    lines = ["time,node,state"] + [f"{T0},{n},{'idle' if idle else 'busy'}" for n, idle in nodes.items()]
+    lines += [f"{stamp(t)},{n},{s}" for t, n, s in rows] + [f"{stamp(end)},,end"]
+    trace = read_trace(write("trace.csv", "\n".join(lines) + "\n"))
+    return trace, read_jobs(write("jobs.csv", "\n".join([JOB_HEADER, *jobs]) + "\n"))
+
+
+def test_a_stopped_job_resumes_from_its_last_commit_and_finishes_with_exact_samples(write, tmp_path):
+    # One job at 100 samples/s on one node; realistic accounting: a start costs 30 s, a commit every 60 s of training.
+    # At 70 s it commits (4,000 samples: 40 s of training after the start's 30 s); at 100 s its node is taken back
+    # with 3,000 samples uncommitted; it restarts on the other node from the commit.
+    trace, jobs = machine(write, {"n0": True, "n1": False}, [(70, "n1", "idle"), (100, "n0", "busy")], 3000,
+                          [f"a,m,{T0},1,1,50000,10,5,0;1,0;100"])  # fmt: skip
+    r = Replay(trace, jobs, accounting="realistic", run_dir=tmp_path / "run", keep_timeline=False).run()
+    assert r.jobs_completed == 1
+    (a,) = r.jobs
+    assert a.samples == 50000  # exact: the simulated job's own accounts
+    assert r.samples_redone == pytest.approx(3000)
+    assert r.jobs_overran == 0
+    s = State(tmp_path / "run", readonly=True)
+    try:
+        (job,) = s.jobs()
+        stopped = s.events("job.stopped")
+        started = s.events("job.started")
+    finally:
+        s.close()
+    assert job.status == "finished" and job.redone == pytest.approx(3000)
+    assert [e["data"]["redone"] for e in stopped] == [pytest.approx(3000)]
+    assert [e["data"]["progress"] for e in started] == [0, pytest.approx(4000)]  # the restart counts from the commit
+    assert job.progress == pytest.approx(50000)  # counted progress: every sample once
+
+
+def test_progress_falls_back_to_the_commit_on_every_kind_of_stop(tmp_path, write):
+    m = Machine(tmp_path, write, 2, [linear("x", 1, 1, 100)])
+    x = m.submit("x")
+    m.at(0)
+    job = m.job("x")
+    m.ctl.handle({"type": "job.report", "job_id": x, "host": job.nodes[0], "samples": 500.0, "seconds": 5.0})
+    assert m.ctl.handle({"type": "job.commit", "job_id": x})["committed"] == 500.0
+    m.ctl.handle({"type": "job.report", "job_id": x, "host": job.nodes[0], "samples": 200.0, "seconds": 2.0})
+    assert (job.progress, job.committed) == (700.0, 500.0)
+    m.ctl.shutdown()  # the controller stops: the ranks are ended, the job resumes later from its commit
+    s = State(m.run_dir, readonly=True)
+    try:
+        row = s.job(x)
+    finally:
+        s.close()
+    assert (row.status, row.progress, row.committed, row.redone) == ("pending", 500.0, 500.0, 200.0)
+
+
+def test_a_job_past_its_declared_work_keeps_its_nodes_and_finishes(tmp_path, write):
+    """A declared total is an estimate: a job whose reports pass it (redone work, noise, a wrong guess) has not
+    returned, so it is worth its minimum size at least — never nothing — and is said once to have overrun."""
+    # "a" really needs 100 s on its node (10,000 samples) but declares 5,000; "b" waits for a node.
+    m = Machine(tmp_path, write, 1, [linear("a", 1, 1, 100), linear("b", 1, 1, 100)])
+    m.specs["a"].__dict__["total_samples"] = 10_000.0  # the simulated job's real work
+    m.specs["b"].__dict__["total_samples"] = 1_000.0
+    a = m.submit("a", total_samples=5_000.0)
+    m.at(0)
+    m.submit("b", total_samples=1_000.0)
+    for t in range(10, 200, 10):
+        m.at(t)
+    assert m.job("a").status == "finished" and m.job("b").status == "finished"
+    assert len(m.events("job.overran")) == 1 and m.events("job.overran")[0]["job"] == a
+    assert m.job("a").overran and m.ctl.world.counters["jobs_overran"] == 1
+    assert not m.events("job.stopped")  # never stopped for the waiting job: it was worth its node
+
+
+def test_a_job_nothing_can_place_takes_no_place_among_max_jobs(write, tmp_path):
+    # Three nodes, one busy throughout: "big" (3 nodes) fits the machine but never what is idle; with one place,
+    # it must not keep "small" waiting for the whole trace.
+    trace, jobs = machine(write, {"n0": True, "n1": True, "n2": False}, [], 600,
+                          [f"big,m,{T0},3,3,1e9,10,5,0;3,0;300", f"small,m,{T0},1,1,10000,10,5,0;1,0;100"])  # fmt: skip
+    r = Replay(trace, jobs, max_jobs=1, keep_timeline=False).run()
+    assert {j.name: j.finished is not None for j in r.jobs}["small"]
+    assert r.jobs_completed == 1
