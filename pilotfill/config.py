@@ -93,7 +93,7 @@ class PilotConfig:
 class ControllerConfig:
     tick_s: float = 0.2
     bind: str = "127.0.0.1"
-    t_fwd: float = 10.0
+    t_fwd: float = 0.0  # 0: the horizon is the nodes' expected hold, learned (allocator/horizon.py); > 0: a fixed look-ahead (BFTrainer's 10 s)
     max_jobs: int = 10
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
@@ -123,7 +123,7 @@ class Config:
 
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python"}
-MAY_BE_ZERO = {"gpus_per_node", "release_after_s"}
+MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd"}
 RUNTIMES = ("processes", "horovod", "torch")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker

@@ -166,7 +166,7 @@ class Replay:
     trace: Trace
     jobs: list[JobSpec]
     max_jobs: int = 10
-    t_fwd: float = 10.0
+    t_fwd: float = 0.0  # 0: the controller's learned horizon; BFTrainer's comparison uses 10
     formulation: str = "aggregated"
     profiles: str = "known"
     noise: float = 0.03

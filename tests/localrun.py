@@ -49,11 +49,14 @@ def synthetic_job(name: str, total: float, per_rank: float = 40.0, lo: int = 1, 
 
 
 class LocalRun:
-    def __init__(self, root: Path, nodes: int = 4, script: list[tuple[float, str, str]] = (), deadline: float = 3.0, grace: float = 3.0, runtime: str = "processes"):
+    def __init__(self, root: Path, nodes: int = 4, script: list[tuple[float, str, str]] = (), deadline: float = 3.0, grace: float = 3.0, runtime: str = "processes",
+                 config: str | None = None):  # fmt: skip
+        """``config``: the whole config file as a user would write it (the other options are then unused)."""
         self.run_dir = root / "run"
         self.config = root / "config.toml"
         items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in script)
-        self.config.write_text(SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace, runtime=runtime))
+        self.config.write_text(config if config is not None else
+                               SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace, runtime=runtime))  # fmt: skip
         self.proc: subprocess.Popen | None = None
         self.logs: list[Path] = []
 

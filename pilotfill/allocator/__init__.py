@@ -1,5 +1,6 @@
 """The allocator: pure functions over dataclasses — no I/O, no clocks, no processes."""
 
+from .horizon import HoldModel
 from .problem import DEFAULT_TYPE, Allocation, Job, NodePool, Problem, ProblemError, ScalingCurve
 from .profiler import Profiler
 from .solve import Formulation, allocate, objective_of
@@ -8,6 +9,7 @@ __all__ = [
     "DEFAULT_TYPE",
     "Allocation",
     "Formulation",
+    "HoldModel",
     "Job",
     "NodePool",
     "Problem",

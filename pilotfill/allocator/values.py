@@ -109,7 +109,9 @@ def exploration_table(problem: Problem, job: Job, node_type: str, base: int, fre
     curves = job.explore if job.explore is not None and node_type in job.explore else None
     valued = job if curves is None else Job(job.id, job.min_nodes, job.max_nodes, curves, job.scale_up_cost_s, job.scale_down_cost_s,
                                             job.remaining_samples, job.weight, None, None, job.restart_cost_s)  # fmt: skip
-    full = _table(valued, node_type, cap, held.get(node_type, 0), current_rate(job, held), problem.t_fwd).values
+    # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
+    # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
+    full = _table(valued, node_type, cap, held.get(node_type, 0), current_rate(valued, held), problem.t_fwd).values
     out = full[base:] - full[base]
     out[0] = 0.0
     return out

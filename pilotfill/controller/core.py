@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import procs
-from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
+from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
 from ..allocator import Job as AllocJob
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
@@ -107,6 +107,8 @@ class Controller:
         self.world.load()
         self.started = clock()
         self.profiler = Profiler()
+        self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
+        self._seed_holds()
         self.dirty = True
         self.urgent = False
         self.stopping = False
@@ -151,6 +153,31 @@ class Controller:
         self._recover(new_campaign)
 
     # ------------------------------------------------------------ construction
+
+    def _seed_holds(self) -> None:
+        """Learn from the holds an earlier controller on this run directory saw end (the journal keeps them)."""
+        for kind in ("node.leaving", "node.gone"):
+            for event in self.journal.events(kind):
+                held = event["data"].get("held_s")
+                if isinstance(held, (int, float)):
+                    self.holds.observe(float(held))
+
+    def horizon(self, now: float, extra: int = 0) -> float:
+        """Seconds an allocation made now is expected to last: ``controller.t_fwd`` where set (BFTrainer's
+        fixed look-ahead, for comparisons), else the pool's expected hold — each node's learned expectation
+        for its age, within its pilot's walltime left (``extra`` nodes: fresh, within a new pilot's)."""
+        fixed = self.config.controller.t_fwd
+        if fixed > 0:
+            return fixed
+        world = self.world
+        ages, bounds = [], []
+        for node in world.ready_nodes():
+            pilot = world.pilots.get(node.pilot) if node.pilot else None
+            ages.append(now - node.since)
+            bounds.append(pilot.walltime_end - now if pilot is not None and pilot.walltime_end else math.inf)
+        ages += [0.0] * extra
+        bounds += [math.inf] * extra
+        return self.holds.horizon(ages, bounds)
 
     def _make_runtime(self) -> Runtime:
         """The configured runtime; every process it puts on a compute node goes through the node's pilot agent."""
@@ -441,18 +468,22 @@ class Controller:
         pilot = self.world.pilot_of(message["pilot"])
         if pilot is not None and pilot.state != "leaving":
             self.world.set_pilot(pilot, state="leaving")
-        self.remove_nodes(message["nodes"], now, "leaving", "leaving", deadline=message["deadline"])
+        self.remove_nodes(message["nodes"], now, "leaving", "leaving", deadline=message["deadline"], taken=True)
         return {}
 
     # ------------------------------------------------------------ every way a node goes
 
-    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: str, deadline: float | None = None, event: str | None = None) -> None:
+    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: str, deadline: float | None = None, event: str | None = None,
+                     taken: bool = False) -> None:  # fmt: skip
         """Take nodes away from their jobs and, unless ``to`` is ``ready``, out of the pool.
 
         ``to``: ``leaving`` (SIGTERM: gone within the grace period), ``gone``
         (ended, lost, released, taken back) or ``ready`` (the node stays ours, its
         job lost it: a rank crashed). The jobs shrink at the next decision, which
-        follows at once; nothing else is moved here.
+        follows at once; nothing else is moved here. ``taken``: the batch system
+        ended the hold (preemption, walltime), so how long the node stayed is
+        what this machine gives, and the horizon learns from it (not from our
+        own releases).
         """
         world = self.world
         shrunk: dict[str, list[str]] = {}
@@ -462,11 +493,16 @@ class Controller:
                 continue
             if node.job is not None:
                 shrunk.setdefault(node.job, []).append(name)
+            held = None
+            if taken and node.state == "ready":
+                held = round(now - node.since, 3)
+                self.holds.observe(held)
             if to == "ready":
                 world.assign(node, None)
             else:
                 world.set_node_state(node, to, now, deadline)
-            world.log(event or f"node.{to if to != 'ready' else 'dropped'}", now, pilot=node.pilot, node=name, why=why)
+            world.log(event or f"node.{to if to != 'ready' else 'dropped'}", now, pilot=node.pilot, node=name, why=why,
+                      **({"held_s": held} if held is not None else {}))  # fmt: skip
         for job_id, gone in shrunk.items():
             job = world.jobs.get(job_id)
             if job is None or job.status in TERMINAL:
@@ -536,19 +572,20 @@ class Controller:
         elif event.kind == "preempted":
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
-                self.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline)
+                self.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline, taken=True)
         elif event.kind == "ended" and event.detail.startswith("requeued"):
             # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
             # its next agent registers as it. Unless that agent already did (it ran again between two polls).
             world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
             if pilot is not None and not (pilot.state == "running" and pilot.registered_at > self._polled_before):
-                self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone")
+                self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
                 world.set_pilot(pilot, state="queued", nodes=[])
                 self._heard.pop(pilot.id, None)
         elif event.kind == "ended":
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
-                self.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone")
+                self.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone",
+                                  taken=not event.detail.startswith("cancelled"))  # fmt: skip
                 self.end_pilot(pilot, "ended", now)
                 self.dirty = True
 
@@ -655,7 +692,7 @@ class Controller:
             self.last_method = answer.method
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
-                           moved=moved, pool=len(problem.pool.nodes))  # fmt: skip
+                           moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
         self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, answer)
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
@@ -683,7 +720,7 @@ class Controller:
             if job.nodes:
                 current[job.id] = frozenset(job.nodes)
         pool = tuple(self.world.ready) + tuple(f"+{i}" for i in range(extra))
-        return Problem(tuple(jobs), NodePool(pool), current, self.config.controller.t_fwd)
+        return Problem(tuple(jobs), NodePool(pool), current, self.horizon(self.clock(), extra))
 
     def _allocator_job(self, job: Job) -> AllocJob:
         spec = job.spec
