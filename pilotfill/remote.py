@@ -97,7 +97,8 @@ def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
         state = State(home / "run", readonly=True)
         try:
             out["jobs"] = [
-                {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "rescales": j.rescales,
+                {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "committed": j.committed,
+                 "redone": j.redone, "rescales": j.rescales,
                  "result": _value(j) if j.status == "finished" else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
                 for j in state.jobs()
             ]  # fmt: skip

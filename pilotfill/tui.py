@@ -49,6 +49,7 @@ class JobView:
     progress: float
     total: float | None
     rescales: int
+    committed: float = 0.0  # what a stop falls back to: the bar shows it apart from the work not yet committed
 
     @property
     def eta_s(self) -> float | None:
@@ -98,7 +99,8 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
             rate = max(0.0, (j["progress"] - prev_progress[j["id"]]) / elapsed_s)
         if j["status"] != "running":
             rate = 0.0
-        jobs.append(JobView(j["id"], j["name"], j["status"], len(j["nodes"]), spec["min_nodes"], spec["max_nodes"], rate, j["progress"], spec.get("total_samples"), j["rescales"]))
+        jobs.append(JobView(j["id"], j["name"], j["status"], len(j["nodes"]), spec["min_nodes"], spec["max_nodes"], rate, j["progress"], spec.get("total_samples"), j["rescales"],
+                            j.get("committed", j["progress"])))  # fmt: skip
     nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == "leaving" else HELD) for n in snap["nodes"] if n["state"] != "gone"]
     pilots = [
         PilotView(p["id"], p["scheduler_id"] or "", p["state"], len(p["nodes"]), (p["walltime_end"] - now) if p.get("walltime_end") else None)
@@ -256,20 +258,26 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
 def _progress(j: JobView, room: int) -> Text:
     """Progress that fits ``room`` columns: a bar, the percentage and the ETA while there is space, then fewer."""
     if not j.total:
-        return Text(f"{j.progress:,.0f}" + (" samples" if room >= 16 else ""), style="dim")
+        text = f"{j.progress:,.0f}" + (" samples" if room >= 16 else "")
+        if room >= len(text) + 16 and j.committed < j.progress:
+            text += f" ({j.committed:,.0f} committed)"
+        return Text(text, style="dim")
     frac = min(1.0, j.progress / j.total)
+    safe = min(frac, j.committed / j.total)
     pct, eta = f"{100 * frac:.0f}%", _eta(j)
     if room >= 22:
         bar = max(4, min(20, room - 14))
-        return Text.assemble(*_bar(frac, bar), f" {pct:>4} ", (eta, "dim"))
+        return Text.assemble(*_bar(frac, bar, safe), f" {pct:>4} ", (eta, "dim"))
     if room >= 14:
-        return Text.assemble(*_bar(frac, room - 10), f" {pct:>4} ", (eta.removeprefix("ETA "), "dim"))
+        return Text.assemble(*_bar(frac, room - 10, safe), f" {pct:>4} ", (eta.removeprefix("ETA "), "dim"))
     return Text.assemble(f"{pct} ", (eta.removeprefix("ETA "), "dim"))
 
 
-def _bar(frac: float, width: int) -> tuple[tuple[str, str], tuple[str, str]]:
+def _bar(frac: float, width: int, committed: float | None = None) -> tuple[tuple[str, str], ...]:
+    """Committed work in green, work a stop would lose in yellow, the rest dim."""
     full = int(frac * width)
-    return ("█" * full, "green"), ("░" * (width - full), "dim")
+    safe = full if committed is None else min(full, int(committed * width))
+    return ("█" * safe, "green"), ("█" * (full - safe), "yellow"), ("░" * (width - full), "dim")
 
 
 def _eta(j: JobView) -> str:

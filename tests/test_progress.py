@@ -100,3 +100,17 @@ def test_a_job_nothing_can_place_takes_no_place_among_max_jobs(write, tmp_path):
     r = Replay(trace, jobs, max_jobs=1, keep_timeline=False).run()
     assert {j.name: j.finished is not None for j in r.jobs}["small"]
     assert r.jobs_completed == 1
+
+
+def test_the_live_view_shows_committed_work_apart_from_work_a_stop_would_lose():
+    from pilotfill.tui import JobView, _progress
+
+    job = JobView("j1", "train(1)", "running", 2, 1, 2, 10.0, 50.0, 100.0, 0, committed=30.0)
+    bar = _progress(job, 40)
+    styles = {str(span.style) for span in bar.spans}
+    assert {"green", "yellow"} <= styles
+    green = sum(len(bar.plain[s.start : s.end]) for s in bar.spans if str(s.style) == "green")
+    yellow = sum(len(bar.plain[s.start : s.end]) for s in bar.spans if str(s.style) == "yellow")
+    assert green < green + yellow and green > 0  # 30 % committed, 50 % counted
+    plain = _progress(JobView("j2", "t", "running", 1, 1, 1, 1.0, 500.0, None, 0, committed=400.0), 60).plain
+    assert "400 committed" in plain
