@@ -278,6 +278,9 @@ class Replay:
         }
         if self.profiles == "known":
             job["curve"] = {"nodes": list(spec.throughput.nodes), "samples_per_s": list(spec.throughput.values)}
+        else:  # learning: the controller knows what a user who wrote nothing gives it; JPA measures the rest
+            for cost in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s"):
+                del job[cost]
         if spec.objective is not None:
             job["objective"] = {"nodes": list(spec.objective.nodes), "values": list(spec.objective.values)}  # steers; progress stays samples
         return {"type": "job.submit", "spec": job}

@@ -158,11 +158,12 @@ def same(a: float, b: float, rel: float = 1e-6) -> bool:
 def reference_value(job: Job, held: int, n: int, t_fwd: float) -> float:
     """BFTrainer's per-job objective, written again from DESIGN and values.py's docstring (one node type).
 
-    w · ( M(n)·min(T_fwd, R / S(n))  −  [n > c]·up·M(c)  −  [n < c]·down·M(c) ),
+    w · ( M(n)·min(T_fwd, R / S(max(n, c')))  −  [n > c]·up·M(c)  −  [n < c]·down·M(c) ),
     with M the metric, S the throughput, c the current count, M(c) = 0 when c is
     not a valid size, and nothing earned at 0 nodes; −inf for 0 < n < min or n > max;
     R the remaining work, but never less than T_fwd·S(min) (a job that has not
-    returned is worth its minimum size at least).
+    returned is worth its minimum size at least), c' the current count (0 if
+    the job does not run validly): shrunk, a job still needs as long as at its size now.
     """
     if 0 < n < job.min_nodes or n > job.max_nodes:
         return -math.inf
@@ -173,7 +174,8 @@ def reference_value(job: Job, held: int, n: int, t_fwd: float) -> float:
     if n > 0:
         s = thr.at(n)
         remaining = max(job.remaining_samples, t_fwd * thr.at(job.min_nodes))
-        busy = t_fwd if (math.isinf(remaining) or s <= 0) else min(t_fwd, remaining / s)
+        ref = thr.at(max(n, held if held >= job.min_nodes else 0))  # shrunk, it still needs as long as at its size now
+        busy = t_fwd if (math.isinf(remaining) or ref <= 0) else min(t_fwd, remaining / ref)
         gain = metric.at(n) * busy
     loss = job.scale_up_cost_s * rate_now if n > held else job.scale_down_cost_s * rate_now if n < held else 0.0
     return job.weight * (gain - loss)
@@ -443,17 +445,18 @@ def test_a_speedup_objective_decides_differently_from_throughput(formulation):
 
 
 @pytest.mark.parametrize("formulation", EXACT)
-def test_remaining_work_caps_what_a_job_is_worth(formulation):
-    # A (1000/node) would take all 4 nodes; with 10,000 samples left it finishes within T_fwd on one,
-    # so (A,B) = (1,3) → 10,000 + 3,000 beats (2,2) 12,000 and (0,4) 4,000.
+def test_a_job_near_its_end_is_not_shrunk_for_it(formulation):
+    # A (1000/node) holds all 4 nodes with 10,000 samples left: 2.5 s at its size, within T_fwd. It earns only while it
+    # runs, but for the time it needs at its size now: shrinking it to one node so that B gets three would value its
+    # last samples over a longer run and forget that, finishing sooner, it frees its nodes sooner.
     pool = pool_of(4)
     b = Job("B", 1, 4, linear(100.0))
     p = Problem((Job("A", 1, 4, linear(1000.0)), b), pool, t_fwd=10.0)
     assert counts_of(allocate(p, formulation, time_limit_s=30.0)) == {"A": 4, "B": 0}
-    q = Problem((Job("A", 1, 4, linear(1000.0), remaining_samples=10_000.0), b), pool, t_fwd=10.0)
+    q = Problem((Job("A", 1, 4, linear(1000.0), 1.0, 1.0, remaining_samples=10_000.0), b), pool, {"A": frozenset(pool.nodes)}, t_fwd=10.0)
     ans = allocate(q, formulation, time_limit_s=30.0)
     assert_feasible(q, ans)
-    assert counts_of(ans) == {"A": 1, "B": 3}
+    assert counts_of(ans) == {"A": 4, "B": 0}
 
 
 @pytest.mark.parametrize("n_nodes", [4, 6])

@@ -31,7 +31,7 @@ def stamp(seconds: float) -> str:
     return f"2021-02-10T{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}Z"
 
 
-def test_the_hold_model_learns_mean_residual_holds_and_falls_back_to_lindy():
+def test_the_hold_model_learns_median_residual_holds_and_falls_back_to_lindy():
     m = HoldModel()
     assert m.horizon([]) == PRIOR_S
     assert list(m.expected([0.0, 500.0])) == [PRIOR_S, 500.0]  # nothing seen: at least the prior, else as long again
@@ -39,8 +39,8 @@ def test_the_hold_model_learns_mean_residual_holds_and_falls_back_to_lindy():
         m.observe(100.0)
     for _ in range(MIN_SAMPLES):
         m.observe(300.0)
-    # mean residual: at age 0, mean(100, 300) = 200; at 150, only the 300 s holds are longer: 150 more.
-    assert list(m.expected([0.0, 150.0])) == pytest.approx([200.0, 150.0])
+    # median residual: at age 0, the (lower) median of 100s and 300s = 100; at 150, only the 300 s holds are longer: 150 more.
+    assert list(m.expected([0.0, 150.0])) == pytest.approx([100.0, 150.0])
     assert list(m.expected([0.0], bounds=[42.0])) == [42.0]  # a walltime ending sooner bounds it
     assert m.expected([1000.0])[0] == 1000.0  # older than anything seen: Lindy
     small = HoldModel(keep=5)

@@ -114,3 +114,46 @@ def test_the_live_view_shows_committed_work_apart_from_work_a_stop_would_lose():
     assert green < green + yellow and green > 0  # 30 % committed, 50 % counted
     plain = _progress(JobView("j2", "t", "running", 1, 1, 1, 1.0, 500.0, None, 0, committed=400.0), 60).plain
     assert "400 committed" in plain
+
+
+# ------------------------------------------------------------------ what changes cost, measured (JPA)
+
+
+def test_jpa_charges_what_a_start_really_costs_in_the_simulated_runtime(write, tmp_path):
+    """A job whose start takes 20 s is charged 20 s, whatever the job file said; its throughput is measured
+    only over training, not over the pause."""
+    ticks = [(t + d, "n1", state) for t in (100, 200, 300, 400) for d, state in ((0, "idle"), (1, "busy"))]  # events to report at
+    trace, jobs = machine(write, {"n0": True, "n1": False}, ticks, 900, [f"a,m,{T0},1,1,1e9,10,5,0;1,0;100"])
+    sim = Replay(trace, jobs, accounting="realistic", profiles="learned", noise=0.0, run_dir=tmp_path / "run", keep_timeline=False)
+    sim.runtime.start_cost_s = 20.0
+    sim.run()
+    s = State(tmp_path / "run", readonly=True)
+    try:
+        costs = [e["data"] for e in s.events("job.cost")]
+        estimates = [e["data"]["samples_per_s"] for e in s.events("job.estimate")]
+    finally:
+        s.close()
+    assert costs and costs[0]["change"] == "start" and costs[0]["seconds"] == pytest.approx(20.0)
+    assert estimates and estimates[0] == pytest.approx(100.0)  # the rate while training, not samples over the pause
+    jpa, (job_id,) = sim.controller.profiler, sim.controller.world.jobs
+    assert jpa.cost(job_id, "start", prior=30.0) == pytest.approx(20.0)
+    # What a stop costs the allocator: a start plus half the interval between its commits (the simulated job commits
+    # after 60 s of training, at the next event: every 100 s here), not the 30 s a job that declares nothing gets.
+    assert jpa.cost(job_id, "commit", prior=0.0) == pytest.approx(100.0)
+    assert jpa.restart_cost(job_id, prior=30.0) == pytest.approx(20.0 + 100.0 / 2)
+
+
+def test_jpa_charges_what_a_start_really_costs_on_real_ranks(local):
+    """Real processes-runtime ranks that take 20 s to start (imports, rendezvous, restore): the controller measures
+    the pause from the start command to their first report and uses it instead of the declared 1 s."""
+    from localrun import synthetic_job
+
+    run = local(nodes=1)
+    run.start()
+    spec = synthetic_job("slow-start", total=1e9, hi=1, startup_s=20.0)
+    spec["restart_cost_s"] = 1.0
+    job = run.client.submit(spec)
+    run.wait_for(lambda: run.events("job.cost"), 90, "the start's cost measured")
+    (cost,) = run.events("job.cost")
+    assert cost["job"] == job and cost["data"]["change"] == "start"
+    assert 20.0 <= cost["data"]["seconds"] <= 40.0

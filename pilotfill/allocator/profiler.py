@@ -21,6 +21,12 @@ two curves per job:
   more, the fit with its gap to linear scaling beyond the largest scale seen
   narrowed as more distinct scales are seen.
 
+JPA also learns what changes cost each job, from the same reports: the
+seconds from a start or a resize command to the moment its ranks train again
+(their first report after it), per kind of change, and how often the job
+commits (a stop loses half an interval on average). Until a kind has been
+measured the caller's prior stands (the decorator's or the job file's).
+
 The allocator decides by the confirmed curves, then hands the nodes no job
 holds by the optimistic ones (:func:`pilotfill.allocator.allocate`): new jobs
 are measured and measured jobs explore on free nodes, and no measured job is
@@ -63,6 +69,7 @@ class Profiler:
     optimism: float = 0.5
     _seen: dict[str, dict[int, _Scale]] = field(default_factory=dict)
     _cache: dict[str, dict[tuple[int, str], ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
+    _costs: dict[str, dict[str, _Scale]] = field(default_factory=dict)  # per job, per kind of change: seconds
 
     def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0) -> None:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (weight: e.g. seconds measured)."""
@@ -76,6 +83,27 @@ class Profiler:
     def forget(self, job_id: str) -> None:
         self._seen.pop(job_id, None)
         self._cache.pop(job_id, None)
+        self._costs.pop(job_id, None)
+
+    def observe_cost(self, job_id: str, kind: str, seconds: float) -> None:
+        """A change of ``kind`` (``start``, ``up``, ``down``, ``commit``: the interval between commits) took ``seconds``."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            return
+        scale = self._costs.setdefault(job_id, {}).setdefault(kind, _Scale())
+        scale.total += seconds
+        scale.weight += 1.0
+
+    def cost(self, job_id: str, kind: str, prior: float) -> float:
+        """The mean measured cost of ``kind`` for the job, or ``prior`` before one was measured."""
+        scale = self._costs.get(job_id, {}).get(kind)
+        return scale.mean if scale is not None and scale.weight > 0 else prior
+
+    def restart_cost(self, job_id: str, prior: float) -> float:
+        """What stopping the job costs: a start, plus the work since its last commit (half an interval on average)."""
+        costs = self._costs.get(job_id, {})
+        if "start" not in costs and "commit" not in costs:
+            return prior
+        return self.cost(job_id, "start", 0.0) + self.cost(job_id, "commit", 0.0) / 2
 
     def scales(self, job_id: str) -> dict[int, float]:
         """Mean reported throughput per node count."""

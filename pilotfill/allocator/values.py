@@ -8,10 +8,13 @@ with M_j the metric (throughput unless the job names another curve) and the
 rescale loss charged at the job's current rate. The objective is separable, so
 it is tabulated once per (job, node type) for n = 0 … cap; the DP, the greedy
 fallback and both MILPs read the same table. Three refinements over BFTrainer:
-a job never earns more than its remaining work (no extra nodes for a job about
-to finish); but remaining work is an estimate, not a result — a job that has
-not returned keeps at least its minimum size's worth over the horizon, so a
-job near (or past) its declared total still gets nodes to finish on; and a job
+a job earns only while it still runs — for the time it needs to finish at
+n nodes, or at its current size for any n below that, when that is shorter
+than the horizon — so growing a job about to finish is not worth a rescale,
+yet no job is shrunk for being near its end (a job that finishes sooner frees
+its nodes sooner); remaining work is an estimate, not a result — a job that has not
+returned keeps at least its minimum size's worth over the horizon, so a job
+near (or past) its declared total still gets nodes to finish on; and a job
 whose current count is below its minimum has rate 0. A job
 that holds nodes of one type may keep, grow or shrink there, or stop — never
 jump to another type in one decision, which would be migration.
@@ -124,9 +127,11 @@ def _table(job: Job, node_type: str, cap: int, current: int, rate_now: float, t_
         gain = t_fwd * metric
     else:
         thr = job.throughput[node_type].table(cap)
-        remaining = max(job.remaining_samples, t_fwd * thr[min(job.min_nodes, cap)])  # not returned: worth its minimum at least
+        lowest = min(job.min_nodes, cap)
+        remaining = max(job.remaining_samples, t_fwd * thr[lowest])  # not returned: worth its minimum at least
+        ref = thr[np.maximum(n, min(current, cap) if current >= job.min_nodes else 0)]  # below its size: as long as at its size
         with np.errstate(divide="ignore", invalid="ignore"):
-            busy = np.where(thr > 0, np.minimum(t_fwd, remaining / thr), t_fwd)
+            busy = np.where(ref > 0, np.minimum(t_fwd, remaining / ref), t_fwd)
         gain = metric * busy
     penalty = np.where(n > current, job.scale_up_cost_s * rate_now, 0.0)
     penalty = np.where(n < current, job.scale_down_cost_s * rate_now, penalty)

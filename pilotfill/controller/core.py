@@ -68,9 +68,14 @@ class Meter:
         A report that began before this size did, or is its rank's first,
         covers ranks starting or re-forming (imports, rendezvous), not training
         at this size: it restarts the window instead of counting, or the job
-        would look slower than it is.
+        would look slower than it is. A first report's ``seconds`` say how long
+        the rank has trained since it was ready (about nothing, for a real
+        rank that reports after its first step), so the window opens then.
         """
-        if first or now - seconds < self.began:
+        if first:
+            self.began, self.samples = max(self.began, now - seconds), 0.0
+            return None
+        if now - seconds < self.began:
             self.began, self.samples = now, 0.0
             return None
         self.samples += samples
@@ -108,6 +113,8 @@ class Controller:
         self.started = clock()
         self.profiler = Profiler()
         self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
+        self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
+        self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
         self._seed_holds()
         self.dirty = True
         self.urgent = False
@@ -118,6 +125,8 @@ class Controller:
         self._polled_at = self._polled_before = 0.0  # this and the previous scheduler poll
         self._scheduler_backoff: dict[str, tuple[float, float]] = {}  # call -> (not before, last delay)
         self._meters: dict[str, Meter] = {}
+        self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
+        self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._curves: dict[str, ScalingCurve] = {}
         self._settle_since: float | None = None
         self._last_idle: int | None = None
@@ -177,7 +186,12 @@ class Controller:
             bounds.append(pilot.walltime_end - now if pilot is not None and pilot.walltime_end else math.inf)
         ages += [0.0] * extra
         bounds += [math.inf] * extra
-        return self.holds.horizon(ages, bounds)
+        horizon = self.holds.horizon(ages, bounds)
+        if self.lifetimes.samples >= self.lifetimes.min_samples:
+            # Nodes may stay for hours while a job's share changes every few seconds (at machine scale every event
+            # moves some job): what a change gains lasts until the next change to that job, not as long as the nodes.
+            horizon = min(horizon, float(self.lifetimes.expected([0.0])[0]))
+        return horizon
 
     def _make_runtime(self) -> Runtime:
         """The configured runtime; every process it puts on a compute node goes through the node's pilot agent."""
@@ -360,7 +374,14 @@ class Controller:
             return {"progress": job.progress}
         progress = self.world.add_progress(job, message["samples"])
         if message.get("commit") is True:  # the reporting rank committed right after this work
-            self.world.commit(job)
+            self._commit(job, now)
+        changed = self._changed.get(job.id)
+        if changed is not None and message.get("first") is True and job.status == "running":
+            # Ranks training again after a start or a resize: what the change cost, measured (JPA learns it).
+            when, kind = self._changed.pop(job.id)
+            cost = max(0.0, now - float(message["seconds"]) - when)
+            self.profiler.observe_cost(job.id, kind, cost)
+            self.world.log("job.cost", now, job=job.id, change=kind, seconds=round(cost, 3))
         total = job.spec.get("total_samples")
         if total and progress > total and not job.overran:
             self.world.mark_overran(job)
@@ -384,7 +405,14 @@ class Controller:
         job = self._known_job(message["job_id"])
         if job.status in TERMINAL:
             return {"committed": job.committed}
-        return {"committed": self.world.commit(job)}
+        return {"committed": self._commit(job, now)}
+
+    def _commit(self, job: Job, now: float) -> float:
+        last = self._committed_at.get(job.id)
+        if last is not None and job.status == "running":
+            self.profiler.observe_cost(job.id, "commit", now - last)
+        self._committed_at[job.id] = now
+        return self.world.commit(job)
 
     def _on_job_result(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
@@ -742,8 +770,10 @@ class Controller:
                 objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
-        return AllocJob(job.id, lo, hi, curve, spec["scale_up_cost_s"], spec["scale_down_cost_s"], remaining, spec["weight"],
-                        objective=objective, explore=explore, restart_cost_s=spec.get("restart_cost_s", 0.0))  # fmt: skip
+        jpa = self.profiler  # costs measured from the job's own starts and resizes; the spec's until measured
+        return AllocJob(job.id, lo, hi, curve, jpa.cost(job.id, "up", spec["scale_up_cost_s"]), jpa.cost(job.id, "down", spec["scale_down_cost_s"]),
+                        remaining, spec["weight"], objective=objective, explore=explore,
+                        restart_cost_s=jpa.restart_cost(job.id, spec.get("restart_cost_s", 0.0)))  # fmt: skip
 
     def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
         """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
@@ -775,6 +805,7 @@ class Controller:
                         continue
                     self.runtime.resize(job.id, new, lost=sorted(lost))
                     world.update_job(job, nodes=new, rescales=job.rescales + 1)
+                    self._changed[job.id] = (now, "up" if len(new) > len(old) else "down")
                     if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new)):
                         world.roll_back(job)
                     world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
@@ -785,6 +816,8 @@ class Controller:
                     world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), **why)
                 elif new:
                     self.runtime.start(job.id, job.spec, new)
+                    self._changed[job.id] = (now, "start")
+                    self._committed_at[job.id] = now  # a stop loses what it does from here until its first commit
                     world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
                     world.log("job.started", now, job=job.id, nodes=new, progress=job.progress)
                 else:
@@ -795,6 +828,12 @@ class Controller:
                 continue
             self._meters[job.id] = Meter(len(new), now)
             moved[job.id] = len(new)
+            if job.id in self._sized_at:
+                self.lifetimes.observe(now - self._sized_at[job.id])
+            if new:
+                self._sized_at[job.id] = now
+            else:
+                self._sized_at.pop(job.id, None)
         return moved
 
     def _why_lost(self, lost: set[str]) -> str:
@@ -819,6 +858,9 @@ class Controller:
         self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
         self.profiler.forget(job.id)
         self._meters.pop(job.id, None)
+        self._changed.pop(job.id, None)
+        self._committed_at.pop(job.id, None)
+        self._sized_at.pop(job.id, None)
         self._curves.pop(job.id, None)
         self._curves.pop(job.id + "/objective", None)
         job.lost = set()

@@ -18,7 +18,12 @@ controller's decisions cost is charged as BFTrainer's replayer charges it:
 
 A report says when the job committed right after its work (``commit``), as
 real ranks do through ``ElasticState.commit``, so the controller's count of a
-job's progress falls back to the same commit on a stop.
+job's progress falls back to the same commit on a stop. As real ranks do, a
+job reports nothing while it pays a cost (they are restarting, meeting and
+restoring), and the first report after a start or a resize is marked
+``first`` and covers only the training after the pause (``seconds``): the
+controller neither takes it for the job's rate nor mistakes the pause for it,
+and measures the pause as what the change cost.
 
 Costs are a debt paid from the next progress, so reported samples are never
 negative; totals equal BFTrainer's "samples minus what rescaling lost".
@@ -60,6 +65,7 @@ class SimJob:
     starts: int = 0
     stops: int = 0
     first_start: float | None = None
+    fresh: bool = False  # started or resized since its last report: the next one is its ranks' first
     finished: float | None = None
 
     def rate(self, n: int | None = None) -> float:
@@ -98,6 +104,7 @@ class SimulatedRuntime(Runtime):
         job.first_start = self.now if job.first_start is None else job.first_start
         job.starts += 1
         job.rescales += 1
+        job.fresh = True
         if self.accounting == "realistic":
             self._charge(job, self.start_cost_s * job.rate())
         self.running[job_id] = job
@@ -116,6 +123,8 @@ class SimulatedRuntime(Runtime):
             self._charge(job, job.spec.scale_down_cost_s * before)
         if set(hosts) != set(survivors):
             job.rescales += 1
+        if set(hosts) != set(job.hosts):
+            job.fresh = True
         job.hosts = list(hosts)
 
     def resize_keeps_progress(self, grow_only: bool) -> bool:
@@ -179,8 +188,11 @@ class SimulatedRuntime(Runtime):
             commit = self._commit(job, dt)
             if net > 0:
                 reported = net * max(1e-3, 1.0 + self._rng.gauss(0.0, self.noise)) if self.noise else net
-                self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": reported,
-                                    "seconds": dt * net / produced, "commit": commit})  # fmt: skip
+                seconds = dt * net / produced  # the training after the pause
+                if job.fresh:  # its ranks' first report: ready (trained 0 samples) `seconds` ago
+                    self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": 0.0, "seconds": seconds, "first": True})
+                    job.fresh = False
+                self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": reported, "seconds": seconds, "commit": commit})
             elif commit:
                 self.outbox.append({"type": "job.commit", "job_id": job.job_id})
             if job.remaining <= FINISH_TOLERANCE * job.spec.total_samples:

@@ -22,8 +22,12 @@ from pathlib import Path
 from ..report import committed, report
 
 
-def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.2, fail_after: float | None = None, commit_s: float = 0.0) -> dict:
-    """Work until the job's progress (over all ranks) reaches ``total_samples``; return a summary."""
+def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.2, fail_after: float | None = None, commit_s: float = 0.0,
+          startup_s: float = 0.0) -> dict:  # fmt: skip
+    """Work until the job's progress (over all ranks) reaches ``total_samples``; return a summary.
+
+    ``startup_s``: what a real rank spends before its first step (imports, rendezvous, restoring a commit)."""
+    time.sleep(startup_s)
     progress = max(report(0.0) or 0.0, _committed())
     resumed_from = progress
     steps = 0
