@@ -108,7 +108,8 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     total_samples (work, optional), curve ({nodes, samples_per_s}, optional:
     learned by the profiler when absent), objective ({nodes, values}, optional:
     a metric the allocator maximises instead of throughput, e.g. speedup),
-    scale_up_cost_s, scale_down_cost_s, restart_cost_s, weight, key (the app
+    scale_up_cost_s, scale_down_cost_s, restart_cost_s (priors: the controller
+    measures each job's own, unless costs_known is true), weight, key (the app
     call, optional: a re-run's submission of the same call resumes its job).
     """
     out = {
@@ -138,6 +139,8 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     for name in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "weight"):
         if not _number(out[name]) or out[name] < 0 or (name == "weight" and out[name] <= 0):
             raise ProtocolError(f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {out[name]!r}")
+    if not isinstance(out.get("costs_known", False), bool):
+        raise ProtocolError("job spec: costs_known must be true or false")
     if out.get("key") is not None and not isinstance(out["key"], str):
         raise ProtocolError("job spec: key must be a string")
     _check_curve(out, "curve", "samples_per_s")

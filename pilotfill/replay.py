@@ -276,8 +276,9 @@ class Replay:
             "restart_cost_s": 0.0 if self.accounting == "bftrainer" else self.runtime.start_cost_s + self.runtime.commit_interval_s / 2,
             "weight": spec.weight,
         }
-        if self.profiles == "known":
+        if self.profiles == "known":  # BFTrainer's setting: curves and costs known, as the job file gives them
             job["curve"] = {"nodes": list(spec.throughput.nodes), "samples_per_s": list(spec.throughput.values)}
+            job["costs_known"] = True
         else:  # learning: the controller knows what a user who wrote nothing gives it; JPA measures the rest
             for cost in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s"):
                 del job[cost]

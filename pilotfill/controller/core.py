@@ -770,10 +770,11 @@ class Controller:
                 objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
-        jpa = self.profiler  # costs measured from the job's own starts and resizes; the spec's until measured
-        return AllocJob(job.id, lo, hi, curve, jpa.cost(job.id, "up", spec["scale_up_cost_s"]), jpa.cost(job.id, "down", spec["scale_down_cost_s"]),
-                        remaining, spec["weight"], objective=objective, explore=explore,
-                        restart_cost_s=jpa.restart_cost(job.id, spec.get("restart_cost_s", 0.0)))  # fmt: skip
+        up, down, restart = spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0)
+        if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
+            jpa = self.profiler
+            up, down, restart = jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down), jpa.restart_cost(job.id, restart)
+        return AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart)
 
     def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
         """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
