@@ -19,7 +19,7 @@ BATCHES = [16, 64]
 EPOCHS = int(os.environ.get("HPO_EPOCHS", "10"))
 
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2, scale_up_cost_s=3.0, scale_down_cost_s=2.0)
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
 def train(lr: float, batch: int, epochs: int = EPOCHS) -> dict:
     """One configuration, trained on the configured runtime (torch elastic or Elastic Horovod); returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits

@@ -24,7 +24,7 @@ SEARCH_SPACE = {"depth": [1, 2], "width": [32, 96], "activation": ["relu", "tanh
 EPOCHS = int(os.environ.get("NAS_EPOCHS", "12"))
 
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2, scale_up_cost_s=3.0, scale_down_cost_s=2.0)
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
 def train(depth: int, width: int, activation: str, epochs: int = EPOCHS) -> dict:
     """Train one architecture on the configured runtime; returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits
