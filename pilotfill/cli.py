@@ -141,7 +141,7 @@ def replay(
     start: Annotated[Optional[str], typer.Option(help="Window start, ISO-8601 as in the trace.")] = None,
     end: Annotated[Optional[str], typer.Option(help="Window end, ISO-8601 as in the trace.")] = None,
     nodes: Annotated[Optional[int], typer.Option(help="Use the first N nodes of the trace (file order).", min=1)] = None,
-    max_jobs: Annotated[int, typer.Option(help="At most this many jobs run at once; the rest wait in order.", min=1)] = 10,
+    max_jobs: Annotated[int, typer.Option(help="At most this many jobs run at once (BFTrainer's setup: 10); 0: no cap, as many as the machine can start.", min=0)] = 0,
     tfwd: Annotated[float, typer.Option(help="A fixed look-ahead T_fwd for the allocator, seconds (BFTrainer's setup: 10); 0: the nodes' expected hold, learned from the trace as it goes.", min=0.0)] = 0.0,
     formulation: Annotated[Formulation, typer.Option(help="aggregated: exact (DP where it applies, MILP otherwise).")] = Formulation.AGGREGATED,
     profiles: Annotated[Profiles, typer.Option(help="known: the jobs' curves; learned: JPA learns each job from its own noisy reports.")] = Profiles.known,

@@ -785,3 +785,23 @@ def test_a_model_with_nothing_to_decide_is_optimal_not_a_fallback():
     p = Problem((Job("x", 2, 4, {"A": c, "B": c}),), NodePool(("a0", "b0"), {"a0": "A", "b0": "B"}))
     a = allocate(p)
     assert (a.method, a.optimal, a.counts["x"]) == ("milp", True, 0)
+
+
+@pytest.mark.parametrize("formulation", ["aggregated", "milp"])
+def test_a_node_the_first_stage_takes_from_one_job_for_another_is_never_left_idle(formulation):
+    """The confirmed optimum stops "slow" (measured at one node) to give its node to "fast" (measured at one and two
+    nodes) with the only free node. Exploring then re-decides the free nodes: it must hand out the stopped job's
+    node too — before, it re-decided only the node nobody held, gave "fast" one node, and left the other idle."""
+    prof = Profiler()
+    prof.observe("slow", 1, 1193.3)
+    prof.observe("fast", 1, 3245.7)
+    prof.observe("fast", 2, 6001.9)
+    slow = Job("slow", 1, 64, prof.confirmed("slow", 1, 64), 10.0, 5.0, 1.29e8, restart_cost_s=132.3, explore=prof.curve("slow", 1, 64))
+    fast = Job("fast", 1, 64, prof.confirmed("fast", 1, 64), 9.2, 5.0, 1.19e8, restart_cost_s=83.0, explore=prof.curve("fast", 1, 64))
+    pool = pool_of(2)
+    p = Problem((slow, fast), pool, {"slow": frozenset(pool.nodes[:1])}, t_fwd=132.0)
+    a = allocate(p, formulation)
+    assert_feasible(p, a)
+    assert sum(a.counts.values()) == 2, a.counts
+    if a.counts["slow"] == 0:
+        assert a.counts["fast"] == 2

@@ -104,3 +104,87 @@ def test_a_new_users_jobs_grow_onto_idle_nodes(local):
     t_first = next(e["time"] for e in events if e["kind"] == "job.estimate")
     grown = [e for e in events if e["kind"] == "job.resized" and e["data"]["after"] > e["data"]["before"]]
     assert len({e["job"] for e in grown}) == 3 and max(e["time"] for e in grown) - t_first <= 30
+
+
+PBS_NEW_USER = """scheduler = "pbs"
+[pbs]
+queue = "scavenger"
+min_walltime = "00:05:00"
+max_walltime = "02:00:00"
+nodes_per_pilot = 1
+chunk = "ncpus=1"
+poll_s = 0.5
+[pilots]
+nodes_per_pilot = 1
+[runtime]
+kind = "processes"
+"""
+
+NEW_USER_CAMPAIGN = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def train(i):
+    import time
+    import pilotfill
+    for _ in range(120):
+        time.sleep(0.5)
+        pilotfill.report(samples=10)
+    return i
+
+print("results", [f.result() for f in [train(i) for i in range(3)]])
+"""
+
+
+def nodes_in_use(events: list[dict]) -> list[tuple[float, int]]:
+    """(time, nodes held by jobs) after every start, resize or stop in a journal's events."""
+    held: dict[str, int] = {}
+    out = []
+    for e in events:
+        if e["kind"] == "job.started":
+            held[e["job"]] = len(e["data"]["nodes"])
+        elif e["kind"] == "job.resized":
+            held[e["job"]] = e["data"]["after"]
+        elif e["kind"] in ("job.stopped", "job.finished", "job.failed", "job.cancelled"):
+            held[e["job"]] = 0
+        else:
+            continue
+        out.append((e["time"], sum(held.values())))
+    return out
+
+
+def test_a_new_users_jobs_grow_onto_idle_vnodes_on_pbs_with_one_vnode_pilots(pbs, tmp_path):
+    """The issue's case on the STAND-IN OpenPBS (OpenPBS is not packaged here; tests/pbs_standin reproduces what a real
+    OpenPBS 23.06.06 did): eight free vnodes, one-vnode pilots, the README's way of writing trainings (no curve, no
+    costs): within 30 s of the first throughput report they train on six vnodes (before: three, the rest idle)."""
+    import os
+    import subprocess
+    import sys
+
+    from pilotfill.state import State
+
+    pbs("pbs_standin", "exec", "on")
+    config, campaign, run_dir = tmp_path / "pbs.toml", tmp_path / "campaign.py", tmp_path / "run"
+    config.write_text(PBS_NEW_USER)
+    campaign.write_text(NEW_USER_CAMPAIGN)
+    out = tmp_path / "campaign.out"
+    proc = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(config), "--run-dir", str(run_dir), "--quiet"],
+                            cwd=tmp_path, env=dict(os.environ), stdout=open(out, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out.read_text()[-4000:]
+    assert "results [0, 1, 2]" in out.read_text()
+    state = State(run_dir, readonly=True)
+    try:
+        events = state.events()
+    finally:
+        state.close()
+    t_first = next(e["time"] for e in events if e["kind"] == "job.estimate")
+    used = nodes_in_use(events)
+    reached = [t for t, n in used if n >= 6]
+    assert reached, f"never trained on six vnodes: {used}"
+    assert reached[0] - t_first <= 30, f"six vnodes only {reached[0] - t_first:.0f} s after the first measurement"

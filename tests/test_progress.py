@@ -175,3 +175,30 @@ def test_whole_machine_week_realistic_learned_leaves_no_started_job_stranded(sha
     assert all(row.progress == row.committed for row in rows if row.status == "pending")  # after the final stop too
     # Before progress fell back to commits, 252 of 1,001 jobs never finished here (10 sat at 100 % with no nodes).
     assert r.jobs_completed >= 950
+
+
+def test_a_real_job_preempted_past_its_declared_work_while_another_wants_its_node_finishes(local):
+    """Real ranks (processes runtime) on one node: "a" declares 100 samples but really trains 2,000, committing every
+    2 s; its node is taken back well past its declaration and returned while "b" waits for a node. Before progress
+    fell back to commits and estimates stopped being results, "a" was worth nothing after the stop and never got its
+    node back: the campaign waited forever. Now both finish, and "a" counts what it resumed from, not twice its work."""
+    from localrun import synthetic_job
+
+    run = local(nodes=1, script=[(25.0, "pf-node-0", "busy"), (30.0, "pf-node-0", "idle")])
+    run.start()
+    a_spec = synthetic_job("a", total=2000, per_rank=40.0, hi=1, commit_s=2.0)
+    a_spec["total_samples"] = 100.0  # the declaration: an estimate, wrong
+    a = run.client.submit(a_spec)
+    b = run.client.submit(synthetic_job("b", total=200, per_rank=40.0, hi=1, commit_s=2.0) | {"total_samples": 200.0})
+    run.wait_for(lambda: all(run.client.job(j)["status"] in ("finished", "failed") for j in (a, b)), 240, "both jobs to finish")
+    ja, jb = run.client.job(a), run.client.job(b)
+    assert (ja["status"], jb["status"]) == ("finished", "finished")
+    events = run.events()
+    stops = [e for e in events if e["kind"] == "job.stopped" and e["job"] == a]
+    overran = [e for e in events if e["kind"] == "job.overran" and e["job"] == a]
+    assert overran and stops and overran[0]["time"] <= stops[0]["time"], "the stop must come after the job passed its declaration"
+    assert stops[0]["data"]["redone"] >= 0
+    starts = [e for e in events if e["kind"] == "job.started" and e["job"] == a]
+    assert len(starts) >= 2 and starts[1]["data"]["progress"] > 100.0  # resumed from its last commit, past the declaration
+    assert ja["result"]["samples"] >= 2000
+    assert ja["progress"] <= 2000 + 40.0 * 0.2 * 2  # every sample counted once (a step of slack), not the redone work again

@@ -54,8 +54,14 @@ class ScalingCurve:
         return float(np.interp(n, self.nodes, self.values))
 
     def table(self, upto: int) -> np.ndarray:
-        """Rates at 0, 1, …, ``upto`` nodes, as one array (the solvers' input)."""
-        return np.interp(np.arange(upto + 1), self.nodes, self.values)
+        """Rates at 0, 1, …, ``upto`` nodes, as one read-only array (the solvers' input; computed once per size)."""
+        cache = self.__dict__.setdefault("_tables", {})
+        out = cache.get(upto)
+        if out is None:
+            out = np.interp(np.arange(upto + 1), self.nodes, self.values)
+            out.flags.writeable = False
+            cache[upto] = out
+        return out
 
     @classmethod
     def from_table(cls, rates: Iterable[float]) -> ScalingCurve:
@@ -226,8 +232,11 @@ class Problem:
 
     def held_by_type(self, job: Job) -> dict[str, int]:
         """How many nodes of each type ``job`` holds now."""
+        held = self.current.get(job.id, ())
+        if not self.pool.types:  # one kind of node: no per-node lookups
+            return {DEFAULT_TYPE: len(held)} if held else {}
         counts: dict[str, int] = {}
-        for n in self.current.get(job.id, ()):
+        for n in held:
             t = self.pool.type_of(n)
             counts[t] = counts.get(t, 0) + 1
         return counts

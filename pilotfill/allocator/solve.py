@@ -17,7 +17,7 @@ import numpy as np
 from . import dp, greedy, milp, nodelevel
 from .moves import realise
 from .problem import Allocation, Problem
-from .values import ValueTable, exploration_table, value_tables
+from .values import ValueTable, exploration_tables, value_tables
 
 
 class Formulation(str, Enum):
@@ -85,12 +85,13 @@ def _dp(problem: Problem) -> Allocation | None:
     groups: dict[str, list] = {}
     for t in tables:
         groups.setdefault(t.node_type, []).append(t)
-    if not all(dp.applies([t.values for t in g], len(pool.get(nt, []))) for nt, g in groups.items()):
-        return None
     counts: dict[str, int] = {}
     types: dict[str, str | None] = {}
     for node_type, group in groups.items():
-        ns, _ = dp.solve([t.values for t in group], len(pool.get(node_type, [])))
+        try:
+            ns, _ = dp.solve([t.values for t in group], len(pool.get(node_type, [])))
+        except dp.TooLarge:
+            return None  # the MILP is faster on what is left
         for t, n in zip(group, ns):
             counts[t.job.id] = n
             types[t.job.id] = node_type if n > 0 else None
@@ -98,21 +99,25 @@ def _dp(problem: Problem) -> Allocation | None:
 
 
 def _explore(problem: Problem, answer: Allocation) -> Allocation:
-    """Hand the nodes no job holds now again, this time valuing growth by the optimistic curves.
+    """Hand out again, this time valuing growth by the optimistic curves, every node the first stage does
+    not keep for the job that holds it: the nodes nobody holds and the nodes it took from their jobs.
 
-    What the first stage decided for nodes that jobs hold (keep, shrink, stop,
-    give to another job) stands: only the nodes nobody holds are re-decided,
-    among the first stage's growth, jobs never measured (worth measuring first)
-    and measured jobs growing along their optimistic curves (DP per node type).
+    What the first stage decided for the jobs that hold nodes (keep, shrink,
+    stop) stands, so exploring never evicts or shrinks a measured job; the
+    nodes it frees and the nodes nobody holds are re-decided among the first
+    stage's growth, jobs never measured (worth measuring first) and measured
+    jobs growing along their optimistic curves (DP per node type). A node the
+    first stage took from a job to give to another is never left idle: it is
+    in what is handed out.
     """
-    held_now = {n for nodes in problem.current.values() for n in nodes}
     counts, types = dict(answer.counts), dict(answer.node_type)
     changed = False
     for node_type, nodes in problem.pool.by_type().items():
-        room = sum(1 for n in nodes if n not in held_now)
+        kept = sum(min(counts.get(j.id, 0), problem.held_by_type(j).get(node_type, 0)) for j in problem.jobs if types.get(j.id) == node_type)
+        room = len(nodes) - kept
         if room <= 0:
             continue
-        candidates, bases, tables = [], [], []
+        candidates, bases = [], []
         for job in problem.jobs:
             held = problem.held_by_type(job).get(node_type, 0)
             if types.get(job.id) not in (None, node_type) or node_type not in job.throughput:
@@ -122,10 +127,13 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
                 continue  # shrunk or stopped by the first stage, or running on another type: no growth here
             candidates.append(job)
             bases.append(base)
-            tables.append(exploration_table(problem, job, node_type, base, room))
         if not candidates:
             continue
-        extra, _ = dp.solve(tables, room)
+        tables = exploration_tables(problem, candidates, node_type, bases, room)
+        try:
+            extra, _ = dp.solve(tables, room)
+        except dp.TooLarge:
+            continue  # exploring is a bonus: never worth a slow decision
         for job, base, k in zip(candidates, bases, extra):
             if base + k != counts.get(job.id, 0) or (k and types.get(job.id) != node_type):
                 changed = True

@@ -83,17 +83,31 @@ def current_rate(job: Job, held: dict[str, int]) -> float:
 
 
 def value_tables(problem: Problem) -> list[list[ValueTable]]:
-    """One list of tables per job (one table per node type it can use), in job order."""
+    """One list of tables per job (one table per node type it can use), in job order.
+
+    Computed per node type for all jobs at once (one array operation per term,
+    not one per job): at whole-machine scale a decision weighs hundreds of jobs.
+    """
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
+    held = [problem.held_by_type(job) for job in problem.jobs]
+    rates = [current_rate(job, h) for job, h in zip(problem.jobs, held)]
+    by_type: dict[str, list[int]] = {}
+    for i, job in enumerate(problem.jobs):
+        for t in job.node_types:
+            by_type.setdefault(t, []).append(i)
+    rows: dict[tuple[int, str], np.ndarray] = {}
+    for t, members in by_type.items():
+        jobs = [problem.jobs[i] for i in members]
+        caps = [min(job.max_nodes, pool_sizes.get(t, 0)) for job in jobs]
+        matrix = _batch(jobs, t, caps, [held[i].get(t, 0) for i in members], [rates[i] for i in members], problem.t_fwd)
+        for i, cap, row in zip(members, caps, matrix):
+            rows[(i, t)] = row[: cap + 1].copy()
     out: list[list[ValueTable]] = []
-    for job in problem.jobs:
-        held = problem.held_by_type(job)
-        rate_now = current_rate(job, held)
-        on = {t for t, c in held.items() if c > 0}
+    for i, job in enumerate(problem.jobs):
+        on = {t for t, c in held[i].items() if c > 0}
         tables = []
         for t in job.node_types:
-            cap = min(job.max_nodes, pool_sizes.get(t, 0))
-            table = _table(job, t, cap, held.get(t, 0), rate_now, problem.t_fwd)
+            table = ValueTable(job=job, node_type=t, current=held[i].get(t, 0), values=rows[(i, t)])
             if on and t not in on:
                 table.values[1:] = INFEASIBLE  # moving to another type would be migration: stop first
             tables.append(table)
@@ -101,43 +115,82 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
     return out
 
 
-def exploration_table(problem: Problem, job: Job, node_type: str, base: int, free: int) -> np.ndarray:
-    """What adding k = 0 … ``free`` nodes of ``node_type`` to ``job``'s ``base`` is worth (−inf where
-    base + k is not allowed): by its optimistic curve if it has one, else by its curve. The second
-    stage of :func:`..solve.allocate`."""
-    held = problem.held_by_type(job)
-    cap = min(job.max_nodes, base + free)
-    if cap <= base:
-        return np.zeros(1)
-    curves = job.explore if job.explore is not None and node_type in job.explore else None
-    valued = job if curves is None else Job(job.id, job.min_nodes, job.max_nodes, curves, job.scale_up_cost_s, job.scale_down_cost_s,
-                                            job.remaining_samples, job.weight, None, None, job.restart_cost_s)  # fmt: skip
-    # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
-    # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
-    full = _table(valued, node_type, cap, held.get(node_type, 0), current_rate(valued, held), problem.t_fwd).values
-    out = full[base:] - full[base]
-    out[0] = 0.0
+def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> list[np.ndarray]:
+    """What adding k = 0 … ``free`` nodes of ``node_type`` to each job's base count is worth (−inf where
+    base + k is not allowed): by its optimistic curve if it has one, else by its curve. The second stage
+    of :func:`..solve.allocate`."""
+    valued, caps, current, rates = [], [], [], []
+    for job, base in zip(jobs, bases):
+        held = problem.held_by_type(job)
+        curves = job.explore if job.explore is not None and node_type in job.explore else None
+        v = job if curves is None else Job(job.id, job.min_nodes, job.max_nodes, curves, job.scale_up_cost_s, job.scale_down_cost_s,
+                                           job.remaining_samples, job.weight, None, None, job.restart_cost_s)  # fmt: skip
+        valued.append(v)
+        caps.append(max(base, min(job.max_nodes, base + free)))
+        current.append(held.get(node_type, 0))
+        # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
+        # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
+        rates.append(current_rate(v, held))
+    matrix = _batch(valued, node_type, caps, current, rates, problem.t_fwd) if valued else np.zeros((0, 1))
+    out = []
+    for row, base, cap in zip(matrix, bases, caps):
+        if cap <= base:
+            out.append(np.zeros(1))
+            continue
+        t = row[base : cap + 1] - row[base]
+        t[0] = 0.0
+        out.append(t)
     return out
 
 
+def exploration_table(problem: Problem, job: Job, node_type: str, base: int, free: int) -> np.ndarray:
+    """:func:`exploration_tables` for one job."""
+    return exploration_tables(problem, [job], node_type, [base], free)[0]
+
+
+def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float], t_fwd: float) -> np.ndarray:
+    """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each; −inf past a job's cap).
+
+    Row j is w_j·(gain_j(n) − penalty_j(n)) with gain the metric over the time
+    the job still runs (its remaining work at n nodes, or at its current size
+    for any n below it; never less than its minimum size's worth over the
+    horizon) and penalty the rescale or restart cost at its current rate.
+    """
+    J, W = len(jobs), max(caps) + 1
+    n = np.arange(W)
+    past = n[None, :] > np.asarray(caps)[:, None]
+    metric = np.zeros((J, W))
+    thr = np.zeros((J, W))
+    for j, (job, cap) in enumerate(zip(jobs, caps)):
+        metric[j, : cap + 1] = job.metric(node_type).table(cap)
+        thr[j, : cap + 1] = job.throughput[node_type].table(cap)
+    cap_a = np.asarray(caps)
+    cur = np.asarray(current)
+    lo = np.asarray([job.min_nodes for job in jobs])
+    remaining = np.asarray([job.remaining_samples for job in jobs], dtype=float)
+    rows = np.arange(J)
+    floor = t_fwd * thr[rows, np.minimum(lo, cap_a)]  # not returned: worth its minimum at least
+    remaining = np.where(np.isinf(remaining), np.inf, np.maximum(remaining, floor))
+    ref_at = np.where(cur >= lo, np.minimum(cur, cap_a), 0)  # below its size: as long as at its size
+    ref = thr[rows[:, None], np.minimum(np.maximum(n[None, :], ref_at[:, None]), cap_a[:, None])]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        busy = np.where(ref > 0, np.minimum(t_fwd, remaining[:, None] / ref), t_fwd)
+    gain = metric * busy
+    rate = np.asarray(rate_now, dtype=float)[:, None]
+    up = np.asarray([job.scale_up_cost_s for job in jobs])[:, None]
+    down = np.asarray([job.scale_down_cost_s for job in jobs])[:, None]
+    penalty = np.where(n[None, :] > cur[:, None], up * rate, np.where(n[None, :] < cur[:, None], down * rate, 0.0))
+    restart = np.asarray([job.restart_cost_s for job in jobs])
+    penalty[:, 0] += np.where(cur > 0, restart * rate[:, 0], 0.0)  # stopping loses work since the last commit and a restart
+    gain[:, 0] = 0.0  # not running earns nothing, whatever the curve says at 0
+    weight = np.asarray([job.weight for job in jobs])[:, None]
+    values = weight * (gain - penalty)
+    values[(n[None, :] >= 1) & (n[None, :] < np.minimum(lo, cap_a + 1)[:, None])] = INFEASIBLE
+    values[past] = INFEASIBLE
+    return values
+
+
 def _table(job: Job, node_type: str, cap: int, current: int, rate_now: float, t_fwd: float) -> ValueTable:
-    n = np.arange(cap + 1)
-    metric = job.metric(node_type).table(cap)
-    if math.isinf(job.remaining_samples):
-        gain = t_fwd * metric
-    else:
-        thr = job.throughput[node_type].table(cap)
-        lowest = min(job.min_nodes, cap)
-        remaining = max(job.remaining_samples, t_fwd * thr[lowest])  # not returned: worth its minimum at least
-        ref = thr[np.maximum(n, min(current, cap) if current >= job.min_nodes else 0)]  # below its size: as long as at its size
-        with np.errstate(divide="ignore", invalid="ignore"):
-            busy = np.where(ref > 0, np.minimum(t_fwd, remaining / ref), t_fwd)
-        gain = metric * busy
-    penalty = np.where(n > current, job.scale_up_cost_s * rate_now, 0.0)
-    penalty = np.where(n < current, job.scale_down_cost_s * rate_now, penalty)
-    if current > 0:
-        penalty[0] += job.restart_cost_s * rate_now  # stopping loses work since the last commit and a restart
-    gain[0] = 0.0  # not running earns nothing, whatever the curve says at 0
-    values = job.weight * (gain - penalty)
-    values[1 : min(job.min_nodes, cap + 1)] = INFEASIBLE
+    """One job's table (the reference for :func:`_batch`, kept for tests and single-job callers)."""
+    values = _batch([job], node_type, [cap], [current], [rate_now], t_fwd)[0]
     return ValueTable(job=job, node_type=node_type, current=current, values=values)

@@ -128,6 +128,7 @@ class Controller:
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._curves: dict[str, ScalingCurve] = {}
+        self._alloc_jobs: dict[str, tuple] = {}  # job -> (inputs, the allocator's view of it, its curves) from the last decision
         self._settle_since: float | None = None
         self._last_idle: int | None = None
         self._pruned_at = self.started
@@ -140,6 +141,7 @@ class Controller:
         self.launcher = AgentLauncher(self.world, wake=self._wake_later)
         self.wake: Callable[[str], object] | None = None  # answers a pilot's parked heartbeat now (set by the serving process)
         self._to_wake: set[str] = set()
+        self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
         self.runtime = runtime or self._make_runtime()
         self.pilots = PilotManager(self)
@@ -294,7 +296,8 @@ class Controller:
                 return {"ok": True, **handler(message, now)}
             with self.journal.transaction():
                 reply = handler(message, now)
-            self._flush_wakes()
+            if not self._batching:
+                self._flush_wakes()
             return reply if isinstance(reply, Park) else {"ok": True, **reply}
         except ProtocolError as exc:
             return {"ok": False, "error": str(exc)}
@@ -303,6 +306,19 @@ class Controller:
         except Exception as exc:  # a bug must not take the controller down; the journal holds what memory holds
             log.error("error handling %s: %s", message.get("type"), traceback.format_exc())
             return {"ok": False, "error": f"internal error: {exc!r}"}
+
+    def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply requests that arrived together, committed together (a group commit): every reply still follows
+        the commit of what it changed, and a burst — a thousand pilots told to leave at once — costs one commit,
+        not a thousand. A journal that cannot be written raises before any reply is given."""
+        self._batching = True
+        try:
+            with self.journal.transaction():
+                replies = [self.handle(m) for m in messages]
+        finally:
+            self._batching = False
+        self._flush_wakes()
+        return replies
 
     def _on_job_get(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
@@ -386,7 +402,7 @@ class Controller:
         if total and progress > total and not job.overran:
             self.world.mark_overran(job)
             self.world.log("job.overran", now, job=job.id, progress=progress, total_samples=total)
-            log.warning("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
+            log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
                         job.id, job.name, progress, total)  # fmt: skip
         meter = self._meters.get(job.id)
         if job.status == "running" and message.get("host") in job.nodes and meter is not None and meter.nodes == len(job.nodes):
@@ -708,7 +724,9 @@ class Controller:
         began = time.perf_counter()
         self.dirty = self.urgent = False
         self._settle_since = None
-        active = self.world.active_jobs(self.config.controller.max_jobs, room=len(self.world.ready))
+        if idle is None:
+            idle = self._last_idle or 0
+        active = self._active(len(self.world.ready) + idle + self.world.pending_nodes())
         answer = None
         if active or self.world.ready:
             problem = self._problem(active, extra=0)
@@ -729,11 +747,16 @@ class Controller:
         """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target."""
         if extra <= 0 and answer is not None:
             return sum(answer.counts.values())
-        active = self.world.active_jobs(self.config.controller.max_jobs, room=len(self.world.ready) + extra)
+        active = self._active(len(self.world.ready) + extra)
         if not active:
             return 0
         potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
         return sum(potential.counts.values())
+
+    def _active(self, room: int) -> list[Job]:
+        """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while
+        they could start on the ``room`` nodes that could be had (or ``controller.max_jobs`` of them when set)."""
+        return self.world.active_jobs(self.config.controller.max_jobs, room=room)
 
     def _problem(self, active: list[Job], extra: int) -> Problem:
         """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring)."""
@@ -774,7 +797,13 @@ class Controller:
         if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
             jpa = self.profiler
             up, down, restart = jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down), jpa.restart_cost(job.id, restart)
-        return AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart)
+        key = (id(curve), id(explore), id(objective), remaining, up, down, restart, lo, hi)
+        cached = self._alloc_jobs.get(job.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]  # unchanged since the last decision (a waiting job, mostly): no new object to validate
+        made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart)
+        self._alloc_jobs[job.id] = (key, made, curve, explore, objective)  # the curves are kept: their ids stay theirs
+        return made
 
     def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
         """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
@@ -864,6 +893,7 @@ class Controller:
         self._sized_at.pop(job.id, None)
         self._curves.pop(job.id, None)
         self._curves.pop(job.id + "/objective", None)
+        self._alloc_jobs.pop(job.id, None)
         job.lost = set()
         self.dirty = True
 

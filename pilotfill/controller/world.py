@@ -210,18 +210,31 @@ class World:
         job.overran = True
         self.count("jobs_overran")
 
-    def active_jobs(self, limit: int, room: int | None = None) -> list[Job]:
-        """The jobs the allocator considers: every running one, then waiting ones in submission order,
-        at most ``limit`` in all. With ``room`` (the nodes that could be had), a waiting job whose
-        ``min_nodes`` exceeds it takes no place, so a job nothing can place never blocks the rest."""
+    def active_jobs(self, limit: int = 0, room: int | None = None) -> list[Job]:
+        """The jobs the allocator considers: every running one, then waiting ones in submission order.
+
+        What bounds them is the machine, not a number: with ``room`` (the nodes
+        that could be had now), waiting jobs are admitted in submission order
+        while their ``min_nodes`` together fit in it — no more could start at
+        once, and a later job never overtakes an earlier one that could run —
+        and one whose ``min_nodes`` alone exceeds it takes no place, so a job
+        nothing can place never blocks the rest. ``limit`` > 0 instead admits at
+        most that many jobs in all (BFTrainer's setup: 10 at once).
+        """
         out = list(self.running.values())  # always: the allocator must know every node that is held
+        need = 0
         for job in self.open.values():
-            if len(out) >= limit:
+            if limit and len(out) >= limit:
                 break
             if job.status == "running":
                 continue
-            if room is not None and job.spec["min_nodes"] > room:
-                continue
+            lo = job.spec["min_nodes"]
+            if room is not None:
+                if lo > room:
+                    continue
+                if not limit and need + lo > room:
+                    break
+            need += lo
             out.append(job)
         out.sort(key=lambda j: j.seq)
         return out
