@@ -271,7 +271,35 @@ def main(argv: list[str] | None = None) -> int:
     print()
     compare_formulations(specs, args.sizes, seeds, args.node_level_limit)
     evolving_machine(specs, 200, SUMMIT_PEAK_IDLE, solves, seed=2021)
+    evolving_machine(specs, 1000, SUMMIT_PEAK_IDLE, max(10, solves // 3), seed=2021)
+    core_vs_dense(specs, [200, 500, 1000], SUMMIT_PEAK_IDLE, seeds)
     return 0
+
+
+def core_vs_dense(specs: list[JobSpec], job_counts: list[int], n_nodes: int, seeds: int) -> None:
+    """The exact solver the allocator ships (Lagrangian bound, reduced-cost fixing, DP on the core) against the
+    plain DP over the whole capacity axis, on the same value tables: same optimum, and how much faster."""
+    from pilotfill.allocator import dp
+    from pilotfill.allocator.values import value_tables
+
+    print(f"== exact solvers on {n_nodes} nodes: core DP (shipped) vs plain DP, same tables ({seeds} instance(s) per size)")
+    print(f"{'jobs':>6} {'core ms':>9} {'plain ms':>9} {'plain/core':>11} {'same optimum':>13}")
+    for n_jobs in job_counts:
+        core_ms, plain_ms, same_opt = [], [], 0
+        for seed in range(seeds):
+            p = instance(random.Random(seed), specs, n_jobs, n_nodes)
+            tables = [ts[0].values for ts in value_tables(p)]
+            t0 = time.perf_counter()
+            _, best_core = dp.solve(tables, n_nodes)
+            t1 = time.perf_counter()
+            _, best_plain = dp.dense(tables, n_nodes)
+            t2 = time.perf_counter()
+            core_ms.append((t1 - t0) * 1e3)
+            plain_ms.append((t2 - t1) * 1e3)
+            same_opt += same(best_core, best_plain)
+        c, d = statistics.median(core_ms), statistics.median(plain_ms)
+        print(f"{n_jobs:>6} {c:>9.1f} {d:>9.1f} {d / c:>11.1f} {same_opt:>7}/{seeds:<5}")
+    print()
 
 
 if __name__ == "__main__":

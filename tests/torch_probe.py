@@ -53,7 +53,9 @@ def report(samples: float):
 _real_report = digits.report
 
 
-def train(**kwargs) -> dict:
+def train(startup_s: float = 0.0, **kwargs) -> dict:
+    """``startup_s``: what a slow start costs before training (loading a big model, say)."""
+    time.sleep(startup_s)
     elastic_state.ElasticState = ProbedState  # digits imports it at call time
     digits.report = report
     return digits.train(**kwargs)

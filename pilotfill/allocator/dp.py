@@ -33,6 +33,8 @@ import numpy as np
 
 WORK_LIMIT = 400_000_000
 """Above this many DP cell updates (after fixing) :func:`solve` raises :class:`TooLarge`: the MILP is faster there."""
+CORE_SHARES = (0.02, 0.1)
+"""Before fixing against the whole gap, the DP over the choices within these shares of it: a better incumbent, fast."""
 BISECTIONS = 60
 """Bisection steps on the node price (each one vectorised over every job and count)."""
 
@@ -81,17 +83,34 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
         counts = best.tolist()
         return counts, float(values[np.arange(len(tables)), best].sum())
 
-    price, feasible = _price(values, capacity)
-    incumbent = _round(values, feasible, capacity)
+    price, feasible, over = _price(values, capacity)
+    incumbent = _round(values, _toward(values, feasible, over, capacity), capacity)
     n = np.arange(width)
     reduced_best = (values - price * n).max(axis=1)
     upper = price * capacity + float(reduced_best.sum())
-    lower = float(values[np.arange(len(tables)), incumbent].sum())
+    reduced = reduced_best[:, None] - (values - price * n)  # ≥ 0 where finite
+    rows = np.arange(len(tables))
+    finite = np.isfinite(values)
+    # A better incumbent first: the exact DP over the choices closest to the bound (a small core, the incumbent's
+    # choices kept so that it stays feasible). The nearer the incumbent to the optimum, the more is fixed below.
+    for share in CORE_SHARES:
+        lower = float(values[rows, incumbent].sum())
+        gap = max(0.0, upper - lower)
+        near = finite & (reduced <= gap * share)
+        near[rows, incumbent] = True
+        if int(near.sum()) == len(rows):
+            break
+        try:
+            better, value = _core(values, near, capacity)
+        except TooLarge:
+            break
+        if value > lower:
+            incumbent = np.asarray(better)
+    lower = float(values[rows, incumbent].sum())
     gap = max(0.0, upper - lower)
     slack = 1e-9 * max(1.0, abs(upper), abs(lower))
-    reduced = reduced_best[:, None] - (values - price * n)  # ≥ 0 where finite
-    keep = np.isfinite(values) & (reduced <= gap + slack)
-    keep[np.arange(len(tables)), incumbent] = True
+    keep = finite & (reduced <= gap + slack)
+    keep[rows, incumbent] = True
     return _core(values, keep, capacity)
 
 
@@ -100,23 +119,43 @@ def _choose(values: np.ndarray, price: float) -> np.ndarray:
     return np.argmax(values - price * np.arange(values.shape[1]), axis=1)
 
 
-def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray]:
-    """The smallest node price (to bisection precision) at which the jobs' own choices fit, and those choices."""
+def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """The smallest node price (to bisection precision) at which the jobs' own choices fit, those choices, and
+    the choices just below that price (which do not fit)."""
     finite = np.where(np.isfinite(values), values, np.nan)
     spread = np.nanmax(finite, axis=1) - np.nanmin(finite, axis=1)
     hi = float(np.nanmax(spread)) + 1.0  # above any job's gain per node: every job takes its smallest count
     lo = 0.0
-    choice = _choose(values, hi)
+    choice, over = _choose(values, hi), _choose(values, lo)
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
         c = _choose(values, mid)
         if c.sum() <= capacity:
             hi, choice = mid, c
         else:
-            lo = mid
+            lo, over = mid, c
         if hi - lo <= 1e-12 * max(1.0, hi):
             break
-    return hi, choice
+    return hi, choice, over
+
+
+def _toward(values: np.ndarray, fits: np.ndarray, over: np.ndarray, capacity: int) -> np.ndarray:
+    """From the choices that fit toward those that do not, job by job while they fit: at the break price many
+    jobs (copies of one model, say) change their minds at once, and each of them gains about the price per node."""
+    counts = fits.copy()
+    free = capacity - int(counts.sum())
+    rows = np.flatnonzero(over != fits)
+    if rows.size == 0 or free <= 0:
+        return counts
+    step = over[rows] - fits[rows]
+    gain = (values[rows, over[rows]] - values[rows, fits[rows]]) / np.where(step != 0, step, 1)
+    for j, s in zip(rows[np.argsort(-gain, kind="stable")].tolist(), step[np.argsort(-gain, kind="stable")].tolist()):
+        if 0 < s <= free:
+            counts[j] += s
+            free -= s
+            if free == 0:
+                break
+    return counts
 
 
 def _round(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarray:

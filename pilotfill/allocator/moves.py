@@ -21,8 +21,11 @@ def realise(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str
     taken: set[str] = set()
     for job in problem.jobs:
         n, t = counts.get(job.id, 0), types.get(job.id)
-        own = sorted(v for v in problem.current.get(job.id, ()) if pool.type_of(v) == t)
-        kept[job.id] = own[:n] if n > 0 else []
+        held = problem.current.get(job.id, ())
+        own = list(held) if not pool.types else [v for v in held if pool.type_of(v) == t]
+        if n < len(own):
+            own = sorted(own)[:n]  # a shrinking job keeps the first of its own by name
+        kept[job.id] = own if n > 0 else []
         taken.update(kept[job.id])
     free = {}
     for t, nodes in pool.by_type().items():

@@ -50,7 +50,13 @@ class ScalingCurve:
             raise ProblemError(f"curve values must be finite and non-negative: {values}")
 
     def at(self, n: float) -> float:
-        """The rate at ``n`` nodes (linear interpolation, clamped past the ends)."""
+        """The rate at ``n`` nodes (linear interpolation, clamped past the ends; remembered for whole counts)."""
+        if isinstance(n, int):
+            cache = self.__dict__.setdefault("_at", {})
+            out = cache.get(n)
+            if out is None:
+                out = cache[n] = float(np.interp(n, self.nodes, self.values))
+            return out
         return float(np.interp(n, self.nodes, self.values))
 
     def table(self, upto: int) -> np.ndarray:

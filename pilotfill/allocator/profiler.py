@@ -70,6 +70,7 @@ class Profiler:
     _seen: dict[str, dict[int, _Scale]] = field(default_factory=dict)
     _cache: dict[str, dict[tuple[int, str], ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
     _costs: dict[str, dict[str, _Scale]] = field(default_factory=dict)  # per job, per kind of change: seconds
+    _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped by every observation (callers cache on it)
 
     def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0) -> None:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (weight: e.g. seconds measured)."""
@@ -79,8 +80,14 @@ class Profiler:
         scale.total += samples_per_s * weight
         scale.weight += weight
         self._cache.pop(job_id, None)
+        self._versions[job_id] = self._versions.get(job_id, 0) + 1
+
+    def version(self, job_id: str) -> int:
+        """How many observations of the job have been made: what it knows of the job changes only with this."""
+        return self._versions.get(job_id, 0)
 
     def forget(self, job_id: str) -> None:
+        self._versions.pop(job_id, None)
         self._seen.pop(job_id, None)
         self._cache.pop(job_id, None)
         self._costs.pop(job_id, None)
@@ -92,6 +99,7 @@ class Profiler:
         scale = self._costs.setdefault(job_id, {}).setdefault(kind, _Scale())
         scale.total += seconds
         scale.weight += 1.0
+        self._versions[job_id] = self._versions.get(job_id, 0) + 1
 
     def cost(self, job_id: str, kind: str, prior: float) -> float:
         """The mean measured cost of ``kind`` for the job, or ``prior`` before one was measured."""

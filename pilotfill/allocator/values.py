@@ -90,25 +90,28 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
     """
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     held = [problem.held_by_type(job) for job in problem.jobs]
-    rates = [current_rate(job, h) for job, h in zip(problem.jobs, held)]
     by_type: dict[str, list[int]] = {}
     for i, job in enumerate(problem.jobs):
-        for t in job.node_types:
+        for t in job.throughput:
             by_type.setdefault(t, []).append(i)
     rows: dict[tuple[int, str], np.ndarray] = {}
     for t, members in by_type.items():
         jobs = [problem.jobs[i] for i in members]
-        caps = [min(job.max_nodes, pool_sizes.get(t, 0)) for job in jobs]
-        matrix = _batch(jobs, t, caps, [held[i].get(t, 0) for i in members], [rates[i] for i in members], problem.t_fwd)
+        size = pool_sizes.get(t, 0)
+        caps = [min(job.max_nodes, size) for job in jobs]
+        current = [held[i].get(t, 0) for i in members]
+        # The rate now: on this type, within its bounds, and on no other type (else it is not running validly).
+        rates = [current_rate(job, held[i]) if c else 0.0 for job, i, c in zip(jobs, members, current)]
+        matrix = _batch(jobs, t, caps, current, rates, problem.t_fwd)
         for i, cap, row in zip(members, caps, matrix):
-            rows[(i, t)] = row[: cap + 1].copy()
+            rows[(i, t)] = row[: cap + 1]
     out: list[list[ValueTable]] = []
     for i, job in enumerate(problem.jobs):
-        on = {t for t, c in held[i].items() if c > 0}
+        h = held[i]
         tables = []
-        for t in job.node_types:
-            table = ValueTable(job=job, node_type=t, current=held[i].get(t, 0), values=rows[(i, t)])
-            if on and t not in on:
+        for t in job.throughput:
+            table = ValueTable(job, t, h.get(t, 0), rows[(i, t)])
+            if h and any(c > 0 and u != t for u, c in h.items()):
                 table.values[1:] = INFEASIBLE  # moving to another type would be migration: stop first
             tables.append(table)
         out.append(tables)
@@ -149,7 +152,7 @@ def exploration_table(problem: Problem, job: Job, node_type: str, base: int, fre
 
 
 def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float], t_fwd: float) -> np.ndarray:
-    """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each; −inf past a job's cap).
+    """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each, its own copy; −inf past a job's cap).
 
     Row j is w_j·(gain_j(n) − penalty_j(n)) with gain the metric over the time
     the job still runs (its remaining work at n nodes, or at its current size
@@ -158,16 +161,20 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     """
     J, W = len(jobs), max(caps) + 1
     n = np.arange(W)
-    past = n[None, :] > np.asarray(caps)[:, None]
-    metric = np.zeros((J, W))
-    thr = np.zeros((J, W))
-    for j, (job, cap) in enumerate(zip(jobs, caps)):
-        metric[j, : cap + 1] = job.metric(node_type).table(cap)
-        thr[j, : cap + 1] = job.throughput[node_type].table(cap)
     cap_a = np.asarray(caps)
+    if all(c == caps[0] for c in caps):  # the usual case: one width for all
+        metric = np.array([job.metric(node_type).table(caps[0]) for job in jobs]).reshape(J, W)
+        thr = np.array([job.throughput[node_type].table(caps[0]) for job in jobs]).reshape(J, W)
+    else:
+        metric, thr = np.zeros((J, W)), np.zeros((J, W))
+        for j, (job, cap) in enumerate(zip(jobs, caps)):
+            metric[j, : cap + 1] = job.metric(node_type).table(cap)
+            thr[j, : cap + 1] = job.throughput[node_type].table(cap)
+    lo, remaining, up, down, restart, weight = np.array(
+        [(job.min_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s, job.restart_cost_s, job.weight) for job in jobs], dtype=float
+    ).reshape(J, 6).T
+    lo = lo.astype(int)
     cur = np.asarray(current)
-    lo = np.asarray([job.min_nodes for job in jobs])
-    remaining = np.asarray([job.remaining_samples for job in jobs], dtype=float)
     rows = np.arange(J)
     floor = t_fwd * thr[rows, np.minimum(lo, cap_a)]  # not returned: worth its minimum at least
     remaining = np.where(np.isinf(remaining), np.inf, np.maximum(remaining, floor))
@@ -176,17 +183,13 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     with np.errstate(divide="ignore", invalid="ignore"):
         busy = np.where(ref > 0, np.minimum(t_fwd, remaining[:, None] / ref), t_fwd)
     gain = metric * busy
-    rate = np.asarray(rate_now, dtype=float)[:, None]
-    up = np.asarray([job.scale_up_cost_s for job in jobs])[:, None]
-    down = np.asarray([job.scale_down_cost_s for job in jobs])[:, None]
-    penalty = np.where(n[None, :] > cur[:, None], up * rate, np.where(n[None, :] < cur[:, None], down * rate, 0.0))
-    restart = np.asarray([job.restart_cost_s for job in jobs])
-    penalty[:, 0] += np.where(cur > 0, restart * rate[:, 0], 0.0)  # stopping loses work since the last commit and a restart
+    rate = np.asarray(rate_now, dtype=float)
+    penalty = np.where(n[None, :] > cur[:, None], (up * rate)[:, None], np.where(n[None, :] < cur[:, None], (down * rate)[:, None], 0.0))
+    penalty[:, 0] += np.where(cur > 0, restart * rate, 0.0)  # stopping loses work since the last commit and a restart
     gain[:, 0] = 0.0  # not running earns nothing, whatever the curve says at 0
-    weight = np.asarray([job.weight for job in jobs])[:, None]
-    values = weight * (gain - penalty)
+    values = weight[:, None] * (gain - penalty)
     values[(n[None, :] >= 1) & (n[None, :] < np.minimum(lo, cap_a + 1)[:, None])] = INFEASIBLE
-    values[past] = INFEASIBLE
+    values[n[None, :] > cap_a[:, None]] = INFEASIBLE
     return values
 
 

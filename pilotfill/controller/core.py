@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import procs
 from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
 from ..allocator import Job as AllocJob
@@ -115,6 +117,7 @@ class Controller:
         self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
         self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
+        self._pool_holds: tuple[tuple, Any] | None = None  # (when, pool, samples) -> expected hold of each ready node
         self._seed_holds()
         self.dirty = True
         self.urgent = False
@@ -128,7 +131,7 @@ class Controller:
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._curves: dict[str, ScalingCurve] = {}
-        self._alloc_jobs: dict[str, tuple] = {}  # job -> (inputs, the allocator's view of it, its curves) from the last decision
+        self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._last_idle: int | None = None
         self._pruned_at = self.started
@@ -181,14 +184,18 @@ class Controller:
         if fixed > 0:
             return fixed
         world = self.world
-        ages, bounds = [], []
-        for node in world.ready_nodes():
-            pilot = world.pilots.get(node.pilot) if node.pilot else None
-            ages.append(now - node.since)
-            bounds.append(pilot.walltime_end - now if pilot is not None and pilot.walltime_end else math.inf)
-        ages += [0.0] * extra
-        bounds += [math.inf] * extra
-        horizon = self.holds.horizon(ages, bounds)
+        key = (now, len(world.ready), self.holds.samples)
+        if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
+            ages, bounds = [], []
+            for node in world.ready_nodes():
+                pilot = world.pilots.get(node.pilot) if node.pilot else None
+                ages.append(now - node.since)
+                bounds.append(pilot.walltime_end - now if pilot is not None and pilot.walltime_end else math.inf)
+            self._pool_holds = (key, self.holds.expected(ages, bounds))
+        held = self._pool_holds[1]
+        fresh = self.holds.expected([0.0]) if extra else held[:0]
+        expected = np.concatenate([held, np.repeat(fresh, extra)]) if extra else held
+        horizon = float(np.median(expected)) if expected.size else self.holds.horizon([])
         if self.lifetimes.samples >= self.lifetimes.min_samples:
             # Nodes may stay for hours while a job's share changes every few seconds (at machine scale every event
             # moves some job): what a change gains lasts until the next change to that job, not as long as the nodes.
@@ -774,6 +781,12 @@ class Controller:
         return Problem(tuple(jobs), NodePool(pool), current, self.horizon(self.clock(), extra))
 
     def _allocator_job(self, job: Job) -> AllocJob:
+        """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
+        measured). Made anew only when one of those changed: a waiting job's view is the same decision after decision."""
+        inputs = (job.progress, job.status, self.profiler.version(job.id))
+        cached = self._alloc_jobs.get(job.id)
+        if cached is not None and cached[0] == inputs:
+            return cached[1]
         spec = job.spec
         lo, hi = spec["min_nodes"], spec["max_nodes"]
         explore = None
@@ -797,12 +810,8 @@ class Controller:
         if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
             jpa = self.profiler
             up, down, restart = jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down), jpa.restart_cost(job.id, restart)
-        key = (id(curve), id(explore), id(objective), remaining, up, down, restart, lo, hi)
-        cached = self._alloc_jobs.get(job.id)
-        if cached is not None and cached[0] == key:
-            return cached[1]  # unchanged since the last decision (a waiting job, mostly): no new object to validate
         made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart)
-        self._alloc_jobs[job.id] = (key, made, curve, explore, objective)  # the curves are kept: their ids stay theirs
+        self._alloc_jobs[job.id] = (inputs, made)
         return made
 
     def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
