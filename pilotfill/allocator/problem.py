@@ -84,19 +84,15 @@ class ScalingCurve:
 
 
 def compress_linear(xs: list[int], ys: list[float], rel_tol: float = 1e-12) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Drop interior points that lie on the line through their neighbours."""
-    keep_x, keep_y = [xs[0]], [ys[0]]
-    for i in range(1, len(xs) - 1):
-        x0, y0 = keep_x[-1], keep_y[-1]
-        x1, y1 = xs[i], ys[i]
-        x2, y2 = xs[i + 1], ys[i + 1]
-        predicted = y0 + (y2 - y0) * (x1 - x0) / (x2 - x0)
-        if abs(predicted - y1) > rel_tol * max(1.0, abs(y1), abs(y0), abs(y2)):
-            keep_x.append(x1)
-            keep_y.append(y1)
-    keep_x.append(xs[-1])
-    keep_y.append(ys[-1])
-    return tuple(keep_x), tuple(keep_y)
+    """Drop interior points that lie on the line through their neighbours (vectorised: JPA makes curves often)."""
+    if len(xs) <= 2:
+        return tuple(int(x) for x in xs), tuple(float(y) for y in ys)
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    predicted = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])
+    scale = np.maximum.reduce([np.ones_like(predicted), np.abs(y[1:-1]), np.abs(y[:-2]), np.abs(y[2:])])
+    keep = np.concatenate([[True], np.abs(predicted - y[1:-1]) > rel_tol * scale, [True]])
+    return tuple(int(v) for v in np.asarray(xs)[keep]), tuple(float(v) for v in y[keep])
 
 
 def _per_type(curves: ScalingCurve | Mapping[str, ScalingCurve] | None) -> dict[str, ScalingCurve] | None:

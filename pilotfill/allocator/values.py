@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .problem import Job, Problem, compress_linear
+from .problem import Job, Problem, ScalingCurve, compress_linear
 
 INFEASIBLE = -math.inf
 
@@ -122,19 +122,20 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
     """What adding k = 0 … ``free`` nodes of ``node_type`` to each job's base count is worth (−inf where
     base + k is not allowed): by its optimistic curve if it has one, else by its curve. The second stage
     of :func:`..solve.allocate`."""
-    valued, caps, current, rates = [], [], [], []
+    curves, caps, current, rates = [], [], [], []
     for job, base in zip(jobs, bases):
         held = problem.held_by_type(job)
-        curves = job.explore if job.explore is not None and node_type in job.explore else None
-        v = job if curves is None else Job(job.id, job.min_nodes, job.max_nodes, curves, job.scale_up_cost_s, job.scale_down_cost_s,
-                                           job.remaining_samples, job.weight, None, None, job.restart_cost_s)  # fmt: skip
-        valued.append(v)
+        explore = job.explore.get(node_type) if job.explore is not None else None
+        curve = explore if explore is not None else job.metric(node_type)
+        curves.append((curve, explore if explore is not None else job.throughput[node_type]))
         caps.append(max(base, min(job.max_nodes, base + free)))
-        current.append(held.get(node_type, 0))
+        c = held.get(node_type, 0)
+        current.append(c)
         # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
         # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
-        rates.append(current_rate(v, held))
-    matrix = _batch(valued, node_type, caps, current, rates, problem.t_fwd) if valued else np.zeros((0, 1))
+        valid = c and job.min_nodes <= c <= job.max_nodes and not any(n and t != node_type for t, n in held.items())
+        rates.append(curve.at(c) if valid else 0.0)
+    matrix = _batch(jobs, node_type, caps, current, rates, problem.t_fwd, curves) if jobs else np.zeros((0, 1))
     out = []
     for row, base, cap in zip(matrix, bases, caps):
         if cap <= base:
@@ -151,8 +152,11 @@ def exploration_table(problem: Problem, job: Job, node_type: str, base: int, fre
     return exploration_tables(problem, [job], node_type, [base], free)[0]
 
 
-def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float], t_fwd: float) -> np.ndarray:
-    """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each, its own copy; −inf past a job's cap).
+def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float], t_fwd: float,
+           curves: list[tuple[ScalingCurve, ScalingCurve]] | None = None) -> np.ndarray:  # fmt: skip
+    """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each; −inf past a job's cap).
+
+    ``curves``: (metric, throughput) per job instead of the job's own (exploring values growth by the optimistic curve).
 
     Row j is w_j·(gain_j(n) − penalty_j(n)) with gain the metric over the time
     the job still runs (its remaining work at n nodes, or at its current size
@@ -162,14 +166,16 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     J, W = len(jobs), max(caps) + 1
     n = np.arange(W)
     cap_a = np.asarray(caps)
+    if curves is None:
+        curves = [(job.metric(node_type), job.throughput[node_type]) for job in jobs]
     if all(c == caps[0] for c in caps):  # the usual case: one width for all
-        metric = np.array([job.metric(node_type).table(caps[0]) for job in jobs]).reshape(J, W)
-        thr = np.array([job.throughput[node_type].table(caps[0]) for job in jobs]).reshape(J, W)
+        metric = np.array([m.table(caps[0]) for m, _ in curves]).reshape(J, W)
+        thr = np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
     else:
         metric, thr = np.zeros((J, W)), np.zeros((J, W))
-        for j, (job, cap) in enumerate(zip(jobs, caps)):
-            metric[j, : cap + 1] = job.metric(node_type).table(cap)
-            thr[j, : cap + 1] = job.throughput[node_type].table(cap)
+        for j, ((m, t), cap) in enumerate(zip(curves, caps)):
+            metric[j, : cap + 1] = m.table(cap)
+            thr[j, : cap + 1] = t.table(cap)
     lo, remaining, up, down, restart, weight = np.array(
         [(job.min_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s, job.restart_cost_s, job.weight) for job in jobs], dtype=float
     ).reshape(J, 6).T
