@@ -220,7 +220,9 @@ def replay(
 
 
 def _summary_table(s: dict, result) -> Table:
-    table = Table(title=f"replay of {Path(s['trace']).name}: {s['nodes']} nodes, {format_time(s['start'])} → {format_time(s['end'])}")
+    from .progress import plural
+
+    table = Table(title=f"replay of {Path(s['trace']).name}: {plural(s['nodes'], 'node')}, {format_time(s['start'])} → {format_time(s['end'])}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [
@@ -323,7 +325,9 @@ def results(
         typer.echo(remote.as_json(info))
         return
     typer.echo(info["output"].rstrip())
-    err.print(f"run {run_id}: {info['phase']}, {len(info['results'])} finished jobs", highlight=False)
+    from .progress import plural
+
+    err.print(f"run {run_id}: {info['phase']}, {plural(len(info['results']), 'finished job')}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

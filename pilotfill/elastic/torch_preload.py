@@ -25,6 +25,8 @@ import torch.nn.parallel  # noqa: F401
 import pilotfill.elastic.state  # noqa: F401
 import pilotfill.elastic.torch_worker  # noqa: F401
 import pilotfill.report  # noqa: F401
+from pilotfill.elastic.collectives import configure_process_groups
+from pilotfill.elastic.guard import refuse_horovod
 
 
 def _preload_job_module() -> None:
@@ -37,4 +39,6 @@ def _preload_job_module() -> None:
         print(f"pilotfill: preloading {name} failed: {exc!r}", file=sys.stderr, flush=True)
 
 
+refuse_horovod("torch")  # before the job's module: one that imports horovod.torch binds hvd.init as it is then
+configure_process_groups()
 _preload_job_module()

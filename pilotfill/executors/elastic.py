@@ -35,7 +35,7 @@ from .shipping import CannotShip, pack_call
 
 log = logging.getLogger("pilotfill.executor")
 
-SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name"}
+SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime"}
 
 
 class CampaignHalted(RuntimeError):
@@ -91,7 +91,7 @@ class ElasticExecutor(ParslExecutor):
         if self._failed is not None:
             future.set_exception(CampaignHalted(self._failed))
             return future
-        job = {k: v for k, v in spec.items() if k in SPEC_KEYS}
+        job = {k: v for k, v in spec.items() if k in SPEC_KEYS and not (k == "runtime" and v is None)}  # no runtime: the config's
         function = job.get("name") or getattr(func, "__name__", "task")
         job["name"] = call_name(function, args, kwargs)
         try:
