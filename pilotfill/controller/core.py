@@ -608,7 +608,7 @@ class Controller:
         world = self.world
         pilot = world.pilot_of(event.pilot)
         if event.kind == "started":
-            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes))
+            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes), walltime_end=event.deadline)
             if pilot is not None:
                 world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
                 self.walltimes.track(pilot.id, event.deadline)
