@@ -9,7 +9,10 @@ and from the controller (``state.snapshot``, authenticated, read-only).
 
 A failed app is reported once, with its remote traceback trimmed to the
 user's own frames; an app that did not run because one it depended on failed
-is one line; pilotfill's and Parsl's frames are never shown.
+is one line, and so is an app whose code needs another runtime (the line says
+how to run it); pilotfill's and Parsl's frames are never shown. Counts are
+said in words ("1 job", "2 jobs"), and nothing is shown before the campaign
+has started: a bad config or campaign is its one line alone.
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ def print_failures(failed: list[tuple[str, BaseException]], console: Console) ->
     """Each failed app once: its own traceback; apps that did not run because of it, one line each."""
     from parsl.dataflow.errors import DependencyError
 
+    from .elastic.guard import RuntimeMismatch
     from .executors.elastic import CampaignHalted
 
     for name, exc in failed:
@@ -171,7 +175,8 @@ def print_failures(failed: list[tuple[str, BaseException]], console: Console) ->
             console.print("[yellow]not finished[/]", Text(f"{name}: the campaign could not go on"), highlight=False)
             continue
         console.print("[red]failed[/]", Text(f"{name}: {type(exc).__name__}: {exc}"), highlight=False)
-        console.print(Text(_indent(user_traceback(exc))), highlight=False)
+        if not isinstance(exc, RuntimeMismatch):  # code for another runtime: the line says how to run it, the traceback adds nothing
+            console.print(Text(_indent(user_traceback(exc))), highlight=False)
 
 
 def _indent(text: str) -> str:

@@ -142,8 +142,14 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             if gpus:
                 worker_env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
 
-        def _stop_workers(self, worker_group) -> None:  # torch's waits up to 30 s for workers to go
-            self._shutdown(timeout=grace)
+        def _stop_workers(self, worker_group) -> None:  # a restart; torch's waits up to 30 s for workers to go
+            self._shutdown(timeout=grace, restart=True)
+
+        def _shutdown(self, *args, restart: bool = False, **kwargs) -> None:
+            if not restart:  # the agent's own end: a second SIGTERM (the pilot agent's, the batch system's) must not cut the grace
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_IGN)  # torch's handler would raise out of the wait for the workers
+            super()._shutdown(*args, **kwargs)
 
     for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown"):
         if not hasattr(LocalElasticAgent, hook):
