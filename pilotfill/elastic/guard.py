@@ -8,12 +8,14 @@ app's code is opened: :func:`refuse_horovod` replaces Horovod's ``init`` (of
 every framework: they share ``HorovodBasics``) with one that raises
 :class:`RuntimeMismatch`, whose one line says how to run the app.
 
-The Horovod runtime's ranks (``PILOTFILL_RUNTIME=horovod``) are left alone.
+The Horovod runtime's ranks (``PILOTFILL_RUNTIME=horovod``, or any process
+horovodrun started: ``HOROVOD_RANK``) are left alone.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 
 class RuntimeMismatch(RuntimeError):
@@ -29,7 +31,7 @@ def horovod_message(runtime: str) -> str:
 def refuse_horovod(runtime: str) -> bool:
     """Make ``hvd.init()`` raise :class:`RuntimeMismatch` in this process, a rank of ``runtime``; False where
     Horovod is not installed (nothing to refuse). Call it before the app's modules are imported."""
-    if runtime == "horovod":
+    if runtime == "horovod" or "HOROVOD_RANK" in os.environ:  # launched by horovodrun: Horovod is what runs it
         return False
     try:
         if importlib.util.find_spec("horovod") is None:

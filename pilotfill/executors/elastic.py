@@ -3,7 +3,7 @@
 ``submit`` turns an app call into a controller job — the function and its
 arguments serialized with Parsl's own serializer, the app's resource
 specification (min/max nodes, optional known curve, work, weight, rescale
-costs) as the job's bounds — and returns a future at once; a background
+costs, and the runtime the app names, if it names one) as the job's bounds — and returns a future at once; a background
 thread sends the job and resolves the future with rank 0's return value, or
 with the remote exception and its traceback. The controller, not Parsl,
 decides where and on how many nodes the job runs.
