@@ -39,7 +39,7 @@ from ..schedulers.base import BatchScheduler, PilotEvent
 from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
-from .walltime import WINDOW_MAX_S, Walltimes, lead_s, short_lived
+from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
 
 log = logging.getLogger("pilotfill.controller")
@@ -859,16 +859,12 @@ class Controller:
     def _drain_walltimes(self, now: float) -> None:
         """Pilots at ``end - lead``: their nodes leave their jobs, as on a preemption notice, before the batch system acts."""
         world = self.world
-        for pilot_id, end in self.walltimes.near(now):
+        for pilot_id, end in self.walltimes.drained(now):
             pilot = world.pilots.get(pilot_id)
-            if pilot is None or pilot.walltime_end != end:
-                self.walltimes.forget(pilot_id)
-            elif now >= end - self.walltimes.lead:
-                self.walltimes.forget(pilot_id)
-                nodes = [n for n in pilot.nodes if world.nodes[n].state == "ready"]
-                if nodes:
-                    world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
-                    self.remove_nodes(nodes, now, "walltime ending", "leaving", deadline=end, taken=True)
+            nodes = [n for n in pilot.nodes if world.nodes[n].state == "ready"] if pilot is not None and pilot.walltime_end == end else []
+            if nodes:
+                world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
+                self.remove_nodes(nodes, now, "walltime ending", "leaving", deadline=end, taken=True)
 
     def _leave_at_commit(self, job: Job, now: float) -> None:
         """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it loses nothing."""
@@ -887,12 +883,12 @@ class Controller:
         """Free nodes whose pilot's drain comes before the costliest rescale among ``jobs`` would pay: not offered."""
         within = max((j.scale_up_cost_s + j.scale_down_cost_s for j in jobs), default=0.0)
         world = self.world
-        free = []
-        for pilot_id, end in self.walltimes.near(now):  # only pilots near their end can be (the heap's window covers any cost here)
+        ending = set()
+        for pilot_id, _ in self.walltimes.ending_within(now, within) if within > 0 else ():
             pilot = world.pilots.get(pilot_id)
             if pilot is not None:
-                free += [(n, end) for n in pilot.nodes if n in world.ready and world.nodes[n].job is None]
-        return short_lived(free, now, self.walltimes.lead, min(within, WINDOW_MAX_S))
+                ending.update(n for n in pilot.nodes if n in world.ready and world.nodes[n].job is None)
+        return ending
 
     def _why_lost(self, lost: set[str]) -> str:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}

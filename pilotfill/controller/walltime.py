@@ -16,7 +16,7 @@ Parsl/parsl#3059):
   has not yet committed twice has no window and leaves at ``end - lead``.
 * **Growth.** A free node whose drain comes sooner than a rescale pays off —
   within the scale-up plus scale-down cost of the costliest job the allocator
-  considers — is not offered to the allocator (:func:`short_lived`): growing
+  considers — is not offered to the allocator (``Controller._ending_soon``): growing
   onto it would cost a scale-up now and a scale-down when it goes, for less
   than that in training. Nodes a job holds stay offered (it keeps them until
   the drain). The allocator's horizon (``Controller.horizon``) already bounds
@@ -29,9 +29,10 @@ near their end, not the machine.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 WINDOW_MAX_S = 1800.0
 """A job waits for its next commit to leave an ending pilot at most this long before the drain."""
@@ -44,43 +45,54 @@ def lead_s(grace_s: float, tick_s: float) -> float:
     return grace_s + max(MARGIN_S, 5 * tick_s)
 
 
-def short_lived(free: Iterable[tuple[str, float | None]], now: float, lead: float, within: float) -> set[str]:
-    """Of the free nodes given as (name, their pilot's walltime end or None), those drained within ``within`` seconds."""
-    if within <= 0:
-        return set()
-    return {name for name, end in free if end is not None and end - lead - now < within}
-
-
 class Walltimes:
-    """Pilots by walltime end: which are near it (within the lead and the longest window), cheaply."""
+    """Pilots by walltime end, so that a tick or a decision costs the pilots near their drain, not the machine.
+
+    Far from it a pilot waits in a heap; within :data:`WINDOW_MAX_S` of its drain it moves to a list kept in
+    end order, which the questions below read from the front and stop early.
+    """
 
     def __init__(self, lead: float):
         self.lead = lead
         self._heap: list[tuple[float, str]] = []
-        self._near: dict[str, float] = {}
+        self._due: list[tuple[float, str]] = []  # sorted by end
+        self._end: dict[str, float] = {}  # tracked pilot -> its end, until drained
 
     def track(self, pilot: str, end: float | None) -> None:
         """``pilot`` ends at ``end`` (None or infinite: no walltime)."""
         if end is not None and math.isfinite(end):
+            self._end[pilot] = end
             heapq.heappush(self._heap, (end, pilot))
 
-    def near(self, now: float) -> Iterator[tuple[str, float]]:
-        """(pilot, end) of every tracked pilot whose drain window may have opened; the caller forgets those done."""
-        while self._heap and self._heap[0][0] - self.lead - WINDOW_MAX_S <= now:
-            end, pilot = heapq.heappop(self._heap)
-            self._near[pilot] = end
-        yield from list(self._near.items())
+    def drained(self, now: float) -> list[tuple[str, float]]:
+        """(pilot, end) of the pilots whose drain (``end - lead``) has come, each once."""
+        self._advance(now)
+        out, i = [], 0
+        while i < len(self._due) and self._due[i][0] - self.lead <= now:
+            end, pilot = self._due[i]
+            if self._end.get(pilot) == end:
+                del self._end[pilot]
+                out.append((pilot, end))
+            i += 1
+        del self._due[:i]
+        return out
 
-    def end_of(self, pilot: str | None) -> float | None:
-        """The end of a pilot near it, else None."""
-        return self._near.get(pilot) if pilot is not None else None
-
-    def forget(self, pilot: str) -> None:
-        self._near.pop(pilot, None)
+    def ending_within(self, now: float, seconds: float) -> Iterator[tuple[str, float]]:
+        """(pilot, end) of the pilots whose drain comes within ``seconds`` (at most :data:`WINDOW_MAX_S`)."""
+        self._advance(now)
+        for end, pilot in self._due:
+            if end - self.lead - now >= min(seconds, WINDOW_MAX_S):
+                return
+            if self._end.get(pilot) == end:
+                yield pilot, end
 
     def in_window(self, pilot: str | None, now: float, window: float) -> float | None:
-        """The pilot's end if it is near and ``now`` is within ``window`` (capped) of its drain, else None."""
-        end = self.end_of(pilot)
+        """The pilot's end if ``now`` is within ``window`` (at most :data:`WINDOW_MAX_S`) of its drain, else None."""
+        end = self._end.get(pilot) if pilot is not None else None
         if end is None or now < end - self.lead - min(window, WINDOW_MAX_S):
             return None
         return end
+
+    def _advance(self, now: float) -> None:
+        while self._heap and self._heap[0][0] - self.lead - WINDOW_MAX_S <= now:
+            bisect.insort(self._due, heapq.heappop(self._heap))
