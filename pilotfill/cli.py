@@ -80,7 +80,7 @@ def run(
             work = lambda: run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d))  # noqa: E731
             outcome = show(work, apps, lambda: where.get("run_dir"), err, quiet=quiet)
     except (CampaignError, ConfigError) as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)  # the message is text, not markup: [slurm] stays
         raise typer.Exit(2) from None
     except CampaignScriptError as exc:
         err.print(Text(str(exc)), highlight=False)
@@ -122,7 +122,7 @@ def top(
     try:
         snap, source = read_snapshot(run_dir)  # one line now rather than a traceback inside the live view
     except RunUnreadable as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
         raise typer.Exit(2) from None
     if not sys.stdout.isatty():  # piped or redirected: one frame, as `top -b -n 1` does
         from .tui import render, view_from_snapshot
@@ -175,7 +175,7 @@ def replay(
             tr = read_trace(trace, nodes=nodes, start=t0, end=t1)
             specs = read_jobs(jobs)
     except InputError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
         raise typer.Exit(2) from None
     sim = Replay(
         tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
@@ -220,7 +220,9 @@ def replay(
 
 
 def _summary_table(s: dict, result) -> Table:
-    table = Table(title=f"replay of {Path(s['trace']).name}: {s['nodes']} nodes, {format_time(s['start'])} → {format_time(s['end'])}")
+    from .progress import plural
+
+    table = Table(title=f"replay of {Path(s['trace']).name}: {plural(s['nodes'], 'node')}, {format_time(s['start'])} → {format_time(s['end'])}")
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [
@@ -262,7 +264,7 @@ def _remote(call):
     try:
         return call()
     except RemoteError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
         raise typer.Exit(1) from None
 
 
@@ -323,7 +325,9 @@ def results(
         typer.echo(remote.as_json(info))
         return
     typer.echo(info["output"].rstrip())
-    err.print(f"run {run_id}: {info['phase']}, {len(info['results'])} finished jobs", highlight=False)
+    from .progress import plural
+
+    err.print(f"run {run_id}: {info['phase']}, {plural(len(info['results']), 'finished job')}", highlight=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

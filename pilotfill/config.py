@@ -10,6 +10,7 @@ whose main workload replays a time-compressed excerpt of Summit's trace.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import tomllib
@@ -41,6 +42,7 @@ class LocalConfig:
     node_prefix: str = "pf-node-"
     workload: str = "trace"  # "trace": compressed Summit excerpt; "script": exactly `script`; "none"
     trace_seconds_per_second: float = 120.0
+    pilot_walltime_s: float = 0.0  # a pilot's walltime, as a batch system would impose it (0: none); its pilot is ended then
     script: tuple[ScriptedChange, ...] = ()
 
 
@@ -107,6 +109,7 @@ class RuntimeConfig:
     gpus_per_node: int = 0  # GPUs each node has: rank i of a node sees only GPU i (CUDA_VISIBLE_DEVICES); 0: no binding
     local_hosts: bool = False  # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
     network_interface: str = "lo"  # what Gloo uses between ranks (e.g. "hsn0" on a Slingshot machine)
+    collective_timeout_s: float = 120.0  # torch runtime: a collective (NCCL, gloo) waiting this long for a peer fails; its rank restarts
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,7 @@ class Config:
 
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python"}
-MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs"}
+MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "pilot_walltime_s"}
 RUNTIMES = ("processes", "horovod", "torch")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
@@ -158,13 +161,21 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     known = {"scheduler", "local", "slurm", "pbs", "pilots", "controller", "runtime"}
     for key in data:
         if key not in known:
-            raise ConfigError(f"{where(key)}: unknown key (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"{where(key)}: unknown key{_meant(key, known)} (known: {', '.join(sorted(known))})")
     scheduler = data.get("scheduler", "local")
+    if isinstance(scheduler, dict):  # [scheduler] kind = "slurm", written the way [runtime] kind is
+        kind = scheduler.get("kind")
+        name = kind if kind in SCHEDULERS else "slurm"
+        options = [k for k in scheduler if k != "kind"]
+        moved = f", and its options ({', '.join(options)}) under [{name}]" if options else f"; its options go under [{name}]"
+        raise ConfigError(f"{where('scheduler')}: is a plain key, not a table: write scheduler = \"{name}\" at the top of the file, "
+                          f"before any [table]{moved}")  # fmt: skip
     if not isinstance(scheduler, str) or scheduler not in SCHEDULERS:
         raise ConfigError(f"{where('scheduler')}: {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
     for key in known - {"scheduler"}:
         if key in data and not isinstance(data[key], dict):
-            raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}")
+            hint = f': write [{key}] with kind = "{data[key]}" under it' if key == "runtime" and isinstance(data[key], str) else ""
+            raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}{hint}")
     local_raw = dict(data.get("local", {}))
     script_raw = local_raw.pop("script", [])
     local = _section(LocalConfig, local_raw, "local", where)
@@ -209,6 +220,12 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     return Config(scheduler, local, slurm, pbs, pilots, controller, runtime, source)
 
 
+def _meant(key: str, known) -> str:
+    """``; did you mean grace_s?`` for a near miss, else nothing."""
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def parse_duration(text: str) -> int:
     """Seconds in ``[[D-]HH:]MM:SS`` (the form both Slurm and PBS take); ValueError otherwise."""
     days = 0
@@ -241,7 +258,10 @@ def _section(cls, raw: Any, name: str, where) -> Any:
     values = {}
     for key, value in raw.items():
         if key not in allowed:
-            raise ConfigError(f"{where(f'{name}.{key}')}: unknown key (known: {', '.join(sorted(allowed))})")
+            if key == "scheduler":  # TOML: a key after a [table] header belongs to that table
+                raise ConfigError(f"{where(f'{name}.{key}')}: scheduler is a top-level key: move scheduler = {value!r} above [{name}] "
+                                  f"(a key written after a [table] header belongs to that table)")  # fmt: skip
+            raise ConfigError(f"{where(f'{name}.{key}')}: unknown key{_meant(key, allowed)} (known: {', '.join(sorted(allowed))})")
         default = getattr(cls(), key)
         if isinstance(default, tuple):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -9,7 +9,10 @@ and from the controller (``state.snapshot``, authenticated, read-only).
 
 A failed app is reported once, with its remote traceback trimmed to the
 user's own frames; an app that did not run because one it depended on failed
-is one line; pilotfill's and Parsl's frames are never shown.
+is one line, and so is an app whose code needs another runtime (the line says
+how to run it); pilotfill's and Parsl's frames are never shown. Counts are
+said in words ("1 job", "2 jobs"), and nothing is shown before the campaign
+has started: a bad config or campaign is its one line alone.
 """
 
 from __future__ import annotations
@@ -80,9 +83,18 @@ class Machine:
         self._last = (now, total)
 
 
+def plural(n: int, word: str) -> str:
+    """``1 job``, ``2 jobs``, ``0 jobs``."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def training(machine: Machine) -> str:
+    return f"{plural(machine.running, 'job')} training on {plural(machine.nodes, 'node')} · {machine.rate:,.0f} samples/s"
+
+
 def line(apps: AppCounts, machine: Machine) -> str:
     failed = f", {apps.failed} failed" if apps.failed else ""
-    return f"{apps.done} of {apps.launched} apps done{failed} · {machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s"
+    return f"{apps.done} of {plural(apps.launched, 'app')} done{failed} · {training(machine)}"
 
 
 def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False) -> T:
@@ -102,21 +114,27 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
         thread.join()
     elif console.is_terminal:
         columns = (TextColumn("[bold]pilotfill run[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True, redirect_stdout=True, redirect_stderr=False) as bar:
-            task = bar.add_task("apps", total=None, status="starting the controller")
-            while thread.is_alive():
-                thread.join(0.5)
-                if run_dir() is not None:
-                    machine.read(run_dir())
-                failed = f"{apps.failed} failed · " if apps.failed else ""
-                status = f"{failed}{machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s"
-                bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=status)
+        while thread.is_alive() and run_dir() is None:  # nothing has started (a bad config is said alone)
+            thread.join(0.1)
+        if not thread.is_alive():
+            thread.join()
+        else:
+            with Progress(*columns, console=console, transient=True, redirect_stdout=True, redirect_stderr=False) as bar:
+                task = bar.add_task("apps", total=None, status="starting the controller")
+                while thread.is_alive():
+                    thread.join(0.5)
+                    if run_dir() is not None:
+                        machine.read(run_dir())
+                    failed = f"{apps.failed} failed · " if apps.failed else ""
+                    bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine))
     else:
         said, said_at = "", 0.0
         while thread.is_alive():
             thread.join(1.0)
             if run_dir() is not None:
                 machine.read(run_dir())
+            if not apps.launched:
+                continue  # no line before the campaign has launched anything
             now = line(apps, machine)
             if now != said and time.monotonic() - said_at >= PLAIN_EVERY_S:
                 console.print(f"pilotfill: {now}", highlight=False, markup=False)
@@ -146,6 +164,7 @@ def print_failures(failed: list[tuple[str, BaseException]], console: Console) ->
     """Each failed app once: its own traceback; apps that did not run because of it, one line each."""
     from parsl.dataflow.errors import DependencyError
 
+    from .elastic.guard import RuntimeMismatch
     from .executors.elastic import CampaignHalted
 
     for name, exc in failed:
@@ -156,7 +175,8 @@ def print_failures(failed: list[tuple[str, BaseException]], console: Console) ->
             console.print("[yellow]not finished[/]", Text(f"{name}: the campaign could not go on"), highlight=False)
             continue
         console.print("[red]failed[/]", Text(f"{name}: {type(exc).__name__}: {exc}"), highlight=False)
-        console.print(Text(_indent(user_traceback(exc))), highlight=False)
+        if not isinstance(exc, RuntimeMismatch):  # code for another runtime: the line says how to run it, the traceback adds nothing
+            console.print(Text(_indent(user_traceback(exc))), highlight=False)
 
 
 def _indent(text: str) -> str:
@@ -172,4 +192,4 @@ def is_app_failure(exc: BaseException, failures: list[BaseException]) -> bool:
     return isinstance(exc, (DependencyError, CampaignHalted)) or any(exc is f for f in failures)
 
 
-__all__ = ["AppCounts", "Machine", "is_app_failure", "line", "print_failures", "show", "user_traceback"]
+__all__ = ["AppCounts", "Machine", "is_app_failure", "line", "plural", "print_failures", "show", "user_traceback"]

@@ -110,7 +110,9 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     a metric the allocator maximises instead of throughput, e.g. speedup),
     scale_up_cost_s, scale_down_cost_s, restart_cost_s (priors: the controller
     measures each job's own, unless costs_known is true), weight, key (the app
-    call, optional: a re-run's submission of the same call resumes its job).
+    call, optional: a re-run's submission of the same call resumes its job),
+    runtime (optional: torch, horovod or processes, the one the job's code is
+    written for; default: the config's).
     """
     out = {
         "args": [],
@@ -141,6 +143,8 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError(f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {out[name]!r}")
     if not isinstance(out.get("costs_known", False), bool):
         raise ProtocolError("job spec: costs_known must be true or false")
+    if out.get("runtime") is not None and out["runtime"] not in ("torch", "horovod", "processes"):
+        raise ProtocolError(f"job spec: runtime must be torch, horovod or processes, got {out['runtime']!r}")
     if out.get("key") is not None and not isinstance(out["key"], str):
         raise ProtocolError("job spec: key must be a string")
     _check_curve(out, "curve", "samples_per_s")

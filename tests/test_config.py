@@ -40,6 +40,8 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("[controller]\nformulation = 'node-level'", "controller.formulation: 'node-level' is not one of"),
         ("[runtime]\nranks_per_node = 0", "runtime.ranks_per_node: must be positive"),
         ("[runtime]\ngpus_per_node = -1", "runtime.gpus_per_node: must be zero or more"),
+        ("[local]\npilot_walltime_s = -5", "local.pilot_walltime_s: must be zero or more"),
+        ("[runtime]\ncollective_timeout_s = 0", "runtime.collective_timeout_s: must be positive"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path, text, where):
@@ -69,3 +71,28 @@ def test_site_examples_load():
     assert (polaris.runtime.kind, polaris.runtime.ranks_per_node, polaris.runtime.gpus_per_node) == ("torch", 4, 4)
     local = load_config(root / "local.toml")
     assert local.local.workload == "script" and len(local.local.script) == 2
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        # [scheduler] written the way [runtime] kind is: say how to write it
+        ("[scheduler]\nkind = 'slurm'\npartition = 7",
+         'scheduler: is a plain key, not a table: write scheduler = "slurm" at the top of the file, before any [table], '
+         "and its options (partition) under [slurm]"),
+        ("[scheduler]\nkind = 'pbs'", 'scheduler: is a plain key, not a table: write scheduler = "pbs" at the top of the file, before any [table]; its options go under [pbs]'),
+        # a top-level key after a table header belongs to that table in TOML
+        ("[runtime]\nkind = 'torch'\nscheduler = 'slurm'", "runtime.scheduler: scheduler is a top-level key: move scheduler = 'slurm' above [runtime]"),
+        ("runtime = 'horovod'", 'runtime: must be a table ([runtime]), got \'horovod\': write [runtime] with kind = "horovod" under it'),
+        ("[pilots]\ngrace = 30", "pilots.grace: unknown key; did you mean grace_s?"),
+        ("[local]\nwalltime_s = 30", "local.walltime_s: unknown key; did you mean pilot_walltime_s?"),
+        ("schedular = 'local'", "schedular: unknown key; did you mean scheduler?"),
+    ],
+)
+def test_config_errors_say_how_to_write_the_key_meant(tmp_path, text, says):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {says}" or str(err.value).startswith(f"{path}: {says}"), str(err.value)
+    assert "is not one of" not in str(err.value)

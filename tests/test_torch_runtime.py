@@ -2,7 +2,7 @@
 
 A tiny controller in the test (a real authenticated ``transport.Server`` on a
 temporary run directory, served on a thread) answers ``job.get``,
-``job.report``, ``job.result``, ``job.failed`` and the ``rdzv.*`` messages;
+``job.report``, ``job.commit``, ``job.result``, ``job.failed`` and the ``rdzv.*`` messages;
 the runtime starts one agent per host through a ``LocalLauncher``. Deadlines
 are generous (busy CI machines): nothing here depends on timing.
 """
@@ -116,6 +116,8 @@ class MiniController:
             if kind == "job.report":
                 self.samples[job["id"]] = self.samples.get(job["id"], 0.0) + message["samples"]
                 return {"ok": True, "progress": self.samples[job["id"]]}
+            if kind == "job.commit":  # rank 0 saved durably (ElasticState.commit)
+                return {"ok": True, "committed": self.samples.get(job["id"], 0.0)}
             if kind in ("job.result", "job.failed"):
                 if job["status"] == "running":
                     job["status"] = "finished" if kind == "job.result" else "failed"

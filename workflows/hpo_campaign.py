@@ -5,6 +5,10 @@
 Same shape as the NAS campaign: every configuration is an elastic training
 job that grows and shrinks with the nodes the machine leaves idle; an ordinary
 Parsl app picks the best once all have reported.
+
+Runtime: ``train`` names ``runtime="torch"`` — torch.distributed.elastic with
+``ElasticState`` (``pilotfill.workloads.digits`` under the torch runtime) —
+so it runs under torch elastic whatever the site config's ``[runtime] kind``.
 """
 
 import itertools
@@ -19,9 +23,9 @@ BATCHES = [16, 64]
 EPOCHS = int(os.environ.get("HPO_EPOCHS", "10"))
 
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2, runtime="torch")  # torch.distributed.elastic, whatever the config says
 def train(lr: float, batch: int, epochs: int = EPOCHS) -> dict:
-    """One configuration, trained on the configured runtime (torch elastic or Elastic Horovod); returns its validation accuracy."""
+    """One configuration, trained with torch.distributed and ElasticState; returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits
 
     result = train_digits(epochs=epochs, depth=2, width=64, activation="relu", lr=lr, batch=batch, step_delay_s=0.02)

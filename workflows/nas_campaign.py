@@ -3,13 +3,19 @@
     pilotfill run workflows/nas_campaign.py            # the embedded local cluster
     pilotfill run workflows/nas_campaign.py -c configs/perlmutter.toml
 
-Each architecture (depth × width × activation) is one elastic training job —
-torch.distributed.elastic, or Elastic Horovod with ``runtime.kind = "horovod"``
-— on however many nodes the allocator gives it (1 to 2 here),
+Each architecture (depth × width × activation) is one elastic training job on
+however many nodes the allocator gives it (1 to 2 here),
 growing and shrinking as the machine's main workload takes nodes back and
 returns them. Every rank reports its samples (``pilotfill.report``, inside the
 training loop of ``pilotfill.workloads.digits``); rank 0 returns the validation
 accuracy. An ordinary Parsl app ranks the results once all are in.
+
+Runtime: ``train`` names none, so it runs on the config's (``[runtime] kind``):
+torch.distributed.elastic with the embedded default, Elastic Horovod with
+``configs/local.toml``. It can, because ``pilotfill.workloads.digits`` is
+written for both (plain ``torch.distributed`` under the torch runtime,
+``hvd.elastic`` under Horovod). Code written for one runtime names it:
+``@pilotfill.elastic_app(..., runtime="horovod")``.
 """
 
 import itertools
@@ -24,7 +30,7 @@ SEARCH_SPACE = {"depth": [1, 2], "width": [32, 96], "activation": ["relu", "tanh
 EPOCHS = int(os.environ.get("NAS_EPOCHS", "12"))
 
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)  # runtime: the config's (digits trains under torch elastic or Horovod)
 def train(depth: int, width: int, activation: str, epochs: int = EPOCHS) -> dict:
     """Train one architecture on the configured runtime; returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits

@@ -41,6 +41,7 @@ from ..schedulers.base import BatchScheduler, PilotEvent
 from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
+from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
 
 log = logging.getLogger("pilotfill.controller")
@@ -164,7 +165,10 @@ class Controller:
             "job.status": self._on_job_status,
             "state.snapshot": self._on_state_snapshot,
         }
+        self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
         self._recover(new_campaign)
+        for pilot in self.world.pilots.values():
+            self.walltimes.track(pilot.id, pilot.walltime_end)
 
     # ------------------------------------------------------------ construction
 
@@ -203,9 +207,15 @@ class Controller:
         return horizon
 
     def _make_runtime(self) -> Runtime:
-        """The configured runtime; every process it puts on a compute node goes through the node's pilot agent."""
+        """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`)."""
+        from ..elastic.runtimes import JobRuntimes
+
+        return JobRuntimes(self.config.runtime.kind, self._runtime_of_kind)
+
+    def _runtime_of_kind(self, kind: str) -> Runtime:
+        """The runtime of ``kind``; every process it puts on a compute node goes through the node's pilot agent."""
         rt = self.config.runtime
-        if rt.kind == "horovod":
+        if kind == "horovod":
             from ..elastic.horovod import HorovodRuntime
 
             def record(p, job: str, host: str) -> None:  # the horovodrun driver runs here, with the controller
@@ -214,12 +224,13 @@ class Controller:
             local = self.config.scheduler == "local" or rt.local_hosts
             return HorovodRuntime(self.run_dir, launcher=self.launcher, local=local, network_interface=rt.network_interface, on_spawn=record,
                                   ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node)  # fmt: skip
-        if rt.kind == "torch":
+        if kind == "torch":
             from ..elastic.torch import TorchRuntime
 
             bind = self.config.controller.bind
             store_host = socket.getfqdn() if bind in ("0.0.0.0", "*") else bind
-            return TorchRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host)
+            return TorchRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host,
+                                grace_s=self.config.pilots.grace_s, collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
         from ..elastic.processes import ProcessRuntime
 
         return ProcessRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node)
@@ -435,7 +446,9 @@ class Controller:
         if last is not None and job.status == "running":
             self.profiler.observe_cost(job.id, "commit", now - last)
         self._committed_at[job.id] = now
-        return self.world.commit(job)
+        committed = self.world.commit(job)
+        self._leave_at_commit(job, now)
+        return committed
 
     def _on_job_result(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
@@ -599,6 +612,7 @@ class Controller:
                 self._on_pilot_event(event, now)
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
+            self._drain_walltimes(now)
             self._check_heartbeats(now)
             idle = self._scheduler_call("idle", self.scheduler.idle_nodes)
             if self.dirty and (self.urgent or not self._settling(now)):
@@ -617,9 +631,10 @@ class Controller:
         world = self.world
         pilot = world.pilot_of(event.pilot)
         if event.kind == "started":
-            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes))
+            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes), walltime_end=event.deadline)
             if pilot is not None:
                 world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
+                self.walltimes.track(pilot.id, event.deadline)
         elif event.kind == "preempted":
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
@@ -777,8 +792,10 @@ class Controller:
                 continue
             if job.nodes:
                 current[job.id] = frozenset(job.nodes)
-        pool = tuple(self.world.ready) + tuple(f"+{i}" for i in range(extra))
-        return Problem(tuple(jobs), NodePool(pool), current, self.horizon(self.clock(), extra))
+        now = self.clock()
+        ending = self._ending_soon(jobs, now)
+        pool = tuple(n for n in self.world.ready if n not in ending) + tuple(f"+{i}" for i in range(extra))
+        return Problem(tuple(jobs), NodePool(pool), current, self.horizon(now, extra))
 
     def _allocator_job(self, job: Job) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
@@ -845,7 +862,7 @@ class Controller:
                     self.runtime.resize(job.id, new, lost=sorted(lost))
                     world.update_job(job, nodes=new, rescales=job.rescales + 1)
                     self._changed[job.id] = (now, "up" if len(new) > len(old) else "down")
-                    if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new)):
+                    if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new), job_id=job.id):
                         world.roll_back(job)
                     world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
                 elif running:
@@ -874,6 +891,42 @@ class Controller:
             else:
                 self._sized_at.pop(job.id, None)
         return moved
+
+    # ------------------------------------------------------------ walltime (controller/walltime.py)
+
+    def _drain_walltimes(self, now: float) -> None:
+        """Pilots at ``end - lead``: their nodes leave their jobs, as on a preemption notice, before the batch system acts."""
+        world = self.world
+        for pilot_id, end in self.walltimes.drained(now):
+            pilot = world.pilots.get(pilot_id)
+            nodes = [n for n in pilot.nodes if world.nodes[n].state == "ready"] if pilot is not None and pilot.walltime_end == end else []
+            if nodes:
+                world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
+                self.remove_nodes(nodes, now, "walltime ending", "leaving", deadline=end, taken=True)
+
+    def _leave_at_commit(self, job: Job, now: float) -> None:
+        """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it loses nothing."""
+        if job.status != "running":
+            return
+        window = self.profiler.cost(job.id, "commit", 0.0)
+        by_end: dict[float, list[str]] = {}
+        for node in self.world.nodes_of(job.nodes):
+            end = self.walltimes.in_window(node.pilot, now, window)
+            if end is not None:
+                by_end.setdefault(end, []).append(node.name)
+        for end, nodes in by_end.items():
+            self.remove_nodes(nodes, now, "walltime ending: left at its commit", "leaving", deadline=end, taken=True)
+
+    def _ending_soon(self, jobs: list[AllocJob], now: float) -> set[str]:
+        """Free nodes whose pilot's drain comes before the costliest rescale among ``jobs`` would pay: not offered."""
+        within = max((j.scale_up_cost_s + j.scale_down_cost_s for j in jobs), default=0.0)
+        world = self.world
+        ending = set()
+        for pilot_id, _ in self.walltimes.ending_within(now, within) if within > 0 else ():
+            pilot = world.pilots.get(pilot_id)
+            if pilot is not None:
+                ending.update(n for n in pilot.nodes if n in world.ready and world.nodes[n].job is None)
+        return ending
 
     def _why_lost(self, lost: set[str]) -> str:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}

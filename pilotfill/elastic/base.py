@@ -46,8 +46,8 @@ class Runtime(ABC):
         (preempted, released, their rank crashed) — not the allocator's choice.
         """
 
-    def resize_keeps_progress(self, grow_only: bool) -> bool:
-        """Whether ranks carry the work done since the job's last commit through a resize.
+    def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
+        """Whether ranks (of ``job_id``) carry the work done since the job's last commit through a resize.
 
         Where a resize restarts ranks from their commit, the controller's count of
         the job's progress falls back to it, as after a stop. The safe answer is no.

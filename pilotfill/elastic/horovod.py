@@ -121,7 +121,7 @@ class HorovodRuntime(Runtime):
         deadline = time.monotonic() + SHRINK_DEADLINE_S
         self._removed += [(job_id, h, deadline) for h in before if h not in hosts]
 
-    def resize_keeps_progress(self, grow_only: bool) -> bool:
+    def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
         return grow_only  # Horovod grows at a commit; a shrink ends ranks and the survivors restore the last commit
 
     def stop(self, job_id: str) -> None:

@@ -47,7 +47,7 @@ class ProcessRuntime(Runtime):
             if host not in before:
                 self.launcher.launch(host, job_id, self._argv(job_id), self._env(job_id, hosts.index(host), len(hosts)))
 
-    def resize_keeps_progress(self, grow_only: bool) -> bool:
+    def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
         return True  # ranks are independent processes: the survivors go on, new ones start from the commit
 
     def stop(self, job_id: str) -> None:

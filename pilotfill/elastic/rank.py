@@ -9,6 +9,7 @@ and the rank exits 1. ``--nproc N`` starts a node's share of a job: N ranks,
 each with ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (ended together on SIGTERM).
 Where the node has GPUs (``PILOTFILL_GPUS_PER_NODE`` > 0) each rank sees only
 its own: ``CUDA_VISIBLE_DEVICES`` is its local rank, so it uses ``cuda:0``.
+A rank of the processes runtime refuses Horovod (:mod:`pilotfill.elastic.guard`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 from ..procs import die_with_parent
 from ..transport import Client
+from .guard import refuse_horovod
 
 
 def resolve(entry: str):
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
     bind_device()
+    refuse_horovod(os.environ.get("PILOTFILL_RUNTIME", "processes"))  # before the app's code: hvd.init() here would be a world of one
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
     reply = client.request({"type": "job.get", "job_id": job_id})

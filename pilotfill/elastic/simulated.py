@@ -127,7 +127,7 @@ class SimulatedRuntime(Runtime):
             job.fresh = True
         job.hosts = list(hosts)
 
-    def resize_keeps_progress(self, grow_only: bool) -> bool:
+    def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
         return True  # rescales are charged as BFTrainer charges them (a cost, not a roll-back)
 
     def stop(self, job_id: str) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import procs
 from .base import RankExit, Runtime
+from .collectives import DEFAULT_TIMEOUT_S
 from .launch import NodeLauncher
 from .rendezvous import RendezvousBook
 from .torch_store import PORT_FILE, read_port_file
@@ -43,18 +44,21 @@ STORE_RESTART_BACKOFF_S = 2.0
 
 
 class TorchRuntime(Runtime):
-    """``TorchRuntime(run_dir, launcher, ranks_per_node=1, gpus_per_node=None, store_host="127.0.0.1")``.
+    """``TorchRuntime(run_dir, launcher, ranks_per_node=1, gpus_per_node=None, store_host="127.0.0.1", grace_s=5.0)``.
 
     ``ranks_per_node`` (one per GPU on GPU nodes) and ``gpus_per_node`` (None:
     each node's own; 0: no binding) are defaults a job spec may override with
     keys of the same names. ``store_host`` is the address of this machine that
     compute nodes reach (the controller's host name on a cluster).
-    ``agent_env`` is added to every agent's environment.
+    ``agent_env`` is added to every agent's environment. ``grace_s``: the pilot's
+    grace, what workers get between SIGTERM and SIGKILL; ``collective_timeout_s``:
+    the timeout of their process groups (:mod:`pilotfill.elastic.collectives`).
     """
 
     def __init__(self, run_dir: Path | str, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int | None = None,
                  store_host: str = "127.0.0.1", python: str = sys.executable, agent_env: dict[str, str] | None = None,
-                 poll_interval_s: float = 0.2, clock: Callable[[], float] = time.time):  # fmt: skip
+                 poll_interval_s: float = 0.2, clock: Callable[[], float] = time.time, grace_s: float = 5.0,
+                 collective_timeout_s: float = DEFAULT_TIMEOUT_S):  # fmt: skip
         self.run_dir = Path(run_dir)
         self.launcher = launcher
         self.ranks_per_node = ranks_per_node
@@ -63,6 +67,8 @@ class TorchRuntime(Runtime):
         self.python = python
         self.agent_env = dict(agent_env or {})
         self.poll_interval_s = poll_interval_s
+        self.grace_s = grace_s
+        self.collective_timeout_s = collective_timeout_s
         self._clock = clock
         self.rendezvous = RendezvousBook()
         self._hosts: dict[str, list[str]] = {}
@@ -100,7 +106,7 @@ class TorchRuntime(Runtime):
             if host not in before:
                 self.launcher.launch(host, job_id, self.agent_argv(job_id, host), self.agent_environment(job_id))
 
-    def resize_keeps_progress(self, grow_only: bool) -> bool:
+    def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
         return False  # torch elastic restarts every worker on a membership change: they resume from the commit
 
     def stop(self, job_id: str) -> None:
@@ -149,7 +155,8 @@ class TorchRuntime(Runtime):
             self.python, "-m", "pilotfill.elastic.torch_agent", "--job-id", job_id, "--host", host,
             "--nproc", str(int(spec.get("ranks_per_node") or self.ranks_per_node)),
             "--min-nodes", str(spec.get("min_nodes", 1)), "--max-nodes", str(spec.get("max_nodes", 1 << 20)),
-            "--poll-interval", str(self.poll_interval_s),
+            "--poll-interval", str(self.poll_interval_s), "--stop-grace", str(self.grace_s),
+            "--collective-timeout", str(self.collective_timeout_s),
         ]  # fmt: skip
         gpus = spec.get("gpus_per_node", self.gpus_per_node)
         if gpus is not None:

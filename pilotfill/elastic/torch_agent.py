@@ -1,7 +1,7 @@
 """One torch elastic agent per node of a job, started on its node by that node's pilot agent.
 
     PILOTFILL_RUN_DIR=RUN python -m pilotfill.elastic.torch_agent --job-id J --host H --nproc N
-        [--min-nodes A --max-nodes B] [--gpus-per-node G]
+        [--min-nodes A --max-nodes B] [--gpus-per-node G] [--stop-grace S] [--collective-timeout T]
 
 torch's ``LocalElasticAgent`` with the ``pilotfill`` rendezvous backend
 (:mod:`pilotfill.elastic.torch_rdzv`) and N workers running
@@ -10,7 +10,9 @@ RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT (the run's
 store on the controller's machine) and TORCHELASTIC_*, plus PILOTFILL_RUN_DIR,
 PILOTFILL_JOB_ID, PILOTFILL_HOST, PILOTFILL_RUNTIME=torch, the round's store
 prefix and, on a node with GPUs, its own device: CUDA_VISIBLE_DEVICES is one
-GPU of the node's (by local rank), so every rank uses ``cuda:0``.
+GPU of the node's (by local rank), so every rank uses ``cuda:0``. Every worker
+also gets the NCCL error handling and collective timeout of
+:mod:`pilotfill.elastic.collectives`.
 
 What makes a restart fast (torchrun took ~12.5 s to respawn workers here):
 
@@ -22,8 +24,13 @@ What makes a restart fast (torchrun took ~12.5 s to respawn workers here):
 * membership changes are heard from the controller (``rdzv.poll``, at most
   every 0.2 s) instead of from keep-alives and timeouts, and a round closes as
   soon as its hosts have joined (no ``last_call_timeout``);
-* workers are stopped with SIGTERM and a 3 s grace (not 30 s), and ranks are
-  assigned without a store round trip (all nodes run the same number).
+* ranks are assigned without a store round trip (all nodes run the same number).
+
+Workers are stopped with SIGTERM and get the pilot's grace (``--stop-grace``:
+the site config's ``pilots.grace_s``) before SIGKILL — on a restart and on the
+agent's own end — so code that commits on SIGTERM has the time the batch
+system gives (torchrun's agent kills after 30 s whatever the site's grace,
+pytorch/pytorch#119856). Code that does not handle SIGTERM ends at once.
 
 SIGTERM (the node is released or preempted) ends the workers within the grace
 and the agent exits 143.
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -43,11 +51,13 @@ import time
 from pathlib import Path
 
 from ..procs import die_with_parent
+from .collectives import DEFAULT_TIMEOUT_S, worker_environment
 
 log = logging.getLogger("pilotfill.torch_agent")
 
-STOP_GRACE_S = 3
-"""Workers get this long after SIGTERM before SIGKILL, on restarts and on the agent's own end."""
+STOP_GRACE_S = 5.0
+"""Workers get this long after SIGTERM before SIGKILL, on restarts and on the agent's own end, unless told the pilot's
+grace (``--stop-grace``, which the torch runtime always passes)."""
 MONITOR_INTERVAL_S = 0.1
 EXIT_BARRIER_S = 60.0
 
@@ -119,6 +129,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
     from . import torch_rdzv, torch_worker
 
     gpus = gpu_list(args.gpus_per_node)
+    grace = max(1, math.ceil(args.stop_grace))  # torch's shutdown timeouts are whole seconds
 
     class PilotfillAgent(LocalElasticAgent):
         """torch's agent plus what each worker needs from pilotfill in its environment."""
@@ -131,8 +142,14 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             if gpus:
                 worker_env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
 
-        def _stop_workers(self, worker_group) -> None:  # torch's waits up to 30 s for workers to go
-            self._shutdown(timeout=STOP_GRACE_S)
+        def _stop_workers(self, worker_group) -> None:  # a restart; torch's waits up to 30 s for workers to go
+            self._shutdown(timeout=grace, restart=True)
+
+        def _shutdown(self, *args, restart: bool = False, **kwargs) -> None:
+            if not restart:  # the agent's own end: a second SIGTERM (the pilot agent's, the batch system's) must not cut the grace
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_IGN)  # torch's handler would raise out of the wait for the workers
+            super()._shutdown(*args, **kwargs)
 
     for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown"):
         if not hasattr(LocalElasticAgent, hook):
@@ -148,7 +165,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
     )  # fmt: skip
     log_dir = Path(run_dir) / "logs" / "torchelastic" / f"{args.job_id}.{args.host}"
     agent = PilotfillAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method="forkserver",
-                           exit_barrier_timeout=EXIT_BARRIER_S, shutdown_timeout=STOP_GRACE_S)  # fmt: skip
+                           exit_barrier_timeout=EXIT_BARRIER_S, shutdown_timeout=grace)  # fmt: skip
     return agent, handler
 
 
@@ -163,6 +180,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-restarts", type=int, default=100, help="worker failures (not membership changes) tolerated")
     ap.add_argument("--monitor-interval", type=float, default=MONITOR_INTERVAL_S)
     ap.add_argument("--poll-interval", type=float, default=0.2, help="seconds between rdzv.poll")
+    ap.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, help="seconds between SIGTERM and SIGKILL for workers (the pilot's grace)")
+    ap.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="timeout of the workers' process groups, seconds")
     args = ap.parse_args(argv)
     if not args.host:
         ap.error("--host (or PILOTFILL_HOST) is required")
@@ -176,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = os.environ["PILOTFILL_RUN_DIR"]
     os.environ.update({"PILOTFILL_JOB_ID": args.job_id, "PILOTFILL_HOST": args.host, "PILOTFILL_RUNTIME": "torch"})
     os.environ.setdefault("TORCH_ELASTIC_WORKER_IDENTICAL", "1")  # same nproc on every node: ranks without a store round trip
+    for name, value in worker_environment(args.collective_timeout).items():
+        os.environ.setdefault(name, value)  # every worker's (the forkserver's environment); the node's own settings win
     started = time.monotonic()
     warming = start_forkserver(entry_module(run_dir, args.job_id))  # first: it imports while we do
 

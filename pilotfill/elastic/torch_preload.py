@@ -8,13 +8,16 @@ once here, a restarted worker skips all of it. The job's module is named by
 workers, which report the error properly.
 
 Nothing here runs a backward pass or starts threads: autograd's and OpenMP's
-thread pools do not survive ``fork``.
+thread pools do not survive ``fork``. The forkserver ignores SIGTERM (its
+workers, which die with it, get their grace from the agent); the workers it
+forks do not.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import torch
@@ -25,6 +28,8 @@ import torch.nn.parallel  # noqa: F401
 import pilotfill.elastic.state  # noqa: F401
 import pilotfill.elastic.torch_worker  # noqa: F401
 import pilotfill.report  # noqa: F401
+from pilotfill.elastic.collectives import configure_process_groups
+from pilotfill.elastic.guard import refuse_horovod
 
 
 def _preload_job_module() -> None:
@@ -37,4 +42,10 @@ def _preload_job_module() -> None:
         print(f"pilotfill: preloading {name} failed: {exc!r}", file=sys.stderr, flush=True)
 
 
+# A SIGTERM to the agent's process group (its node released or preempted) must not end the forkserver: its workers die
+# with it (PR_SET_PDEATHSIG), and they get the pilot's grace from their agent. It ends when its agent does (its pipe closes).
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))  # the workers it forks do not ignore it
+refuse_horovod("torch")  # before the job's module: one that imports horovod.torch binds hvd.init as it is then
+configure_process_groups()
 _preload_job_module()

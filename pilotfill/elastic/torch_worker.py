@@ -13,7 +13,10 @@ function like ``rank`` does, with three differences:
 * a collective failing because a peer went away (gloo's "Connection reset by
   peer", a ``DistError``) is not the job's failure: the rank exits with
   :data:`EXIT_PEER_LOST`, and its agent re-forms with the controller's hosts;
-* only global rank 0 sends ``job.result`` (every rank returns a value).
+* only global rank 0 sends ``job.result`` (every rank returns a value);
+* every process group it creates without a timeout gets the run's collective
+  timeout (:mod:`pilotfill.elastic.collectives`), and Horovod is refused
+  (:mod:`pilotfill.elastic.guard`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any
 
 from ..procs import die_with_parent
 from ..transport import Client
+from .collectives import configure_process_groups
+from .guard import refuse_horovod
 from .rank import resolve, run_parsl_task
 
 EXIT_PEER_LOST = 75
@@ -91,6 +96,8 @@ def global_rank() -> int:
 
 def main() -> int:
     die_with_parent()
+    refuse_horovod("torch")  # before the app's code: hvd.init() here would be a world of one per rank
+    configure_process_groups()  # a peer that leaves cannot hang a collective for torch's 10-30 min
     bind_store()
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)

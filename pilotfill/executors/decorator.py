@@ -1,7 +1,16 @@
 """``@pilotfill.elastic_app``: a Parsl app whose calls become elastic training jobs.
 
-    @pilotfill.elastic_app(min_nodes=1, max_nodes=8)
-    def train(lr, depth): ...            # plain torch + horovod.torch + hvd.elastic.run
+    @pilotfill.elastic_app(min_nodes=1, max_nodes=8)                     # the config's runtime ([runtime] kind)
+    def train(lr, depth): ...            # plain torch.distributed + pilotfill.elastic.ElasticState
+
+    @pilotfill.elastic_app(min_nodes=1, max_nodes=8, runtime="horovod")  # whatever the config says
+    def train(lr, depth): ...            # hvd.init(), hvd.DistributedOptimizer, hvd.elastic.run
+
+The runtime follows the code: an app written for one runtime names it, and
+its calls run under that runtime whatever the site config's ``[runtime] kind``
+is (the config's is the default for apps that name none). Code that calls
+Horovod under a runtime that did not launch it fails at once, saying how to
+run it (:mod:`pilotfill.elastic.guard`).
 
 Arguments are checked when the decorator is applied, so a bad bound fails at
 import time with a clear message. The resource specification rides in Parsl's
@@ -20,6 +29,7 @@ from typing import Any, Callable
 from parsl import python_app
 
 from ..allocator import ProblemError, ScalingCurve
+from ..config import RUNTIMES
 
 RESOURCE_KEY = "parsl_resource_specification"
 MAX_NODES = 1_000_000
@@ -39,14 +49,19 @@ def elastic_app(
     restart_cost_s: float = 30.0,
     cache: bool = True,
     executor: str = "elastic",
+    runtime: str | None = None,
 ) -> Callable:
     """Decorate a training function as an elastic Parsl app (see module docstring).
 
     ``restart_cost_s``: seconds of training a stop and restart costs (the work
     since the last commit, and starting again); the allocator stops a running
-    job only when that is worth paying.
+    job only when that is worth paying. ``runtime``: ``"torch"``, ``"horovod"`` or
+    ``"processes"``, the runtime the function is written for (default: the config's).
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
+    if runtime is not None and runtime not in RUNTIMES:
+        raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
+    spec["runtime"] = runtime
 
     def decorate(func: Callable) -> Callable:
         if not callable(func):

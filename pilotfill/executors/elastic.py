@@ -3,7 +3,7 @@
 ``submit`` turns an app call into a controller job — the function and its
 arguments serialized with Parsl's own serializer, the app's resource
 specification (min/max nodes, optional known curve, work, weight, rescale
-costs) as the job's bounds — and returns a future at once; a background
+costs, and the runtime the app names, if it names one) as the job's bounds — and returns a future at once; a background
 thread sends the job and resolves the future with rank 0's return value, or
 with the remote exception and its traceback. The controller, not Parsl,
 decides where and on how many nodes the job runs.
@@ -35,7 +35,7 @@ from .shipping import CannotShip, pack_call
 
 log = logging.getLogger("pilotfill.executor")
 
-SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name"}
+SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime"}
 
 
 class CampaignHalted(RuntimeError):
@@ -91,7 +91,7 @@ class ElasticExecutor(ParslExecutor):
         if self._failed is not None:
             future.set_exception(CampaignHalted(self._failed))
             return future
-        job = {k: v for k, v in spec.items() if k in SPEC_KEYS}
+        job = {k: v for k, v in spec.items() if k in SPEC_KEYS and not (k == "runtime" and v is None)}  # no runtime: the config's
         function = job.get("name") or getattr(func, "__name__", "task")
         job["name"] = call_name(function, args, kwargs)
         try:

@@ -48,7 +48,7 @@ class Agent:
         self.pilot, self.nodes, self.scheduler_id = pilot, list(nodes), scheduler_id
         self.heartbeat_s, self.grace_s, self.scheduler = heartbeat_s, grace_s, scheduler
         self.client = Client(run_dir, timeout_s=max(heartbeat_s * 2, 10.0))
-        self.launcher = LocalLauncher(log_dir=Path(run_dir) / "logs", grace_s=max(0.5, min(3.0, grace_s / 2)))
+        self.launcher = LocalLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)  # a job's processes get the pilot's grace to go
         self.leaving_at: float | None = None
         self.incarnation: int | None = None
         self.orphan_after_s = max(ORPHAN_AFTER_S, 60 * heartbeat_s)
@@ -220,15 +220,16 @@ class Agent:
         except (ControllerUnavailable, RequestRefused) as exc:
             log.error("could not tell the controller: %s", exc)
             code = 1
+        self.launcher.grace_s = max(0.5, deadline - time.time())  # what is left of the grace: SIGKILL before the batch system's
         self._end(code, "leaving")
         return code
 
     def _end(self, code: int, why: str) -> int:
-        """End every process on our nodes, waiting at most half the grace period, and go."""
+        """End every process on our nodes (SIGTERM, SIGKILL after the grace), wait for them, and go."""
         log.info("ending (%s)", why)
         for node in self.nodes:
             self._end_on(node)
-        end = time.monotonic() + max(0.5, self.grace_s / 2)
+        end = time.monotonic() + self.launcher.grace_s + 1.0
         while self.launcher.running() and time.monotonic() < end:
             self.launcher.exits()
             time.sleep(0.05)

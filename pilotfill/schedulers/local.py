@@ -6,7 +6,9 @@ bundled excerpt, a window in which it was mostly idle), time-compressed and
 looped, so a node changes hands every few tens of seconds; or exactly the
 changes a config scripts (for tests). Pilots are agent processes holding one
 or more nodes; a node the main workload wants is preempted like a batch
-system would: SIGTERM to the pilot, SIGKILL after the grace period.
+system would: SIGTERM to the pilot, SIGKILL after the grace period. With
+``pilot_walltime_s`` a pilot also has a walltime, ended the way Slurm ends one
+(SIGTERM at its end, SIGKILL a grace later); its end is told with its start.
 
 Nodes are called ``pf-node-0`` … rather than ``localhost``: Elastic Horovod
 blacklists a host whose rank dies, and with one host name the whole job
@@ -100,6 +102,7 @@ class _Pilot:
     nodes: list[str]
     process: subprocess.Popen
     started_reported: bool = False
+    walltime_end: float | None = None
     kill_at: float | None = None
     why: str = ""
     died_at: float | None = None
@@ -156,7 +159,8 @@ class LocalScheduler(BatchScheduler):
         ]  # fmt: skip
         proc = procs.spawn(argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"))
         self.on_spawn(proc, "pilot", ",".join(free))
-        self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc)
+        walltime = self.config.pilot_walltime_s
+        self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc, walltime_end=self.clock() + walltime if walltime > 0 else None)
         return scheduler_id
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
@@ -178,7 +182,9 @@ class LocalScheduler(BatchScheduler):
         for pilot in list(self._running.values()):
             if not pilot.started_reported:
                 pilot.started_reported = True
-                self._events.append(PilotEvent("started", pilot.id, pilot.scheduler_id, tuple(pilot.nodes)))
+                self._events.append(PilotEvent("started", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.walltime_end))
+            if pilot.walltime_end is not None and now >= pilot.walltime_end and pilot.kill_at is None:
+                self._terminate(pilot, "walltime")  # as Slurm ends a job at its time limit
             code = pilot.process.poll()
             if code is not None and pilot.kill_at is None and code != 0:
                 # Died on its own (a node failure to the batch system): noticed late.

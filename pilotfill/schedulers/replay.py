@@ -163,7 +163,7 @@ class ReplayScheduler(BatchScheduler):
                 self._start(pilot)
             elif what == "end" and pilot.state == "leaving" and pilot.end_at <= t:
                 self._end(pilot, "after its grace period")
-            elif what == "walltime" and pilot.state == "running" and pilot.walltime_end <= t:
+            elif what == "walltime" and pilot.state == "running" and pilot.walltime_end - self.grace_s <= t:  # SIGTERM a grace before
                 self.counts.walltime_ends += 1
                 self._terminate(pilot, "walltime")
         # Queued pilots whose start time passed while nothing was idle start as soon as a node is.

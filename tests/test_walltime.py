@@ -1,0 +1,245 @@
+"""Walltime is a known end (issue "What users bring": walltimes).
+
+A pilot's walltime end is told by the batch system with its start. The
+controller drains the pilot before the batch system ends it — a job leaves at
+its next commit within its commit interval of the drain, or at the drain at
+the latest — and never grows a job onto a node whose drain comes before the
+growth pays (scale-up plus scale-down cost). In process (the real controller
+on the replay's batch system and simulated runtime, a clock the test moves),
+then for real: the local cluster and a real Slurm.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import JOB_HEADER
+from localrun import LocalRun, synthetic_job
+
+from pilotfill.config import Config, ControllerConfig, PilotConfig
+from pilotfill.controller import Controller
+from pilotfill.controller.walltime import lead_s
+from pilotfill.elastic.simulated import SimulatedRuntime
+from pilotfill.schedulers.replay import ReplayScheduler
+from pilotfill.traces import read_jobs, read_trace
+
+T0 = "2021-02-10T00:00:00Z"
+GRACE_S = 5.0
+
+
+def stamp(seconds: int) -> str:
+    return f"2021-02-10T00:{seconds // 60:02d}:{seconds % 60:02d}Z"
+
+
+def linear(name: str, lo: int, hi: int, per_node: float, up: float, down: float, total: float = 1e12) -> str:
+    counts = ";".join(str(n) for n in range(hi + 1))
+    return f"{name},m,{T0},{lo},{hi},{total},{up},{down},{counts},{';'.join(str(per_node * n) for n in range(hi + 1))}"
+
+
+class Machine:
+    """The real controller over the replay's batch system (pilots with a walltime) and simulated runtime; the
+    horizon learned (t_fwd 0), as a site runs it."""
+
+    def __init__(self, tmp_path, write, idle: dict[str, bool], rows: list[tuple[int, str, str]], jobs: list[str], walltime_s: float,
+                 **runtime) -> None:  # fmt: skip
+        lines = ["time,node,state"] + [f"{T0},{n},{'idle' if i else 'busy'}" for n, i in idle.items()]
+        lines += [f"{stamp(t)},{n},{s}" for t, n, s in rows] + [f"{stamp(3000)},,end"]
+        self.trace = read_trace(write("trace.csv", "\n".join(lines) + "\n"))
+        self.specs = {j.name: j for j in read_jobs(write("jobs.csv", "\n".join([JOB_HEADER, *jobs]) + "\n"))}
+        self.now = self.trace.start
+        self.scheduler = ReplayScheduler(self.trace, queue_delay_s=0.0, grace_s=GRACE_S, walltime_s=walltime_s)
+        self.runtime = SimulatedRuntime(self.specs, now=self.now, **runtime)
+        config = Config(scheduler="replay", pilots=PilotConfig(heartbeat_s=3600.0, heartbeat_deadline_s=7200.0, grace_s=GRACE_S),
+                        controller=ControllerConfig(tick_s=1.0, t_fwd=0.0))  # fmt: skip
+        self.ctl = Controller(tmp_path / "run", config, scheduler=self.scheduler, runtime=self.runtime, clock=lambda: self.now)
+        self.ids: dict[str, str] = {}
+
+    def submit(self, name: str) -> str:
+        spec = self.specs[name]
+        job = {
+            "name": name, "entry": "pilotfill.replay:simulated", "min_nodes": spec.min_nodes, "max_nodes": spec.max_nodes,
+            "scale_up_cost_s": spec.scale_up_cost_s, "scale_down_cost_s": spec.scale_down_cost_s, "restart_cost_s": 0.0,
+            "total_samples": spec.total_samples, "curve": {"nodes": list(spec.throughput.nodes), "samples_per_s": list(spec.throughput.values)},
+        }  # fmt: skip
+        reply = self.ctl.handle({"type": "job.submit", "spec": job})
+        assert reply["ok"], reply
+        self.ids[name] = reply["job_id"]
+        return reply["job_id"]
+
+    def at(self, seconds: float) -> None:
+        self.now = self.trace.start + seconds
+        self.runtime.advance(self.now)
+        for _ in range(20):
+            self.scheduler.advance(self.now)
+            messages = self.runtime.outbox + self.scheduler.outbox
+            self.runtime.outbox, self.scheduler.outbox = [], []
+            for m in messages:
+                assert self.ctl.handle(m)["ok"]
+            self.ctl.step(self.now)
+            if not messages and not self.scheduler.outbox:
+                return
+
+    def run_to(self, start: int, end: int) -> None:
+        for t in range(start, end + 1):
+            self.at(t)
+
+    def job(self, name: str):
+        return self.ctl.world.jobs[self.ids[name]]
+
+    def pilot_of(self, node: str):
+        return self.ctl.world.pilots[self.ctl.world.nodes[node].pilot]
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        return self.ctl.journal.events(kind)
+
+
+def test_no_job_grows_onto_a_pilot_that_ends_before_the_growth_pays(tmp_path, write):
+    """b trains on three fresh pilots; a's node frees up a few seconds before its pilot's drain, less than b's 10 s scale-up
+    plus 5 s scale-down: b does not grow onto it (the pool's horizon, a minute, says growing pays). Once that pilot
+    has ended and a fresh one holds the node, b grows onto it."""
+    lead = lead_s(GRACE_S, 1.0)
+    a = linear("a", 1, 1, 100, up=10, down=5, total=8000)  # done at 80 s on n0
+    b = linear("b", 1, 4, 100, up=10, down=5)
+    m = Machine(tmp_path, write, {"n0": True, "n1": False, "n2": False, "n3": False}, [(60, f"n{i}", "idle") for i in (1, 2, 3)], [a, b],
+                walltime_s=100.0)  # fmt: skip
+    m.submit("a")
+    m.run_to(0, 50)
+    m.submit("b")
+    m.run_to(51, 79)
+    assert len(m.job("b").nodes) == 3 and m.job("a").status == "running"
+    end = m.pilot_of("n0").walltime_end
+    assert m.trace.start + 100 <= end <= m.trace.start + 101  # submitted at 0, started within a tick
+    m.run_to(80, 88)
+    assert m.job("a").status == "finished"
+    left = end - lead - m.now
+    up, down = m.specs["b"].scale_up_cost_s, m.specs["b"].scale_down_cost_s
+    assert 0 < left < up + down  # n0 is drained sooner than b's growth would pay
+    assert m.ctl.horizon(m.now) > up + down  # …while the pool's horizon says growing pays
+    assert sorted(m.job("b").nodes) == ["n1", "n2", "n3"], "b grew onto a node whose pilot ends within its rescale cost"
+    grown = [e for e in m.events("job.resized") if e["job"] == m.ids["b"] and e["data"]["after"] > e["data"]["before"]]
+    assert not grown
+    m.run_to(91, 130)  # n0's pilot reached its walltime; a new pilot holds n0 for 100 s
+    assert "n0" in m.job("b").nodes and len(m.job("b").nodes) == 4
+
+
+def test_a_job_leaves_an_ending_pilot_at_its_commit_and_loses_nothing(tmp_path, write):
+    """Realistic accounting (a stop loses the work since the last commit, every 20 s here). The only node's pilot
+    ends at 100 s: the job leaves it at its commit within 20 s of the drain (80 s), not when the batch system ends
+    the pilot, so it redoes nothing, then resumes on the next pilot from that commit and finishes."""
+    job = linear("a", 1, 1, 100, up=1, down=1, total=15000)
+    m = Machine(tmp_path, write, {"n0": True}, [], [job], walltime_s=100.0, accounting="realistic", start_cost_s=0.0, commit_interval_s=20.0)
+    m.submit("a")
+    m.run_to(0, 60)
+    end = m.pilot_of("n0").walltime_end
+    m.run_to(61, 110)
+    leaving = [e for e in m.events("node.leaving") if e["node"] == "n0"]
+    assert leaving, "n0 never left"
+    first = leaving[0]
+    assert first["data"]["why"] == "walltime ending: left at its commit"
+    assert first["time"] <= end - lead_s(GRACE_S, 1.0)  # gone before the batch system's SIGTERM (end - grace here)
+    stopped = [e for e in m.events("job.stopped") if e["job"] == m.ids["a"]]
+    assert stopped and stopped[0]["data"]["redone"] == 0
+    m.run_to(111, 300)
+    assert m.job("a").status == "finished"
+    assert m.job("a").redone == 0
+    assert m.runtime.jobs[m.ids["a"]].done == pytest.approx(15000)
+
+
+def test_a_job_that_does_not_commit_in_time_leaves_at_the_drain(tmp_path, write):
+    """Commits every 60 s, a walltime of 50 s: no commit comes in the window, so the job leaves when the drain
+    comes (end - grace - margin), before the batch system's SIGTERM, losing what it did since it started."""
+    job = linear("a", 1, 1, 100, up=1, down=1, total=1e6)
+    m = Machine(tmp_path, write, {"n0": True}, [], [job], walltime_s=50.0, accounting="realistic", start_cost_s=0.0, commit_interval_s=60.0)
+    m.submit("a")
+    m.run_to(0, 10)
+    end = m.pilot_of("n0").walltime_end
+    m.run_to(11, 52)
+    (first, *_) = [e for e in m.events("node.leaving") if e["node"] == "n0"]
+    assert first["data"]["why"] == "walltime ending"
+    assert first["time"] == end - lead_s(GRACE_S, 1.0)
+    assert [e["pilot"] for e in m.events("pilot.walltime")] == [first["pilot"]]
+
+
+# ------------------------------------------------------------------ for real: the local cluster and Slurm
+
+COMMIT_S = 2.0
+RATE = 40.0
+
+LOCAL = """scheduler = "local"
+[local]
+nodes = 1
+workload = "none"
+pilot_walltime_s = 25.0
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = 10.0
+grace_s = 3.0
+[controller]
+tick_s = 0.1
+[runtime]
+kind = "processes"
+"""
+
+SLURM = """scheduler = "slurm"
+[slurm]
+partition = "scavenger"
+min_nodes = 1
+max_nodes = 1
+time_min = "00:01:00"
+time_max = "00:01:00"
+poll_s = 0.5
+command_timeout_s = 20.0
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = 15.0
+grace_s = 5.0
+nodes_per_pilot = 1
+max_queued_pilots = 1
+[controller]
+tick_s = 0.1
+[runtime]
+kind = "processes"
+"""
+
+
+def _walltime_job() -> dict:
+    """Real rank processes committing every COMMIT_S seconds; about 40 s of work on one node, so it outlives a pilot."""
+    return synthetic_job("walltime", total=RATE * 40, per_rank=RATE, lo=1, hi=1, commit_s=COMMIT_S, step_s=0.25)
+
+
+def _drained_before_the_end_losing_at_most_one_commit(run: LocalRun, job: str, grace_s: float) -> None:
+    events = run.events()
+    ends = {e["pilot"]: e["data"]["walltime_end"] for e in events if e["kind"] == "pilot.started"}
+    assert ends and all(end is not None for end in ends.values()), f"pilots without a walltime end: {ends}"
+    drained = [e for e in events if e["kind"] == "node.leaving" and str(e["data"]["why"]).startswith("walltime ending")]
+    assert drained, "no pilot was drained before its walltime"
+    for e in drained:
+        assert e["time"] <= ends[e["pilot"]] - grace_s, f"{e['node']} left only {ends[e['pilot']] - e['time']:.1f} s before its pilot's end"
+    stopped = [e for e in events if e["kind"] == "job.stopped" and e["job"] == job]
+    assert stopped, "the job never left a pilot"
+    row = run.client.job(job)
+    assert row["redone"] <= RATE * COMMIT_S, f"lost {row['redone']} samples: more than one commit interval's {RATE * COMMIT_S}"
+    assert not [e for e in events if e["kind"] in ("rank.lost", "job.crashed")], "ranks were killed by the batch system, not drained"
+
+
+def test_a_local_pilot_with_a_short_walltime_is_drained_and_the_job_goes_on(local):
+    run = local(config=LOCAL)
+    run.start()
+    job = run.client.submit(_walltime_job())
+    done = run.client.wait([job], timeout_s=300)[job]
+    assert done["status"] == "finished", done.get("error")
+    assert len({e["pilot"] for e in run.events("pilot.started")}) >= 2  # it outlived its first pilot
+    _drained_before_the_end_losing_at_most_one_commit(run, job, grace_s=3.0)
+
+
+def test_a_slurm_pilot_reaching_its_time_limit_is_drained_and_the_job_goes_on(slurm, tmp_path):
+    run = LocalRun(tmp_path, config=SLURM)
+    run.start(timeout_s=60)
+    try:
+        job = run.client.submit({**_walltime_job(), "kwargs": {**_walltime_job()["kwargs"], "total_samples": RATE * 100}})
+        done = run.client.wait([job], timeout_s=480)[job]
+        assert done["status"] == "finished", done.get("error")
+        assert len({e["pilot"] for e in run.events("pilot.started")}) >= 2
+        _drained_before_the_end_losing_at_most_one_commit(run, job, grace_s=5.0)
+    finally:
+        run.stop()
+        run.wait_for(lambda: not run.leftover_processes(), 60, "no leftover processes")
