@@ -22,7 +22,8 @@ learned horizon):
   three noise seeds, with min and max);
 * queue delay: 0 and 30 s per pilot.
 
-Then BFTrainer's own setup (64 nodes, at most 10 jobs, T_fwd = 10 s, its
+Then the realistic cells again with BFTrainer's fixed T_fwd = 10 s instead of
+the learned horizon; BFTrainer's own setup (64 nodes, at most 10 jobs, T_fwd = 10 s, its
 figures: 6.11e9 samples, 43 jobs, 98.2 % efficiency) and a saturating demand:
 the shared job file eight times over, submitted evenly through the week
 (8,008 jobs), on the whole machine with realistic accounting and a 30 s queue
@@ -91,11 +92,11 @@ def show(result: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
-    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "saturating"], action="append", help="run only these parts (repeatable)")
+    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating"], action="append", help="run only these parts (repeatable)")
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for learned curves (the median is shown)")
     ap.add_argument("--out", type=Path, default=None, help="also write every cell's full figures as JSON lines")
     args = ap.parse_args()
-    parts = args.only or ["bftrainer", "64", "whole", "saturating"]
+    parts = args.only or ["bftrainer", "64", "whole", "horizon", "saturating"]
     trace_file = args.data / "summit-2021-02-10-week.csv.gz"
     jobs = read_jobs(args.data / "jobs-imagenet-1001.csv")
     print(TARGETS)
@@ -124,6 +125,10 @@ def main() -> None:
             for delay in (0.0, 30.0):
                 label = f"{'64 nodes' if part == '64' else 'whole machine'}, {accounting} accounting, queue delay {delay:g} s"
                 record(cell(label, trace, jobs, args.seeds, accounting=accounting, queue_delay_s=delay))
+    if "horizon" in parts:  # the learned horizon (every cell above) against BFTrainer's fixed look-ahead, in the realistic setting
+        for label, trace in (("64 nodes", trace64 or read_trace(trace_file, nodes=64, **WINDOW)), ("whole machine", whole or read_trace(trace_file))):
+            record(cell(f"{label}, realistic accounting, queue delay 30 s, fixed T_fwd = 10 s (compare with the learned horizon above)", trace, jobs,
+                        args.seeds, accounting="realistic", queue_delay_s=30.0, t_fwd=10.0))  # fmt: skip
     if "saturating" in parts:
         demand = saturating_demand(jobs, whole)
         r = cell(f"whole machine, saturating demand ({len(demand):,} jobs through the week), realistic accounting, queue delay 30 s", whole, demand,
