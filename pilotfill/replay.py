@@ -100,6 +100,7 @@ class ReplayResult:
     nodes_released: int = 0
     nodes_rerequested_within_60s: int = 0
     idle_transitions: int = 0
+    pilots_walltime_ended: int = 0  # pilots that reached their walltime: a node idle longer needs another pilot
     solve_ms: list[float] = field(default_factory=list)
     controller_ms: list[float] = field(default_factory=list)
     methods: dict[str, int] = field(default_factory=dict)
@@ -146,6 +147,7 @@ class ReplayResult:
             "nodes_released": self.nodes_released,
             "nodes_rerequested_within_60s": self.nodes_rerequested_within_60s,
             "idle_transitions": self.idle_transitions,
+            "pilots_walltime_ended": self.pilots_walltime_ended,
             "solve_ms_p50": pct(self.solve_ms, 50),
             "solve_ms_p99": pct(self.solve_ms, 99),
             "solve_ms_max": max(self.solve_ms, default=0.0),
@@ -334,6 +336,7 @@ class Replay:
         counts = self.scheduler.counts
         res.nodes_rerequested_within_60s = counts.rerequested_within_60s
         res.idle_transitions = counts.idle_transitions
+        res.pilots_walltime_ended = counts.walltime_ends
         res.used_node_hours = self.runtime.used_node_s / 3600
         for job_id, job in self.runtime.jobs.items():
             if job.finished is not None:
