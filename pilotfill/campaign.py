@@ -99,13 +99,23 @@ def check_script(script: Path) -> Path:
     return script
 
 
+WRITTEN = ("", "controller.out", "controller.log", "controller.json", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm", "logs")
+"""What a run writes in its run directory ("": the directory itself)."""
+
+
 def prepare_run_dir(run_dir: Path) -> Path:
-    """The run directory, created private; one line if it cannot be."""
+    """The run directory, created private; one line if it cannot be, or if anything the run writes there cannot be
+    written (an immutable or append-only file, a read-only filesystem): said now, naming the file."""
     from .security import private_dir
+    from .state import unwritable
 
     run_dir = Path(run_dir).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise CampaignError(f"--run-dir {run_dir}: is a file, not a directory")
+    for name in WRITTEN if run_dir.exists() else ():
+        why = unwritable(run_dir / name)
+        if why is not None:
+            raise CampaignError(f"--run-dir {run_dir}: cannot use it: {why}")
     try:
         return private_dir(run_dir)
     except OSError as exc:

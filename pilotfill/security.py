@@ -44,7 +44,8 @@ class AuthError(Exception):
 def private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) readable by the owner only."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    if path.stat().st_mode & 0o777 != 0o700:
+        os.chmod(path, 0o700)
     return path
 
 

@@ -15,8 +15,12 @@ submitted, nodes released, …) are kept as counters in ``meta``.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import sqlite3
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -109,6 +113,67 @@ class JournalError(RuntimeError):
     """The journal cannot be written (disk full, read-only, I/O error): the controller must stop."""
 
 
+FS_IOC_GETFLAGS = 0x80086601
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
+
+
+def unwritable(path: Path) -> str | None:
+    """Why ``path`` (an existing file or directory) cannot be written, in words; None when it can.
+
+    Asked before SQLite maps the journal's ``-shm`` file: writing to a mapped
+    file that has become immutable kills the process with SIGBUS, and SQLite
+    opens an immutable file read-only without saying why. So the reason —
+    immutable or append-only (``chattr``), a read-only filesystem, no
+    permission — is found here and named with the file.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot be opened: {exc.strerror}"
+    try:
+        try:
+            flags = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        except OSError:  # a filesystem without inode flags
+            flags = 0
+    finally:
+        os.close(fd)
+    if flags & FS_IMMUTABLE_FL:
+        return f"{path} is immutable (chattr +i): nothing in it can change; `chattr -i {path}` lifts it"
+    if flags & FS_APPEND_FL:
+        return f"{path} is append-only (chattr +a): SQLite must rewrite it; `chattr -a {path}` lifts it"
+    if path.is_dir():
+        probe = path / f".pilotfill-probe-{os.getpid()}"
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.unlink(probe)
+        except OSError as exc:
+            return _why(path, exc)
+        return None
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+    except OSError as exc:
+        return _why(path, exc)
+    return None
+
+
+def _why(path: Path, exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return f"{path} is on a read-only filesystem"
+    return f"{path} cannot be written: {exc.strerror}"
+
+
+def check_journal_writable(run_dir: Path) -> None:
+    """Raise :class:`JournalError` naming the first file of the journal (or its directory) that cannot be written."""
+    run_dir = Path(run_dir)
+    for path in (run_dir, *(run_dir / f"{STATE_FILE}{suffix}" for suffix in ("", "-wal", "-shm"))):
+        why = unwritable(path)
+        if why is not None:
+            raise JournalError(why)
+
+
 @dataclass(frozen=True)
 class JobRow:
     id: str
@@ -171,13 +236,15 @@ class State:
                     raise FileNotFoundError(f"no pilotfill state at {self.path}")
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
             else:
+                check_journal_writable(self.path.parent)
                 # One writer at a time (the controller), but not always on the thread that opened it.
                 self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.executescript(SCHEMA)
                 self._add_missing_columns()
-                self.path.chmod(0o600)
+                if self.path.stat().st_mode & 0o077:
+                    self.path.chmod(0o600)
             self.db.row_factory = sqlite3.Row
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{self.path}: cannot open the run's state: {exc}") from None

@@ -1,0 +1,122 @@
+"""Nothing another user or an odd app does stalls, duplicates or hangs a campaign (issue 20, item by item).
+
+Each test reproduces what an adversarial pass saw — as root, as a second
+local user, or with an app that does something unusual — and checks the
+behaviour now. The second user is a real other uid: a child of the test that
+drops to ``nobody`` before it attacks (CI runs as root; on a laptop that
+cannot, these tests skip, and in CI they fail instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI
+from test_campaign import FAST
+from waiting import wait_for
+
+from pilotfill.state import State
+
+TRAINING = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1, total_samples={total})
+def train(i):
+    from pilotfill.workloads.synthetic import train as loop
+    return loop(total_samples={total}, samples_per_s=100.0, step_s=0.2)
+
+print(sorted(int(r["samples"]) for r in [f.result() for f in [train(i) for i in range({apps})]]))
+"""
+
+
+def start(campaign: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen:
+    """``pilotfill run`` in the background (its own session, so a test can kill it alone or with its group)."""
+    return subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), *args], cwd=cwd or campaign.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+
+
+def run(campaign: Path, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pilotfill", "run", str(campaign), *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd or campaign.parent)  # fmt: skip
+
+
+@pytest.fixture
+def fast(tmp_path) -> Path:
+    path = tmp_path / "fast.toml"
+    path.write_text(FAST)
+    return path
+
+
+def run_dir_of(root: Path) -> Path:
+    return wait_for(lambda: next((p for p in (root / "runs").glob("2*") if (p / "controller.json").exists()), None), 120, "a run directory")
+
+
+def progress(run_dir: Path) -> float:
+    try:
+        state = State(run_dir, readonly=True)
+    except Exception:
+        return 0.0
+    try:
+        return sum(j.progress for j in state.jobs())
+    except Exception:
+        return 0.0
+    finally:
+        state.close()
+
+
+# ---------------------------------------------------------------- 8. a state directory that cannot be written
+
+
+def _chattr(flag: str, *paths: Path) -> None:
+    subprocess.run(["chattr", flag, *map(str, paths)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """``immutable(*paths)``: make files immutable (chattr +i: root, and a filesystem with inode flags); undone at the end."""
+    probe = tmp_path / ".probe"
+    probe.write_text("")
+    done = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True)
+    if done.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"CI needs chattr +i on {tmp_path} (root, ext4 or tmpfs): {done.stderr}")
+        pytest.skip(f"cannot make a file immutable here: {done.stderr.strip()}")
+    _chattr("-i", probe)
+    made: list[Path] = []
+
+    def make(*paths: Path) -> None:
+        _chattr("+i", *paths)
+        made.extend(paths)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+def test_state_files_made_immutable_mid_run_end_the_campaign_with_what_and_where(tmp_path, fast, immutable):
+    """Seen: the controller died of SIGBUS (SQLite writes its mapped -shm file), was restarted, and the run ended with a
+    raw 'Operation not permitted'. Now the campaign ends with one line naming the file and what is wrong with it."""
+    campaign = tmp_path / "train.py"
+    campaign.write_text(TRAINING.format(total=100_000, apps=1))
+    proc = start(campaign, "--config", str(fast))
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: progress(run_dir) > 0, 120, "training under way")
+    state_files = sorted(run_dir.glob("state.sqlite*"))
+    assert len(state_files) == 3  # the database, its WAL and the WAL's shared-memory index
+    immutable(*state_files)
+    out, err = proc.communicate(timeout=300)
+    message = " ".join(err.split())
+    assert proc.returncode != 0
+    assert "the run's state cannot be written" in message and "immutable (chattr +i)" in message, message
+    assert "state.sqlite" in message and "Traceback" not in err, err[-3000:]
+    # Started again on it, the same line at once, before anything runs.
+    again = run(campaign, "--config", str(fast), "--run-dir", str(run_dir))
+    assert again.returncode == 2 and "immutable (chattr +i)" in " ".join(again.stderr.split()), again.stderr[-2000:]
+    assert "Traceback" not in again.stderr
