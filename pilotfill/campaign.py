@@ -140,6 +140,57 @@ def _line_in(exc: BaseException, script: Path) -> int | None:
 def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None) -> Outcome:
     """Run ``script`` as a campaign (see the module docstring). ``apps``: a :class:`pilotfill.progress.AppCounts`
     to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists."""
+    os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
+    logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
+    script = check_script(script)
+    load_config(config)  # fail here, with the file and key, rather than in the controller
+    run_dir = Path(run_dir if run_dir else default_run_dir(script)).resolve()
+    lock = lock_runs(run_dir)  # before anything is written: a second run of this campaign here refuses
+    try:
+        return _run_locked(script, config, run_dir, apps, on_run_dir)
+    finally:
+        lock.close()
+
+
+class _Lock:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)  # the kernel drops the lock (also when the process dies, however it dies)
+
+
+LOCK_FILE = ".lock"
+"""In ``runs/checkpoints/``: held by the ``pilotfill run`` that uses ``runs/``."""
+
+
+def lock_runs(run_dir: Path) -> _Lock:
+    """Hold the ``runs/`` of ``run_dir`` (the Parsl checkpoints and the trainings' commits, shared by every run of the
+    campaigns there) for this run alone; another ``pilotfill run`` holding it is one line naming it. An ``flock``:
+    it goes with the process, so a killed run never leaves it held."""
+    import fcntl
+
+    from .security import private_dir
+
+    runs = run_dir.parent
+    try:
+        folder = private_dir(runs / "checkpoints")
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise CampaignError(f"{runs}: cannot use it: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise CampaignError(f"{runs}: another pilotfill run is using it ({holder or 'pid unknown'}); a second one would train the "
+                            "same calls again: wait for it to end, or run this campaign from another directory") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, run directory {run_dir}".encode(), 0)
+    return _Lock(fd)
+
+
+def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir) -> Outcome:
     import parsl
     from parsl.config import Config
     from parsl.dataflow.memoization import BasicMemoizer
@@ -152,11 +203,7 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
     from .progress import is_app_failure
     from .supervisor import ControllerFailed, ControllerSupervisor
 
-    os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
-    logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
-    script = check_script(script)
-    load_config(config)  # fail here, with the file and key, rather than in the controller
-    run_dir = prepare_run_dir(run_dir if run_dir else default_run_dir(script))
+    run_dir = prepare_run_dir(run_dir)
     if on_run_dir is not None:
         on_run_dir(run_dir)
     runs = run_dir.parent

@@ -120,3 +120,33 @@ def test_state_files_made_immutable_mid_run_end_the_campaign_with_what_and_where
     again = run(campaign, "--config", str(fast), "--run-dir", str(run_dir))
     assert again.returncode == 2 and "immutable (chattr +i)" in " ".join(again.stderr.split()), again.stderr[-2000:]
     assert "Traceback" not in again.stderr
+
+
+# ---------------------------------------------------------------- 7. two runs of one campaign in one directory
+
+
+def test_a_second_run_of_a_campaign_in_the_same_directory_refuses_with_one_line(tmp_path, fast):
+    """Seen: both trained everything, at once, overwriting each other's commits. Now the second says who holds the
+    directory and ends at once (exit 2), and the first trains each app once."""
+    campaign = tmp_path / "train.py"
+    campaign.write_text(TRAINING.format(total=1500, apps=2))
+    first = start(campaign, "--config", str(fast))
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: progress(run_dir) > 0, 120, "training under way")
+    second = run(campaign, "--config", str(fast))
+    message = " ".join(second.stderr.split())
+    assert second.returncode == 2, (second.returncode, second.stderr[-3000:])
+    assert "another pilotfill run is using it" in message and f"pid {first.pid}" in message and str(run_dir) in message, message
+    assert "Traceback" not in second.stderr
+    assert [p for p in (tmp_path / "runs").glob("2*")] == [run_dir]  # the refused run left no run directory behind
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    assert "[1500, 1500]" in out
+    state = State(run_dir, readonly=True)
+    try:
+        assert len(state.jobs()) == 2 and len(state.events("job.started")) == 2  # each call trained once, never twice
+    finally:
+        state.close()
+    # The lock goes with its process: a run after the first ended (or was killed) is not refused.
+    third = run(campaign, "--config", str(fast))
+    assert third.returncode == 0 and "[1500, 1500]" in third.stdout, third.stderr[-2000:]
