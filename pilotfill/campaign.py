@@ -54,6 +54,7 @@ class Outcome:
     cached: int = 0
     fatal: str | None = None  # why the campaign could not go on (the controller could not), if it could not
     stopped: str | None = None  # where the campaign's script stopped on a failed app's result, if it did
+    notes: list[str] = field(default_factory=list)  # what the user should know that is not a failure (an unsaved result)
 
     @property
     def ok(self) -> bool:
@@ -193,10 +194,9 @@ def lock_runs(run_dir: Path) -> _Lock:
 def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir) -> Outcome:
     import parsl
     from parsl.config import Config
-    from parsl.dataflow.memoization import BasicMemoizer
     from parsl.executors import ThreadPoolExecutor
 
-    from .checkpoints import UnsafeCheckpoint, parsl_checkpoints
+    from .checkpoints import CampaignMemoizer, UnsafeCheckpoint, parsl_checkpoints
     from .executors import ElasticExecutor
     from .executors.decorator import ElasticAppError
     from .executors.elastic import call_name
@@ -225,12 +225,13 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
     except ControllerFailed as exc:
         raise CampaignError(str(exc)) from None
     dfk = None
+    memoizer = CampaignMemoizer(checkpoint_files=checkpoints)
     try:
         dfk = parsl.load(
             Config(
                 executors=[executor, ThreadPoolExecutor(label="local", max_threads=4)],
                 run_dir=str(parsl_dir),
-                memoizer=BasicMemoizer(checkpoint_mode="task_exit", checkpoint_files=checkpoints),
+                memoizer=memoizer,
                 initialize_logging=True,
             )
         )
@@ -256,6 +257,8 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
             if not is_app_failure(stopped, [e for _, e in outcome.failed]):
                 raise CampaignScriptError(_script_frames(stopped, script))
             outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
+        for name, args, kwargs, why in memoizer.unsaved:
+            outcome.notes.append(f"{call_name(name, args, kwargs)}: its result is kept for this run but cannot be checkpointed ({why}); a re-run runs it again")
     finally:
         if dfk is not None:
             dfk.cleanup()

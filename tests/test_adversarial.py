@@ -150,3 +150,42 @@ def test_a_second_run_of_a_campaign_in_the_same_directory_refuses_with_one_line(
     # The lock goes with its process: a run after the first ended (or was killed) is not refused.
     third = run(campaign, "--config", str(fast))
     assert third.returncode == 0 and "[1500, 1500]" in third.stdout, third.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- 5. a result plain pickle cannot store
+
+
+UNPICKLABLE = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def make(n):
+    return lambda x: x * n          # travels back fine (cloudpickle); plain pickle cannot store it
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def plain(n):
+    return n + 1
+
+print([make(3).result()(14), plain(1).result()])
+"""
+
+
+def test_an_app_result_that_pickle_cannot_store_is_kept_and_said_never_a_hang(tmp_path, fast):
+    """Seen: Parsl's task_exit checkpoint pickles the result inside a future's callback, the exception is swallowed
+    and the app never completes. Now the result reaches the campaign, the summary says it was not checkpointed, and
+    the other app's checkpoint is whole (a re-run takes it from there)."""
+    campaign = tmp_path / "odd.py"
+    campaign.write_text(UNPICKLABLE)
+    try:
+        first = run(campaign, "--config", str(fast), timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the campaign hung on a result pickle cannot store")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[42, 2]" in first.stdout
+    said = " ".join(first.stderr.split())
+    assert "make(3): its result is kept for this run but cannot be checkpointed" in said and "a re-run runs it again" in said, said
+    second = run(campaign, "--config", str(fast), timeout=300)
+    assert second.returncode == 0 and "[42, 2]" in second.stdout, second.stderr[-3000:]
+    table = second.stderr.splitlines()
+    row = next(i for i, line in enumerate(table) if "from earlier runs" in line)
+    assert [c.strip() for c in table[row + 2].strip("│ ").split("│")] == ["2", "1", "0"]  # plain(1) came from its checkpoint
