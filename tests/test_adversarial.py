@@ -189,3 +189,61 @@ def test_an_app_result_that_pickle_cannot_store_is_kept_and_said_never_a_hang(tm
     table = second.stderr.splitlines()
     row = next(i for i, line in enumerate(table) if "from earlier runs" in line)
     assert [c.strip() for c in table[row + 2].strip("│ ").split("│")] == ["2", "1", "0"]  # plain(1) came from its checkpoint
+
+
+# ---------------------------------------------------------------- 4. SIGKILL of pilotfill run
+
+
+FOREVER = """
+import time
+import pilotfill
+import torch.distributed as dist
+
+@pilotfill.elastic_app(min_nodes=2, max_nodes=2)
+def train(i):
+    dist.init_process_group("gloo")
+    pilotfill.report(samples=1)
+    while True:                      # trains until it is ended
+        dist.barrier()
+        time.sleep(0.1)
+
+print(train(0).result())
+"""
+
+TORCH_FAST = FAST.replace('kind = "processes"', 'kind = "torch"')
+
+
+def _of_run(run_dir: Path) -> dict[int, str]:
+    """Live processes that belong to ``run_dir`` (by environment), with their command lines."""
+    from pilotfill import procs
+
+    found = {}
+    for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(run_dir)):
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            pass
+    return found
+
+
+def test_nothing_a_torch_run_started_outlives_a_sigkill_of_pilotfill_run(tmp_path, torch_runtime):
+    """Seen: the forkserver, its resource trackers and the training workers were not in the parent-death chain and
+    trained on for minutes (a re-run uses a new run directory, so nothing ended them). Now the whole tree goes."""
+    from pilotfill import procs
+
+    config = tmp_path / "torch.toml"
+    config.write_text(TORCH_FAST)
+    campaign = tmp_path / "forever.py"
+    campaign.write_text(FOREVER)
+    proc = start(campaign, "--config", str(config))
+    run_dir = run_dir_of(tmp_path)
+    try:
+        wait_for(lambda: progress(run_dir) >= 2, 300, "both ranks training")
+        before = _of_run(run_dir)
+        assert any("forkserver" in cmd for cmd in before.values()), before  # the workers' forkserver is there to be ended
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_for(lambda: not _of_run(run_dir), 60, "every process of the run to end", detail=lambda: json.dumps(_of_run(run_dir), indent=1))
+    finally:
+        for pid in _of_run(run_dir):
+            procs.kill_pid(pid)

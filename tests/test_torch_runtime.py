@@ -116,6 +116,8 @@ class MiniController:
             if kind == "job.report":
                 self.samples[job["id"]] = self.samples.get(job["id"], 0.0) + message["samples"]
                 return {"ok": True, "progress": self.samples[job["id"]]}
+            if kind == "job.commit":
+                return {"ok": True, "committed": self.samples.get(job["id"], 0.0)}
             if kind in ("job.result", "job.failed"):
                 if job["status"] == "running":
                     job["status"] = "finished" if kind == "job.result" else "failed"

@@ -9,6 +9,11 @@ workers, which report the error properly.
 
 Nothing here runs a backward pass or starts threads: autograd's and OpenMP's
 thread pools do not survive ``fork``.
+
+The forkserver dies with its agent (``PR_SET_PDEATHSIG``, set first thing
+here), and the workers it forked die with it: without that, a SIGKILLed agent
+left the forkserver waiting for its workers (they hold its "alive" pipe) and
+the workers, orphans, training on for minutes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,10 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+
+from pilotfill.procs import die_with_parent
+
+die_with_parent()
 
 import torch
 import torch._dynamo  # noqa: F401  (imported by the first optimizer otherwise)
