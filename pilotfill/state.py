@@ -52,7 +52,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     launches INTEGER NOT NULL DEFAULT 0,
     crashes INTEGER NOT NULL DEFAULT 0,
     key TEXT,
-    held INTEGER NOT NULL DEFAULT 0
+    held INTEGER NOT NULL DEFAULT 0,
+    request TEXT
 );
 CREATE TABLE IF NOT EXISTS pilots (
     id TEXT PRIMARY KEY,
@@ -98,9 +99,13 @@ CREATE INDEX IF NOT EXISTS pilots_state ON pilots (state);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key);
 """
 
+INDEXES_ADDED = "CREATE INDEX IF NOT EXISTS jobs_request ON jobs (request);"
+"""Indexes on added columns: created after the columns exist."""
+
 COLUMNS_ADDED = {
     "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0",
-             "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0"},
+             "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0",
+             "request": "TEXT"},
     "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0"},
 }
 """Columns newer than the first schema: added in place to a run directory an older pilotfill made."""
@@ -243,6 +248,7 @@ class State:
                 self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.executescript(SCHEMA)
                 self._add_missing_columns()
+                self.db.executescript(INDEXES_ADDED)
                 if self.path.stat().st_mode & 0o077:
                     self.path.chmod(0o600)
             self.db.row_factory = sqlite3.Row
@@ -347,6 +353,12 @@ class State:
             "INSERT INTO jobs (id, seq, name, spec, status, submitted, key) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
             (job_id, seq, name, json.dumps(spec), now, key),
         )
+
+    def job_by_request(self, request: str) -> str | None:
+        """The job a ``job.submit`` with this request id created, in any incarnation (so a client's retry across a
+        controller restart is answered with it, not applied again)."""
+        row = self.db.execute("SELECT id FROM jobs WHERE request = ?", (request,)).fetchone()
+        return row["id"] if row else None
 
     def job(self, job_id: str) -> JobRow | None:
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()

@@ -171,7 +171,7 @@ class Server:
                 raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         except (ValueError, RecursionError) as exc:
             return {}, json.dumps({"ok": False, "error": f"unparseable request: {str(exc)[:200]}"}).encode()
-        rid = request.pop("rid", None)
+        rid = request.get("rid")  # left in: a handler may journal it (job.submit does, so a retry is never applied twice)
         if isinstance(rid, str) and rid in self._answered:
             return {"rid": rid}, self._answered[rid]  # a client's retry of a request already applied
         answer = handler(request)
@@ -256,7 +256,7 @@ class Client:
         self._interrupt = interrupt
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         # One request id for every attempt: a retry after a lost reply is answered, not applied twice.
-        payload = json.dumps({**message, "rid": secrets.token_hex(8)}).encode()
+        payload = json.dumps({**message, "rid": secrets.token_hex(16)}).encode()
         while True:
             sock = self._connect()
             if sock is not None:

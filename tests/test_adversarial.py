@@ -247,3 +247,35 @@ def test_nothing_a_torch_run_started_outlives_a_sigkill_of_pilotfill_run(tmp_pat
     finally:
         for pid in _of_run(run_dir):
             procs.kill_pid(pid)
+
+
+# ---------------------------------------------------------------- 2. a retry across a controller restart
+
+
+def test_a_submission_retried_across_a_controller_restart_is_applied_once(local, monkeypatch):
+    """Seen: a client keeps one request id across attempts and re-signs it for the new incarnation; the new
+    controller's memory of answered requests was empty, so a job.submit retried after a SIGKILL made j2 and j3
+    for one submission. Here the first attempt is applied and its reply lost with the controller, exactly as the
+    client's retry sees it: the same request id, sent again to the next controller."""
+    from localrun import synthetic_job
+
+    from pilotfill import transport
+    from pilotfill.client import ControllerClient
+
+    def attempt(spec: dict) -> str:
+        with monkeypatch.context() as m:
+            m.setattr(transport.secrets, "token_hex", lambda n=None: "a-retried-request-id")
+            return ControllerClient(r.run_dir).submit(spec)
+
+    r = local()
+    r.start()
+    spec = synthetic_job("once", total=100_000, hi=1)
+    first = attempt(spec)
+    r.kill()  # SIGKILL: the reply could have been lost here
+    r.start()  # the next incarnation, with nothing in memory
+    again = attempt(spec)  # the client's retry: the same request id, signed for the new incarnation
+    assert again == first
+    assert [j["id"] for j in r.client.snapshot()["jobs"]] == [first]
+    other = r.client.submit(synthetic_job("another", total=100, hi=1))  # a new request is a new job
+    assert other != first
+    r.client.cancel(first)
