@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket  # noqa: F401 - for the other user's attacks (imported before they fork)
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import zmq  # noqa: F401 - for the other user's attacks (imported before they fork)
 from conftest import IN_CI
 from test_campaign import FAST
 from waiting import wait_for
@@ -279,3 +281,129 @@ def test_a_submission_retried_across_a_controller_restart_is_applied_once(local,
     other = r.client.submit(synthetic_job("another", total=100, hi=1))  # a new request is a new job
     assert other != first
     r.client.cancel(first)
+
+
+# ---------------------------------------------------------------- 1. bulk from another user at the controller's port
+
+
+def flood(stop_fd: int, endpoint: str, count: int, size: int) -> int:
+    """The other user: ``count`` messages of ``size`` bytes with a made-up MAC, at the controller's port."""
+    import zmq
+
+    from other_user import stopped
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 5000)
+    sock.connect(endpoint)
+    blob, sent = os.urandom(size), 0
+    for _ in range(count):
+        try:
+            sock.send_multipart([os.urandom(32), blob], copy=False)
+            sent += 1
+        except zmq.Again:
+            break
+    stopped(stop_fd, 300)  # ZeroMQ sends in the background: hold on until the test has measured
+    sock.close(0)
+    ctx.term()
+    return sent
+
+
+def test_bulk_from_another_user_neither_fills_the_controller_nor_delays_it(local):
+    """Seen: 120 messages of 50 MB with a bad MAC, sent by any local user, took the controller to 2.4-2.7 GB (ZeroMQ's
+    receive queue is counted in messages, and each was MAC'd in full before it was dropped) and delayed an
+    authenticated request by seconds. Now a peer without the run's keys is refused at the CurveZMQ handshake:
+    nothing it sends is read, and the run's own requests are answered meanwhile."""
+    from localrun import synthetic_job
+    from other_user import as_other_user, vm_hwm_mb
+
+    r = local()
+    r.start()
+    warm = r.client.submit(synthetic_job("before", total=100, hi=1))
+    assert r.client.wait([warm], timeout_s=300)[warm]["status"] == "finished"
+    before = vm_hwm_mb(r.proc.pid)
+    endpoint = json.loads((r.run_dir / "controller.json").read_text())["endpoint"]  # anyone can find the port
+    attack = as_other_user(flood, endpoint, 24, 50 * 1024 * 1024)  # 1.2 GB
+    try:
+        job = r.client.submit(synthetic_job("during", total=400, hi=1))  # the run's own requests go on
+        assert r.client.wait([job], timeout_s=300)[job]["status"] == "finished"
+        peak = vm_hwm_mb(r.proc.pid)
+    finally:
+        attack.stop()
+    attack.result(timeout_s=120)
+    assert peak - before < 200, f"the controller grew from {before:.0f} MB to {peak:.0f} MB under another user's bulk"
+    assert "connection refused" in r.logs[-1].read_text()  # said (rate-limited), never parsed
+
+
+# ---------------------------------------------------------------- 3. the torch store, from another user
+
+
+def raid_store(stop_fd: int, host: str, port: int, values: int, hold: int) -> dict:
+    """The other user at the torch store's port: list the keys (each round's prefix), write ``values`` × 4 MB, then
+    hold ``hold`` connections open (reopened as they are closed) until the test says stop."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from other_user import stopped
+
+    seen: dict = {"keys": [], "written": 0, "errors": []}
+    try:
+        store = dist.TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
+        seen["keys"] = list(store.list_keys())
+        for key in seen["keys"]:
+            if key.endswith("/0") or "agent" in key:  # a live round's key: write under it and read it back
+                store.set(key.rsplit("/", 1)[0] + "/intruder", b"here")
+                seen["wrote_in_round"] = store.get(key.rsplit("/", 1)[0] + "/intruder").decode()
+                break
+        blob = b"x" * (4 * 1024 * 1024)
+        for i in range(values):
+            store.set(f"junk/{i}", blob)
+            seen["written"] += 1
+    except Exception as exc:  # noqa: BLE001 - refused: what a stranger should get
+        seen["errors"].append(f"{type(exc).__name__}: {exc}"[:300])
+    held: list = []
+    while not stopped(stop_fd, 0.5):
+        held = [s for s in held if s.fileno() >= 0]
+        while len(held) < hold:
+            try:
+                held.append(socket.create_connection((host, port), timeout=5))
+            except OSError as exc:
+                seen["errors"].append(f"connect: {exc}")
+                break
+    for s in held:
+        s.close()
+    return seen
+
+
+def test_the_torch_store_is_closed_to_another_user(local, torch_runtime):
+    """Seen (torch's TCPStore): a second user listed every round's secret prefix and rank 0's gloo address, wrote a key
+    under a live round and read it back, stored 250 x 4 MB (store RSS 1.2 GB), and with 21 held connections stalled a
+    job. Now the store is the run's own: without the run's keys nothing is read, written or listed, its memory does
+    not move, and jobs form rounds and finish while the other user holds connections."""
+    from localrun import digits_job
+    from other_user import as_other_user, vm_hwm_mb
+
+    from pilotfill.elastic.torch_store import read_port_file
+
+    r = local(runtime="torch", nodes=4)
+    r.start()
+    long = r.client.submit(digits_job("long", lo=2, hi=2, epochs=200))
+    r.wait_for(lambda: r.client.job(long)["progress"] > 0, 300, "a round formed and training")
+    info = read_port_file(r.run_dir)
+    before = vm_hwm_mb(info["pid"])
+    attack = as_other_user(raid_store, "127.0.0.1", info["port"], 60, 25)
+    try:
+        time.sleep(2.0)  # let it try (a stranger gets nothing, however long it tries)
+        short = r.client.submit(digits_job("short", lo=2, hi=2, epochs=2))  # a new round, while connections are held
+        assert r.client.wait([short], timeout_s=600)[short]["status"] == "finished"
+        peak = vm_hwm_mb(info["pid"])
+    finally:
+        attack.stop()
+    seen = attack.result(timeout_s=120)
+    assert seen["keys"] == [] and "wrote_in_round" not in seen and seen["written"] == 0, seen
+    assert peak - before < 64, f"the store grew from {before:.0f} MB to {peak:.0f} MB"
+    assert read_port_file(r.run_dir)["pid"] == info["pid"]  # the same store all along
+    r.client.cancel(long)

@@ -6,10 +6,10 @@ from a warm forkserver as a function (:func:`entry`), or as
 function like ``rank`` does, with three differences:
 
 * the round's store namespace: a plain ``dist.init_process_group()``
-  (``env://``) finds the run's store at ``MASTER_ADDR:MASTER_PORT`` and, here,
-  works under the round's secret prefix (``PILOTFILL_RDZV_PREFIX``), so it
-  never sees another round's or another job's keys, and nobody without the
-  prefix sees its keys;
+  (``env://``) uses the run's store at ``MASTER_ADDR:MASTER_PORT`` — an
+  authenticated store only the run's processes can use (:mod:`.torch_store`),
+  not a ``TCPStore`` — under the round's prefix (``PILOTFILL_RDZV_PREFIX``), so
+  it never sees another round's or another job's keys;
 * a collective failing because a peer went away (gloo's "Connection reset by
   peer", a ``DistError``) is not the job's failure: the rank exits with
   :data:`EXIT_PEER_LOST`, and its agent re-forms with the controller's hosts;
@@ -60,28 +60,36 @@ def peer_lost(exc: BaseException) -> bool:
 
 
 def bind_store(prefix: str | None = None) -> None:
-    """Make ``env://`` rendezvous (plain ``init_process_group``) use the round's prefix in the store."""
+    """Make ``env://`` rendezvous (plain ``init_process_group``) use the run's store under the round's prefix.
+
+    The store is :class:`~pilotfill.elastic.run_store.RunStore` at ``MASTER_ADDR:MASTER_PORT`` (the run's store,
+    which only holders of the run's secret can use), not a ``TCPStore`` client: torch's own ``env://`` handler is
+    replaced, for this process, by one that reads the same variables and query (rank, world_size)."""
     prefix = prefix or os.environ.get("PILOTFILL_RDZV_PREFIX")
     if not prefix:
         return
     import importlib
+    from datetime import timedelta
+    from urllib.parse import parse_qs, urlparse
 
     from torch.distributed import PrefixStore
 
+    from .run_store import RunStore
+
     rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module; torch.distributed.rendezvous is also a function
     handlers = rdzv._rendezvous_handlers  # torch's scheme -> handler table (register_rendezvous_handler refuses to replace)
-    original = handlers["env"]
-    if getattr(original, "pilotfill_prefix", None) == prefix:
+    if getattr(handlers["env"], "pilotfill_prefix", None) == prefix:
         return
-    original = getattr(original, "pilotfill_original", original)
 
-    def env_handler(url: str, *args: Any, **kwargs: Any):
-        store, rank, world_size = next(original(url, *args, **kwargs))
+    def env_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any):
+        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+        rank = int(query.get("rank", os.environ.get("RANK", "0")))
+        world_size = int(query.get("world_size", os.environ.get("WORLD_SIZE", "1")))
+        store = RunStore(os.environ["PILOTFILL_RUN_DIR"], os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=timeout)
         yield PrefixStore(prefix, store), rank, world_size
         raise RuntimeError("env:// cannot re-rendezvous; pilotfill restarts the workers instead")
 
     env_handler.pilotfill_prefix = prefix  # type: ignore[attr-defined]
-    env_handler.pilotfill_original = original  # type: ignore[attr-defined]
     handlers["env"] = env_handler
 
 
