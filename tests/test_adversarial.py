@@ -407,3 +407,59 @@ def test_the_torch_store_is_closed_to_another_user(local, torch_runtime):
     assert peak - before < 64, f"the store grew from {before:.0f} MB to {peak:.0f} MB"
     assert read_port_file(r.run_dir)["pid"] == info["pid"]  # the same store all along
     r.client.cancel(long)
+
+
+# ---------------------------------------------------------------- 6. a user's error that reads like a network error
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def _app(name: str, **kwargs) -> dict:
+    return {"name": name, "entry": f"adversarial_apps:{name}", "kwargs": kwargs, "min_nodes": 2, "max_nodes": 2,
+            "curve": {"nodes": [0, 1, 2], "samples_per_s": [0, 10, 20]}}  # fmt: skip
+
+
+@pytest.fixture
+def torch_run(local, torch_runtime, monkeypatch):
+    """A controller with the torch runtime on two nodes; ranks can import tests/adversarial_apps.py."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+    r = local(runtime="torch", nodes=2)
+    r.start()
+    return r
+
+
+def _rounds(r) -> int:
+    """Rounds the job's agents joined, from their logs."""
+    return sum(p.read_text(errors="replace").count(" joined round ") for p in (r.run_dir / "logs").glob("j*.log"))
+
+
+def test_a_user_error_worded_like_a_network_error_fails_the_job_once(torch_run):
+    """Seen: a RuntimeError("…: Connection refused") from the app itself was taken for a lost peer by its text; the job
+    re-formed 158 times in 4 minutes and the run hung. Now every rank failed and every peer was there to say so: the
+    user's own error, reported once, with its traceback."""
+    r = torch_run
+    job = r.client.submit(_app("refused"))
+    record = r.client.wait([job], timeout_s=300)[job]
+    assert record["status"] == "failed", record
+    assert "Connection refused" in record["error"] and "adversarial_apps.py" in record["error"]
+    assert _rounds(r) <= 2, f"{_rounds(r)} rounds joined: the job re-formed"
+
+
+def test_one_ranks_own_error_is_the_jobs_error_while_its_peer_waits_for_it(torch_run):
+    r = torch_run
+    job = r.client.submit(_app("one_rank_raises"))
+    record = r.client.wait([job], timeout_s=300)[job]
+    assert record["status"] == "failed" and "rank 1's own bug" in record["error"], record
+    assert _rounds(r) <= 2
+
+
+def test_a_job_that_fails_the_same_way_at_every_re_form_is_ended(torch_run):
+    """A rank whose process dies at the same step each round (no exception to read): its peers see it gone, re-form,
+    and it dies again. Re-forms that fail the same way with nothing committed in between are bounded."""
+    r = torch_run
+    job = r.client.submit(_app("dies_every_time"))
+    record = r.client.wait([job], timeout_s=600)[job]
+    assert record["status"] == "failed", record
+    assert "failing the same way" in record["error"], record["error"][-2000:]
+    assert _rounds(r) <= 2 * 6, f"{_rounds(r)} rounds joined"
