@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -72,20 +73,32 @@ class Peers:
     def judge(self, exc: BaseException) -> int | None:
         if self.world <= 1 or not self.prefix:
             return None  # nobody to lose: the user's own error
+        # The agent SIGTERMs its workers the moment it hears the round changed (often while this one watches): the
+        # judgment is finished first — a poll and a count, well within the agent's grace — then the rank goes.
+        told = threading.Event()
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: told.set())
+        try:
+            return self._judge(exc, told)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _judge(self, exc: BaseException, told: threading.Event) -> int | None:
         failures = self._say(exc)
         release_peers()
         deadline, polled = time.monotonic() + self.evidence_s, 0.0
         while time.monotonic() < deadline:
-            if failures is not None and self._count(failures) >= self.world:
+            if failures is not None and not told.is_set() and self._count(failures) >= self.world:
                 return self._first_reports(failures)  # every rank failed, each there to say so: the user's error
-            if time.monotonic() - polled >= POLL_S:
+            if told.is_set() or time.monotonic() - polled >= POLL_S:
                 polled = time.monotonic()
                 reply = self._poll()
                 if reply is not None and not reply.get("current"):
                     return 1  # the job is over
                 if reply is not None and (reply.get("waiting") or reply.get("current") != self.round):
                     return self._lost_peer(exc, bool(reply.get("same_hosts")))
-            time.sleep(0.1)
+                if told.is_set():
+                    return EXIT_PEER_LOST  # stopped by the agent (a release, a preemption): nothing to judge
+            told.wait(0.1)
         return self._first_reports(failures) if failures is not None else None
 
     # ------------------------------------------------------------ the round's store
