@@ -73,216 +73,6 @@ def progress(run_dir: Path) -> float:
         state.close()
 
 
-# ---------------------------------------------------------------- 8. a state directory that cannot be written
-
-
-def _chattr(flag: str, *paths: Path) -> None:
-    subprocess.run(["chattr", flag, *map(str, paths)], check=True, capture_output=True)
-
-
-@pytest.fixture
-def immutable(tmp_path):
-    """``immutable(*paths)``: make files immutable (chattr +i: root, and a filesystem with inode flags); undone at the end."""
-    probe = tmp_path / ".probe"
-    probe.write_text("")
-    done = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True)
-    if done.returncode != 0:
-        if IN_CI:
-            pytest.fail(f"CI needs chattr +i on {tmp_path} (root, ext4 or tmpfs): {done.stderr}")
-        pytest.skip(f"cannot make a file immutable here: {done.stderr.strip()}")
-    _chattr("-i", probe)
-    made: list[Path] = []
-
-    def make(*paths: Path) -> None:
-        _chattr("+i", *paths)
-        made.extend(paths)
-
-    yield make
-    for path in made:
-        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
-
-
-def test_state_files_made_immutable_mid_run_end_the_campaign_with_what_and_where(tmp_path, fast, immutable):
-    """Seen: the controller died of SIGBUS (SQLite writes its mapped -shm file), was restarted, and the run ended with a
-    raw 'Operation not permitted'. Now the campaign ends with one line naming the file and what is wrong with it."""
-    campaign = tmp_path / "train.py"
-    campaign.write_text(TRAINING.format(total=100_000, apps=1))
-    proc = start(campaign, "--config", str(fast))
-    run_dir = run_dir_of(tmp_path)
-    wait_for(lambda: progress(run_dir) > 0, 120, "training under way")
-    state_files = sorted(run_dir.glob("state.sqlite*"))
-    assert len(state_files) == 3  # the database, its WAL and the WAL's shared-memory index
-    immutable(*state_files)
-    out, err = proc.communicate(timeout=300)
-    message = " ".join(err.split())
-    assert proc.returncode != 0
-    assert "the run's state cannot be written" in message and "immutable (chattr +i)" in message, message
-    assert "state.sqlite" in message and "Traceback" not in err, err[-3000:]
-    # Started again on it, the same line at once, before anything runs.
-    again = run(campaign, "--config", str(fast), "--run-dir", str(run_dir))
-    assert again.returncode == 2 and "immutable (chattr +i)" in " ".join(again.stderr.split()), again.stderr[-2000:]
-    assert "Traceback" not in again.stderr
-
-
-# ---------------------------------------------------------------- 7. two runs of one campaign in one directory
-
-
-def test_a_second_run_of_a_campaign_in_the_same_directory_refuses_with_one_line(tmp_path, fast):
-    """Seen: both trained everything, at once, overwriting each other's commits. Now the second says who holds the
-    directory and ends at once (exit 2), and the first trains each app once."""
-    campaign = tmp_path / "train.py"
-    campaign.write_text(TRAINING.format(total=1500, apps=2))
-    first = start(campaign, "--config", str(fast))
-    run_dir = run_dir_of(tmp_path)
-    wait_for(lambda: progress(run_dir) > 0, 120, "training under way")
-    second = run(campaign, "--config", str(fast))
-    message = " ".join(second.stderr.split())
-    assert second.returncode == 2, (second.returncode, second.stderr[-3000:])
-    assert "another pilotfill run is using it" in message and f"pid {first.pid}" in message and str(run_dir) in message, message
-    assert "Traceback" not in second.stderr
-    assert [p for p in (tmp_path / "runs").glob("2*")] == [run_dir]  # the refused run left no run directory behind
-    out, err = first.communicate(timeout=600)
-    assert first.returncode == 0, err[-3000:]
-    assert "[1500, 1500]" in out
-    state = State(run_dir, readonly=True)
-    try:
-        assert len(state.jobs()) == 2 and len(state.events("job.started")) == 2  # each call trained once, never twice
-    finally:
-        state.close()
-    # The lock goes with its process: a run after the first ended (or was killed) is not refused.
-    third = run(campaign, "--config", str(fast))
-    assert third.returncode == 0 and "[1500, 1500]" in third.stdout, third.stderr[-2000:]
-
-
-# ---------------------------------------------------------------- 5. a result plain pickle cannot store
-
-
-UNPICKLABLE = """
-import pilotfill
-
-@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
-def make(n):
-    return lambda x: x * n          # travels back fine (cloudpickle); plain pickle cannot store it
-
-@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
-def plain(n):
-    return n + 1
-
-print([make(3).result()(14), plain(1).result()])
-"""
-
-
-def test_an_app_result_that_pickle_cannot_store_is_kept_and_said_never_a_hang(tmp_path, fast):
-    """Seen: Parsl's task_exit checkpoint pickles the result inside a future's callback, the exception is swallowed
-    and the app never completes. Now the result reaches the campaign, the summary says it was not checkpointed, and
-    the other app's checkpoint is whole (a re-run takes it from there)."""
-    campaign = tmp_path / "odd.py"
-    campaign.write_text(UNPICKLABLE)
-    try:
-        first = run(campaign, "--config", str(fast), timeout=300)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the campaign hung on a result pickle cannot store")
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "[42, 2]" in first.stdout
-    said = " ".join(first.stderr.split())
-    assert "make(3): its result is kept for this run but cannot be checkpointed" in said and "a re-run runs it again" in said, said
-    second = run(campaign, "--config", str(fast), timeout=300)
-    assert second.returncode == 0 and "[42, 2]" in second.stdout, second.stderr[-3000:]
-    table = second.stderr.splitlines()
-    row = next(i for i, line in enumerate(table) if "from earlier runs" in line)
-    assert [c.strip() for c in table[row + 2].strip("│ ").split("│")] == ["2", "1", "0"]  # plain(1) came from its checkpoint
-
-
-# ---------------------------------------------------------------- 4. SIGKILL of pilotfill run
-
-
-FOREVER = """
-import time
-import pilotfill
-import torch.distributed as dist
-
-@pilotfill.elastic_app(min_nodes=2, max_nodes=2)
-def train(i):
-    dist.init_process_group("gloo")
-    pilotfill.report(samples=1)
-    while True:                      # trains until it is ended
-        dist.barrier()
-        time.sleep(0.1)
-
-print(train(0).result())
-"""
-
-TORCH_FAST = FAST.replace('kind = "processes"', 'kind = "torch"')
-
-
-def _of_run(run_dir: Path) -> dict[int, str]:
-    """Live processes that belong to ``run_dir`` (by environment), with their command lines."""
-    from pilotfill import procs
-
-    found = {}
-    for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(run_dir)):
-        try:
-            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
-        except OSError:
-            pass
-    return found
-
-
-def test_nothing_a_torch_run_started_outlives_a_sigkill_of_pilotfill_run(tmp_path, torch_runtime):
-    """Seen: the forkserver, its resource trackers and the training workers were not in the parent-death chain and
-    trained on for minutes (a re-run uses a new run directory, so nothing ended them). Now the whole tree goes."""
-    from pilotfill import procs
-
-    config = tmp_path / "torch.toml"
-    config.write_text(TORCH_FAST)
-    campaign = tmp_path / "forever.py"
-    campaign.write_text(FOREVER)
-    proc = start(campaign, "--config", str(config))
-    run_dir = run_dir_of(tmp_path)
-    try:
-        wait_for(lambda: progress(run_dir) >= 2, 300, "both ranks training")
-        before = _of_run(run_dir)
-        assert any("forkserver" in cmd for cmd in before.values()), before  # the workers' forkserver is there to be ended
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        wait_for(lambda: not _of_run(run_dir), 60, "every process of the run to end", detail=lambda: json.dumps(_of_run(run_dir), indent=1))
-    finally:
-        for pid in _of_run(run_dir):
-            procs.kill_pid(pid)
-
-
-# ---------------------------------------------------------------- 2. a retry across a controller restart
-
-
-def test_a_submission_retried_across_a_controller_restart_is_applied_once(local, monkeypatch):
-    """Seen: a client keeps one request id across attempts and re-signs it for the new incarnation; the new
-    controller's memory of answered requests was empty, so a job.submit retried after a SIGKILL made j2 and j3
-    for one submission. Here the first attempt is applied and its reply lost with the controller, exactly as the
-    client's retry sees it: the same request id, sent again to the next controller."""
-    from localrun import synthetic_job
-
-    from pilotfill import transport
-    from pilotfill.client import ControllerClient
-
-    def attempt(spec: dict) -> str:
-        with monkeypatch.context() as m:
-            m.setattr(transport.secrets, "token_hex", lambda n=None: "a-retried-request-id")
-            return ControllerClient(r.run_dir).submit(spec)
-
-    r = local()
-    r.start()
-    spec = synthetic_job("once", total=100_000, hi=1)
-    first = attempt(spec)
-    r.kill()  # SIGKILL: the reply could have been lost here
-    r.start()  # the next incarnation, with nothing in memory
-    again = attempt(spec)  # the client's retry: the same request id, signed for the new incarnation
-    assert again == first
-    assert [j["id"] for j in r.client.snapshot()["jobs"]] == [first]
-    other = r.client.submit(synthetic_job("another", total=100, hi=1))  # a new request is a new job
-    assert other != first
-    r.client.cancel(first)
-
-
 # ---------------------------------------------------------------- 1. bulk from another user at the controller's port
 
 
@@ -334,6 +124,38 @@ def test_bulk_from_another_user_neither_fills_the_controller_nor_delays_it(local
     attack.result(timeout_s=120)
     assert peak - before < 200, f"the controller grew from {before:.0f} MB to {peak:.0f} MB under another user's bulk"
     assert "connection refused" in r.logs[-1].read_text()  # said (rate-limited), never parsed
+
+
+# ---------------------------------------------------------------- 2. a retry across a controller restart
+
+
+def test_a_submission_retried_across_a_controller_restart_is_applied_once(local, monkeypatch):
+    """Seen: a client keeps one request id across attempts and re-signs it for the new incarnation; the new
+    controller's memory of answered requests was empty, so a job.submit retried after a SIGKILL made j2 and j3
+    for one submission. Here the first attempt is applied and its reply lost with the controller, exactly as the
+    client's retry sees it: the same request id, sent again to the next controller."""
+    from localrun import synthetic_job
+
+    from pilotfill import transport
+    from pilotfill.client import ControllerClient
+
+    def attempt(spec: dict) -> str:
+        with monkeypatch.context() as m:
+            m.setattr(transport.secrets, "token_hex", lambda n=None: "a-retried-request-id")
+            return ControllerClient(r.run_dir).submit(spec)
+
+    r = local()
+    r.start()
+    spec = synthetic_job("once", total=100_000, hi=1)
+    first = attempt(spec)
+    r.kill()  # SIGKILL: the reply could have been lost here
+    r.start()  # the next incarnation, with nothing in memory
+    again = attempt(spec)  # the client's retry: the same request id, signed for the new incarnation
+    assert again == first
+    assert [j["id"] for j in r.client.snapshot()["jobs"]] == [first]
+    other = r.client.submit(synthetic_job("another", total=100, hi=1))  # a new request is a new job
+    assert other != first
+    r.client.cancel(first)
 
 
 # ---------------------------------------------------------------- 3. the torch store, from another user
@@ -409,6 +231,103 @@ def test_the_torch_store_is_closed_to_another_user(local, torch_runtime):
     r.client.cancel(long)
 
 
+# ---------------------------------------------------------------- 4. SIGKILL of pilotfill run
+
+
+FOREVER = """
+import time
+import pilotfill
+import torch.distributed as dist
+
+@pilotfill.elastic_app(min_nodes=2, max_nodes=2)
+def train(i):
+    dist.init_process_group("gloo")
+    pilotfill.report(samples=1)
+    while True:                      # trains until it is ended
+        dist.barrier()
+        time.sleep(0.1)
+
+print(train(0).result())
+"""
+
+TORCH_FAST = FAST.replace('kind = "processes"', 'kind = "torch"')
+
+
+def _of_run(run_dir: Path) -> dict[int, str]:
+    """Live processes that belong to ``run_dir`` (by environment), with their command lines."""
+    from pilotfill import procs
+
+    found = {}
+    for pid in procs.with_environment(PILOTFILL_RUN_DIR=str(run_dir)):
+        try:
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            pass
+    return found
+
+
+def test_nothing_a_torch_run_started_outlives_a_sigkill_of_pilotfill_run(tmp_path, torch_runtime):
+    """Seen: the forkserver, its resource trackers and the training workers were not in the parent-death chain and
+    trained on for minutes (a re-run uses a new run directory, so nothing ended them). Now the whole tree goes."""
+    from pilotfill import procs
+
+    config = tmp_path / "torch.toml"
+    config.write_text(TORCH_FAST)
+    campaign = tmp_path / "forever.py"
+    campaign.write_text(FOREVER)
+    proc = start(campaign, "--config", str(config))
+    run_dir = run_dir_of(tmp_path)
+    try:
+        wait_for(lambda: progress(run_dir) >= 2, 300, "both ranks training")
+        before = _of_run(run_dir)
+        assert any("forkserver" in cmd for cmd in before.values()), before  # the workers' forkserver is there to be ended
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        wait_for(lambda: not _of_run(run_dir), 60, "every process of the run to end", detail=lambda: json.dumps(_of_run(run_dir), indent=1))
+    finally:
+        for pid in _of_run(run_dir):
+            procs.kill_pid(pid)
+
+
+# ---------------------------------------------------------------- 5. a result plain pickle cannot store
+
+
+UNPICKLABLE = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def make(n):
+    return lambda x: x * n          # travels back fine (cloudpickle); plain pickle cannot store it
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def plain(n):
+    return n + 1
+
+print([make(3).result()(14), plain(1).result()])
+"""
+
+
+def test_an_app_result_that_pickle_cannot_store_is_kept_and_said_never_a_hang(tmp_path, fast):
+    """Seen: Parsl's task_exit checkpoint pickles the result inside a future's callback, the exception is swallowed
+    and the app never completes. Now the result reaches the campaign, the summary says it was not checkpointed, and
+    the other app's checkpoint is whole (a re-run takes it from there)."""
+    campaign = tmp_path / "odd.py"
+    campaign.write_text(UNPICKLABLE)
+    try:
+        first = run(campaign, "--config", str(fast), timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the campaign hung on a result pickle cannot store")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[42, 2]" in first.stdout
+    said = " ".join(first.stderr.split())
+    assert "make(3): its result is kept for this run but cannot be checkpointed" in said and "a re-run runs it again" in said, said
+    second = run(campaign, "--config", str(fast), timeout=300)
+    assert second.returncode == 0 and "[42, 2]" in second.stdout, second.stderr[-3000:]
+    table = second.stderr.splitlines()
+    row = next(i for i, line in enumerate(table) if "from earlier runs" in line)
+    assert [c.strip() for c in table[row + 2].strip("│ ").split("│")] == ["2", "1", "0"]  # plain(1) came from its checkpoint
+
+
 # ---------------------------------------------------------------- 6. a user's error that reads like a network error
 
 
@@ -463,3 +382,84 @@ def test_a_job_that_fails_the_same_way_at_every_re_form_is_ended(torch_run):
     assert record["status"] == "failed", record
     assert "failing the same way" in record["error"], record["error"][-2000:]
     assert _rounds(r) <= 2 * 6, f"{_rounds(r)} rounds joined"
+
+
+# ---------------------------------------------------------------- 7. two runs of one campaign in one directory
+
+
+def test_a_second_run_of_a_campaign_in_the_same_directory_refuses_with_one_line(tmp_path, fast):
+    """Seen: both trained everything, at once, overwriting each other's commits. Now the second says who holds the
+    directory and ends at once (exit 2), and the first trains each app once."""
+    campaign = tmp_path / "train.py"
+    campaign.write_text(TRAINING.format(total=1500, apps=2))
+    first = start(campaign, "--config", str(fast))
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: progress(run_dir) > 0, 120, "training under way")
+    second = run(campaign, "--config", str(fast))
+    message = " ".join(second.stderr.split())
+    assert second.returncode == 2, (second.returncode, second.stderr[-3000:])
+    assert "another pilotfill run is using it" in message and f"pid {first.pid}" in message and str(run_dir) in message, message
+    assert "Traceback" not in second.stderr
+    assert [p for p in (tmp_path / "runs").glob("2*")] == [run_dir]  # the refused run left no run directory behind
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    assert "[1500, 1500]" in out
+    state = State(run_dir, readonly=True)
+    try:
+        assert len(state.jobs()) == 2 and len(state.events("job.started")) == 2  # each call trained once, never twice
+    finally:
+        state.close()
+    # The lock goes with its process: a run after the first ended (or was killed) is not refused.
+    third = run(campaign, "--config", str(fast))
+    assert third.returncode == 0 and "[1500, 1500]" in third.stdout, third.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- 8. a state directory that cannot be written
+
+
+def _chattr(flag: str, *paths: Path) -> None:
+    subprocess.run(["chattr", flag, *map(str, paths)], check=True, capture_output=True)
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """``immutable(*paths)``: make files immutable (chattr +i: root, and a filesystem with inode flags); undone at the end."""
+    probe = tmp_path / ".probe"
+    probe.write_text("")
+    done = subprocess.run(["chattr", "+i", str(probe)], capture_output=True, text=True)
+    if done.returncode != 0:
+        if IN_CI:
+            pytest.fail(f"CI needs chattr +i on {tmp_path} (root, ext4 or tmpfs): {done.stderr}")
+        pytest.skip(f"cannot make a file immutable here: {done.stderr.strip()}")
+    _chattr("-i", probe)
+    made: list[Path] = []
+
+    def make(*paths: Path) -> None:
+        _chattr("+i", *paths)
+        made.extend(paths)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+def test_state_files_made_immutable_mid_run_end_the_campaign_with_what_and_where(tmp_path, fast, immutable):
+    """Seen: the controller died of SIGBUS (SQLite writes its mapped -shm file), was restarted, and the run ended with a
+    raw 'Operation not permitted'. Now the campaign ends with one line naming the file and what is wrong with it."""
+    campaign = tmp_path / "train.py"
+    campaign.write_text(TRAINING.format(total=100_000, apps=1))
+    proc = start(campaign, "--config", str(fast))
+    run_dir = run_dir_of(tmp_path)
+    wait_for(lambda: progress(run_dir) > 0, 120, "training under way")
+    state_files = sorted(run_dir.glob("state.sqlite*"))
+    assert len(state_files) == 3  # the database, its WAL and the WAL's shared-memory index
+    immutable(*state_files)
+    out, err = proc.communicate(timeout=300)
+    message = " ".join(err.split())
+    assert proc.returncode != 0
+    assert "the run's state cannot be written" in message and "immutable (chattr +i)" in message, message
+    assert "state.sqlite" in message and "Traceback" not in err, err[-3000:]
+    # Started again on it, the same line at once, before anything runs.
+    again = run(campaign, "--config", str(fast), "--run-dir", str(run_dir))
+    assert again.returncode == 2 and "immutable (chattr +i)" in " ".join(again.stderr.split()), again.stderr[-2000:]
+    assert "Traceback" not in again.stderr

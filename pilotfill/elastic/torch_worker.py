@@ -76,6 +76,8 @@ class Peers:
         # The agent SIGTERMs its workers the moment it hears the round changed (often while this one watches): the
         # judgment is finished first — a poll and a count, well within the agent's grace — then the rank goes.
         told = threading.Event()
+        if threading.current_thread() is not threading.main_thread():  # signals are the main thread's alone
+            return self._judge(exc, told)
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: told.set())
         try:
             return self._judge(exc, told)
