@@ -54,6 +54,7 @@ class Outcome:
     cached: int = 0
     fatal: str | None = None  # why the campaign could not go on (the controller could not), if it could not
     stopped: str | None = None  # where the campaign's script stopped on a failed app's result, if it did
+    notes: list[str] = field(default_factory=list)  # what the user should know that is not a failure (an unsaved result)
 
     @property
     def ok(self) -> bool:
@@ -99,13 +100,23 @@ def check_script(script: Path) -> Path:
     return script
 
 
+WRITTEN = ("", "controller.out", "controller.log", "controller.json", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm", "logs")
+"""What a run writes in its run directory ("": the directory itself)."""
+
+
 def prepare_run_dir(run_dir: Path) -> Path:
-    """The run directory, created private; one line if it cannot be."""
+    """The run directory, created private; one line if it cannot be, or if anything the run writes there cannot be
+    written (an immutable or append-only file, a read-only filesystem): said now, naming the file."""
     from .security import private_dir
+    from .state import unwritable
 
     run_dir = Path(run_dir).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise CampaignError(f"--run-dir {run_dir}: is a file, not a directory")
+    for name in WRITTEN if run_dir.exists() else ():
+        why = unwritable(run_dir / name)
+        if why is not None:
+            raise CampaignError(f"--run-dir {run_dir}: cannot use it: {why}")
     try:
         return private_dir(run_dir)
     except OSError as exc:
@@ -130,23 +141,69 @@ def _line_in(exc: BaseException, script: Path) -> int | None:
 def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None) -> Outcome:
     """Run ``script`` as a campaign (see the module docstring). ``apps``: a :class:`pilotfill.progress.AppCounts`
     to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists."""
+    os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
+    logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
+    script = check_script(script)
+    load_config(config)  # fail here, with the file and key, rather than in the controller
+    run_dir = Path(run_dir if run_dir else default_run_dir(script)).resolve()
+    lock = lock_runs(run_dir)  # before anything is written: a second run of this campaign here refuses
+    try:
+        return _run_locked(script, config, run_dir, apps, on_run_dir)
+    finally:
+        lock.close()
+
+
+class _Lock:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)  # the kernel drops the lock (also when the process dies, however it dies)
+
+
+LOCK_FILE = ".lock"
+"""In ``runs/checkpoints/``: held by the ``pilotfill run`` that uses ``runs/``."""
+
+
+def lock_runs(run_dir: Path) -> _Lock:
+    """Hold the ``runs/`` of ``run_dir`` (the Parsl checkpoints and the trainings' commits, shared by every run of the
+    campaigns there) for this run alone; another ``pilotfill run`` holding it is one line naming it. An ``flock``:
+    it goes with the process, so a killed run never leaves it held."""
+    import fcntl
+
+    from .security import private_dir
+
+    runs = run_dir.parent
+    try:
+        folder = private_dir(runs / "checkpoints")
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise CampaignError(f"{runs}: cannot use it: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise CampaignError(f"{runs}: another pilotfill run is using it ({holder or 'pid unknown'}); a second one would train the "
+                            "same calls again: wait for it to end, or run this campaign from another directory") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, run directory {run_dir}".encode(), 0)
+    return _Lock(fd)
+
+
+def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir) -> Outcome:
     import parsl
     from parsl.config import Config
-    from parsl.dataflow.memoization import BasicMemoizer
     from parsl.executors import ThreadPoolExecutor
 
-    from .checkpoints import UnsafeCheckpoint, parsl_checkpoints
+    from .checkpoints import CampaignMemoizer, UnsafeCheckpoint, parsl_checkpoints
     from .executors import ElasticExecutor
     from .executors.decorator import ElasticAppError
     from .executors.elastic import call_name
     from .progress import is_app_failure
     from .supervisor import ControllerFailed, ControllerSupervisor
 
-    os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
-    logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
-    script = check_script(script)
-    load_config(config)  # fail here, with the file and key, rather than in the controller
-    run_dir = prepare_run_dir(run_dir if run_dir else default_run_dir(script))
+    run_dir = prepare_run_dir(run_dir)
     if on_run_dir is not None:
         on_run_dir(run_dir)
     runs = run_dir.parent
@@ -168,12 +225,13 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
     except ControllerFailed as exc:
         raise CampaignError(str(exc)) from None
     dfk = None
+    memoizer = CampaignMemoizer(checkpoint_files=checkpoints)
     try:
         dfk = parsl.load(
             Config(
                 executors=[executor, ThreadPoolExecutor(label="local", max_threads=4)],
                 run_dir=str(parsl_dir),
-                memoizer=BasicMemoizer(checkpoint_mode="task_exit", checkpoint_files=checkpoints),
+                memoizer=memoizer,
                 initialize_logging=True,
             )
         )
@@ -199,6 +257,8 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
             if not is_app_failure(stopped, [e for _, e in outcome.failed]):
                 raise CampaignScriptError(_script_frames(stopped, script))
             outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
+        for name, args, kwargs, why in memoizer.unsaved:
+            outcome.notes.append(f"{call_name(name, args, kwargs)}: its result is kept for this run but cannot be checkpointed ({why}); a re-run runs it again")
     finally:
         if dfk is not None:
             dfk.cleanup()

@@ -93,6 +93,8 @@ def run(
     table.add_column("failed or not run", justify="right")
     table.add_row(str(outcome.done), str(outcome.cached), str(len(outcome.failed)))
     err.print(table)
+    for note in outcome.notes:
+        err.print("[yellow]note:[/]", Text(note), highlight=False)
     if outcome.stopped:
         err.print(Text(outcome.stopped), highlight=False)
     if outcome.fatal:

@@ -319,7 +319,7 @@ def test_growing_keeps_training_until_the_new_host_is_there():
     book.expect("j", ["a", "b"], 2.0)
     assert book.poll("j", "a", 1)["waiting"] == 0  # b's agent is still starting
     assert book.join("j", "b", -1, 3.0)["state"] == "wait"
-    assert book.poll("j", "a", 1) == {"waiting": 1, "current": 2, "member": True}
+    assert book.poll("j", "a", 1) == {"waiting": 1, "current": 2, "member": True, "same_hosts": False}
     rejoin = book.join("j", "a", 1, 3.5)
     assert rejoin["state"] == "closed" and rejoin["round"] == 2 and rejoin["rank"] == 0 and rejoin["store"]["prefix"] == "p1"
 
@@ -330,7 +330,7 @@ def test_shrinking_is_noticed_at_once_and_keeps_the_old_order():
         book.join("j", h, -1, 1.0)
     book.expect("j", ["c", "a"], 2.0)
     assert book.poll("j", "a", 1)["waiting"] == 1
-    assert book.poll("j", "b", 1) == {"waiting": 1, "current": 2, "member": False}
+    assert book.poll("j", "b", 1) == {"waiting": 1, "current": 2, "member": False, "same_hosts": False}
     assert book.join("j", "b", 1, 2.1) == {"state": "ended"}
     book.join("j", "c", 1, 2.2)
     assert book.join("j", "a", 1, 2.3)["hosts"] == ["a", "c"]
@@ -343,6 +343,7 @@ def test_failed_workers_re_form_the_same_hosts():
     assert book.poll("j", "b", 1)["waiting"] == 0
     assert book.join("j", "a", 1, 2.0) == {"state": "wait", "round": 2}  # a's workers failed
     assert book.poll("j", "b", 1)["waiting"] == 1
+    assert book.poll("j", "b", 1)["same_hosts"] is True  # a re-form after a failure, not the controller's change
     assert book.join("j", "b", 1, 2.5)["round"] == 2
 
 

@@ -376,6 +376,9 @@ class Controller:
     def _on_job_submit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         spec = check_spec(message["spec"])
         world = self.world
+        request = message.get("rid") if isinstance(message.get("rid"), str) else None
+        if request is not None and (done := self.journal.job_by_request(request)) is not None:
+            return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
         earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
         if earlier is not None and earlier.status not in ("failed", "cancelled"):
@@ -391,6 +394,8 @@ class Controller:
         if spec["max_nodes"] > capacity:
             spec["max_nodes"] = capacity  # no job can hold more than there is; asking for more is not an error
         job = world.add_job(world.next_job_id(), spec["name"], spec, now, key=key)
+        if request is not None:
+            self.journal.set_job(job.id, request=request)  # durable, in this reply's transaction
         world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
         self.dirty = True
         return {"job_id": job.id}
