@@ -1,8 +1,9 @@
 """OpenPBS / PBS Pro: pilots as rerunnable jobs with shrink-to-fit walltime in a preemptible queue.
 
 What the commands print and do is taken from a real OpenPBS 23.06.06 run as
-a normal user with the server's defaults (``shared/data/openpbs/real-23.06.06``)
-and an earlier capture (``shared/data/openpbs``), not from the manual alone:
+a normal user with the server's defaults (``shared/data/openpbs/real-23.06.06``),
+its recheck on two MOM hosts (``real-23.06.06-recheck``, right where they
+differ) and an earlier capture (``shared/data/openpbs``), not from the manual alone:
 
 * Job history may be off (the default) or on. Live jobs are asked about with
   ``qstat -f -F json ID`` and never with ``-x``: with history off ``-x`` prints
@@ -21,15 +22,23 @@ and an earlier capture (``shared/data/openpbs``), not from the manual alone:
   every vnode of that host is released. So a vnode is given back only with
   the rest of its host.
 * Exit 162 is PBSE_SYSTEM, not "primary host": the message tells which. A
-  release retried after a timeout may have worked the first time (and then
-  gets 162): what the job still holds decides. 168 (PBSE_BADSTATE) comes for
-  about 2 s after a multi-host job starts: retried briefly.
+  release retried after a timeout may have worked the first time: a list
+  mixing vnodes released already with held ones exits 0 and releases the held
+  ones; released ones alone get 162 ("error 15010"), and a name not in the job
+  162 with nothing released. What the job still holds decides. 168
+  (PBSE_BADSTATE) comes for about 2.2 s after a multi-host job starts: retried
+  briefly.
 * Preemption with ``preempt_order = R`` requeues the pilot: while it exits it
-  shows R with substate 60 and its vnodes already show ``free`` — they are
-  the waiting main job's; then the same id goes back to ``Q`` with its
-  original select and later runs again with ``run_count`` + 1 on its full
-  vnode set. To the controller that is one run ending and, later, a new one
-  starting (its agent registers again).
+  shows R with substate 60 and its vnodes stay ``job-busy`` with it (never
+  ``free``) — they are the waiting main job's; then the same id goes back to
+  ``Q`` with its original select and later runs again with ``run_count`` + 1
+  on its full vnode set. To the controller that is one run ending and, later,
+  a new one starting (its agent registers again).
+* A ``qdel`` while the pilot is being requeued is lost: it exits 0, the job
+  shows R (substate 42) until it has exited, then goes back to ``Q`` and runs
+  again. So a deleted pilot is watched until PBS has forgotten or finished it:
+  seen queued again or on a new run, it is deleted again, and its runs are
+  never reported as starts.
 * A main-workload job queued in a higher-priority queue that fits in what is
   free (plus what our pilots hold) takes those vnodes next: they are not idle.
 * A queue or server limit refuses ``qsub`` (PBSE_ENTLIMCT/ENTLIMRESC/MAXQUED,
@@ -73,7 +82,6 @@ QSTAT_BATCH = 200  # job ids per qstat/qdel call: long enough to be cheap, short
 RUNNING_SUBSTATE = 42
 RERUN_SUBSTATES = range(60, 64)  # JOB_SUBSTATE_RERUN*: requeued, still exiting
 BAD_STATE_RETRY_S = (0.5, 1.0, 1.0, 1.5)  # 168 right after a start: sister MOMs join within ~2 s
-PROMISE_S = 120.0  # how long a preempted pilot's vnodes are taken as the main job's, at most
 
 
 # ---------------------------------------------------------------- parsing (pure; tested on the recordings)
@@ -346,6 +354,7 @@ class _Pilot:
     rerunning: bool = False  # requeued, still exiting (R, substate 60)
     missing: int = 0  # consecutive qstat answers that did not know the job
     deleted: bool = False  # qdel sent: it takes nothing more, though its end is reported by poll
+    deleted_run: int = 0  # run_count when it was deleted: a later run is PBS running it again (a lost qdel)
     ended: bool = False
 
 
@@ -374,7 +383,7 @@ class PbsScheduler(BatchScheduler):
         self._pilots: dict[str, _Pilot] = {}
         self._jobs: dict[str, str] = {}  # every job id submitted or adopted -> pilot id: close() deletes them all
         self._finished: set[str] = set()  # job ids PBS said have finished (35, F): nothing to delete
-        self._promised: dict[str, float] = {}  # vnode of a preempted pilot -> until when it is the main job's
+        self._exiting: dict[str, list[str]] = {}  # job id of a preempted pilot still exiting -> its vnodes (the main job's next)
         self._vnodes: dict[str, Vnode] = {}
         self._main: list[JobStatus] = []  # main-workload jobs queued ahead of our queue
         self._vnodes_at: float | None = None
@@ -457,7 +466,7 @@ class PbsScheduler(BatchScheduler):
         pilot = self._pilots.get(pilot_id)
         if pilot is not None and not pilot.ended:
             self._qdel([pilot.job])
-            pilot.deleted = True
+            pilot.deleted, pilot.deleted_run = True, max(pilot.run, pilot.deleted_run)
             self._vnodes_at = None
 
     def poll(self, now: float) -> list[PilotEvent]:
@@ -611,8 +620,12 @@ class PbsScheduler(BatchScheduler):
             why = "requeued (preempted)" if status.rerunning or status.state in QUEUED_STATES or new_run else f"exiting ({status.state})"
             events.append(PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why))
             pilot.running = False
-        if status.rerunning or (status.state in QUEUED_STATES and pilot.nodes):
-            self._promise(status.vnodes or pilot.nodes)  # the waiting main job's, though pbsnodes shows them free
+        if status.rerunning:
+            self._exiting[pilot.job] = list(status.vnodes or pilot.nodes or self._exiting.get(pilot.job, []))
+        else:
+            self._exiting.pop(pilot.job, None)
+        if pilot.deleted:
+            return events + self._delete_again(pilot, status)
         if not pilot.running and not (status.running and status.vnodes):
             pilot.nodes, pilot.hosts, pilot.primary = [], {}, None
         if status.running and status.vnodes and not pilot.running:
@@ -624,8 +637,6 @@ class PbsScheduler(BatchScheduler):
                     log.warning("pilot %s: hosts of %s unknown: %s", pilot.id, status.vnodes, exc)
             pilot.running, pilot.run, pilot.hosts = True, status.run_count, hosts
             pilot.nodes = list(status.vnodes)  # the whole run: a requeued pilot gets its original select back
-            for n in pilot.nodes:
-                self._promised.pop(n, None)
             pilot.primary = status.chunk_hosts[0] if status.chunk_hosts else pilot.hosts.get(pilot.nodes[0])
             deadline = time.time() + status.walltime_left_s if status.walltime_left_s is not None else None
             events.append(PilotEvent("started", pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
@@ -634,6 +645,7 @@ class PbsScheduler(BatchScheduler):
     def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
         """The job is gone or finished: its last run ends (or it ended before it ran)."""
         pilot.ended = True
+        self._exiting.pop(pilot.job, None)
         if pilot.running:
             pilot.running = False
             return [PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why)]
@@ -641,25 +653,27 @@ class PbsScheduler(BatchScheduler):
             return []  # its last run's end was reported already (requeued, or exiting)
         return [PilotEvent("ended", pilot.id, pilot.job, detail=f"{why} before it ran")]
 
-    def _promise(self, vnodes: Sequence[str]) -> None:
-        until = self.clock() + PROMISE_S
-        for n in vnodes:
-            self._promised.setdefault(n, until)
+    def _delete_again(self, pilot: _Pilot, status: JobStatus) -> list[PilotEvent]:
+        """A pilot we deleted that PBS still has: never a start; back in the queue or on a new run, deleted again
+        (recheck (x): a qdel during a requeue is lost: the job shows R until it has exited, then Q, then runs again)."""
+        if status.state in QUEUED_STATES or (status.running and status.run_count > pilot.deleted_run):
+            log.warning("pilot %s (PBS job %s) is %s again after it was deleted: deleting it again", pilot.id, pilot.job, status.state)
+            self._qdel([pilot.job])
+            pilot.deleted_run = max(pilot.deleted_run, status.run_count)
+        return []
 
     def _idle(self, vnodes: dict[str, Vnode]) -> int:
         """Chunks a new pilot could get now: idle vnodes (as ``place`` allows), less what the main workload and our
         waiting pilots will take."""
-        now = self.clock()
-        # A promise ends when it expires or another job (the main job) is on the vnode.
-        self._promised = {n: t for n, t in self._promised.items() if t > now and n in vnodes and set(vnodes[n].jobs) <= set(self._jobs)}
-        free = [n for n in idle_vnodes(vnodes, self.chunk) if n not in self._promised]
+        free = idle_vnodes(vnodes, self.chunk)
         on_vnodes = {j for v in vnodes.values() for j in v.jobs}
         waiting = sum(
             p.requested for p in self._pilots.values()
             if (p.state in QUEUED_STATES or p.rerunning) and not (p.deleted or p.ended) and (p.rerunning or p.job not in on_vnodes)
         )  # fmt: skip
         ours = sum(len(p.nodes) for p in self._pilots.values() if p.running and not p.deleted)
-        promised = sum(1 for n in self._promised if vnodes[n].free)
+        # A preempted pilot's vnodes stay job-busy while it exits (recheck (d)): never idle, and the main job's next.
+        promised = sum(1 for job, names in self._exiting.items() for n in names if n in vnodes and job in vnodes[n].jobs)
         main = main_job_demand(self._main, len(free), promised, ours)
         return max(0, placeable(free, vnodes, self.config.place) - main - waiting)
 
