@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -62,15 +63,17 @@ class Machine:
     running: int = 0
     nodes: int = 0
     rate: float = 0.0
+    problem: str | None = None  # a refused pilot submission, in the batch system's words (until one goes through)
     _last: tuple[float, float] | None = None
 
     def read(self, run_dir: Path) -> None:
-        from .tui import RunUnreadable, read_snapshot
+        from .tui import RunUnreadable, read_snapshot, submit_problem_line
 
         try:
             snap, _ = read_snapshot(run_dir)
         except (RunUnreadable, OSError):
             return
+        self.problem = submit_problem_line(snap.get("submit_problem"))
         jobs = snap.get("jobs", [])
         self.running = sum(1 for j in jobs if j["status"] == "running")
         self.nodes = sum(1 for n in snap.get("nodes", []) if n["state"] == "ready")
@@ -82,7 +85,8 @@ class Machine:
 
 def line(apps: AppCounts, machine: Machine) -> str:
     failed = f", {apps.failed} failed" if apps.failed else ""
-    return f"{apps.done} of {apps.launched} apps done{failed} · {machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s"
+    problem = f" · {machine.problem}" if machine.problem else ""
+    return f"{apps.done} of {apps.launched} apps done{failed} · {machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s{problem}"
 
 
 def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False) -> T:
@@ -109,7 +113,8 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
                 if run_dir() is not None:
                     machine.read(run_dir())
                 failed = f"{apps.failed} failed · " if apps.failed else ""
-                status = f"{failed}{machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s"
+                problem = f" · [bold red]{escape(machine.problem)}[/]" if machine.problem else ""
+                status = f"{failed}{machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s{problem}"
                 bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=status)
     else:
         said, said_at = "", 0.0

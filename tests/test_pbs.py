@@ -26,7 +26,7 @@ from conftest import PbsStandin
 
 from pilotfill.config import PbsConfig, PilotConfig, load_config
 from pilotfill.schedulers import pbs as pbs_module
-from pilotfill.schedulers.base import PilotRefused, agent_command
+from pilotfill.schedulers.base import PilotRefused, SchedulerConfigError, agent_command
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import (
     JobStatus,
@@ -821,17 +821,40 @@ def test_a_new_adapter_adopts_the_pilots_of_its_predecessor(make, pbs):
 # ---------------------------------------------------------------- failures
 
 
-def test_unknown_queue_and_bad_walltime_name_the_command_and_pbs_message(make, pbs):
+def test_unknown_queue_and_bad_walltime_name_the_config_key_the_command_and_pbs_message(make, pbs):
+    """Refusals that no retry changes stop the campaign with one line: the config key, the command, PBS's words."""
     s = make(queue="nosuchq")
-    with pytest.raises(SchedulerCommandError) as info:
+    with pytest.raises(SchedulerConfigError) as info:
         s.submit_pilot("p", 1)
-    assert info.value.returncode == 170 and "qsub -q nosuchq" in str(info.value) and "qsub: Unknown queue" in str(info.value)
+    assert str(info.value).startswith("pbs.queue: ") and "qsub -q nosuchq" in str(info.value) and "qsub: Unknown queue" in str(info.value)
+    assert info.value.reason == "qsub: Unknown queue (exit 170)"
     s = make(min_walltime="02:00:00", max_walltime="00:05:00")  # load_config refuses this; PBS does too
-    with pytest.raises(SchedulerCommandError) as info:
+    with pytest.raises(SchedulerConfigError) as info:
         s.submit_pilot("p", 1)
-    assert info.value.returncode == 59 and "min_walltime=02:00:00,max_walltime=00:05:00" in str(info.value)
+    assert str(info.value).startswith("pbs.min_walltime / pbs.max_walltime: ") and "min_walltime=02:00:00,max_walltime=00:05:00" in str(info.value)
     assert 'qsub: "min_walltime" can not be greater than "max_walltime"' in str(info.value)
     assert len(pbs.calls("qsub")) == 2, "a definite refusal is not retried"
+
+
+def test_an_unknown_resource_in_extra_args_is_a_config_error_naming_it(make, pbs):
+    """Recheck (g), g-bad-resource-qsub-187-with-config.txt: exit 187 "qsub: Unknown resource Resource_List.nosuchres"."""
+    s = make(extra_args=("-l", "nosuchres=1"))
+    with pytest.raises(SchedulerConfigError) as info:
+        s.submit_pilot("p", 1)
+    assert str(info.value).startswith("pbs.extra_args: PBS refuses every pilot: `qsub ")
+    assert info.value.reason == "qsub: Unknown resource Resource_List.nosuchres (exit 187)"
+
+
+def test_a_chunk_no_vnode_can_hold_is_a_config_error_at_start(make, pbs):
+    """Recheck (g): ``chunk = "ncpus=1:nosuchres=1"`` made pilotfill wait forever without a word (no vnode has it,
+    so none counted as idle, and no qsub ran). Now ``check()`` says so at start, naming pbs.chunk."""
+    make(chunk="ncpus=1").check()  # fine
+    with pytest.raises(SchedulerConfigError) as info:
+        make(chunk="ncpus=1:nosuchres=1").check()
+    assert str(info.value) == "pbs.chunk 'ncpus=1:nosuchres=1': no vnode of the 8 PBS lists can hold it: nosuchres=1 (no vnode has it)"
+    with pytest.raises(SchedulerConfigError, match=r"ncpus=4 \(at most 1 on a vnode\)"):
+        make(chunk="ncpus=4").check()
+    assert pbs.calls("qsub") == []
 
 
 def test_a_hanging_command_times_out_fast(make, pbs):

@@ -42,7 +42,11 @@ differ) and an earlier capture (``shared/data/openpbs``), not from the manual al
 * A main-workload job queued in a higher-priority queue that fits in what is
   free (plus what our pilots hold) takes those vnodes next: they are not idle.
 * A queue or server limit refuses ``qsub`` (PBSE_ENTLIMCT/ENTLIMRESC/MAXQUED,
-  "would exceed queue generic's per-user limit…"): :class:`PilotRefused`.
+  "would exceed queue generic's per-user limit…"): :class:`PilotRefused`. A
+  ``qsub`` that can never work (187 "Unknown resource Resource_List.X" from
+  ``extra_args``, 170 unknown queue, 59 walltimes) and a ``chunk`` no vnode has
+  (PBS would accept it and queue it forever) are :class:`SchedulerConfigError`:
+  the campaign stops naming the config key, rather than waiting in silence.
 
 Every command goes through :func:`commands.run` (timeout, retries, errors
 naming the command and PBS's message).
@@ -62,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import PbsConfig, PilotConfig
-from .base import BatchScheduler, PilotEvent, PilotRefused, agent_command
+from .base import BatchScheduler, PilotEvent, PilotRefused, SchedulerConfigError, agent_command
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
@@ -74,6 +78,8 @@ BAD_STATE = 168  # PBSE_BADSTATE: "Request invalid for state of job", e.g. siste
 MIN_GT_MAX_WALLTIME = 59  # qsub: "min_walltime" can not be greater than "max_walltime"
 UNKNOWN_QUEUE = 170  # qsub: Unknown queue
 POLICY_CODES = (38, 39, 198)  # PBSE_ENTLIMCT, PBSE_ENTLIMRESC, PBSE_MAXQUED: a queue or server limit
+UNKNOWN_RESOURCE = 187  # qsub: Unknown resource Resource_List.nosuchres (recheck (g))
+NEVER_CODES = {UNKNOWN_RESOURCE: "pbs.chunk / pbs.extra_args", UNKNOWN_QUEUE: "pbs.queue", MIN_GT_MAX_WALLTIME: "pbs.min_walltime / pbs.max_walltime"}
 POLICY_MESSAGE = re.compile(r"would exceed .*limit|Maximum number of jobs .*already in", re.IGNORECASE)
 PRIMARY_HOST_MESSAGE = "primary execution host"
 UNUSABLE_STATES = ("down", "offline", "unknown", "stale", "unresolvable", "maintenance")
@@ -423,8 +429,13 @@ class PbsScheduler(BatchScheduler):
         try:
             result = self._run(argv, retries=0)
         except SchedulerCommandError as exc:
+            said = exc.output.strip()[-500:]
+            reason = f"{said.splitlines()[-1] if said else 'no message'} (exit {exc.returncode})"
             if exc.returncode is not None and is_policy_refusal(exc.returncode, exc.output):
-                raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {exc.output.strip()[-500:]}") from None
+                raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {said}", reason=reason) from None
+            if exc.returncode in NEVER_CODES:
+                raise SchedulerConfigError(f"{self._key_for(exc.returncode, said)}: PBS refuses every pilot: `{' '.join(argv)}` exited {exc.returncode}: {said}",
+                                           reason=reason) from None  # fmt: skip
             raise
         try:
             job = parse_job_id(result.stdout)
@@ -434,6 +445,38 @@ class PbsScheduler(BatchScheduler):
         self._vnodes_at = None  # the next idle count must see this pilot
         log.info("pilot %s is PBS job %s: %d x %s in %s", pilot_id, job, count, self.config.chunk, self.config.queue)
         return job
+
+    def check(self) -> None:
+        """A ``chunk`` that no vnode PBS lists could hold is a config error now (PBS would queue such a pilot forever,
+        recheck (g)). Cannot ask pbsnodes: nothing to say yet."""
+        try:
+            vnodes = self._pbsnodes(max_age=0.0)
+        except SchedulerCommandError as exc:
+            log.warning("cannot check pbs.chunk against the vnodes now: %s", exc)
+            return
+        real = [v for v in vnodes.values() if (_number(v.resources.get("ncpus")) or 0) >= 1]  # not natural vnodes
+        if not real or any(all((_number(v.resources.get(k)) or 0) >= n for k, n in self.chunk.items()) for v in real):
+            return  # some vnode could hold it (whether up now or not)
+        lacking = []
+        for key, want in self.chunk.items():
+            most = max((_number(v.resources.get(key)) or 0 for v in real), default=0)
+            if most < want:
+                lacking.append(f"{key}={want} (no vnode has it)" if most == 0 else f"{key}={want} (at most {most:g} on a vnode)")
+        raise SchedulerConfigError(
+            f"pbs.chunk {self.config.chunk!r}: no vnode of the {len(real)} PBS lists can hold it: {', '.join(lacking) or 'none is usable'}",
+            reason=f"no vnode has {', '.join(lacking) or self.config.chunk}",
+        )
+
+    def _key_for(self, code: int, said: str) -> str:
+        """The config key a refusal that never goes away points at."""
+        if code == UNKNOWN_RESOURCE:
+            match = re.search(r"Unknown resource (?:Resource_List\.)?(\w+)", said)
+            name = match.group(1) if match else ""
+            if name and any(name in a for a in self.config.extra_args):
+                return "pbs.extra_args"
+            if name and name in self.config.chunk:
+                return "pbs.chunk"
+        return NEVER_CODES[code]
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
         """Give back whole sister hosts; the primary host's vnodes, and those of a host partly still needed, stay."""

@@ -987,7 +987,7 @@ def tmrsh(argv: list[str]) -> int:
         with locked_state() as state:
             state["calls"].append({"cmd": "pbs_tmrsh", "argv": ["pbs_tmrsh", *argv], "cwd": os.getcwd(), "at": time.time()})
             job = state["jobs"].get(jid)
-            if job is None or job["state"] != "R":
+            if job is None or job["state"] not in ("R", "E"):  # guess: a job being deleted (E) still has its hosts
                 raise Exit(1, err=f"pbs_tmrsh: tm_init failed, rc = TM_BADINIT (job {jid or '?'} is not running here)\n")  # guess
             if host not in {state["vnodes"][n]["host"] for n in job["vnodes"]}:
                 raise Exit(1, err=f'pbs_tmrsh: host "{host}" is not a node in job <{jid}>\n')  # guess
