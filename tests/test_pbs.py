@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import stat
 import sys
 import time
@@ -403,6 +405,195 @@ def test_standin_refuses_by_queue_limit(pbs):
     assert (refused.returncode, refused.stderr.strip()) == (38, "qsub: would exceed queue generic's per-user limit of jobs in 'Q' state")
 
 
+# ---------------------------------------------------------------- the stand-in against the recheck (real-23.06.06-recheck)
+
+
+def recheck(shared_data) -> Path:
+    return shared_data / "openpbs" / "real-23.06.06-recheck"
+
+
+def test_standin_release_with_a_released_vnode_as_recorded(shared_data, pbs):
+    """Recheck (e): e-pbs_release_nodes-already-released-plus-held.txt, e-pbs_release_nodes-other-orders.txt."""
+    text = (recheck(shared_data) / "e-pbs_release_nodes-other-orders.txt").read_text()
+    pbs("pbs_standin", "delay", "join", "0")
+    for order in (["vm-n1[0]", "vm-n1[1]"], ["vm-n1[1]", "vm-n1[0]"]):
+        pbs("pbs_standin", "init")
+        job = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1:host=vm+3:ncpus=1:host=vm-n1", "--", "/bin/true").stdout.strip()
+        assert pbs.job(job)["exec_vnode"] == "(vm[0]:ncpus=1)+(vm-n1[0]:ncpus=1)+(vm-n1[1]:ncpus=1)+(vm-n1[2]:ncpus=1)"
+        pbs("pbs_release_nodes", "-j", job, "vm-n1[0]")
+        both = pbs("pbs_release_nodes", "-j", job, *order, check=False)
+        assert (both.returncode, both.stdout, both.stderr) == (0, "", ""), "the held one is released, the released one skipped"
+        assert pbs.job(job)["exec_vnode"] == "(vm[0]:ncpus=1)+(vm-n1[2]:ncpus=1)"
+        assert pbs.job(job)["exec_host"] == "vm/0+vm-n1/2"
+    alone = pbs("pbs_release_nodes", "-j", job, "vm-n1[0]", check=False)
+    assert (alone.returncode, alone.stderr) == (162, "pbs_release_nodes: Server returned error 15010 for job \n")
+    foreign = pbs("pbs_release_nodes", "-j", job, "vm-n1[2]", "nosuch[9]", check=False)
+    assert (foreign.returncode, foreign.stderr) == (162, "pbs_release_nodes: node(s) requested to be released not part of the job: nosuch[9] \n")
+    assert pbs.job(job)["exec_vnode"] == "(vm[0]:ncpus=1)+(vm-n1[2]:ncpus=1)", "nothing released"
+    for stderr in (alone.stderr, foreign.stderr):
+        assert f"stderr: {stderr.rstrip(chr(10))}" in text
+
+
+def test_standin_168_and_substate_41_last_as_long_as_recorded(shared_data, pbs):
+    """Recheck (f), f-release-168-window.csv: 168 for 2.15-2.21 s after R; (d) the first ~2 s of R show substate 41."""
+    rows = (recheck(shared_data) / "f-release-168-window.csv").read_text().splitlines()[1:]
+    window = [float(r.split(",")[5]) for r in rows]
+    assert min(window) - 0.1 <= pbs.state()["delays"]["join"] <= max(window) + 0.1
+    pbs("pbs_standin", "delay", "join", "30")
+    job = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1:host=vm+1:ncpus=1:host=vm-n1", "--", "/bin/true").stdout.strip()
+    assert (pbs.job(job)["job_state"], pbs.job(job)["substate"]) == ("R", 41)
+    assert pbs("pbs_release_nodes", "-j", job, "vm-n1[0]", check=False).returncode == 168
+    pbs("pbs_standin", "delay", "join", "0")
+    assert pbs.job(job)["substate"] == 42
+    assert pbs("pbs_release_nodes", "-j", job, "vm-n1[0]", check=False).returncode == 0
+
+
+def test_standin_requeues_only_the_pilot_on_the_wanted_vnode(pbs):
+    """Recheck (a) (a-server-log-2.vm-3.vm-7.vm.txt: 7.vm ``vnode=vm[0]`` requeued only 2.vm) and the e2e run
+    (e2e-server-log-pilots-38-43-main-44.txt: 44.vm ``select=2`` requeued only 43.vm, the newest, on 2 vnodes).
+    The stand-in used to requeue every pilot, newest first, until the main job fitted (issue 25, item 9)."""
+    pbs("pbs_standin", "init", "--hosts", "vm:3")  # no vnode left free: a requeued pilot waits
+    pilots = [pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", "/bin/true").stdout.strip() for _ in range(3)]
+    assert [pbs.job(j)["exec_vnode"] for j in pilots] == ["(vm[0]:ncpus=1)", "(vm[1]:ncpus=1)", "(vm[2]:ncpus=1)"]
+    pbs("pbs_standin", "preempt", pilots[0])
+    assert [pbs.job(j)["job_state"] for j in pilots] == ["Q", "R", "R"]
+    pbs("pbs_standin", "init", "--hosts", "vm:4,vm-n1:4")
+    sizes = [1, 2, 1, 1, 1, 2]  # 38.vm..43.vm of the e2e run
+    pilots = [pbs("qsub", "-q", "scavenger", "-l", f"select={n}:ncpus=1", "--", "/bin/true").stdout.strip() for n in sizes]
+    main = pbs("qsub", "-q", "workq", "-l", "select=2:ncpus=1", "--", "/bin/true").stdout.strip()
+    assert [pbs.job(j)["job_state"] for j in pilots] == ["R"] * 5 + ["Q"]
+    assert pbs.job(main)["job_state"] == "R"
+    pinned = pbs("qsub", "-q", "workq", "-l", "select=1:ncpus=1:vnode=vm[1]", "--", "/bin/sleep", "60").stdout.strip()
+    assert [pbs.job(j)["job_state"] for j in pilots] == ["R", "Q", "R", "R", "R", "Q"], "only the pilot on vm[1]"
+    assert pbs.job(pinned)["exec_vnode"] == "(vm[1]:ncpus=1)"
+
+
+def test_standin_pbs_tmrsh_forwards_no_signal(shared_data, pbs, tmp_path):
+    """Recheck (c), c-local-job-log.txt, c-remote-probe-log.txt, c-mom-logs-27.vm.txt: SIGTERM to the local pbs_tmrsh
+    ends it at once with exit 0; the remote task (a session of its own, not pbs_tmrsh's child) gets no signal and
+    runs on; the job's end kills what is left of it (the sister MOM's kill_job)."""
+    assert "local pbs_tmrsh ended, exit status 0" in (recheck(shared_data) / "c-local-job-log.txt").read_text()
+    pbs("pbs_standin", "exec", "on")
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f"""#!/bin/sh
+for s in TERM INT HUP; do trap "echo got $s >> {tmp_path}/remote.log" $s; done
+echo "start $$ $PPID" >> {tmp_path}/remote.log
+while [ ! -e "$1" ]; do sleep 0.05; done
+echo "normal end" >> {tmp_path}/remote.log
+exit 7
+""")
+    probe.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/sh
+pbs_tmrsh vm-n1 {probe} {tmp_path}/done1 &
+echo $! > {tmp_path}/tmrsh.pid
+wait $!; echo "tmrsh $?" >> {tmp_path}/local.log
+pbs_tmrsh vm-n1 {probe} {tmp_path}/done1; echo "tmrsh $?" >> {tmp_path}/local.log
+pbs_tmrsh vm-n1 {probe} {tmp_path}/never &
+sleep 1000
+""")
+    script.chmod(0o755)
+    job = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1:host=vm+1:ncpus=1:host=vm-n1", str(script)).stdout.strip()
+    remote = wait_for_text(tmp_path / "remote.log", "start")
+    tmrsh = int(wait_for_text(tmp_path / "tmrsh.pid", "").split()[0])
+    task, parent = (int(x) for x in remote.split()[1:3])
+    assert parent != tmrsh and os.getsid(task) != os.getsid(tmrsh), "not pbs_tmrsh's child, in a session of its own"
+    os.kill(tmrsh, signal.SIGTERM)
+    assert wait_for_text(tmp_path / "local.log", "tmrsh").strip() == "tmrsh 0"
+    assert "got" not in (tmp_path / "remote.log").read_text() and os.path.exists(f"/proc/{task}"), "no signal reached it"
+    (tmp_path / "done1").touch()
+    wait_for_text(tmp_path / "local.log", "tmrsh 7")  # the second one waited for its task and gave its status
+    third = int(wait_for_text(tmp_path / "remote.log", "start", count=3).splitlines()[-1].split()[1])
+    assert "got" not in (tmp_path / "remote.log").read_text()
+    pbs("pbs_standin", "delay", "kill", "0")
+    pbs("qdel", job)
+    pbs("pbs_standin", "run")
+    wait_until(lambda: not os.path.exists(f"/proc/{third}") or open(f"/proc/{third}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+               "the job's end to kill its remaining task")  # fmt: skip
+    assert [c["argv"][1] for c in pbs.state()["calls"] if c["cmd"] == "pbs_tmrsh"] == ["vm-n1", "vm-n1", "vm-n1"]
+
+
+def test_standin_rerun_waits_for_the_whole_session_and_never_sigkills(shared_data, pbs, tmp_path):
+    """Recheck (d) B, d-pilot-outputs-A-19.vm-B-25.vm.txt, d-B-…every-0.5s.csv: on a rerun the MOM SIGTERMs the job's
+    session once; a child that ignores it keeps the job R (substate 60, its vnode job-busy) and the main job waiting
+    until it exits by itself, 20 s later — nothing SIGKILLs it. The stand-in used to follow the process group, and
+    SIGKILLed after the kill delay."""
+    assert "child done" in (recheck(shared_data) / "d-pilot-outputs-A-19.vm-B-25.vm.txt").read_text()
+    pbs("pbs_standin", "init", "--hosts", "vm:1")  # one vnode: the requeued pilot waits for it
+    pbs("pbs_standin", "exec", "on")
+    pbs("pbs_standin", "delay", "kill", "0.5")  # the stand-in's old SIGKILL would come at once
+    done = tmp_path / "done"
+    child = tmp_path / "child.py"
+    child.write_text(f"""import os, signal, sys, time
+os.setpgid(0, 0)  # another process group, the same session
+signal.signal(signal.SIGTERM, lambda s, f: open(sys.argv[1], "a").write("child got TERM\\n"))
+open(sys.argv[1], "a").write(f"child {{os.getpid()}}\\n")
+while not os.path.exists({str(done)!r}):
+    time.sleep(0.05)
+open(sys.argv[1], "a").write("child done\\n")
+""")
+    log = tmp_path / "pilot.log"
+    script = tmp_path / "pilot.sh"
+    script.write_text(f"""#!/bin/sh
+trap 'echo "TERM received" >> {log}; exit 0' TERM
+{sys.executable} {child} {log} &
+while true; do sleep 0.1; done
+""")
+    script.chmod(0o755)
+    pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", str(script)).stdout.strip()
+    wait_for_text(log, "child ")
+    main = pbs("pbs_standin", "preempt", pilot, "30").stdout.strip()
+    wait_for_text(log, "child got TERM")  # the whole session got it, not only the script's group
+    time.sleep(1.0)
+    pbs("pbs_standin", "run")
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
+    assert pbs.job(main)["job_state"] == "Q"
+    assert (pbs.vnode("vm[0]")["state"], pbs.vnode("vm[0]")["jobs"]) == ("job-busy", [pilot])
+    done.touch()
+    wait_for_text(log, "child done")
+    wait_until(lambda: pbs("pbs_standin", "run") and pbs.job(main)["job_state"] == "R", "the main job to start once the session is empty")
+    assert pbs.job(pilot)["job_state"] == "Q"
+
+
+def test_standin_qdel_during_a_requeue_is_lost(shared_data, pbs):
+    """Recheck (x), x-qdel-of-pilot-45.vm-during-rerun-every-0.5s.csv, x-server-log-qdel-during-rerun-45.vm.txt: qdel
+    while the pilot is R substate 60 exits 0 ("deleting instead of rerunning"), the job shows R substate 42 until it
+    has exited, then Q, and runs again when the main job ends."""
+    assert "deleting instead of rerunning" in (recheck(shared_data) / "x-server-log-qdel-during-rerun-45.vm.txt").read_text()
+    pbs("pbs_standin", "init", "--hosts", "vm:1")  # as there: the pilot's one vnode is the main job's
+    pbs("pbs_standin", "delay", "exit", "60")
+    pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", "/bin/true").stdout.strip()
+    main = pbs("pbs_standin", "preempt", pilot).stdout.strip()
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
+    deleted = pbs("qdel", pilot, check=False)
+    assert (deleted.returncode, deleted.stderr) == (0, "")
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 42)
+    pbs("pbs_standin", "delay", "exit", "0")
+    pbs("pbs_standin", "run")
+    assert pbs.job(pilot)["job_state"] == "Q" and pbs.job(main)["job_state"] == "R"
+    pbs("pbs_standin", "finish", main)
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["run_count"]) == ("R", 2), "it runs again"
+
+
+def test_standin_refuses_an_unknown_resource_with_187(shared_data, pbs):
+    """Recheck (g), g-bad-resource-qsub-187-with-config.txt."""
+    refused = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "-l", "nosuchres=1", "--", "/bin/true", check=False)
+    assert (refused.returncode, refused.stderr.strip()) == (187, "qsub: Unknown resource Resource_List.nosuchres")
+    assert refused.stderr.strip() in (recheck(shared_data) / "g-bad-resource-qsub-187-with-config.txt").read_text()
+    assert pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "-l", "filesystems=home", "--", "/bin/true").returncode == 0
+
+
+def wait_for_text(path: Path, text: str, count: int = 1, timeout_s: float = 60) -> str:
+    """The file's content once it holds ``text`` (``count`` times)."""
+    return wait_until(lambda: path.exists() and path.read_text().count(text) >= count and path.read_text(), f"{text!r} in {path.name}", timeout_s)
+
+
+def wait_until(predicate, what: str, timeout_s: float = 60):
+    from waiting import wait_for
+
+    return wait_for(predicate, timeout_s, what, poll_s=0.05)
+
+
 # ---------------------------------------------------------------- the adapter on the stand-in: the basics
 
 
@@ -759,6 +950,33 @@ def test_a_preempted_pilots_vnodes_are_not_idle_while_it_exits(make, pbs):
     pbs("pbs_standin", "run")
     assert pbs.job(main)["job_state"] == "R"
     assert s.idle_nodes() == 0, "the two free vnodes are for the requeued pilot first"
+
+
+def test_a_cancel_during_a_requeue_sticks_and_is_never_a_start(make, pbs):
+    """Recheck (x): a qdel while PBS requeues the pilot is lost (x-qdel-of-pilot-45.vm-during-rerun-every-0.5s.csv):
+    the job shows R 42, then Q, then runs again; pilotfill's own cancels hit it twice and it logged ``pilot.started``
+    for a pilot it had just cancelled (a-journal-dump-state.sqlite.txt, e2e-journal-events.txt). Now a cancelled
+    pilot is never reported started, and is deleted again once PBS has put it back in the queue."""
+    pbs("pbs_standin", "init", "--hosts", "vm:1")
+    pbs("pbs_standin", "delay", "exit", "60")
+    s, t = make(), Ticks()
+    s.submit_pilot("p", 1)
+    running(s, t, "p")
+    main = pbs("pbs_standin", "preempt", "0.vm").stdout.strip()
+    assert [(e.kind, e.detail) for e in s.poll(t())] == [("ended", "requeued (preempted)")]
+    s.cancel("p")  # no job needs it any more — while it exits
+    assert (pbs.job("0.vm")["job_state"], pbs.job("0.vm")["substate"]) == ("R", 42), "the qdel was lost"
+    after = s.poll(t())
+    pbs("pbs_standin", "delay", "exit", "0")
+    pbs("pbs_standin", "run")
+    assert pbs.job("0.vm")["job_state"] == "Q", "back in the queue"
+    after += s.poll(t())
+    assert [c for c in pbs.calls("qdel") if "0.vm" in c] == [["qdel", "0.vm"]] * 2, "deleted again"
+    pbs("pbs_standin", "finish", main)
+    after += s.poll(t()) + s.poll(t())
+    assert "started" not in [e.kind for e in after], after
+    assert [r["run"] for r in pbs.state().get("runs", []) if r["job"] == "0.vm"] == [1], "it never ran again"
+    assert "0.vm" not in pbs.jobs() or pbs.jobs()["0.vm"]["job_state"] == "F"
 
 
 def test_a_main_job_queued_ahead_takes_free_vnodes_first(make, pbs):

@@ -241,7 +241,7 @@ def render_job(state: dict, job: dict) -> dict:
     d.update(Checkpoint="u", ctime=ctime(job["ctime"]), Error_Path=job["error_path"])
     if running:
         d["exec_host"] = "+".join(job["exec_host"])
-        d["exec_vnode"] = "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(job["vnodes"], job["chunks"]))
+        d["exec_vnode"] = "+".join(f"({v}:{chunk_text(counted(c))})" for v, c in zip(job["vnodes"], job["chunks"]))
     d.update(Hold_Types="n", Join_Path=job["join"], Keep_Files="n", Mail_Points="a", mtime=ctime(job["mtime"]), Output_Path=job["output_path"])
     d.update(Priority=0, qtime=ctime(job["ctime"]), Rerunable="True" if job["rerunable"] else "False")
     d["Resource_List"] = dict(sorted(job["resources"].items()))
@@ -283,6 +283,11 @@ def render_vnode(state: dict, name: str, v: dict) -> dict:
     if v["used"] is not None:
         d["last_used_time"] = v["used"]  # from the earlier capture
     return d
+
+
+def counted(chunk: dict) -> dict:
+    """What exec_vnode shows of a chunk: its counts, not its ``host=``/``vnode=`` (recheck (e): ``(vm[1]:ncpus=1)``)."""
+    return {k: v for k, v in chunk.items() if isinstance(v, int)}
 
 
 def chunk_text(chunk: dict) -> str:
@@ -417,7 +422,7 @@ def start(state: dict, job: dict, picked: list[str]) -> None:
         job["resources"]["walltime"] = job["resources"]["max_walltime"]  # recorded: nothing reserved ahead -> the full max
     job.update(state="R", substate=RUNNING, vnodes=picked, stime=now, mtime=now, exit_status=None, obittime=None, ending=None, pid=None, ending_at=None,
                released=[], tasks=[])  # fmt: skip
-    on = "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(picked, job["chunks"]))
+    on = "+".join(f"({v}:{chunk_text(counted(c))})" for v, c in zip(picked, job["chunks"]))
     job["comment"] = f"Job run at {time.strftime('%a %b %d at %H:%M', time.gmtime(now))} on {on}"
     if state["exec"]:
         spawn(state, job)
@@ -960,7 +965,10 @@ def _spawn_task(argv: list[str], status: str) -> int:
             if task == 0:
                 os.close(write)
                 os.setsid()
-                os.execv("/bin/sh", ["/bin/sh", "-c", '"$@"; echo $? > "$0"', status, *argv])
+                # The shell stands for the sister MOM that waits for the task: signals to the task's session do
+                # not end it (a real task's parent, pbs_mom, is not in it), so a task that dies with its parent
+                # (PR_SET_PDEATHSIG) dies only when the task itself is killed.
+                os.execv("/bin/sh", ["/bin/sh", "-c", 'trap : TERM INT HUP QUIT; "$@"; echo $? > "$0"', status, *argv])
             os.write(write, str(task).encode())
         finally:
             os._exit(0)
