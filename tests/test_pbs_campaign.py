@@ -355,3 +355,65 @@ def test_a_preempted_pilots_whole_process_tree_is_gone_before_the_main_job_start
         assert not alive, "a process of the preempted pilot still runs beside the main job"
     finally:
         ctrl_c(proc)
+
+
+# ---------------------------------------------------------------- the torch store (recheck (a))
+
+TORCH_CAMPAIGN = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def train(epochs, width):
+    from pilotfill.workloads import digits
+    return digits.train(epochs=epochs, width=width, step_delay_s=0.02)
+
+short, long = train(SHORT, 16), train(LONG, 32)
+print("results", [r["val_accuracy"] > 0.5 for r in (short.result(), long.result())])
+"""
+
+
+def test_a_torch_campaign_survives_preemption_and_releases_with_one_store(pbs, tmp_path, torch_runtime):
+    """Recheck (a): a-torch-store-pids-ports-and-strace-signals.txt (4 stores in 80 s, each SIGTERMed by a leaving,
+    stopping or releasing agent: si_pid = the agent), a-torch-agent-logs-j1-vm0-preempted-j3-vm2-stuck.txt and
+    a-strace-stuck-worker-j3-vm2-connect-old-port.txt (j3 stuck on the first store's port). The controller shares
+    its host with every pilot's vnodes here, as there; a pilot of the long training is preempted and the short
+    training's pilots are given back. Every training finishes, and the store is the same one throughout."""
+    import socket
+
+    from interrupting import ctrl_c, journal, start_run
+
+    from pilotfill.client import ControllerClient
+
+    here = socket.gethostname().split(".")[0]
+    pbs("pbs_standin", "init", "--hosts", f"{here}:4")  # the controller's host is every pilot's host
+    pbs("pbs_standin", "exec", "on")
+    config, campaign, run_dir, out = tmp_path / "pbs.toml", tmp_path / "campaign.py", tmp_path / "run", tmp_path / "campaign.out"
+    config.write_text(CONFIG.replace("nodes_per_pilot = 2", "nodes_per_pilot = 1").replace('kind = "processes"', 'kind = "torch"'))
+    campaign.write_text(TORCH_CAMPAIGN.replace("SHORT", "3").replace("LONG", "40"))
+    proc = start_run(campaign, config, run_dir, out)
+    try:
+        wait_for(lambda: (run_dir / "controller.json").exists(), 120, "the controller")
+        client = ControllerClient(run_dir)
+
+        def long_job_running_after_the_short_one():
+            snap = client.snapshot()
+            jobs = {j["name"]: j for j in snap["jobs"]}
+            short, long = jobs.get("train(3, 16)"), jobs.get("train(40, 32)")
+            if short is None or long is None or short["status"] != "finished" or long["status"] != "running" or not long["nodes"]:
+                return None
+            return next((p for p in snap["pilots"] if p["state"] == "running" and set(p["nodes"]) & set(long["nodes"])), None)
+
+        pilot = wait_for(long_job_running_after_the_short_one, 600, "the short training to finish while the long one trains",
+                         detail=lambda: out.read_text()[-2000:])  # fmt: skip
+        wait_for(lambda: journal(run_dir, "node.released"), 120, "the short training's nodes to be given back")
+        pbs("pbs_standin", "preempt", pilot["scheduler_id"], "20")
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            ctrl_c(proc)
+    text = out.read_text()
+    assert proc.returncode == 0, text[-4000:]
+    assert "results [True, True]" in text
+    assert journal(run_dir, "pilot.requeued") or journal(run_dir, "node.leaving"), "a pilot was preempted"
+    stores = (run_dir / "logs" / "torch_store.log").read_text().count("torch store listening")
+    assert stores == 1, f"the torch store was started {stores} times"
