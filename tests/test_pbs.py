@@ -541,6 +541,13 @@ while true; do sleep 0.1; done
 """)
     script.chmod(0o755)
     pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", str(script)).stdout.strip()
+    try:
+        rerun_waits_for_the_child(pbs, pilot, log, done)
+    finally:
+        done.touch()  # the child goes, whatever happened
+
+
+def rerun_waits_for_the_child(pbs, pilot: str, log: Path, done: Path) -> None:
     wait_for_text(log, "child ")
     main = pbs("pbs_standin", "preempt", pilot, "30").stdout.strip()
     wait_for_text(log, "child got TERM")  # the whole session got it, not only the script's group
