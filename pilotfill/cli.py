@@ -80,7 +80,9 @@ def run(
                 run_dir = run_dir or default_run_dir(script.resolve())
                 outcome = run_with_view(lambda: run_campaign(script, config, run_dir, apps=apps, interrupt=interrupt), run_dir)
             else:
-                work = lambda: run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d), interrupt=interrupt)  # noqa: E731
+                def work():
+                    return run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d), interrupt=interrupt)
+
                 outcome = show(work, apps, lambda: where.get("run_dir"), err, quiet=quiet)
     except (CampaignError, ConfigError) as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)

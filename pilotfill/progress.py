@@ -86,7 +86,8 @@ class Machine:
 def line(apps: AppCounts, machine: Machine) -> str:
     failed = f", {apps.failed} failed" if apps.failed else ""
     problem = f" · {machine.problem}" if machine.problem else ""
-    return f"{apps.done} of {apps.launched} apps done{failed} · {machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s{problem}"
+    training = f"{machine.running} jobs training on {machine.nodes} nodes · {machine.rate:,.0f} samples/s"
+    return f"{apps.done} of {apps.launched} apps done{failed} · {training}{problem}"
 
 
 def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False) -> T:

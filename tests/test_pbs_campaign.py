@@ -102,8 +102,9 @@ def test_campaign_with_a_main_job_preempting_a_pilot(pbs, tmp_path):
     submitted = [argv for argv in pbs.calls("qsub") if "scavenger" in argv]
     assert preemptions >= 1
     assert len(submitted) <= APPS + preemptions + 2, f"{len(submitted)} pilots submitted for {APPS} apps and {preemptions} preemption(s)"
-    # Every pilot deleted at the end: the stand-in has none left (with history on, only finished ones, as F).
-    assert [j for j, v in pbs.jobs().items() if v["Job_Name"].startswith("pf-")] == []
+    # Every pilot deleted at the end: the stand-in has none left once their agents have ended what ran on their nodes
+    # (within the grace period after the qdel), with history on only finished ones, as F.
+    wait_for(lambda: [j for j, v in pbs.jobs().items() if v["Job_Name"].startswith("pf-")] == [], 60, "no pilot left in qstat")
     if pbs.history:
         history = json.loads(pbs("qstat", "-x", "-f", "-F", "json").stdout).get("Jobs", {})
         assert {v["job_state"] for v in history.values() if v["Job_Name"].startswith("pf-")} == {"F"}
@@ -192,7 +193,8 @@ def test_ctrl_c_records_the_stop_deletes_every_pilot_and_leaves_nothing(pbs, tmp
 
 def test_a_queue_limit_refusal_is_shown_and_retried_when_the_log_says(pbs, tmp_path):
     """Recheck (g), g-queue-limit-qsub-38.txt: exit 38 was only a WARNING in controller.log; the terminal showed the
-    progress line alone. Now the progress line says PBS's words, and the submission is asked again when due."""
+    progress line alone. Now the progress line and `pilotfill top` say PBS's words, and the submission is asked again
+    when due."""
     from interrupting import ctrl_c, journal, start_run
 
     pbs("pbs_standin", "exec", "on")
@@ -206,6 +208,8 @@ def test_a_queue_limit_refusal_is_shown_and_retried_when_the_log_says(pbs, tmp_p
     try:
         wait_for(lambda: "pilot refused: qsub: would exceed queue generic's per-user limit (exit 38)" in out.read_text(), 120,
                  "the refusal on the progress line", detail=lambda: out.read_text()[-2000:])  # fmt: skip
+        top = subprocess.run([sys.executable, "-m", "pilotfill", "top", str(run_dir)], capture_output=True, text=True, timeout=60)  # one frame
+        assert "pilot refused: qsub: would exceed queue generic's per-user limit (exit 38)" in top.stdout, top.stdout
         wait_for(lambda: len(journal(run_dir, "pilot.submit_refused")) >= 2, 120, "a second try when the first back-off is over")
         pbs("qdel", blocker)  # the limit no longer bites: the next try goes through and the campaign runs
         proc.wait(timeout=600)

@@ -12,11 +12,20 @@ ends: on a ``stop`` command, when its node is given back, when the controller
 that started it is replaced (its jobs were requeued), and on SIGTERM — the
 batch system's preemption notice, or a cancel — which the agent first turns
 into an immediate ``pilot.leaving`` (the controller reallocates at once), then
-ends what runs on its nodes within the grace period. Processes it did not
-start itself (ranks that Horovod started over ssh) are found on the node by
-their environment.
+ends what runs on its nodes within the grace period, and exits only once all
+of it is gone: the batch system gives the nodes to the main job as soon as the
+agent's session is empty. Processes it did not start itself (ranks that
+Horovod started over ssh) are found on the node by their environment, and
+only processes that say they are a job's on one of its nodes
+(:func:`job_processes`): the controller's own helpers — the torch store,
+``horovodrun`` — may share the host and are never touched. Ending is a
+:class:`Sweep`: SIGTERM to each process and everything below it (whatever
+session it moved to), SIGKILL at the deadline. On PBS, processes on a sister
+host run through ``pbs_tmrsh``, which forwards no signal: the agent ends them
+by running itself there with ``--end-on``.
 
     python -m pilotfill.pilots.agent --run-dir RUN --pilot ID [--nodes a,b] [--scheduler local|slurm|pbs]
+    python -m pilotfill.pilots.agent --run-dir RUN --end-on NODE[,NODE] [--job J] [--grace-s S]   # on that node's host
 """
 
 from __future__ import annotations
@@ -342,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pilotfill-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--pilot", default=None, help="the pilot this agent is (required unless --end-on)")
-    ap.add_argument("--end-on", default=None, help="comma-separated nodes of this host: end the run's processes there (SIGTERM, SIGKILL after --grace-s) and exit")
+    ap.add_argument("--end-on", default=None, help="nodes of this host (a,b): end the run's processes there (SIGTERM, SIGKILL after --grace-s), exit")
     ap.add_argument("--job", default=None, help="with --end-on: only this job's processes")
     ap.add_argument("--nodes", default=None, help="comma-separated node names this pilot holds (default: ask the batch system)")
     ap.add_argument("--scheduler", default="local", help="local, slurm or pbs: where to find this job's id and nodes, and how to reach them")

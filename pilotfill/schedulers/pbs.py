@@ -434,8 +434,8 @@ class PbsScheduler(BatchScheduler):
             if exc.returncode is not None and is_policy_refusal(exc.returncode, exc.output):
                 raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {said}", reason=reason) from None
             if exc.returncode in NEVER_CODES:
-                raise SchedulerConfigError(f"{self._key_for(exc.returncode, said)}: PBS refuses every pilot: `{' '.join(argv)}` exited {exc.returncode}: {said}",
-                                           reason=reason) from None  # fmt: skip
+                key = self._key_for(exc.returncode, said)
+                raise SchedulerConfigError(f"{key}: PBS refuses every pilot: `{' '.join(argv)}` exited {exc.returncode}: {said}", reason=reason) from None
             raise
         try:
             job = parse_job_id(result.stdout)
