@@ -3,9 +3,10 @@
 OpenPBS is not packaged here, so ``tests/pbs_standin/`` holds small executables
 (``qsub``, ``qstat``, ``qselect``, ``pbsnodes``, ``pbs_release_nodes``, ``qdel``
 and the test-only ``pbs_standin``) that reproduce the recordings of a real
-OpenPBS 23.06.06 in ``shared/data/openpbs/real-23.06.06`` (a normal user, the
+OpenPBS 23.06.06 in ``shared/data/openpbs/real-23.06.06-recheck`` (two MOM
+hosts; right where the others differ), ``real-23.06.06`` (a normal user, the
 server's defaults) and ``shared/data/openpbs`` — layouts, exit codes,
-messages, requeue on preemption, partial-host release. Where the stand-in and
+messages, requeue on preemption, partial-host release, ``pbs_tmrsh``. Where the stand-in and
 the recordings differ, the recording is right: the tests at the top check
 the stand-in against them, and the parsers are also run on the recorded files
 themselves. Every test that runs the adapter runs against the stand-in, once

@@ -1,10 +1,11 @@
 """A STAND-IN for the OpenPBS 23.06 commands, for tests: OpenPBS is not packaged here.
 
 It reproduces what a real OpenPBS 23.06.06 printed and did, as recorded in
-``shared/data/openpbs/real-23.06.06/`` (a normal user, the server's defaults)
-and, where that says nothing, in the earlier capture ``shared/data/openpbs/``.
-Where this stand-in and the recordings differ, THE RECORDING IS RIGHT (and
-real-23.06.06 over the earlier one) and this file is wrong.
+``shared/data/openpbs/real-23.06.06-recheck/`` (two MOM hosts, a normal user),
+``real-23.06.06/`` (a normal user, the server's defaults) and, where those say
+nothing, in the earlier capture ``shared/data/openpbs/``. Where this stand-in
+and the recordings differ, THE RECORDING IS RIGHT (the recheck over
+real-23.06.06, and both over the earlier one) and this file is wrong.
 
 Recorded, and reproduced:
 
@@ -26,18 +27,35 @@ Recorded, and reproduced:
   a vnode not (or no longer) in the job ("Server returned error 15010 for
   job"), and for a list mixing primary and sister vnodes — then nothing is
   released. Exit 168 ("Request invalid for state of job") for ``join`` seconds
-  (default 2) after a multi-host job starts. Releasing part of a sister host
-  takes the vnodes out of ``exec_vnode`` but ``pbsnodes`` keeps them
-  ``job-busy`` with the job until every vnode the job had on that host is
-  released; only then can another job use them.
+  (default 2.2, recheck (f): 2.15-2.21 s) after a multi-host job starts, while
+  it shows substate 41 (recheck (d)). Releasing part of a sister host takes
+  the vnodes out of ``exec_vnode`` but ``pbsnodes`` keeps them ``job-busy``
+  with the job until every vnode the job had on that host is released; only
+  then can another job use them. Recheck (e): a list with vnodes released
+  already and held ones exits 0 and releases the held ones; released ones
+  alone get 162 "error 15010"; a name never in the job, 162 "node(s)
+  requested to be released not part of the job: NAME", nothing released.
 * preemption (``preempt_order R``): a ``workq`` job that does not fit requeues
-  rerunnable lower-priority jobs. While a victim exits it shows ``job_state``
-  R, ``substate`` 60 (the server log: "Obit received … state:R substate:60")
-  and its vnodes show ``free`` in ``pbsnodes``, though they are promised to
-  the waiting main job, which stays ``Q``. Once it has exited the victim is
-  ``Q`` with ``Exit_status`` -11 and the comment "Not Running: Not enough free
-  nodes available", and has its ORIGINAL select back (vnodes it had released
-  come back when it runs again, ``run_count`` + 1).
+  rerunnable lower-priority jobs, newest first, only those on vnodes it could
+  run on (recheck (a), e2e). While a victim exits it shows ``job_state`` R,
+  ``substate`` 60 and its vnodes stay ``job-busy`` with it (recheck (d); not
+  ``free`` as real-23.06.06 item 7 said); the main job stays ``Q``. The MOM
+  SIGTERMs the victim's session once and waits until the session is empty —
+  no SIGKILL (recheck (d) B: a child ignoring SIGTERM held the main job 21 s).
+  Once it has exited the victim is ``Q`` with ``Exit_status`` -11 and the
+  comment "Not Running: Not enough free nodes available", and has its
+  ORIGINAL select back (vnodes it had released come back when it runs again,
+  ``run_count`` + 1). A ``qdel`` meanwhile is lost (recheck (x)): exit 0, the
+  job shows R substate 42 until it has exited, then Q, and runs again.
+* ``pbs_tmrsh HOST CMD`` (recheck (c)): CMD runs detached as a task of the job
+  (its own session, not pbs_tmrsh's child); pbs_tmrsh waits and exits with its
+  status; a signal to pbs_tmrsh ends pbs_tmrsh only (SIGTERM: exit 0), nothing
+  is forwarded. The job's end kills the tasks left (the sister MOM's
+  ``kill_job``; with SIGKILL: a guess, the signal was not recorded). Every host
+  is this machine, so unlike on a cluster a task's processes are visible to
+  every job's processes here.
+* ``qsub`` of a resource the server does not know: 187 "qsub: Unknown resource
+  Resource_List.X" (recheck (g)).
 * exit codes and messages of ``cli-errors.txt``: 59, 170, 153 (the error on
   stderr and an empty JSON document on stdout), a select larger than the
   machine accepted and queued forever; ``qdel`` of a finished job 35.
@@ -49,17 +67,20 @@ Recorded, and reproduced:
 Not recorded, so guessed (marked ``# guess``): messages of other failures,
 ``Account_Name``'s place, attributes of a job that never ran, how long a
 victim takes to exit without a job script (``exit`` delay, default 0),
-``qdel`` of a running job (``E`` until its processes are gone, SIGKILL after
+``qdel`` of a running job (``E`` until its session is empty, SIGKILL after
 ``kill`` seconds, default 10, as ``kill_delay``). Not modelled: time running
-out (walltime), reservations, refusing root (a real PBS refuses jobs from
-root: "qsub: Bad UID for job execution", exit 175; tests here run as root).
+out (walltime), reservations, the MOM's poll (a real main job starts 1.5-5.5 s
+after the preempted pilot's exit, recheck (h); here at the next command),
+refusing root (a real PBS refuses jobs from root: "qsub: Bad UID for job
+execution", exit 175; tests here run as root).
 
 Job scripts: with ``pbs_standin exec on`` a stand-in MOM runs each job's
-script (or ``--`` command) when it starts, in its own process group, with the
+script (or ``--`` command) when it starts, in a session of its own, with the
 submitter's environment (like ``qsub -V``; a real PBS builds a login
 environment) plus ``PBS_JOBID``, ``PBS_NODEFILE``…; output appended to the
-``-o`` file. SIGTERM on ``qdel`` and on preemption, SIGKILL ``kill`` seconds
-later. With ``exec off`` (the default) scripts never run.
+``-o`` file. SIGTERM to the session on ``qdel`` (SIGKILL ``kill`` seconds
+later) and on preemption (nothing more). With ``exec off`` (the default)
+scripts never run.
 
 A "scheduler pass" first finishes exits (processes gone, delays passed), then
 starts queued jobs that fit on free vnodes, highest queue priority first,
@@ -84,7 +105,7 @@ Test-only control command::
     pbs_standin exec on|off              # run job scripts (a stand-in MOM)
     pbs_standin delay join|exit|kill SECONDS
     pbs_standin limit QUEUE max_queued|queued_jobs_threshold N   # [u:PBS_GENERIC=N]; 0 removes it
-    pbs_standin killall                  # SIGKILL every job's processes (test teardown)
+    pbs_standin killall                  # SIGKILL every job's processes and tasks (test teardown)
 """
 
 from __future__ import annotations
