@@ -918,6 +918,7 @@ def control(state: dict, argv: list[str]) -> str:
     elif what == "limit":
         state["limits"].setdefault(args[0], {})[args[1]] = int(args[2])
     elif what == "killall":
+        state["exec"] = state["auto"] = False  # the end of a test: nothing may start after this
         for job in state["jobs"].values():
             if job.get("pid"):
                 signal_session(job["pid"], signal.SIGKILL)
