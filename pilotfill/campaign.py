@@ -18,6 +18,14 @@ that someone else could have written is refused, never loaded.
 Anything wrong with the campaign, the config or a path is one line naming the
 file (and line) and exit code 2 (:class:`CampaignError`); an exception in the
 campaign's own code shows that code's traceback, not pilotfill's.
+
+Ctrl-C (SIGINT), SIGTERM and SIGHUP are a stop (:class:`Interrupt`): the
+controller is stopped as ``pilotfill run`` stops it at the end — it ends every
+job's ranks, deletes every pilot (``qdel``, ``scancel``, or ends the local
+cluster's) and records ``controller.stopped`` — then the apps still waiting
+fail with "interrupted", and ``pilotfill run`` exits 130. Trainings resume from
+their last commit when the campaign is run again. A second Ctrl-C while that
+stop runs only says so; once the stop is done, it leaves at once.
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ import logging
 import os
 import runpy
 import secrets
+import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,10 +65,84 @@ class Outcome:
     fatal: str | None = None  # why the campaign could not go on (the controller could not), if it could not
     stopped: str | None = None  # where the campaign's script stopped on a failed app's result, if it did
     notes: list[str] = field(default_factory=list)  # what the user should know that is not a failure (an unsaved result)
+    interrupted: str | None = None  # the signal that stopped it (Ctrl-C: "SIGINT"), if one did
 
     @property
     def ok(self) -> bool:
-        return not self.failed and self.fatal is None and self.stopped is None
+        return not self.failed and self.fatal is None and self.stopped is None and self.interrupted is None
+
+
+class Interrupt:
+    """Ctrl-C, SIGTERM or SIGHUP to ``pilotfill run``: the campaign stops as it would at its end (see the module
+    docstring), never by the controller dying with its parent (which leaves every pilot holding its nodes until its
+    agent gives up, 10 minutes later: recheck (b)).
+
+    Install it on the main thread (:meth:`installed`); :func:`run_campaign` attaches the stop. The stop runs on a
+    thread of its own, so the main thread goes on showing progress meanwhile. ``say`` prints a line for the user.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)):
+        self.say = say
+        self.signal: signal.Signals | None = None
+        self.done = threading.Event()  # the stop has run: pilots deleted, controller stopped
+        self._stop: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+        self._started = False
+
+    @property
+    def why(self) -> str:
+        return f"interrupted ({self.signal.name})" if self.signal is not None else ""
+
+    def installed(self):
+        """A context manager: the handlers set on entry (main thread only), the previous ones back on exit."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def manager():
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
+            try:
+                yield self
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        return manager()
+
+    def attach(self, stop: Callable[[str], None]) -> None:
+        """What a stop does (set once the controller runs); a signal that came before runs it now."""
+        with self._lock:
+            self._stop = stop
+            pending = self.signal is not None
+        if pending:
+            self._begin()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal is not None:
+            if self.done.is_set():
+                self.say("pilotfill: stopped; leaving now")
+                os._exit(130)
+            self.say("pilotfill: still stopping: ending the trainings and deleting the pilots (Ctrl-C again once that is done leaves at once)")
+            return
+        self.signal = signal.Signals(signum)
+        self.say(f"pilotfill: {self.signal.name}: stopping — ending the trainings and deleting the pilots; they resume from their commits next time")
+        self._begin()
+
+    def _begin(self) -> None:
+        with self._lock:
+            stop = self._stop
+            if stop is None or self._started:
+                return  # no controller yet: run_campaign attaches the stop, and runs it then
+            self._started = True
+
+        def run() -> None:
+            try:
+                stop(self.why)
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="pilotfill-interrupt", daemon=True).start()
 
 
 def default_run_dir(script: Path) -> Path:
@@ -138,9 +222,11 @@ def _line_in(exc: BaseException, script: Path) -> int | None:
     return None
 
 
-def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None) -> Outcome:
+def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None,
+                 interrupt: Interrupt | None = None) -> Outcome:  # fmt: skip
     """Run ``script`` as a campaign (see the module docstring). ``apps``: a :class:`pilotfill.progress.AppCounts`
-    to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists."""
+    to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists; ``interrupt``:
+    an installed :class:`Interrupt`, whose signal stops the campaign."""
     os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
     logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
     script = check_script(script)
@@ -148,7 +234,7 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
     run_dir = Path(run_dir if run_dir else default_run_dir(script)).resolve()
     lock = lock_runs(run_dir)  # before anything is written: a second run of this campaign here refuses
     try:
-        return _run_locked(script, config, run_dir, apps, on_run_dir)
+        return _run_locked(script, config, run_dir, apps, on_run_dir, interrupt)
     finally:
         lock.close()
 
@@ -191,7 +277,7 @@ def lock_runs(run_dir: Path) -> _Lock:
     return _Lock(fd)
 
 
-def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir) -> Outcome:
+def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir, interrupt: Interrupt | None) -> Outcome:
     import parsl
     from parsl.config import Config
     from parsl.executors import ThreadPoolExecutor
@@ -199,7 +285,7 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
     from .checkpoints import CampaignMemoizer, UnsafeCheckpoint, parsl_checkpoints
     from .executors import ElasticExecutor
     from .executors.decorator import ElasticAppError
-    from .executors.elastic import call_name
+    from .executors.elastic import CampaignHalted, call_name
     from .progress import is_app_failure
     from .supervisor import ControllerFailed, ControllerSupervisor
 
@@ -220,10 +306,18 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
         executor.fail_all(f"the campaign cannot go on: {why}")
 
     supervisor = ControllerSupervisor(run_dir, config, checkpoint_dir, new_campaign=(run_dir / "state.sqlite").exists(), on_fatal=fatal)
+
+    def stop(why: str) -> None:  # an interrupt: as at the end — the controller ends the jobs, deletes the pilots, records it
+        outcome.interrupted = why
+        supervisor.stop()
+        executor.fail_all(f"the campaign was {why}")
+
     try:
         supervisor.start()
     except ControllerFailed as exc:
         raise CampaignError(str(exc)) from None
+    if interrupt is not None:
+        interrupt.attach(stop)
     dfk = None
     memoizer = CampaignMemoizer(checkpoint_files=checkpoints)
     try:
@@ -244,16 +338,21 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
             raise CampaignError(f"{script}:{_line_in(exc, script) or '?'}: {exc}") from None
         except Exception as exc:
             stopped = exc
-        dfk.wait_for_current_tasks()
+        if outcome.interrupted is None:  # interrupted: the apps still running on this machine are not waited for
+            dfk.wait_for_current_tasks()
         for future in list(futures):
             task = future.task_record
+            if not future.done():  # interrupted while it ran on this machine: not waited for
+                outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})),
+                                       CampaignHalted(f"the campaign was {outcome.interrupted}")))  # fmt: skip
+                continue
             exc = future.exception()
             if exc is not None:
                 outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})), exc))
             else:
                 outcome.done += 1
                 outcome.cached += bool(task.get("from_memo"))
-        if stopped is not None and outcome.fatal is None:
+        if stopped is not None and outcome.fatal is None and outcome.interrupted is None:
             if not is_app_failure(stopped, [e for _, e in outcome.failed]):
                 raise CampaignScriptError(_script_frames(stopped, script))
             outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"

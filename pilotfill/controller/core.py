@@ -37,7 +37,7 @@ from ..elastic.base import RankExit, Runtime
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
 from ..protocol import READ_ONLY, ProtocolError, check, check_spec
-from ..schedulers.base import BatchScheduler, PilotEvent
+from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
@@ -355,7 +355,7 @@ class Controller:
 
     def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         self._account(now)
-        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation,
+        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "submit_problem": self.pilots.problem,
                 "node_seconds": {"held": self.world.counters["held_node_s"] + self._held_s, "used": self.world.counters["used_node_s"] + self._used_s}}  # fmt: skip
 
     def _account(self, now: float) -> None:
@@ -597,7 +597,7 @@ class Controller:
         now = self.clock() if now is None else now
         try:
             self._step(now)
-        except JournalError:
+        except (JournalError, SchedulerConfigError):
             raise
         except Exception:
             self._errors += 1
@@ -612,6 +612,8 @@ class Controller:
             self._step_in_transaction(now)
         finally:
             self._flush_wakes()
+        if self.pilots.fatal is not None:  # journaled above; the process stops with its one line
+            raise self.pilots.fatal
 
     def _step_in_transaction(self, now: float) -> None:
         with self.journal.transaction():
@@ -625,7 +627,7 @@ class Controller:
             idle = self._scheduler_call("idle", self.scheduler.idle_nodes)
             if self.dirty and (self.urgent or not self._settling(now)):
                 self.decide(now, idle)
-            elif (idle is not None and idle != self._last_idle) or self.pilots.release_due(now):
+            elif (idle is not None and idle != self._last_idle) or self.pilots.release_due(now) or self.pilots.retry_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0)  # the main workload moved, or a kept node's time is up
             if idle is not None:
                 self._last_idle = idle

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_config
+from ..schedulers.base import SchedulerConfigError
 from ..security import private_dir
 from ..state import JournalError, unwritable
 from ..transport import Server
@@ -80,12 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         controller.wake = server.wake  # long polls: a pilot's waiting heartbeat is answered when it has news
-        server.publish(incarnation=controller.incarnation)
-        log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
         try:
-            serve(controller, server)
-        finally:
-            server.close()
+            controller.scheduler.check()  # a config no pilot could ever run with: one line now, not a silent wait
+            server.publish(incarnation=controller.incarnation)
+            log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
+            try:
+                serve(controller, server)
+            finally:
+                server.close()
+        except SchedulerConfigError as exc:
+            log.error("stopping: %s", exc)
+            controller.shutdown()
+            print(f"pilotfill controller: {exc}", file=sys.stderr, flush=True)
+            return EXIT_CONFIG
         controller.shutdown()
         return 0
     except (JournalError, OSError) as exc:
