@@ -31,7 +31,8 @@ the shared job file eight times over, submitted evenly through the week
 (8,008 jobs), on the whole machine with realistic accounting and a 30 s queue
 delay — where the question is how much of the idle time becomes training.
 
-    python benchmarks/bench_replay.py [--data ../shared/data] [--only 64|whole|bftrainer|saturating] [--seeds 3] [--out results.jsonl]
+    python benchmarks/bench_replay.py [--data ../shared/data] [--only 64|whole|bftrainer|horizon|saturating] [--accounting bftrainer|realistic]
+        [--queue-delay 0|30] [--seeds 3] [--saturating-seeds 1] [--out results.jsonl]
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
     ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating"], action="append", help="run only these parts (repeatable)")
+    ap.add_argument("--accounting", choices=["bftrainer", "realistic"], action="append", help="64/whole cells: only this accounting (repeatable)")
+    ap.add_argument("--queue-delay", type=float, action="append", help="64/whole cells: only this queue delay in s (repeatable)")
+    ap.add_argument("--horizon-machine", choices=["64", "whole"], action="append", help="horizon part: only this machine (repeatable)")
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for learned curves (the median is shown)")
     ap.add_argument("--saturating-seeds", type=int, default=1, help="noise seeds for learned curves under saturating demand (each run is long)")
     ap.add_argument("--out", type=Path, default=None, help="also write every cell's full figures as JSON lines")
@@ -126,12 +130,14 @@ def main() -> None:
     for part, trace in (("64", trace64), ("whole", whole)):
         if part not in parts:
             continue
-        for accounting in ("bftrainer", "realistic"):
-            for delay in (0.0, 30.0):
+        for accounting in args.accounting or ("bftrainer", "realistic"):
+            for delay in args.queue_delay or (0.0, 30.0):
                 label = f"{'64 nodes' if part == '64' else 'whole machine'}, {accounting} accounting, queue delay {delay:g} s"
                 record(cell(label, trace, jobs, args.seeds, accounting=accounting, queue_delay_s=delay))
     if "horizon" in parts:  # the learned horizon (every cell above) against BFTrainer's fixed look-ahead, in the realistic setting
-        for label, trace in (("64 nodes", trace64 or read_trace(trace_file, nodes=64, **WINDOW)), ("whole machine", whole or read_trace(trace_file))):
+        for machine in args.horizon_machine or ["64", "whole"]:
+            label = "64 nodes" if machine == "64" else "whole machine"
+            trace = (trace64 or read_trace(trace_file, nodes=64, **WINDOW)) if machine == "64" else (whole or read_trace(trace_file))
             record(cell(f"{label}, realistic accounting, queue delay 30 s, fixed T_fwd = 10 s (compare with the learned horizon above)", trace, jobs,
                         args.seeds, accounting="realistic", queue_delay_s=30.0, t_fwd=10.0))  # fmt: skip
     if "saturating" in parts:
