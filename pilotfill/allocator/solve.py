@@ -1,8 +1,10 @@
 """One entry point: ``allocate(problem)`` always returns an allocation.
 
 The formulation is chosen as DESIGN says: the exact DP where it applies (one
-node type per job), the aggregated MILP otherwise; the node-level model and
-the greedy heuristic only on request. A solver that fails or runs out of time
+node type per job), the exact typed solver where jobs choose among node types
+(a node price per type, reduced-cost fixing and the DP per type on the core:
+:mod:`.typed`), the aggregated MILP where neither can answer; the node-level
+model and the greedy heuristic only on request. A solver that fails or runs out of time
 falls back to its incumbent, else to greedy: the caller is never left without
 an answer and the controller loop never stalls on a solver.
 """
@@ -14,9 +16,9 @@ from enum import Enum
 
 import numpy as np
 
-from . import dp, greedy, milp, nodelevel
+from . import dp, greedy, milp, nodelevel, typed
 from .moves import realise
-from .problem import Allocation, Problem
+from .problem import DEFAULT_TYPE, Allocation, Problem
 from .values import ValueTable, exploration_tables, value_tables
 
 
@@ -54,6 +56,11 @@ def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float) -
         return _finish(problem, result.counts, result.types, "node-level", result.optimal, result.status, assignment)
     if formulation is Formulation.AGGREGATED:
         answer = _dp(problem)
+        if answer is None:
+            try:
+                answer = _typed(problem, time_limit_s)
+            except Exception:  # a solver bug must not stop the loop: the MILP, then greedy, answer instead
+                answer = None
         if answer is not None:
             return answer
     try:
@@ -69,9 +76,12 @@ def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str
     """The model's value of a count vector, from the same tables every method uses."""
     total = 0.0
     for job, job_tables in zip(problem.jobs, tables or value_tables(problem)):
-        for t in job_tables:
-            n = counts.get(job.id, 0) if types.get(job.id) == t.node_type else 0
-            total += float(t.values[n]) if n <= t.cap else -np.inf
+        n = counts.get(job.id, 0)
+        if n == 0:
+            total += float(job_tables[0].values[0])  # stopped: the same value on every type
+            continue
+        table = next((t for t in job_tables if t.node_type == types.get(job.id)), None)
+        total += float(table.values[n]) if table is not None and n <= table.cap else -np.inf
     return total
 
 
@@ -96,6 +106,25 @@ def _dp(problem: Problem) -> Allocation | None:
             counts[t.job.id] = n
             types[t.job.id] = node_type if n > 0 else None
     return _finish(problem, counts, types, "dp", True, "OPTIMAL", tables=all_tables)
+
+
+def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
+    """The exact solver across node types (:mod:`.typed`); None when its core is too large for it (the MILP then)."""
+    all_tables = value_tables(problem)
+    capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()}
+    if not capacities:
+        capacities = {DEFAULT_TYPE: 0}
+    tables = []
+    for job_tables in all_tables:
+        mine = {t.node_type: t.values for t in job_tables if t.node_type in capacities}
+        tables.append(mine or {next(iter(capacities)): job_tables[0].values[:1]})
+    try:
+        choices, _, how = typed.solve(tables, capacities, time_limit_s)
+    except dp.TooLarge:
+        return None
+    counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
+    types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
+    return _finish(problem, counts, types, "typed-" + how, True, "OPTIMAL", tables=all_tables)
 
 
 def _explore(problem: Problem, answer: Allocation) -> Allocation:

@@ -1,0 +1,290 @@
+"""Exact allocation across node types: one node price per type, reduced-cost fixing, a DP per type on the core.
+
+With several kinds of node each job picks one type and a count on it (or
+stops), and each type has its own capacity:
+
+    max Σ_j v_j(t_j, n_j)   subject to   Σ_{j: t_j = t} n_j ≤ N_t   for every type t.
+
+This generalises :mod:`.dp`'s core solver from one node price to one price
+per type:
+
+1. **Relax.** For prices λ_t ≥ 0 every job alone picks
+   ``argmax_{t,n} v_j(t, n) − λ_t·n`` (or stops). The prices are found type by
+   type (coordinate descent: each λ_t is the smallest price at which the jobs
+   ask for no more nodes of t than there are, the others held), a few rounds;
+   any prices give the bound ``UB(λ) = Σ_t λ_t·N_t + Σ_j max_{t,n}(v_j(t,n) − λ_t·n)``.
+2. **Round.** Each job is given the type it prefers at those prices and each
+   type's jobs are solved exactly by :func:`.dp.solve`: a feasible answer, ``LB``.
+3. **Fix.** Every choice whose reduced cost exceeds ``UB − LB`` is in no
+   optimum and is dropped (the argument of :mod:`.dp`, with a price per type).
+4. **Solve the core.** When every job keeps choices on one type at most, the
+   problem has fallen apart into one knapsack per type: :func:`.dp.solve` on
+   each is the exact optimum. When some jobs still hesitate between types, the
+   choices left are solved exactly as a small MILP (HiGHS, through SciPy).
+
+:func:`solve_milp` is the same model solved by HiGHS without the decomposition
+(one binary per job, type and count): the reference the benchmark compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import dp
+
+ROUNDS = 12
+"""Coordinate-descent rounds over the node prices (each price found by bisection)."""
+BISECTIONS = 48
+
+
+class CoreTooLarge(ValueError):
+    """Fixing left more than the MILP fallback should take on (the caller uses the full MILP or greedy)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A job's answer: a type and a count (``node_type`` None and ``count`` 0: stopped)."""
+
+    node_type: str | None
+    count: int
+
+
+def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, str]:
+    """Exact optimum: ``tables[j][t][n]`` is job j's worth on type t at n nodes (−inf where not allowed; every
+    table of a job has the same finite value at 0, stopped). Returns the choices, the value and how the core was
+    solved (``"dp"`` or ``"dp+milp"``)."""
+    types = sorted(capacities)
+    J, T = len(tables), len(types)
+    if J == 0:
+        return [], 0.0, "dp"
+    width = max((len(tb) for job in tables for tb in job.values()), default=1)
+    width = max(width, 1)
+    V = np.full((J, T, width), -np.inf)
+    stop = np.zeros(J)
+    for j, job in enumerate(tables):
+        first = next(iter(job.values()), None)
+        stop[j] = float(first[0]) if first is not None else 0.0
+        if not np.isfinite(stop[j]):
+            raise ValueError(f"job {j}: its value at 0 nodes must be finite")
+        for k, t in enumerate(types):
+            tb = job.get(t)
+            if tb is None:
+                continue
+            if not np.isclose(tb[0], stop[j], rtol=1e-9, atol=1e-9):
+                raise ValueError(f"job {j}: tables disagree at 0 nodes ({tb[0]} on {t!r}, {stop[j]} elsewhere)")
+            upto = min(len(tb), capacities[t] + 1)
+            V[j, k, 1:upto] = tb[1:upto]
+    caps = np.array([capacities[t] for t in types], dtype=float)
+    n = np.arange(width, dtype=float)
+
+    # Every job's own best: if that fits every type, it is the optimum.
+    choice_t, choice_n, best = _respond(V, stop, np.zeros(T), n)
+    if all(choice_n[choice_t == k].sum() <= caps[k] for k in range(T)):
+        return _answer(types, choice_t, choice_n), float(best.sum()), "dp"
+
+    price = _prices(V, stop, caps, n)
+    choice_t, choice_n, best = _respond(V, stop, price, n)
+    upper = float(price @ caps + best.sum())
+    incumbent_t, incumbent_n, lower = _round(V, stop, caps, price, n, choice_t)
+
+    # Reduced costs: what each choice costs against the job's best at these prices (≥ 0).
+    reduced = best[:, None, None] - (V - price[None, :, None] * n[None, None, :])
+    gap = max(0.0, upper - lower)
+    slack = 1e-9 * max(1.0, abs(upper), abs(lower))
+    keep = np.isfinite(V) & (reduced <= gap + slack)
+    keep[:, :, 0] = False
+    rows = np.arange(J)
+    on = incumbent_n > 0
+    keep[rows[on], incumbent_t[on], incumbent_n[on]] = True  # the incumbent stays feasible in the core
+    kinds = keep.any(axis=2)  # job × type: any count kept there
+    hesitant = np.flatnonzero(kinds.sum(axis=1) > 1)
+    if hesitant.size == 0:
+        ts, ns, value = _per_type(V, stop, caps, keep, kinds)
+        return _answer(types, ts, ns), value, "dp"
+    ts, ns, value = _milp(V, stop, caps, keep, time_limit_s)
+    if value < lower - slack:  # the MILP ran out of time with less than the incumbent
+        return _answer(types, incumbent_t, incumbent_n), lower, "dp+milp"
+    return _answer(types, ts, ns), value, "dp+milp"
+
+
+def _respond(V: np.ndarray, stop: np.ndarray, price: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each job's best (type index, count, reduced value) at ``price``; stopping is count 0 (type index 0)."""
+    J, T, W = V.shape
+    reduced = (V - price[None, :, None] * n[None, None, :]).reshape(J, T * W)
+    flat = np.argmax(reduced, axis=1)
+    value = reduced[np.arange(J), flat]
+    stops = ~(value > stop)  # ties: stop (leave nodes free)
+    t, k = np.divmod(flat, W)
+    t = np.where(stops, 0, t)
+    k = np.where(stops, 0, k)
+    return t, k, np.where(stops, stop, value)
+
+
+def _prices(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Node prices by coordinate descent: each type's the smallest at which the jobs want no more of it than exists."""
+    J, T, W = V.shape
+    price = np.zeros(T)
+    gain = np.where(np.isfinite(V), V - stop[:, None, None], -np.inf)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_node = np.where(n[None, None, 1:] > 0, gain[:, :, 1:] / n[None, None, 1:], -np.inf)
+    top = np.nanmax(np.where(np.isfinite(per_node), per_node, -np.inf), axis=(0, 2)) if W > 1 else np.zeros(T)
+    top = np.where(np.isfinite(top), np.maximum(top, 0.0), 0.0)
+    for _ in range(ROUNDS):
+        moved = 0.0
+        for k in range(T):
+            others = np.delete(np.arange(T), k)
+            if others.size:
+                sub = V[:, others, :] - price[others][None, :, None] * n[None, None, :]
+                outside = np.maximum(stop, sub.reshape(J, -1).max(axis=1))
+            else:
+                outside = stop
+            row = V[:, k, :]
+
+            def demand(p: float) -> float:
+                r = row - p * n[None, :]
+                idx = np.argmax(r, axis=1)
+                val = r[np.arange(J), idx]
+                return float(np.where(val > outside, idx, 0).sum())
+
+            if demand(0.0) <= caps[k]:
+                new = 0.0
+            else:
+                lo, hi = 0.0, float(top[k]) + 1.0
+                for _ in range(BISECTIONS):
+                    mid = (lo + hi) / 2
+                    if demand(mid) <= caps[k]:
+                        hi = mid
+                    else:
+                        lo = mid
+                    if hi - lo <= 1e-12 * max(1.0, hi):
+                        break
+                new = hi
+            moved = max(moved, abs(new - price[k]) / max(1.0, new, price[k]))
+            price[k] = new
+        if moved < 1e-9:
+            break
+    return price
+
+
+def _round(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, n: np.ndarray, preferred: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+    """A feasible answer: each job on the type it prefers at ``price`` (its best count there, stopped or not), each
+    type's jobs solved exactly by the one-type DP."""
+    J, T, W = V.shape
+    reduced = V - price[None, :, None] * n[None, None, :]
+    reduced[:, :, 0] = -np.inf
+    pick = np.argmax(reduced.reshape(J, T * W), axis=1) // W  # the type it likes best, even where it would stop
+    ts = np.zeros(J, dtype=int)
+    ns = np.zeros(J, dtype=int)
+    for k in range(T):
+        members = np.flatnonzero(pick == k)
+        if members.size == 0:
+            continue
+        tables = [np.concatenate([[stop[j]], V[j, k, 1:]]) for j in members]
+        counts, _ = dp.solve(tables, int(caps[k]))
+        for j, c in zip(members.tolist(), counts):
+            ts[j], ns[j] = k, c
+    rows = np.arange(J)
+    value = float(np.where(ns > 0, V[rows, ts, ns], stop).sum())
+    return ts, ns, value
+
+
+def _per_type(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, kinds: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+    """The core when every job keeps counts on one type at most: one exact knapsack per type."""
+    J, T, W = V.shape
+    ts = np.zeros(J, dtype=int)
+    ns = np.zeros(J, dtype=int)
+    total = 0.0
+    alone = ~kinds.any(axis=1)
+    total += float(stop[alone].sum())
+    for k in range(T):
+        members = np.flatnonzero(kinds[:, k])
+        if members.size == 0:
+            continue
+        tables = [np.concatenate([[stop[j]], np.where(keep[j, k, 1:], V[j, k, 1:], -np.inf)]) for j in members]
+        counts, value = dp.solve(tables, int(caps[k]))
+        total += value
+        for j, c in zip(members.tolist(), counts):
+            ts[j], ns[j] = k, c
+    return ts, ns, total
+
+
+def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """The choices left, exactly: one binary per (job, type, count) kept, at most one per job, capacity per type."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    J, T, W = V.shape
+    jj, kk, nn = np.nonzero(keep)
+    m = len(jj)
+    ts = np.zeros(J, dtype=int)
+    ns = np.zeros(J, dtype=int)
+    if m == 0:
+        return ts, ns, float(stop.sum())
+    gain = V[jj, kk, nn] - stop[jj]
+    # Among equal optima prefer fewer nodes (leave them to the main workload), as the other solvers do.
+    scale = max(1.0, float(np.abs(gain).max()))
+    c = -(gain - 1e-9 * scale * nn)
+    rows = np.concatenate([jj, J + kk])
+    cols = np.concatenate([np.arange(m), np.arange(m)])
+    vals = np.concatenate([np.ones(m), nn.astype(float)])
+    A = coo_matrix((vals, (rows, cols)), shape=(J + T, m)).tocsr()
+    ub = np.concatenate([np.ones(J), caps])
+    res = milp(c, integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
+               options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
+    if res.x is None:
+        return ts, ns, -np.inf
+    x = res.x > 0.5
+    ts[jj[x]], ns[jj[x]] = kk[x], nn[x]
+    rows_ = np.arange(J)
+    return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum())
+
+
+def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, bool]:
+    """The whole problem as one MILP for HiGHS (no decomposition): the benchmark's reference. Returns the choices,
+    the value and whether HiGHS proved it optimal."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    types = sorted(capacities)
+    J = len(tables)
+    entries = []
+    stop = np.zeros(J)
+    for j, job in enumerate(tables):
+        first = next(iter(job.values()), None)
+        stop[j] = float(first[0]) if first is not None else 0.0
+        for k, t in enumerate(types):
+            tb = job.get(t)
+            if tb is None:
+                continue
+            for c in np.flatnonzero(np.isfinite(tb[1 : capacities[t] + 1])) + 1:
+                entries.append((j, k, int(c), float(tb[c])))
+    if not entries:
+        return [Choice(None, 0)] * J, float(stop.sum()), True
+    jj = np.array([e[0] for e in entries])
+    kk = np.array([e[1] for e in entries])
+    nn = np.array([e[2] for e in entries])
+    gain = np.array([e[3] for e in entries]) - stop[jj]
+    m = len(entries)
+    scale = max(1.0, float(np.abs(gain).max()))
+    A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([jj, J + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
+                   shape=(J + len(types), m)).tocsr()  # fmt: skip
+    ub = np.concatenate([np.ones(J), [capacities[t] for t in types]])
+    res = milp(-(gain - 1e-9 * scale * nn), integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
+               options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
+    choices = [Choice(None, 0)] * J
+    value = float(stop.sum())
+    if res.x is None:
+        return choices, -np.inf, False
+    for i in np.flatnonzero(res.x > 0.5):
+        choices[jj[i]] = Choice(types[kk[i]], int(nn[i]))
+        value += gain[i]
+    return choices, value, res.status == 0
+
+
+def _answer(types: list[str], ts: np.ndarray, ns: np.ndarray) -> list[Choice]:
+    return [Choice(types[int(t)] if c > 0 else None, int(c)) for t, c in zip(ts, ns)]
