@@ -118,13 +118,18 @@ def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
     for job_tables in all_tables:
         mine = {t.node_type: t.values for t in job_tables if t.node_type in capacities}
         tables.append(mine or {next(iter(capacities)): job_tables[0].values[:1]})
+    hint = []
+    for job in problem.jobs:
+        held = problem.held_by_type(job)
+        hint.append(next(iter(held)) if len(held) == 1 else None)
     try:
-        choices, _, how = typed.solve(tables, capacities, time_limit_s)
+        choices, _, how = typed.solve(tables, capacities, time_limit_s, hint)
     except dp.TooLarge:
         return None
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
     types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
-    return _finish(problem, counts, types, "typed-" + how, True, "OPTIMAL", tables=all_tables)
+    proven = "time limit" not in how
+    return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
 def _explore(problem: Problem, answer: Allocation) -> Allocation:

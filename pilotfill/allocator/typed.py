@@ -35,9 +35,11 @@ import numpy as np
 
 from . import dp
 
-ROUNDS = 12
-"""Coordinate-descent rounds over the node prices (each price found by bisection)."""
-BISECTIONS = 48
+ROUNDS = 4
+"""Coordinate-descent rounds over the node prices (each price found by bisection), before the subgradient steps."""
+BISECTIONS = 40
+DESCENT_STEPS = 150
+"""Projected subgradient steps (Polyak's step length) after the coordinate rounds."""
 
 
 class CoreTooLarge(ValueError):
@@ -52,10 +54,12 @@ class Choice:
     count: int
 
 
-def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, str]:
+def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0,
+          hint: Sequence[str | None] | None = None) -> tuple[list[Choice], float, str]:  # fmt: skip
     """Exact optimum: ``tables[j][t][n]`` is job j's worth on type t at n nodes (−inf where not allowed; every
-    table of a job has the same finite value at 0, stopped). Returns the choices, the value and how the core was
-    solved (``"dp"`` or ``"dp+milp"``)."""
+    table of a job has the same finite value at 0, stopped). ``hint``: a type per job to start from (where it
+    runs now; None: no hint) — a better first answer fixes more. Returns the choices, the value and how the core
+    was solved (``"dp"`` or ``"dp+milp"``)."""
     types = sorted(capacities)
     J, T = len(tables), len(types)
     if J == 0:
@@ -85,12 +89,20 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     if all(choice_n[choice_t == k].sum() <= caps[k] for k in range(T)):
         return _answer(types, choice_t, choice_n), float(best.sum()), "dp"
 
+    hinted = None
+    if hint is not None:
+        index = {t: k for k, t in enumerate(types)}
+        hinted = np.array([index.get(h, -1) if h is not None else -1 for h in hint])
     price = _prices(V, stop, caps, n)
-    choice_t, choice_n, best = _respond(V, stop, price, n)
-    upper = float(price @ caps + best.sum())
-    incumbent_t, incumbent_n, lower = _round(V, stop, caps, price, n, choice_t)
+    incumbent_t, incumbent_n, lower = _round(V, stop, caps, price, n, hinted)
+    price, upper = _descend(V, stop, caps, n, price, lower)
+    if upper - lower > 1e-9 * max(1.0, abs(upper)):
+        t2, n2, low2 = _round(V, stop, caps, price, n, hinted)
+        if low2 > lower:
+            incumbent_t, incumbent_n, lower = t2, n2, low2
 
     # Reduced costs: what each choice costs against the job's best at these prices (≥ 0).
+    _, _, best = _respond(V, stop, price, n)
     reduced = best[:, None, None] - (V - price[None, :, None] * n[None, None, :])
     gap = max(0.0, upper - lower)
     slack = 1e-9 * max(1.0, abs(upper), abs(lower))
@@ -104,10 +116,10 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     if hesitant.size == 0:
         ts, ns, value = _per_type(V, stop, caps, keep, kinds)
         return _answer(types, ts, ns), value, "dp"
-    ts, ns, value = _milp(V, stop, caps, keep, time_limit_s)
+    ts, ns, value, proven = _milp(V, stop, caps, keep, time_limit_s)
     if value < lower - slack:  # the MILP ran out of time with less than the incumbent
-        return _answer(types, incumbent_t, incumbent_n), lower, "dp+milp"
-    return _answer(types, ts, ns), value, "dp+milp"
+        return _answer(types, incumbent_t, incumbent_n), lower, "dp+milp (time limit)"
+    return _answer(types, ts, ns), value, "dp+milp" if proven else "dp+milp (time limit)"
 
 
 def _respond(V: np.ndarray, stop: np.ndarray, price: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -169,14 +181,101 @@ def _prices(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, n: np.ndarray) ->
     return price
 
 
-def _round(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, n: np.ndarray, preferred: np.ndarray
+def _dual(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, n: np.ndarray, price: np.ndarray) -> tuple[float, np.ndarray]:
+    """The Lagrangian bound at ``price`` and a subgradient (capacity minus what the jobs ask for)."""
+    t, k, best = _respond(V, stop, price, n)
+    demand = np.bincount(t, weights=k, minlength=len(caps))
+    return float(price @ caps + best.sum()), caps - demand
+
+
+def _descend(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, n: np.ndarray, price: np.ndarray, lower: float) -> tuple[np.ndarray, float]:
+    """Tighten the bound from ``price`` by projected subgradient steps of Polyak's length toward the incumbent's value
+    ``lower`` (coordinate descent stalls where jobs are torn between two types); the best prices seen."""
+    best_price = price.copy()
+    best, g = _dual(V, stop, caps, n, price)
+    value = best
+    for _ in range(DESCENT_STEPS):
+        norm = float(g @ g)
+        if norm == 0 or value - lower <= 1e-9 * max(1.0, abs(value)):
+            break
+        price = np.maximum(0.0, price - (value - lower) / norm * g)
+        value, g = _dual(V, stop, caps, n, price)
+        if value < best:
+            best, best_price = value, price.copy()
+    return best_price, best
+
+
+def _round(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, n: np.ndarray, hint: np.ndarray | None
            ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
-    """A feasible answer: each job on the type it prefers at ``price`` (its best count there, stopped or not), each
-    type's jobs solved exactly by the one-type DP."""
+    """A feasible answer: a type per job, then each type's jobs solved exactly by the one-type DP.
+
+    Types are handed out as a regret heuristic does for assignment problems: the jobs that lose most by not
+    getting the type they like best at ``price`` choose first, each taking its best type that still has room
+    for its best count there (``hint``: a type per job to try as well, e.g. where each runs now; −1: none).
+    Then, once, jobs a full type cut short move to a type with nodes left where that pays.
+    """
     J, T, W = V.shape
     reduced = V - price[None, :, None] * n[None, None, :]
     reduced[:, :, 0] = -np.inf
-    pick = np.argmax(reduced.reshape(J, T * W), axis=1) // W  # the type it likes best, even where it would stop
+    per_type = reduced.max(axis=2)  # job × type: its best reduced value there
+    size = reduced.argmax(axis=2)
+    order_types = np.argsort(-per_type, axis=1)
+    first = per_type[np.arange(J), order_types[:, 0]]
+    second = per_type[np.arange(J), order_types[:, 1]] if T > 1 else np.full(J, -np.inf)
+    regret = np.where(np.isfinite(second), first - second, np.inf)
+    wants = first > stop
+    left = caps.astype(float).copy()
+    pick = order_types[:, 0].copy()
+    for j in np.argsort(-regret, kind="stable").tolist():
+        if not wants[j]:
+            continue
+        for k in order_types[j].tolist():
+            if not np.isfinite(per_type[j, k]) or per_type[j, k] <= stop[j]:
+                break
+            if size[j, k] <= left[k]:
+                pick[j] = k
+                left[k] -= size[j, k]
+                break
+    candidates = [_improve(V, stop, caps, pick)]
+    if hint is not None:
+        hinted = np.where(hint >= 0, hint, pick)
+        candidates.append(_improve(V, stop, caps, hinted))
+    return max(candidates, key=lambda c: c[2])
+
+
+def _improve(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, pick: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Counts for the types ``pick`` gives (one knapsack per type), then one pass moving jobs onto nodes left."""
+    J, T, W = V.shape
+    pick = pick.copy()
+    ts, ns = _solve_types(V, stop, caps, pick)
+    rows = np.arange(J)
+    used = np.bincount(ts[ns > 0], weights=ns[ns > 0], minlength=T)
+    left = caps - used
+    if (left > 0).any():
+        now = np.where(ns > 0, V[rows, ts, ns], stop)
+        moved = False
+        for j in np.argsort(-(V.max(axis=(1, 2)) - now)).tolist():
+            for k in np.argsort(-left).tolist():
+                if (k == ts[j] and ns[j] > 0) or left[k] < 1:
+                    continue
+                upto = int(min(W - 1, left[k]))
+                c = int(np.argmax(V[j, k, 1 : upto + 1])) + 1
+                if V[j, k, c] > now[j] + 1e-12 * max(1.0, abs(now[j])):
+                    if ns[j] > 0:
+                        left[ts[j]] += ns[j]
+                    pick[j], ts[j], ns[j], now[j] = k, k, c, V[j, k, c]
+                    left[k] -= c
+                    moved = True
+                    break
+        if moved:
+            ts, ns = _solve_types(V, stop, caps, pick)
+    value = float(np.where(ns > 0, V[rows, ts, ns], stop).sum())
+    return ts, ns, value
+
+
+def _solve_types(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, pick: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Counts when job j may run on type ``pick[j]`` only: one exact knapsack per type."""
+    J, T, W = V.shape
     ts = np.zeros(J, dtype=int)
     ns = np.zeros(J, dtype=int)
     for k in range(T):
@@ -187,9 +286,7 @@ def _round(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray,
         counts, _ = dp.solve(tables, int(caps[k]))
         for j, c in zip(members.tolist(), counts):
             ts[j], ns[j] = k, c
-    rows = np.arange(J)
-    value = float(np.where(ns > 0, V[rows, ts, ns], stop).sum())
-    return ts, ns, value
+    return ts, ns
 
 
 def _per_type(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, kinds: np.ndarray
@@ -213,7 +310,7 @@ def _per_type(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarra
     return ts, ns, total
 
 
-def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float]:
+def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """The choices left, exactly: one binary per (job, type, count) kept, at most one per job, capacity per type."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
@@ -224,7 +321,7 @@ def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, t
     ts = np.zeros(J, dtype=int)
     ns = np.zeros(J, dtype=int)
     if m == 0:
-        return ts, ns, float(stop.sum())
+        return ts, ns, float(stop.sum()), True
     gain = V[jj, kk, nn] - stop[jj]
     # Among equal optima prefer fewer nodes (leave them to the main workload), as the other solvers do.
     scale = max(1.0, float(np.abs(gain).max()))
@@ -237,11 +334,11 @@ def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, t
     res = milp(c, integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
                options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
     if res.x is None:
-        return ts, ns, -np.inf
+        return ts, ns, -np.inf, False
     x = res.x > 0.5
     ts[jj[x]], ns[jj[x]] = kk[x], nn[x]
     rows_ = np.arange(J)
-    return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum())
+    return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum()), res.status == 0
 
 
 def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, bool]:
