@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .allocator import ProblemError, ScalingCurve
+from .allocator.similarity import LAYER_KINDS, Descriptor, LibraryError
 
 
 def shown(text: str, limit: int = 120) -> str:
@@ -356,7 +357,7 @@ class JobSpec:
     weight: float = 1.0
     line: int = 0
     curves: Mapping[str, ScalingCurve] = field(default_factory=dict)  # per node type (``samples_per_s@TYPE``); empty: untyped
-    descriptor: Mapping[str, object] | None = None  # the model's descriptor (:mod:`pilotfill.allocator.similarity`), when known
+    descriptor: Descriptor | None = None  # the model's descriptor (:mod:`pilotfill.allocator.similarity`), when known
 
     def curve_on(self, node_type: str | None) -> ScalingCurve | None:
         """The job's rate on ``node_type``: its curve there; the base curve for an untyped job (or an untyped
@@ -457,3 +458,51 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
     if any(col.startswith("samples_per_s@") for col in row) and not curves:
         raise InputError(path, line, "no samples_per_s@TYPE curve: the job runs on no node type")
     return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, weight, line, curves)
+
+
+# ---------------------------------------------------------------- model descriptors
+
+
+def read_models(path: str | Path) -> dict[str, Descriptor]:
+    """A table of model descriptors: ``model`` and any of ``parameters,flops_per_sample,layers,batch_size`` and the
+    layer mix's shares (``conv,linear,recurrent,attention,embedding,norm,other``); ``task`` and ``source`` are notes,
+    kept out of the descriptor (the heterogeneous data set's ``models.csv`` reads as it is). Empty cells: unknown."""
+    path = Path(path)
+    fields = ("parameters", "flops_per_sample", "layers", "batch_size")
+    out: dict[str, Descriptor] = {}
+    for line, row in _rows(path, ("model",), optional=(*fields, *LAYER_KINDS, "task", "source")):
+        name = row["model"].strip()
+        if not name:
+            raise InputError(path, line, "empty model name")
+        if name in out:
+            raise InputError(path, line, f"model {name!r} listed twice")
+        data: dict[str, object] = {k: row[k].strip() for k in fields if row.get(k, "").strip()}
+        mix = {k: row[k].strip() for k in LAYER_KINDS if row.get(k, "").strip()}
+        try:
+            if mix:
+                data["mix"] = {k: float(v) for k, v in mix.items()}
+            out[name] = Descriptor.from_dict(data, name)
+        except (LibraryError, ValueError) as exc:
+            raise InputError(path, line, str(exc)) from None
+    if not out:
+        raise InputError(path, None, "no models")
+    return out
+
+
+BATCH_SUFFIX = re.compile(r"^(?P<family>.+)-bs(?P<batch>\d+)$")
+
+
+def descriptor_of(model: str, table: Mapping[str, Descriptor]) -> Descriptor | None:
+    """``model``'s descriptor from ``table``: its own row, or (for ``FAMILY-bsN``, the data set's naming) its
+    family's row with batch size N; None when the table has neither."""
+    if model in table:
+        return table[model]
+    m = BATCH_SUFFIX.match(model)
+    if m and m.group("family") in table:
+        return replace(table[m.group("family")], batch_size=float(m.group("batch")))
+    return None
+
+
+def with_models(jobs: list[JobSpec], table: Mapping[str, Descriptor]) -> list[JobSpec]:
+    """The jobs, each with its model's descriptor where ``table`` has it (what the decorator would declare)."""
+    return [replace(j, descriptor=descriptor_of(j.model, table)) if descriptor_of(j.model, table) is not None else j for j in jobs]

@@ -19,7 +19,7 @@ import numpy as np
 from . import dp, greedy, milp, nodelevel, typed
 from .moves import realise
 from .problem import DEFAULT_TYPE, Allocation, Problem
-from .values import ValueTable, exploration_tables, value_tables
+from .values import ValueTable, exploration_tables, hop_table, value_tables
 
 
 class Formulation(str, Enum):
@@ -144,6 +144,8 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
     first stage took from a job to give to another is never left idle: it is
     in what is handed out.
     """
+    if len(problem.pool.by_type()) > 1 and any(len(j.node_types) > 1 for j in problem.jobs):
+        return _explore_typed(problem, answer)
     counts, types = dict(answer.counts), dict(answer.node_type)
     changed = False
     for node_type, nodes in problem.pool.by_type().items():
@@ -173,6 +175,74 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
                 changed = True
             counts[job.id] = base + k
             types[job.id] = node_type if base + k > 0 else None
+    if not changed:
+        return answer
+    explored = _finish(problem, counts, types, answer.method + "+explore", answer.optimal, answer.note)
+    return explored if explored.method.endswith("+explore") else answer
+
+
+def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
+    """The second stage where jobs choose among node types: the nodes the first stage does not keep for the jobs
+    that hold them are handed out again, all types at once (the exact typed solver), among growth of jobs on
+    the type they run on, jobs not running (measured first where predicted best) and moves of running jobs to a
+    type they have not measured, valued by their optimistic curve there against what they have now. What the
+    first stage decided for the jobs that hold nodes stands (keep, shrink, stop, move), so exploring never evicts
+    or shrinks a measured job; a job moved by the first stage keeps the nodes it was given."""
+    counts, types = dict(answer.counts), dict(answer.node_type)
+    pool = problem.pool.by_type()
+    room = {t: len(ns) for t, ns in pool.items()}
+    stay_tables = None
+    candidates: list[tuple] = []  # (job, base type or None, base count, {type: table})
+    fixed: list = []
+    for job in problem.jobs:
+        held = problem.held_by_type(job)
+        t_now = types.get(job.id)
+        n_now = counts.get(job.id, 0)
+        running = next(iter(held)) if len(held) == 1 else None
+        if held and (running is None or t_now not in (None, running) or n_now < held.get(running, 0)):
+            fixed.append(job)  # shrunk, stopped or moved by the first stage: that stands
+            continue
+        # A job running where it is keeps what it holds (its growth is re-decided here); one not running, or started
+        # by the first stage, is re-decided from nothing.
+        candidates.append((job, running, held[running]) if running is not None else (job, None, 0))
+    for job in fixed:
+        if counts.get(job.id, 0) > 0:
+            room[types[job.id]] -= counts[job.id]
+    for job, running, base in candidates:
+        if running is not None:
+            room[running] -= base
+    if all(r <= 0 for r in room.values()):
+        return answer
+    tables = []
+    for job, running, base in candidates:
+        mine: dict[str, np.ndarray] = {}
+        for t in job.node_types:
+            if room.get(t, 0) <= 0:
+                continue
+            if running == t:
+                mine[t] = exploration_tables(problem, [job], t, [base], room[t])[0]
+            elif running is not None:
+                if stay_tables is None:
+                    stay_tables = {id(j): ts for j, ts in zip(problem.jobs, value_tables(problem))}
+                stay = next(tb for tb in stay_tables[id(job)] if tb.node_type == running).values
+                mine[t] = hop_table(problem, job, t, room[t], float(stay[min(base, len(stay) - 1)]))
+            else:
+                mine[t] = exploration_tables(problem, [job], t, [0], room[t])[0]
+        tables.append(mine or {next(iter(room)): np.zeros(1)})
+    capacities = {t: max(0, r) for t, r in room.items()}
+    try:
+        choices, _, _ = typed.solve(tables, capacities, 0.05)
+    except (dp.TooLarge, ValueError):
+        return answer  # exploring is a bonus: never worth a slow or failed decision
+    changed = False
+    for (job, running, base), c in zip(candidates, choices):
+        if running is not None and c.node_type in (None, running):
+            new_n, new_t = base + c.count, running if base + c.count > 0 else None
+        else:
+            new_n, new_t = (c.count, c.node_type) if c.count > 0 else (base, running if base else None)
+        if new_n != counts.get(job.id, 0) or new_t != types.get(job.id):
+            changed = True
+        counts[job.id], types[job.id] = new_n, new_t
     if not changed:
         return answer
     explored = _finish(problem, counts, types, answer.method + "+explore", answer.optimal, answer.note)

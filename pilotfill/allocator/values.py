@@ -161,6 +161,22 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
     return out
 
 
+def hop_table(problem: Problem, job: Job, node_type: str, free: int, stay: float) -> np.ndarray:
+    """What moving ``job`` (running on another type) to 0 … ``free`` nodes of ``node_type`` is worth against ``stay``
+    (its value where it is): by its optimistic curve there, less what the stop costs (−inf where not allowed; 0 at 0:
+    it stays). Exploring a type it has not run on (:func:`..solve.allocate`'s second stage, on free nodes only)."""
+    explore = job.explore.get(node_type) if job.explore is not None else None
+    curve = explore if explore is not None else job.metric(node_type)
+    cap = min(job.max_nodes, free)
+    if cap < job.min_nodes:
+        return np.zeros(1)
+    row = _batch([job], node_type, [cap], [0], [0.0], problem.t_fwd, [(curve, explore if explore is not None else job.throughput[node_type])])[0]
+    loss = job.weight * (job.scale_down_cost_s + job.restart_cost_s) * current_rate(job, problem.held_by_type(job))
+    out = row - loss - stay
+    out[0] = 0.0
+    return out
+
+
 def exploration_table(problem: Problem, job: Job, node_type: str, base: int, free: int) -> np.ndarray:
     """:func:`exploration_tables` for one job."""
     return exploration_tables(problem, [job], node_type, [base], free)[0]
