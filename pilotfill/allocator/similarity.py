@@ -55,7 +55,9 @@ SCALE = 1.0
 PRIOR_SPREAD = math.log(4.0)
 """What nothing measured leaves open: a type's speed relative to another within a factor of 4 either way (1 σ)."""
 NEIGHBOURS = 4
-"""Models a prediction is made from (the most similar)."""
+"""Models a prediction is made from (the most similar)..."""
+NEAR = 0.5
+"""...of those at least this similar relative to the most similar; each weighted by its similarity squared."""
 FORMAT = 1
 
 
@@ -265,6 +267,7 @@ class Library:
             return uninformed(types, max_nodes)
         scored = sorted(((similarity(descriptor, e.descriptor), e) for e in pool), key=lambda se: -se[0])[:NEIGHBOURS]
         top = scored[0][0]
+        scored = [(s, e) for s, e in scored if s >= NEAR * top]  # the nearest, not the rest of the library
         n = np.arange(max(1, max_nodes) + 1, dtype=float)
         log_speed, spread, curves = {}, {}, {}
         level_logs, level_w = [], []
@@ -278,13 +281,13 @@ class Library:
             if descriptor.flops_per_sample and e.descriptor.flops_per_sample:
                 level += math.log(e.descriptor.flops_per_sample / descriptor.flops_per_sample)  # samples/s ∝ 1/FLOPs
             level_logs.append(level)
-            level_w.append(s)
+            level_w.append(s * s)
         w_total = sum(level_w)
         level = sum(w * x for w, x in zip(level_w, level_logs)) / w_total
         # What the neighbours' distance leaves unknown: nothing for an identical model, the prior for one like nothing.
         unknown = PRIOR_SPREAD * (1.0 - top)
         for t in types:
-            pts = [(s, known[t] - centre) for s, e, known, centre in per_entry if t in known]
+            pts = [(s * s, known[t] - centre) for s, e, known, centre in per_entry if t in known]
             if not pts:
                 log_speed[t], spread[t] = 0.0, PRIOR_SPREAD
             else:
@@ -299,14 +302,14 @@ class Library:
                 if c is None or not e.rate_at_one(t):
                     continue
                 shapes.append(np.log(np.maximum(np.interp(n[1:], c.nodes, c.values) / c.at(1), 1e-9)))
-                weights.append(s)
+                weights.append(s * s)
             if shapes:
                 shape = np.exp(np.average(np.array(shapes), axis=0, weights=weights))
             else:
                 shape = n[1:]  # nothing measured on this type: linear
             rate1 = math.exp(level + log_speed[t])
             curves[t] = ScalingCurve.from_table(np.concatenate([[0.0], rate1 * shape]))
-        samples = tuple((s, dict(known)) for s, _, known, _ in per_entry)
+        samples = tuple((s * s, dict(known)) for s, _, known, _ in per_entry)
         return Prediction(curves, log_speed, spread, tuple((e.model, round(s, 4)) for s, e in scored), samples, unknown)
 
     # ---------------------------------------------------------------- the file

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dp
+from .milp import quiet_solver
 
 ROUNDS = 4
 """Coordinate-descent rounds over the node prices (each price found by bisection), before the subgradient steps."""
@@ -115,6 +116,10 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     hesitant = np.flatnonzero(kinds.sum(axis=1) > 1)
     if hesitant.size == 0:
         ts, ns, value = _per_type(V, stop, caps, keep, kinds)
+        return _answer(types, ts, ns), value, "dp"
+    grid = _grid(V, stop, caps, keep, kinds, hesitant)
+    if grid is not None:
+        ts, ns, value = grid
         return _answer(types, ts, ns), value, "dp"
     ts, ns, value, proven = _milp(V, stop, caps, keep, time_limit_s)
     if value < lower - slack:  # the MILP ran out of time with less than the incumbent
@@ -310,6 +315,97 @@ def _per_type(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarra
     return ts, ns, total
 
 
+GRID_WORK = 3_000_000
+"""Largest grid × choices the multi-dimensional DP over the hesitant jobs takes on (else the core goes to the MILP)."""
+
+
+def _grid(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, kinds: np.ndarray, hesitant: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, float] | None:  # fmt: skip
+    """The core when some jobs hesitate between types, exactly: the jobs kept on one type are one knapsack per type,
+    summarised by its best value for every capacity; the hesitant ones go through a DP over how many nodes of each
+    type they take together; the best split of each type between the two is the optimum. None when that grid is
+    too large (the MILP then)."""
+    J, T, W = V.shape
+    firm_of = [np.flatnonzero(kinds[:, k] & (kinds.sum(axis=1) == 1)) for k in range(T)]
+    choices = []  # per hesitant job: (type, count, gain over stopping)
+    reach = np.zeros(T, dtype=int)
+    for j in hesitant.tolist():
+        js = [(k, c, float(V[j, k, c] - stop[j])) for k, c in zip(*np.nonzero(keep[j]))]
+        choices.append(js)
+        for k in range(T):
+            top = max((c for kk, c, _ in js if kk == k), default=0)
+            reach[k] += top
+    dims = np.minimum(reach, caps.astype(int)) + 1
+    cells = int(np.prod(dims))
+    if cells * sum(len(c) for c in choices) > GRID_WORK:
+        return None
+    # The firm jobs of each type: their best value with at most c nodes, for every c.
+    rows = []
+    for k in range(T):
+        tables = [np.concatenate([[stop[j]], np.where(keep[j, k, 1:], V[j, k, 1:], -np.inf)]) for j in firm_of[k]]
+        rows.append(_row(tables, int(caps[k])))
+    grid = np.zeros(tuple(dims))
+    decisions = []
+    for js in choices:
+        new = grid.copy()
+        pick = np.full(grid.shape, -1, dtype=np.int16)
+        for i, (k, c, gain) in enumerate(js):
+            if c >= dims[k]:
+                continue
+            dst = [slice(None)] * T
+            src = [slice(None)] * T
+            dst[k], src[k] = slice(c, None), slice(None, dims[k] - c)
+            cand = grid[tuple(src)] + gain
+            better = cand > new[tuple(dst)]
+            new[tuple(dst)] = np.where(better, cand, new[tuple(dst)])
+            pick[tuple(dst)] = np.where(better, i, pick[tuple(dst)])
+        grid = new
+        decisions.append(pick)
+    total = grid.copy()
+    for k in range(T):
+        rest = rows[k][int(caps[k]) - np.arange(dims[k])]  # the firm jobs get what the hesitant ones leave
+        shape = [1] * T
+        shape[k] = dims[k]
+        total = total + rest.reshape(shape)
+    at = list(np.unravel_index(int(np.argmax(total)), total.shape))
+    ts = np.zeros(J, dtype=int)
+    ns = np.zeros(J, dtype=int)
+    used = np.array(at)
+    for h in range(len(choices) - 1, -1, -1):
+        i = int(decisions[h][tuple(at)])
+        if i >= 0:
+            k, c, _ = choices[h][i]
+            j = int(hesitant[h])
+            ts[j], ns[j] = k, c
+            at[k] -= c
+    for k in range(T):
+        members = firm_of[k]
+        if members.size == 0:
+            continue
+        tables = [np.concatenate([[stop[j]], np.where(keep[j, k, 1:], V[j, k, 1:], -np.inf)]) for j in members]
+        counts, _ = dp.solve(tables, int(caps[k] - used[k]))
+        for j, c in zip(members.tolist(), counts):
+            ts[j], ns[j] = k, c
+    rows_ = np.arange(J)
+    return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum())
+
+
+def _row(tables: list[np.ndarray], capacity: int) -> np.ndarray:
+    """The best total of ``tables`` with at most c nodes, for c = 0 … capacity (the DP's last row)."""
+    row = np.zeros(capacity + 1)
+    if not tables:
+        return row
+    row[:] = sum(float(t[0]) for t in tables)
+    for t in tables:
+        new = row.copy()
+        for c in np.flatnonzero(np.isfinite(t[1:])) + 1:
+            if c > capacity:
+                break
+            np.maximum(new[c:], row[: capacity + 1 - c] + (t[c] - t[0]), out=new[c:])
+        row = new
+    return row
+
+
 def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """The choices left, exactly: one binary per (job, type, count) kept, at most one per job, capacity per type."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -331,8 +427,9 @@ def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, t
     vals = np.concatenate([np.ones(m), nn.astype(float)])
     A = coo_matrix((vals, (rows, cols)), shape=(J + T, m)).tocsr()
     ub = np.concatenate([np.ones(J), caps])
-    res = milp(c, integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
-               options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
+    with quiet_solver():  # HiGHS prints some messages to file descriptor 1 whatever it is told
+        res = milp(c, integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
+                   options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
     if res.x is None:
         return ts, ns, -np.inf, False
     x = res.x > 0.5
@@ -371,8 +468,9 @@ def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, in
     A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([jj, J + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
                    shape=(J + len(types), m)).tocsr()  # fmt: skip
     ub = np.concatenate([np.ones(J), [capacities[t] for t in types]])
-    res = milp(-(gain - 1e-9 * scale * nn), integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
-               options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
+    with quiet_solver():
+        res = milp(-(gain - 1e-9 * scale * nn), integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
+                   options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
     choices = [Choice(None, 0)] * J
     value = float(stop.sum())
     if res.x is None:

@@ -41,7 +41,7 @@ from ..schedulers.base import BatchScheduler, PilotEvent
 from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
-from .types import NodeTypes
+from .types import NodeTypes, local_node_types
 from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
 
@@ -244,15 +244,16 @@ class Controller:
         if kind == "local":
             from ..schedulers.local import LocalScheduler
 
-            return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, what, host: self._record_process(p, what, None, host))
+            return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, what, host: self._record_process(p, what, None, host),
+                                  node_types=local_node_types(self.config))  # fmt: skip
         if kind == "slurm":
             from ..schedulers.slurm import SlurmScheduler
 
-            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir)
+            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir, node_types=self.config.node_types)
         if kind == "pbs":
             from ..schedulers.pbs import PbsScheduler
 
-            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir)
+            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir, node_types=self.config.node_types)
         raise ValueError(f"unknown scheduler {kind!r}")
 
     def _recover(self, new_campaign: bool) -> None:

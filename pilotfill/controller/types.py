@@ -35,6 +35,16 @@ LIBRARY_FILE = "models.json"
 """The user's library, beside the run directory (``runs/models.json``): it outlives the run, as checkpoints do."""
 
 
+def local_node_types(config: Config) -> dict[str, str]:
+    """The local cluster's virtual nodes and their types: the first ``nodes`` of the first type, and so on."""
+    out, i = {}, 0
+    for kind in config.node_types:
+        for _ in range(kind.nodes):
+            out[f"{config.local.node_prefix}{i}"] = kind.name
+            i += 1
+    return out
+
+
 class NodeTypes:
     """Node types for one controller (inert on a machine with one kind of node: ``typed`` is False)."""
 
@@ -214,12 +224,16 @@ class NodeTypes:
 
     # ------------------------------------------------------------ the library
 
+    def freeze(self) -> None:
+        """Learn nothing more into the library (an evaluation on models held out from it)."""
+        self._frozen = True
+
     def learned(self, job, status: str) -> None:
         """A job is over: if its model is described and it was measured on a type, the library learns it."""
         self._placed.pop(job.id, None)
         self._curves.pop(job.id, None)
         self._predictions.pop(job.id, None)
-        if not self.typed or not job.spec.get("model") or not self.config.similarity.enabled:
+        if not self.typed or not job.spec.get("model") or not self.config.similarity.enabled or getattr(self, "_frozen", False):
             return
         lo, hi = job.spec["min_nodes"], job.spec["max_nodes"]
         curves = {}
