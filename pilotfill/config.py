@@ -213,6 +213,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     for key in known - {"scheduler"}:
         if key in data and not isinstance(data[key], dict):
             hint = f': write [{key}] with kind = "{data[key]}" under it' if key == "runtime" and isinstance(data[key], str) else ""
+            if key == "node_types":
+                hint = ": one table per kind of node, e.g. [node_types.a100] with constraint = \"a100\" under it"
             raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}{hint}")
     local_raw = dict(data.get("local", {}))
     script_raw = local_raw.pop("script", [])
