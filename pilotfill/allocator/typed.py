@@ -28,6 +28,7 @@ per type:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -69,17 +70,19 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     width = max(width, 1)
     V = np.full((J, T, width), -np.inf)
     stop = np.zeros(J)
+    index = {t: k for k, t in enumerate(types)}
     for j, job in enumerate(tables):
         first = next(iter(job.values()), None)
-        stop[j] = float(first[0]) if first is not None else 0.0
-        if not np.isfinite(stop[j]):
+        s0 = float(first[0]) if first is not None else 0.0
+        if not math.isfinite(s0):
             raise ValueError(f"job {j}: its value at 0 nodes must be finite")
-        for k, t in enumerate(types):
-            tb = job.get(t)
-            if tb is None:
+        stop[j] = s0
+        for t, tb in job.items():
+            k = index.get(t)
+            if k is None:
                 continue
-            if not np.isclose(tb[0], stop[j], rtol=1e-9, atol=1e-9):
-                raise ValueError(f"job {j}: tables disagree at 0 nodes ({tb[0]} on {t!r}, {stop[j]} elsewhere)")
+            if abs(float(tb[0]) - s0) > 1e-9 * max(1.0, abs(s0)):
+                raise ValueError(f"job {j}: tables disagree at 0 nodes ({tb[0]} on {t!r}, {s0} elsewhere)")
             upto = min(len(tb), capacities[t] + 1)
             V[j, k, 1:upto] = tb[1:upto]
     caps = np.array([capacities[t] for t in types], dtype=float)
@@ -227,7 +230,8 @@ def _round(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray,
     order_types = np.argsort(-per_type, axis=1)
     first = per_type[np.arange(J), order_types[:, 0]]
     second = per_type[np.arange(J), order_types[:, 1]] if T > 1 else np.full(J, -np.inf)
-    regret = np.where(np.isfinite(second), first - second, np.inf)
+    with np.errstate(invalid="ignore"):  # −inf − −inf: a job that runs nowhere (never picked below)
+        regret = np.where(np.isfinite(second), first - second, np.inf)
     wants = first > stop
     left = caps.astype(float).copy()
     pick = order_types[:, 0].copy()
@@ -407,33 +411,51 @@ def _row(tables: list[np.ndarray], capacity: int) -> np.ndarray:
 
 
 def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
-    """The choices left, exactly: one binary per (job, type, count) kept, at most one per job, capacity per type."""
+    """The choices left, exactly: one integer per (group of identical jobs, type, count) kept — copies of one model
+    waiting to start are interchangeable, and counting them instead of naming them spares the solver their
+    symmetry — at most the group's size per group, capacity per type."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
     J, T, W = V.shape
-    jj, kk, nn = np.nonzero(keep)
-    m = len(jj)
     ts = np.zeros(J, dtype=int)
     ns = np.zeros(J, dtype=int)
+    groups: dict[tuple, list[int]] = {}
+    for j in range(J):
+        if keep[j].any():
+            groups.setdefault((np.where(keep[j], V[j], -np.inf).tobytes(), float(stop[j])), []).append(j)
+    members = list(groups.values())
+    gg, kk, nn = [], [], []
+    for g, mem in enumerate(members):
+        k_, c_ = np.nonzero(keep[mem[0]])
+        gg += [g] * len(k_)
+        kk += k_.tolist()
+        nn += c_.tolist()
+    m = len(gg)
     if m == 0:
         return ts, ns, float(stop.sum()), True
-    gain = V[jj, kk, nn] - stop[jj]
+    gg, kk, nn = np.array(gg), np.array(kk), np.array(nn)
+    first = np.array([mem[0] for mem in members])
+    gain = V[first[gg], kk, nn] - stop[first[gg]]
+    size = np.array([len(mem) for mem in members], dtype=float)
+    G = len(members)
     # Among equal optima prefer fewer nodes (leave them to the main workload), as the other solvers do.
     scale = max(1.0, float(np.abs(gain).max()))
     c = -(gain - 1e-9 * scale * nn)
-    rows = np.concatenate([jj, J + kk])
-    cols = np.concatenate([np.arange(m), np.arange(m)])
-    vals = np.concatenate([np.ones(m), nn.astype(float)])
-    A = coo_matrix((vals, (rows, cols)), shape=(J + T, m)).tocsr()
-    ub = np.concatenate([np.ones(J), caps])
+    A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([gg, G + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
+                   shape=(G + T, m)).tocsr()  # fmt: skip
+    ub = np.concatenate([size, caps])
     with quiet_solver():  # HiGHS prints some messages to file descriptor 1 whatever it is told
-        res = milp(c, integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
+        res = milp(c, integrality=np.ones(m), bounds=Bounds(0, size[gg]), constraints=LinearConstraint(A, -np.inf, ub),
                    options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
     if res.x is None:
         return ts, ns, -np.inf, False
-    x = res.x > 0.5
-    ts[jj[x]], ns[jj[x]] = kk[x], nn[x]
+    take = np.rint(res.x).astype(int)
+    queue = {g: list(mem) for g, mem in enumerate(members)}
+    for i in np.flatnonzero(take > 0):
+        for _ in range(take[i]):
+            j = queue[gg[i]].pop()
+            ts[j], ns[j] = kk[i], nn[i]
     rows_ = np.arange(J)
     return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum()), res.status == 0
 
