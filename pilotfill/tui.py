@@ -259,7 +259,7 @@ def _header(view: View) -> Text:
     return text
 
 
-def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
+def _jobs(view: View, colours: dict[str, str], width: int) -> RenderableType:
     table = Table(title="jobs", title_justify="left", expand=True, box=None, padding=(0, 1), header_style="bold")
     name_width = 24 if width >= 100 else 18
     table.add_column("job", no_wrap=True, max_width=name_width, overflow="ellipsis")
@@ -290,10 +290,13 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
     if len(view.jobs) > 12:
         table.add_row(f"… {len(view.jobs) - 12} more", *([""] * (6 if typed else 5)))
     placed = [j for j in active[:12] if j.node_type and j.why]
-    if placed:  # why each runs where it does, one line each
-        for j in placed[:4]:
-            table.add_row(Text(f"  {j.name} on {j.node_type}: {j.why}", style="dim", overflow="ellipsis", no_wrap=True), *([""] * (6 if typed else 5)))
-    return table
+    if not placed:
+        return table
+    why = Text(no_wrap=True, overflow="ellipsis")  # why each runs where it does, one line each
+    for j in placed[:4]:
+        why.append(f"\n {j.name}", colours.get(j.id, ""))
+        why.append(f" on {j.node_type}: {j.why}", "dim")
+    return Group(table, why)
 
 
 def _progress(j: JobView, room: int) -> Text:

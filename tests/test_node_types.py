@@ -127,3 +127,22 @@ def test_a_job_starts_with_its_types_ranks_and_gpus_per_node(tmp_path):
     job = SimpleNamespace(id="j1", spec={"name": "x", "min_nodes": 1, "max_nodes": 1})
     assert types.start_spec(world, job, ["n0"]) == {**job.spec, "ranks_per_node": 2, "gpus_per_node": 2}
     assert types.start_spec(world, job, ["n1"]) == job.spec  # small sets neither: the runtime's own
+
+
+def test_elastic_app_takes_a_curve_per_type_and_a_model_descriptor():
+    import pilotfill
+    from pilotfill.executors.decorator import RESOURCE_KEY, ElasticAppError
+
+    @pilotfill.elastic_app(min_nodes=1, max_nodes=2, curve={"a100": {"nodes": [0, 1, 2], "samples_per_s": [0, 10, 20]}}, model={"parameters": 1e6, "batch_size": 32})
+    def train():
+        return 1
+
+    import inspect
+
+    spec = inspect.signature(train.func).parameters[RESOURCE_KEY].default
+    assert spec["curves"] == {"a100": {"nodes": [0, 1, 2], "samples_per_s": [0, 10, 20]}} and spec["curve"] is None
+    assert spec["model"] == {"parameters": 1e6, "batch_size": 32.0}
+    with pytest.raises(ElasticAppError, match=r"curve\['a100'\] must be"):
+        pilotfill.elastic_app(curve={"a100": {"nodes": [1, 2], "samples_per_s": [1, 2]}})
+    with pytest.raises(ElasticAppError, match="model: unknown key 'params'"):
+        pilotfill.elastic_app(model={"params": 3})

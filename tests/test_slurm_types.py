@@ -124,3 +124,13 @@ def test_a_campaign_lands_each_job_on_the_node_type_that_suits_it(slurm, tmp_pat
         state.close()
     assert {d["node_type"] for d in submitted} == {"v100", "k80"}
     assert sorted(d["node_type"] for d in started.values()) == ["k80", "v100"]
+
+
+def test_constraints_and_gres_are_read_as_slurm_writes_them():
+    from pilotfill.schedulers.slurm import features_match, gres_match
+
+    assert features_match("gpu&hbm80g", {"gpu", "hbm80g"}) and not features_match("gpu&hbm80g", {"gpu", "hbm40g"})
+    assert features_match("[a100|h100]&gpu", {"h100", "gpu"}) and not features_match("[a100|h100]&gpu", {"v100", "gpu"})
+    assert gres_match("gpu:a100", "gpu:a100:4(S:0-1)") and not gres_match("gpu:a100", "gpu:v100:4")
+    assert gres_match("gpu:a100:4", "gpu:a100:4") and not gres_match("gpu:a100:8", "gpu:a100:4")
+    assert gres_match("gpu", "gpu:v100:4") and gres_match("gpu:2", "gpu:4") and not gres_match("gpu", "(null)")
