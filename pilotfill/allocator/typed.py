@@ -93,6 +93,15 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     if all(choice_n[choice_t == k].sum() <= caps[k] for k in range(T)):
         return _answer(types, choice_t, choice_n), float(best.sum()), "dp"
 
+    # A small machine (every type's nodes few, or the jobs torn between types few): the DP over how many nodes of
+    # each type the hesitant jobs take is exact and cheaper than pricing.
+    every = np.isfinite(V)
+    every[:, :, 0] = False
+    kinds = every.any(axis=2)
+    grid = _grid(V, stop, caps, every, kinds, np.flatnonzero(kinds.sum(axis=1) > 1))
+    if grid is not None:
+        ts, ns, value = grid
+        return _answer(types, ts, ns), value, "dp"
     hinted = None
     if hint is not None:
         index = {t: k for k, t in enumerate(types)}
@@ -292,7 +301,7 @@ def _solve_types(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, pick: np.nda
         if members.size == 0:
             continue
         tables = [np.concatenate([[stop[j]], V[j, k, 1:]]) for j in members]
-        counts, _ = dp.solve(tables, int(caps[k]))
+        counts, _ = _knapsack(tables, int(caps[k]))
         for j, c in zip(members.tolist(), counts):
             ts[j], ns[j] = k, c
     return ts, ns
@@ -312,14 +321,14 @@ def _per_type(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarra
         if members.size == 0:
             continue
         tables = [np.concatenate([[stop[j]], np.where(keep[j, k, 1:], V[j, k, 1:], -np.inf)]) for j in members]
-        counts, value = dp.solve(tables, int(caps[k]))
+        counts, value = _knapsack(tables, int(caps[k]))
         total += value
         for j, c in zip(members.tolist(), counts):
             ts[j], ns[j] = k, c
     return ts, ns, total
 
 
-GRID_WORK = 3_000_000
+GRID_WORK = 5_000_000
 """Largest grid × choices the multi-dimensional DP over the hesitant jobs takes on (else the core goes to the MILP)."""
 
 
@@ -330,19 +339,15 @@ def _grid(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, k
     type they take together; the best split of each type between the two is the optimum. None when that grid is
     too large (the MILP then)."""
     J, T, W = V.shape
+    sub = keep[hesitant]
+    top = np.where(sub, np.arange(W)[None, None, :], 0).max(axis=2) if hesitant.size else np.zeros((0, T), dtype=int)
+    dims = np.minimum(top.sum(axis=0), caps.astype(int)) + 1
+    if int(np.prod(dims)) * int(sub.sum()) > GRID_WORK:
+        return None
     firm_of = [np.flatnonzero(kinds[:, k] & (kinds.sum(axis=1) == 1)) for k in range(T)]
     choices = []  # per hesitant job: (type, count, gain over stopping)
-    reach = np.zeros(T, dtype=int)
     for j in hesitant.tolist():
-        js = [(k, c, float(V[j, k, c] - stop[j])) for k, c in zip(*np.nonzero(keep[j]))]
-        choices.append(js)
-        for k in range(T):
-            top = max((c for kk, c, _ in js if kk == k), default=0)
-            reach[k] += top
-    dims = np.minimum(reach, caps.astype(int)) + 1
-    cells = int(np.prod(dims))
-    if cells * sum(len(c) for c in choices) > GRID_WORK:
-        return None
+        choices.append([(k, c, float(V[j, k, c] - stop[j])) for k, c in zip(*np.nonzero(keep[j]))])
     # The firm jobs of each type: their best value with at most c nodes, for every c.
     rows = []
     for k in range(T):
@@ -360,9 +365,10 @@ def _grid(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, k
             src = [slice(None)] * T
             dst[k], src[k] = slice(c, None), slice(None, dims[k] - c)
             cand = grid[tuple(src)] + gain
-            better = cand > new[tuple(dst)]
-            new[tuple(dst)] = np.where(better, cand, new[tuple(dst)])
-            pick[tuple(dst)] = np.where(better, i, pick[tuple(dst)])
+            target = new[tuple(dst)]
+            better = cand > target
+            np.copyto(target, cand, where=better)  # views: written in place
+            np.copyto(pick[tuple(dst)], i, where=better)
         grid = new
         decisions.append(pick)
     total = grid.copy()
@@ -387,11 +393,22 @@ def _grid(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, k
         if members.size == 0:
             continue
         tables = [np.concatenate([[stop[j]], np.where(keep[j, k, 1:], V[j, k, 1:], -np.inf)]) for j in members]
-        counts, _ = dp.solve(tables, int(caps[k] - used[k]))
+        counts, _ = _knapsack(tables, int(caps[k] - used[k]))
         for j, c in zip(members.tolist(), counts):
             ts[j], ns[j] = k, c
     rows_ = np.arange(J)
     return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum())
+
+
+SMALL_DP = 200_000
+"""Below this many DP cell updates the plain DP answers a one-type knapsack faster than the core solver's pricing."""
+
+
+def _knapsack(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]:
+    """One type's knapsack, exactly: the plain DP when it is small, the core solver (:func:`.dp.solve`) otherwise."""
+    if dp.work(tables, capacity) <= SMALL_DP:
+        return dp.dense(tables, capacity)
+    return dp.solve(tables, capacity)
 
 
 def _row(tables: list[np.ndarray], capacity: int) -> np.ndarray:
