@@ -151,14 +151,14 @@ class Bench:
         ctl.step(self.now)
 
 
-def zmq_client(endpoint: str, key: bytes, pilots: list[str], period: float, duration: float, out) -> None:
+def zmq_client(endpoint: str, secret: bytes, key: bytes, pilots: list[str], period: float, duration: float, out) -> None:
     """One process playing many agents, each as a real agent does: a heartbeat that waits at the controller
     (a long poll of ``period`` s), sent again the moment its reply arrives. Reports how late replies came."""
     import zmq
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+    from pilotfill.transport import dealer
+
+    sock = dealer(secret, endpoint)  # a client of the run (CurveZMQ with the run's keys), as an agent's is
     verifier = Verifier(key)
     sent: dict[bytes, tuple[str, float]] = {}
     late: list[float] = []
@@ -217,7 +217,7 @@ def zmq_load(root: Path, n_nodes: int, period: float, duration: float, clients: 
     key = session_key(ctl.key, ctl.incarnation)
     out: mp.Queue = mp.Queue()
     share = [bench.pilots[i::clients] for i in range(clients)]
-    procs = [mp.Process(target=zmq_client, args=(server.endpoint, key, share[i], period, duration, out)) for i in range(clients)]
+    procs = [mp.Process(target=zmq_client, args=(server.endpoint, ctl.key, key, share[i], period, duration, out)) for i in range(clients)]
     began = time.monotonic()
     for p in procs:
         p.start()

@@ -4,8 +4,10 @@ Every figure comes from the controller that runs pilots (``pilotfill replay``
 drives it on a simulated clock) and is measured in this one run: samples, jobs
 finished, node-hours held and used as a share of the idle node-hours, what the
 site sees (pilots per time the trace made a node idle, releases, nodes
-re-requested within a minute of their release, job stops) and the wall time
-per event inside the controller (journal writes included). It judges nothing:
+re-requested within a minute of their release, job stops) and the time per
+event inside the controller (journal writes included): wall time, and this
+process's CPU time — on a shared machine the wall time includes waiting for a
+core, the CPU time is what the controller itself costs. It judges nothing:
 targets are printed beside the ratios.
 
 The matrix (defaults: every job file row, no cap on concurrent jobs, the
@@ -22,7 +24,8 @@ learned horizon):
   three noise seeds, with min and max);
 * queue delay: 0 and 30 s per pilot.
 
-Then BFTrainer's own setup (64 nodes, at most 10 jobs, T_fwd = 10 s, its
+Then the realistic cells again with BFTrainer's fixed T_fwd = 10 s instead of
+the learned horizon; BFTrainer's own setup (64 nodes, at most 10 jobs, T_fwd = 10 s, its
 figures: 6.11e9 samples, 43 jobs, 98.2 % efficiency) and a saturating demand:
 the shared job file eight times over, submitted evenly through the week
 (8,008 jobs), on the whole machine with realistic accounting and a 30 s queue
@@ -47,7 +50,8 @@ from pilotfill.traces import JobSpec, Trace, parse_time, read_jobs, read_trace
 BFTRAINER = {"samples": 6.11e9, "jobs_completed": 43, "efficiency": 0.982}
 HERE = Path(__file__).resolve().parent
 WINDOW = dict(start=parse_time("2021-02-10T20:21:15Z"), end=parse_time("2021-02-17T00:00:00Z"))
-TARGETS = "targets: learned/known >= 0.97 (realistic, 30 s); re-requested 0; pilots/idle transition <= 1; controller ms max <= 100; saturating used/idle >= 0.90"
+TARGETS = ("targets: learned/known >= 0.97 (realistic, 30 s); re-requested 0; pilots <= idle transitions + pilots that reached their walltime "
+           "(a node idle past a pilot's walltime needs another); controller ms max <= 100; saturating used/idle >= 0.90")
 
 
 def saturating_demand(jobs: list[JobSpec], trace: Trace, copies: int = 8) -> list[JobSpec]:
@@ -74,8 +78,9 @@ def cell(label: str, trace: Trace, jobs: list[JobSpec], seeds: int, **options) -
 def row(name: str, r: dict) -> str:
     idle = max(r["idle_node_hours"], 1e-9)
     return (f"  {name:<8} samples {r['samples']:>10.4g}  jobs {r['jobs_completed']:>5}  held/idle {r['held_node_hours'] / idle:6.3f}  used/idle {r['used_node_hours'] / idle:6.3f}"
-            f"  pilots/idle-transition {r['pilots_submitted'] / max(1, r['idle_transitions']):5.3f}  released {r['nodes_released']:>6,}  re-requested {r['nodes_rerequested_within_60s']:>3}"
-            f"  job stops {r['job_stops']:>6,}  controller ms p50 {r['controller_ms_p50']:5.1f} p99 {r['controller_ms_p99']:6.1f} max {r['controller_ms_max']:6.1f}  ({r['wall_s']:.0f} s)")  # fmt: skip
+            f"  pilots/(idle transitions + walltime ends) {r['pilots_submitted'] / max(1, r['idle_transitions'] + r.get('pilots_walltime_ended', 0)):5.3f}  released {r['nodes_released']:>6,}  re-requested {r['nodes_rerequested_within_60s']:>3}"
+            f"  job stops {r['job_stops']:>6,}  controller ms per event, wall p50 {r['controller_ms_p50']:5.1f} p99 {r['controller_ms_p99']:6.1f} max {r['controller_ms_max']:6.1f}"
+            f" / CPU p50 {r['controller_cpu_ms_p50']:5.1f} p99 {r['controller_cpu_ms_p99']:6.1f} max {r['controller_cpu_ms_max']:6.1f}  ({r['wall_s']:.0f} s)")  # fmt: skip
 
 
 def show(result: dict) -> None:
@@ -91,11 +96,12 @@ def show(result: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
-    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "saturating"], action="append", help="run only these parts (repeatable)")
+    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating"], action="append", help="run only these parts (repeatable)")
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for learned curves (the median is shown)")
+    ap.add_argument("--saturating-seeds", type=int, default=1, help="noise seeds for learned curves under saturating demand (each run is long)")
     ap.add_argument("--out", type=Path, default=None, help="also write every cell's full figures as JSON lines")
     args = ap.parse_args()
-    parts = args.only or ["bftrainer", "64", "whole", "saturating"]
+    parts = args.only or ["bftrainer", "64", "whole", "horizon", "saturating"]
     trace_file = args.data / "summit-2021-02-10-week.csv.gz"
     jobs = read_jobs(args.data / "jobs-imagenet-1001.csv")
     print(TARGETS)
@@ -124,10 +130,14 @@ def main() -> None:
             for delay in (0.0, 30.0):
                 label = f"{'64 nodes' if part == '64' else 'whole machine'}, {accounting} accounting, queue delay {delay:g} s"
                 record(cell(label, trace, jobs, args.seeds, accounting=accounting, queue_delay_s=delay))
+    if "horizon" in parts:  # the learned horizon (every cell above) against BFTrainer's fixed look-ahead, in the realistic setting
+        for label, trace in (("64 nodes", trace64 or read_trace(trace_file, nodes=64, **WINDOW)), ("whole machine", whole or read_trace(trace_file))):
+            record(cell(f"{label}, realistic accounting, queue delay 30 s, fixed T_fwd = 10 s (compare with the learned horizon above)", trace, jobs,
+                        args.seeds, accounting="realistic", queue_delay_s=30.0, t_fwd=10.0))  # fmt: skip
     if "saturating" in parts:
         demand = saturating_demand(jobs, whole)
         r = cell(f"whole machine, saturating demand ({len(demand):,} jobs through the week), realistic accounting, queue delay 30 s", whole, demand,
-                 args.seeds, accounting="realistic", queue_delay_s=30.0)  # fmt: skip
+                 args.saturating_seeds, accounting="realistic", queue_delay_s=30.0)  # fmt: skip
         record(r)
         for name in ("known", "learned"):
             x = r[name]
@@ -135,8 +145,9 @@ def main() -> None:
                 print(f"  {name}: used {x['used_node_hours']:,.0f} of {x['idle_node_hours']:,.0f} idle node-hours = {x['used_node_hours'] / x['idle_node_hours']:.3f} "
                       f"(held {x['held_node_hours'] / x['idle_node_hours']:.3f}); target >= 0.90")
     worst = max((r[k]["controller_ms_max"] for r in results for k in ("known", "learned") if r[k] is not None), default=0.0)
+    worst_cpu = max((r[k]["controller_cpu_ms_max"] for r in results for k in ("known", "learned") if r[k] is not None), default=0.0)
     rereq = sum(r[k]["nodes_rerequested_within_60s"] for r in results for k in ("known", "learned") if r[k] is not None)
-    print(f"\nevery cell: controller ms per event at most {worst:.1f} (target <= 100); nodes re-requested within 60 s, summed: {rereq} (target 0); "
+    print(f"\nevery cell: controller ms per event at most {worst:.1f} wall, {worst_cpu:.1f} CPU (target <= 100); nodes re-requested within 60 s, summed: {rereq} (target 0); "
           f"{time.perf_counter() - began:.0f} s in all")
 
 

@@ -18,6 +18,14 @@ that someone else could have written is refused, never loaded.
 Anything wrong with the campaign, the config or a path is one line naming the
 file (and line) and exit code 2 (:class:`CampaignError`); an exception in the
 campaign's own code shows that code's traceback, not pilotfill's.
+
+Ctrl-C (SIGINT), SIGTERM and SIGHUP are a stop (:class:`Interrupt`): the
+controller is stopped as ``pilotfill run`` stops it at the end — it ends every
+job's ranks, deletes every pilot (``qdel``, ``scancel``, or ends the local
+cluster's) and records ``controller.stopped`` — then the apps still waiting
+fail with "interrupted", and ``pilotfill run`` exits 130. Trainings resume from
+their last commit when the campaign is run again. A second Ctrl-C while that
+stop runs only says so; once the stop is done, it leaves at once.
 """
 
 from __future__ import annotations
@@ -26,9 +34,11 @@ import logging
 import os
 import runpy
 import secrets
+import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -54,10 +64,85 @@ class Outcome:
     cached: int = 0
     fatal: str | None = None  # why the campaign could not go on (the controller could not), if it could not
     stopped: str | None = None  # where the campaign's script stopped on a failed app's result, if it did
+    notes: list[str] = field(default_factory=list)  # what the user should know that is not a failure (an unsaved result)
+    interrupted: str | None = None  # the signal that stopped it (Ctrl-C: "SIGINT"), if one did
 
     @property
     def ok(self) -> bool:
-        return not self.failed and self.fatal is None and self.stopped is None
+        return not self.failed and self.fatal is None and self.stopped is None and self.interrupted is None
+
+
+class Interrupt:
+    """Ctrl-C, SIGTERM or SIGHUP to ``pilotfill run``: the campaign stops as it would at its end (see the module
+    docstring), never by the controller dying with its parent (which leaves every pilot holding its nodes until its
+    agent gives up, 10 minutes later: recheck (b)).
+
+    Install it on the main thread (:meth:`installed`); :func:`run_campaign` attaches the stop. The stop runs on a
+    thread of its own, so the main thread goes on showing progress meanwhile. ``say`` prints a line for the user.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr, flush=True)):
+        self.say = say
+        self.signal: signal.Signals | None = None
+        self.done = threading.Event()  # the stop has run: pilots deleted, controller stopped
+        self._stop: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+        self._started = False
+
+    @property
+    def why(self) -> str:
+        return f"interrupted ({self.signal.name})" if self.signal is not None else ""
+
+    def installed(self):
+        """A context manager: the handlers set on entry (main thread only), the previous ones back on exit."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def manager():
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in self.SIGNALS}
+            try:
+                yield self
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        return manager()
+
+    def attach(self, stop: Callable[[str], None]) -> None:
+        """What a stop does (set once the controller runs); a signal that came before runs it now."""
+        with self._lock:
+            self._stop = stop
+            pending = self.signal is not None
+        if pending:
+            self._begin()
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signal is not None:
+            if self.done.is_set():
+                self.say("pilotfill: stopped; leaving now")
+                os._exit(130)
+            self.say("pilotfill: still stopping: ending the trainings and deleting the pilots (Ctrl-C again once that is done leaves at once)")
+            return
+        self.signal = signal.Signals(signum)
+        self.say(f"pilotfill: {self.signal.name}: stopping — ending the trainings and deleting the pilots; they resume from their commits next time")
+        self._begin()
+
+    def _begin(self) -> None:
+        with self._lock:
+            stop = self._stop
+            if stop is None or self._started:
+                return  # no controller yet: run_campaign attaches the stop, and runs it then
+            self._started = True
+
+        def run() -> None:
+            try:
+                stop(self.why)
+            finally:
+                self.done.set()
+
+        threading.Thread(target=run, name="pilotfill-interrupt", daemon=True).start()
 
 
 def default_run_dir(script: Path) -> Path:
@@ -99,13 +184,23 @@ def check_script(script: Path) -> Path:
     return script
 
 
+WRITTEN = ("", "controller.out", "controller.log", "controller.json", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm", "logs")
+"""What a run writes in its run directory ("": the directory itself)."""
+
+
 def prepare_run_dir(run_dir: Path) -> Path:
-    """The run directory, created private; one line if it cannot be."""
+    """The run directory, created private; one line if it cannot be, or if anything the run writes there cannot be
+    written (an immutable or append-only file, a read-only filesystem): said now, naming the file."""
     from .security import private_dir
+    from .state import unwritable
 
     run_dir = Path(run_dir).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise CampaignError(f"--run-dir {run_dir}: is a file, not a directory")
+    for name in WRITTEN if run_dir.exists() else ():
+        why = unwritable(run_dir / name)
+        if why is not None:
+            raise CampaignError(f"--run-dir {run_dir}: cannot use it: {why}")
     try:
         return private_dir(run_dir)
     except OSError as exc:
@@ -127,26 +222,74 @@ def _line_in(exc: BaseException, script: Path) -> int | None:
     return None
 
 
-def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None) -> Outcome:
+def run_campaign(script: Path, config: str | None = None, run_dir: Path | None = None, apps=None, on_run_dir=None,
+                 interrupt: Interrupt | None = None) -> Outcome:  # fmt: skip
     """Run ``script`` as a campaign (see the module docstring). ``apps``: a :class:`pilotfill.progress.AppCounts`
-    to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists."""
-    import parsl
-    from parsl.config import Config
-    from parsl.dataflow.memoization import BasicMemoizer
-    from parsl.executors import ThreadPoolExecutor
-
-    from .checkpoints import UnsafeCheckpoint, parsl_checkpoints
-    from .executors import ElasticExecutor
-    from .executors.decorator import ElasticAppError
-    from .executors.elastic import call_name
-    from .progress import is_app_failure
-    from .supervisor import ControllerFailed, ControllerSupervisor
-
+    to count the apps in as they go; ``on_run_dir``: told the run directory as soon as it exists; ``interrupt``:
+    an installed :class:`Interrupt`, whose signal stops the campaign."""
     os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
     logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
     script = check_script(script)
     load_config(config)  # fail here, with the file and key, rather than in the controller
-    run_dir = prepare_run_dir(run_dir if run_dir else default_run_dir(script))
+    run_dir = Path(run_dir if run_dir else default_run_dir(script)).resolve()
+    lock = lock_runs(run_dir)  # before anything is written: a second run of this campaign here refuses
+    try:
+        return _run_locked(script, config, run_dir, apps, on_run_dir, interrupt)
+    finally:
+        lock.close()
+
+
+class _Lock:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        os.close(self.fd)  # the kernel drops the lock (also when the process dies, however it dies)
+
+
+LOCK_FILE = ".lock"
+"""In ``runs/checkpoints/``: held by the ``pilotfill run`` that uses ``runs/``."""
+
+
+def lock_runs(run_dir: Path) -> _Lock:
+    """Hold the ``runs/`` of ``run_dir`` (the Parsl checkpoints and the trainings' commits, shared by every run of the
+    campaigns there) for this run alone; another ``pilotfill run`` holding it is one line naming it. An ``flock``:
+    it goes with the process, so a killed run never leaves it held."""
+    import fcntl
+
+    from .security import private_dir
+
+    runs = run_dir.parent
+    try:
+        folder = private_dir(runs / "checkpoints")
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise CampaignError(f"{runs}: cannot use it: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise CampaignError(f"{runs}: another pilotfill run is using it ({holder or 'pid unknown'}); a second one would train the "
+                            "same calls again: wait for it to end, or run this campaign from another directory") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()}, run directory {run_dir}".encode(), 0)
+    return _Lock(fd)
+
+
+def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir, interrupt: Interrupt | None) -> Outcome:
+    import parsl
+    from parsl.config import Config
+    from parsl.executors import ThreadPoolExecutor
+
+    from .checkpoints import CampaignMemoizer, UnsafeCheckpoint, parsl_checkpoints
+    from .executors import ElasticExecutor
+    from .executors.decorator import ElasticAppError
+    from .executors.elastic import CampaignHalted, call_name
+    from .progress import is_app_failure
+    from .supervisor import ControllerFailed, ControllerSupervisor
+
+    run_dir = prepare_run_dir(run_dir)
     if on_run_dir is not None:
         on_run_dir(run_dir)
     runs = run_dir.parent
@@ -163,17 +306,26 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
         executor.fail_all(f"the campaign cannot go on: {why}")
 
     supervisor = ControllerSupervisor(run_dir, config, checkpoint_dir, new_campaign=(run_dir / "state.sqlite").exists(), on_fatal=fatal)
+
+    def stop(why: str) -> None:  # an interrupt: as at the end — the controller ends the jobs, deletes the pilots, records it
+        outcome.interrupted = why
+        supervisor.stop()
+        executor.fail_all(f"the campaign was {why}")
+
     try:
         supervisor.start()
     except ControllerFailed as exc:
         raise CampaignError(str(exc)) from None
+    if interrupt is not None:
+        interrupt.attach(stop)
     dfk = None
+    memoizer = CampaignMemoizer(checkpoint_files=checkpoints)
     try:
         dfk = parsl.load(
             Config(
                 executors=[executor, ThreadPoolExecutor(label="local", max_threads=4)],
                 run_dir=str(parsl_dir),
-                memoizer=BasicMemoizer(checkpoint_mode="task_exit", checkpoint_files=checkpoints),
+                memoizer=memoizer,
                 initialize_logging=True,
             )
         )
@@ -186,19 +338,26 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
             raise CampaignError(f"{script}:{_line_in(exc, script) or '?'}: {exc}") from None
         except Exception as exc:
             stopped = exc
-        dfk.wait_for_current_tasks()
+        if outcome.interrupted is None:  # interrupted: the apps still running on this machine are not waited for
+            dfk.wait_for_current_tasks()
         for future in list(futures):
             task = future.task_record
+            if not future.done():  # interrupted while it ran on this machine: not waited for
+                outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})),
+                                       CampaignHalted(f"the campaign was {outcome.interrupted}")))  # fmt: skip
+                continue
             exc = future.exception()
             if exc is not None:
                 outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})), exc))
             else:
                 outcome.done += 1
                 outcome.cached += bool(task.get("from_memo"))
-        if stopped is not None and outcome.fatal is None:
+        if stopped is not None and outcome.fatal is None and outcome.interrupted is None:
             if not is_app_failure(stopped, [e for _, e in outcome.failed]):
                 raise CampaignScriptError(_script_frames(stopped, script))
             outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
+        for name, args, kwargs, why in memoizer.unsaved:
+            outcome.notes.append(f"{call_name(name, args, kwargs)}: its result is kept for this run but cannot be checkpointed ({why}); a re-run runs it again")
     finally:
         if dfk is not None:
             dfk.cleanup()

@@ -8,6 +8,13 @@ refused with an error naming the file. A Parsl checkpoint cut short (a kill or
 a full disk mid-write) keeps the entries written before the cut: they are
 salvaged and the file rewritten, so one damaged record costs at most the apps
 after it, not every later run.
+
+:class:`CampaignMemoizer` writes those checkpoints: Parsl's memoizer, except
+that a result plain pickle cannot store is kept for the campaign (only its
+checkpoint is skipped, and said) instead of raising inside Parsl's completion
+callback, which left the app's future unresolved for ever; and each entry is
+pickled whole before it is written, so a failure never leaves half an entry in
+the file.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ import logging
 import os
 import pickle
 import stat
+import threading
 from pathlib import Path
+from typing import Any
+
+from parsl.dataflow.memoization import BasicMemoizer
 
 log = logging.getLogger("pilotfill.checkpoints")
 
@@ -93,3 +104,45 @@ def _salvage(tasks: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, tasks)
+
+
+class CampaignMemoizer(BasicMemoizer):
+    """Parsl's memoizer with a checkpoint entry written as each app finishes (Parsl's ``task_exit`` mode, in
+    Parsl's own file format, read back by ``checkpoint_files``); a result that cannot be stored is kept in
+    memory and listed in :attr:`unsaved` as ``(function name, args, kwargs, why)``."""
+
+    def __init__(self, checkpoint_files: list[str]):
+        super().__init__(checkpoint_files=checkpoint_files, checkpoint_mode=None)  # the checkpoints are written here
+        self.unsaved: list[tuple[str, tuple, dict, str]] = []
+        self._write_lock = threading.Lock()
+
+    def update_memo_result(self, task: Any, r: Any) -> None:
+        super().update_memo_result(task, r)
+        hashsum = task.get("hashsum") if hasattr(task, "get") else None
+        if not hashsum:
+            return  # not a cached app: nothing to checkpoint
+        try:
+            entry = pickle.dumps({"hash": hashsum, "exception": None, "result": r})
+        except Exception as exc:  # noqa: BLE001 - anything pickle raises: the result stays, the checkpoint goes
+            why = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("the result of %s cannot be checkpointed (%s): a re-run runs it again", task.get("func_name"), why)
+            self.unsaved.append((str(task.get("func_name")), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), why))
+            return
+        try:
+            self._append(entry)
+        except OSError as exc:  # a full disk: the app's result stands; only a re-run loses it
+            log.warning("cannot write a checkpoint for %s: %s", task.get("func_name"), exc)
+            self.unsaved.append((str(task.get("func_name")), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), str(exc)))
+
+    def _append(self, entry: bytes) -> None:
+        folder = Path(self.run_dir) / "checkpoint"
+        with self._write_lock:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(folder / "tasks.pkl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                view = memoryview(entry)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            self.checkpointed_tasks += 1

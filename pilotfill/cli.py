@@ -69,22 +69,27 @@ def run(
     tui: Annotated[bool, typer.Option("--tui", help="Show the live view while the campaign runs (its output goes to campaign.out).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line: only the campaign's output and the summary.")] = False,
 ) -> None:
-    """Run a campaign: start the controller, load Parsl with the elastic executor, run the script, wait, clean up."""
-    from .campaign import CampaignError, CampaignScriptError, default_run_dir, run_campaign
+    """Run a campaign: start the controller, load Parsl with the elastic executor, run the script, wait, clean up.
+    Ctrl-C stops it cleanly: trainings end, pilots are deleted, and a re-run resumes from the commits."""
+    from .campaign import CampaignError, CampaignScriptError, Interrupt, default_run_dir, run_campaign
     from .config import ConfigError
     from .progress import AppCounts, print_failures, show
 
     apps = AppCounts()
     where: dict[str, Path] = {}
+    interrupt = Interrupt(say=lambda text: err.print(Text(text), highlight=False))
     try:
-        if tui:
-            from .tui import run_with_view
+        with interrupt.installed():
+            if tui:
+                from .tui import run_with_view
 
-            run_dir = run_dir or default_run_dir(script.resolve())
-            outcome = run_with_view(lambda: run_campaign(script, config, run_dir, apps=apps), run_dir)
-        else:
-            work = lambda: run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d))  # noqa: E731
-            outcome = show(work, apps, lambda: where.get("run_dir"), err, quiet=quiet)
+                run_dir = run_dir or default_run_dir(script.resolve())
+                outcome = run_with_view(lambda: run_campaign(script, config, run_dir, apps=apps, interrupt=interrupt), run_dir)
+            else:
+                def work():
+                    return run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d), interrupt=interrupt)
+
+                outcome = show(work, apps, lambda: where.get("run_dir"), err, quiet=quiet)
     except (CampaignError, ConfigError) as exc:
         err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)  # the message is text, not markup: [slurm] stays
         raise typer.Exit(2) from None
@@ -99,10 +104,16 @@ def run(
     table.add_column("failed or not run", justify="right")
     table.add_row(str(outcome.done), str(outcome.cached), str(len(outcome.failed)))
     err.print(table)
+    for note in outcome.notes:
+        err.print("[yellow]note:[/]", Text(note), highlight=False)
     if outcome.stopped:
         err.print(Text(outcome.stopped), highlight=False)
     if outcome.fatal:
         err.print(f"[bold red]error:[/] the campaign could not go on: {outcome.fatal}", highlight=False)
+    if outcome.interrupted:
+        err.print(Text(f"pilotfill: {outcome.interrupted}: the controller stopped and deleted its pilots; run it again to resume from the commits"),
+                  highlight=False)  # fmt: skip
+        raise typer.Exit(130)
     if not outcome.ok:
         raise typer.Exit(1)
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -104,6 +104,33 @@ def signal_pid(pid: int, sig: int) -> None:
 def kill_pid(pid: int) -> None:
     """SIGKILL one process (not its group), if it is still there."""
     signal_pid(pid, signal.SIGKILL)
+
+
+def descendants(pids: Iterable[int]) -> list[int]:
+    """Every live process below ``pids`` (children, theirs, …) by the kernel's parent links: what a process started,
+    in whatever session or group it put itself, as long as nothing in between has exited."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] not in (b"Z", b"X"):
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    seen = set(pids)
+    todo = list(seen)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                out.append(child)
+                todo.append(child)
+    return out
 
 
 def with_environment(**wanted: str) -> list[int]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -65,15 +66,17 @@ class Machine:
     running: int = 0
     nodes: int = 0
     rate: float = 0.0
+    problem: str | None = None  # a refused pilot submission, in the batch system's words (until one goes through)
     _last: tuple[float, float] | None = None
 
     def read(self, run_dir: Path) -> None:
-        from .tui import RunUnreadable, read_snapshot
+        from .tui import RunUnreadable, read_snapshot, submit_problem_line
 
         try:
             snap, _ = read_snapshot(run_dir)
         except (RunUnreadable, OSError):
             return
+        self.problem = submit_problem_line(snap.get("submit_problem"))
         jobs = snap.get("jobs", [])
         self.running = sum(1 for j in jobs if j["status"] == "running")
         self.nodes = sum(1 for n in snap.get("nodes", []) if n["state"] == "ready")
@@ -94,7 +97,8 @@ def training(machine: Machine) -> str:
 
 def line(apps: AppCounts, machine: Machine) -> str:
     failed = f", {apps.failed} failed" if apps.failed else ""
-    return f"{apps.done} of {plural(apps.launched, 'app')} done{failed} · {training(machine)}"
+    problem = f" · {machine.problem}" if machine.problem else ""
+    return f"{apps.done} of {plural(apps.launched, 'app')} done{failed} · {training(machine)}{problem}"
 
 
 def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False) -> T:
@@ -126,7 +130,8 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
                     if run_dir() is not None:
                         machine.read(run_dir())
                     failed = f"{apps.failed} failed · " if apps.failed else ""
-                    bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine))
+                    problem = f" · [bold red]{escape(machine.problem)}[/]" if machine.problem else ""
+                    bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine) + problem)
     else:
         said, said_at = "", 0.0
         while thread.is_alive():

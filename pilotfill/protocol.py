@@ -12,8 +12,8 @@ pilot.heartbeat    pilot[, wait_s, exits [{host, job, code,     release [str]: n
                    requested}]] — a long poll of up to wait_s  [{op: start|stop, job, host, argv, env}];
                                                                stop; register; incarnation
 pilot.leaving      pilot, nodes [str], deadline (POSIX s)      ok — ranks on those nodes are removed now
-job.submit         spec {name, entry, min_nodes, max_nodes,    job_id
-                   …} (see :func:`check_spec`)
+job.submit         spec {name, entry, min_nodes, max_nodes,    job_id — the same for a retry (the request id
+                   …} (see :func:`check_spec`)                 is journaled with the job: across restarts too)
 job.report         job_id, host, samples, seconds[, first,     progress: the job's counted total (since a stop,
                    commit] — commit: the rank committed after  it falls back to the last commit)
                    this work
@@ -29,7 +29,7 @@ job.cancel         job_id                                      ok
 state.snapshot     —                                           jobs, pilots, nodes, events (latest 50)
 rdzv.join          job_id, host, last_round                    state wait|closed|ended[, round, rank, world_size,
                                                                hosts, store {host, port, prefix}] (torch runtime)
-rdzv.poll          job_id, host, round                         waiting, current, member (torch runtime)
+rdzv.poll          job_id, host, round                         waiting, current, member, same_hosts (torch runtime)
 =================  ==========================================  ===========================================
 """
 

@@ -110,8 +110,10 @@ class ReplayResult:
     nodes_released: int = 0
     nodes_rerequested_within_60s: int = 0
     idle_transitions: int = 0
+    pilots_walltime_ended: int = 0  # pilots that reached their walltime: a node idle longer needs another pilot
     solve_ms: list[float] = field(default_factory=list)
     controller_ms: list[float] = field(default_factory=list)
+    controller_cpu_ms: list[float] = field(default_factory=list)  # the same, in this process's CPU time (on a shared machine, what it costs)
     methods: dict[str, int] = field(default_factory=dict)
     jobs: list[JobOutcome] = field(default_factory=list)
     timeline: list[Snapshot] = field(default_factory=list)
@@ -158,12 +160,16 @@ class ReplayResult:
             "nodes_released": self.nodes_released,
             "nodes_rerequested_within_60s": self.nodes_rerequested_within_60s,
             "idle_transitions": self.idle_transitions,
+            "pilots_walltime_ended": self.pilots_walltime_ended,
             "solve_ms_p50": pct(self.solve_ms, 50),
             "solve_ms_p99": pct(self.solve_ms, 99),
             "solve_ms_max": max(self.solve_ms, default=0.0),
             "controller_ms_p50": pct(self.controller_ms, 50),
             "controller_ms_p99": pct(self.controller_ms, 99),
             "controller_ms_max": max(self.controller_ms, default=0.0),
+            "controller_cpu_ms_p50": pct(self.controller_cpu_ms, 50),
+            "controller_cpu_ms_p99": pct(self.controller_cpu_ms, 99),
+            "controller_cpu_ms_max": max(self.controller_cpu_ms, default=0.0),
             "methods": dict(self.methods),
             "wall_s": self.wall_s,
             "node_types": self.node_types,
@@ -258,8 +264,9 @@ class Replay:
         t = self.trace.start
         while True:
             self._advance(t)
-            spent = self._event(t, arrivals)
+            spent, cpu = self._event(t, arrivals)
             self.result.controller_ms.append(spent)
+            self.result.controller_cpu_ms.append(cpu)
             if on_event is not None:
                 on_event(t, self)
             t_next = min(self.scheduler.next_time(), self.runtime.next_time(), arrivals[0].submit_time if arrivals else math.inf, self.trace.end)
@@ -268,27 +275,28 @@ class Replay:
                 return
             t = max(t_next, t)
 
-    def _event(self, t: float, arrivals: deque[JobSpec]) -> float:
-        """Everything that happens at time ``t``, through the controller; returns its wall time in ms."""
+    def _event(self, t: float, arrivals: deque[JobSpec]) -> tuple[float, float]:
+        """Everything that happens at time ``t``, through the controller; returns its wall and CPU time in ms."""
         ctl = self.controller
         assert ctl is not None
-        spent = 0.0
+        spent = cpu = 0.0
         for _ in range(MAX_ROUNDS):
             self.scheduler.advance(t)
             messages = self.runtime.outbox + self.scheduler.outbox
             self.runtime.outbox, self.scheduler.outbox = [], []
             while arrivals and arrivals[0].submit_time <= t:
                 messages.append(self._submission(arrivals.popleft()))
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             for m, reply in zip(messages, ctl.handle_batch(messages)):
                 if m["type"] == "job.submit" and reply.get("ok"):
                     self._names[reply["job_id"]] = m["spec"]["name"]
             ctl.step(t)
             spent += (time.perf_counter() - began) * 1000
+            cpu += (time.process_time() - began_cpu) * 1000
             if not messages and not self.scheduler.outbox and not self._starting_now(t):
                 break
         self._snapshot(t)
-        return spent
+        return spent, cpu
 
     def jobs_done(self) -> int:
         """Jobs finished so far (for progress displays)."""
@@ -372,6 +380,7 @@ class Replay:
         counts = self.scheduler.counts
         res.nodes_rerequested_within_60s = counts.rerequested_within_60s
         res.idle_transitions = counts.idle_transitions
+        res.pilots_walltime_ended = counts.walltime_ends
         res.used_node_hours = self.runtime.used_node_s / 3600
         res.type_node_hours = {t: s / 3600 for t, s in sorted(self.runtime.type_node_s.items())}
         for job_id, job in self.runtime.jobs.items():

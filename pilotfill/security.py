@@ -1,6 +1,11 @@
 """The per-run secret and message authentication (DESIGN, "Security").
 
-Every message between the controller and its clients is an envelope
+Two layers, both keyed by the run's secret. The connection: CurveZMQ, with
+the server's and the clients' key pairs derived from the secret
+(:func:`curve_keys`) and every client's key checked by the server (ZAP) during
+the handshake, so a peer without the secret never gets a message buffered —
+whatever it sends ends at the handshake. The message: every message between
+the controller and its clients is an envelope
 
     nonce (16 random bytes) | time (8 bytes, big-endian float, POSIX s) | payload
 
@@ -44,7 +49,8 @@ class AuthError(Exception):
 def private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) readable by the owner only."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    if path.stat().st_mode & 0o777 != 0o700:
+        os.chmod(path, 0o700)
     return path
 
 
@@ -84,6 +90,22 @@ def session_key(secret: bytes, incarnation: int | None) -> bytes:
     if incarnation is None:
         return secret
     return hmac.new(secret, f"pilotfill controller incarnation {int(incarnation)}".encode(), hashlib.sha256).hexdigest().encode()
+
+
+def channel_key(secret: bytes, channel: str) -> bytes:
+    """The key of a channel other than the controller's (the torch store's): derived from the secret, so a message
+    signed for one channel is never accepted on another."""
+    return hmac.new(secret, f"pilotfill channel {channel}".encode(), hashlib.sha256).hexdigest().encode()
+
+
+def curve_keys(secret: bytes, role: str) -> tuple[bytes, bytes]:
+    """``(public, secret)`` CurveZMQ keys (Z85) of ``role`` ("server" or "client") for the run: derived from the run's
+    secret, so only its holders can complete a handshake with a server of the run, or act as its client."""
+    import zmq
+    from zmq.utils import z85
+
+    private = z85.encode(hmac.new(secret, f"pilotfill curve {role}".encode(), hashlib.sha256).digest())
+    return zmq.curve_public(private), private
 
 
 def seal(key: bytes, payload: bytes, nonce: bytes | None = None, now: float | None = None) -> list[bytes]:

@@ -15,8 +15,12 @@ submitted, nodes released, …) are kept as counters in ``meta``.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import os
 import sqlite3
+import struct
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,7 +52,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     launches INTEGER NOT NULL DEFAULT 0,
     crashes INTEGER NOT NULL DEFAULT 0,
     key TEXT,
-    held INTEGER NOT NULL DEFAULT 0
+    held INTEGER NOT NULL DEFAULT 0,
+    request TEXT
 );
 CREATE TABLE IF NOT EXISTS pilots (
     id TEXT PRIMARY KEY,
@@ -94,9 +99,13 @@ CREATE INDEX IF NOT EXISTS pilots_state ON pilots (state);
 CREATE INDEX IF NOT EXISTS jobs_key ON jobs (key);
 """
 
+INDEXES_ADDED = "CREATE INDEX IF NOT EXISTS jobs_request ON jobs (request);"
+"""Indexes on added columns: created after the columns exist."""
+
 COLUMNS_ADDED = {
     "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0",
-             "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0"},
+             "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0",
+             "request": "TEXT"},
     "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0", "node_type": "TEXT"},
     "nodes": {"node_type": "TEXT"},
 }
@@ -108,6 +117,67 @@ LIVE_PILOT_STATES = ("queued", "running", "leaving")
 
 class JournalError(RuntimeError):
     """The journal cannot be written (disk full, read-only, I/O error): the controller must stop."""
+
+
+FS_IOC_GETFLAGS = 0x80086601
+FS_IMMUTABLE_FL, FS_APPEND_FL = 0x10, 0x20
+
+
+def unwritable(path: Path) -> str | None:
+    """Why ``path`` (an existing file or directory) cannot be written, in words; None when it can.
+
+    Asked before SQLite maps the journal's ``-shm`` file: writing to a mapped
+    file that has become immutable kills the process with SIGBUS, and SQLite
+    opens an immutable file read-only without saying why. So the reason —
+    immutable or append-only (``chattr``), a read-only filesystem, no
+    permission — is found here and named with the file.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path}: cannot be opened: {exc.strerror}"
+    try:
+        try:
+            flags = struct.unpack("i", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 4))[0]
+        except OSError:  # a filesystem without inode flags
+            flags = 0
+    finally:
+        os.close(fd)
+    if flags & FS_IMMUTABLE_FL:
+        return f"{path} is immutable (chattr +i): nothing in it can change; `chattr -i {path}` lifts it"
+    if flags & FS_APPEND_FL:
+        return f"{path} is append-only (chattr +a): SQLite must rewrite it; `chattr -a {path}` lifts it"
+    if path.is_dir():
+        probe = path / f".pilotfill-probe-{os.getpid()}"
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            os.unlink(probe)
+        except OSError as exc:
+            return _why(path, exc)
+        return None
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+    except OSError as exc:
+        return _why(path, exc)
+    return None
+
+
+def _why(path: Path, exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return f"{path} is on a read-only filesystem"
+    return f"{path} cannot be written: {exc.strerror}"
+
+
+def check_journal_writable(run_dir: Path) -> None:
+    """Raise :class:`JournalError` naming the first file of the journal (or its directory) that cannot be written."""
+    run_dir = Path(run_dir)
+    for path in (run_dir, *(run_dir / f"{STATE_FILE}{suffix}" for suffix in ("", "-wal", "-shm"))):
+        why = unwritable(path)
+        if why is not None:
+            raise JournalError(why)
 
 
 @dataclass(frozen=True)
@@ -172,13 +242,16 @@ class State:
                     raise FileNotFoundError(f"no pilotfill state at {self.path}")
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
             else:
+                check_journal_writable(self.path.parent)
                 # One writer at a time (the controller), but not always on the thread that opened it.
                 self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
                 self.db.executescript(SCHEMA)
                 self._add_missing_columns()
-                self.path.chmod(0o600)
+                self.db.executescript(INDEXES_ADDED)
+                if self.path.stat().st_mode & 0o077:
+                    self.path.chmod(0o600)
             self.db.row_factory = sqlite3.Row
         except sqlite3.DatabaseError as exc:
             raise JournalError(f"{self.path}: cannot open the run's state: {exc}") from None
@@ -281,6 +354,12 @@ class State:
             "INSERT INTO jobs (id, seq, name, spec, status, submitted, key) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
             (job_id, seq, name, json.dumps(spec), now, key),
         )
+
+    def job_by_request(self, request: str) -> str | None:
+        """The job a ``job.submit`` with this request id created, in any incarnation (so a client's retry across a
+        controller restart is answered with it, not applied again)."""
+        row = self.db.execute("SELECT id FROM jobs WHERE request = ?", (request,)).fetchone()
+        return row["id"] if row else None
 
     def job(self, job_id: str) -> JobRow | None:
         row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()

@@ -55,6 +55,7 @@ class ControllerSupervisor:
         self.fatal: str | None = None
         self.proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
+        self._stop_lock = threading.Lock()
         self._watcher: threading.Thread | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -66,7 +67,12 @@ class ControllerSupervisor:
         self._watcher.start()
 
     def stop(self) -> None:
-        """SIGTERM (the controller stops its jobs and pilots), SIGKILL after a minute; nothing of the run survives."""
+        """SIGTERM (the controller stops its jobs and pilots), SIGKILL after a minute; nothing of the run survives.
+        Safe to call from several threads (the campaign's end and an interrupt): the second waits for the first."""
+        with self._stop_lock:
+            self._stop()
+
+    def _stop(self) -> None:
         self._stopping.set()
         proc = self.proc
         if proc is not None and proc.poll() is None:

@@ -8,6 +8,18 @@ gets no reply in time reconnects (re-reading ``controller.json``, since a
 restarted controller listens elsewhere) and retries with a new nonce, so a
 controller restart is invisible to clients apart from the delay.
 
+Connections are CurveZMQ (:func:`secure`): the server checks every client's
+key during the handshake (a ZAP handler served with the requests), so a peer
+without the run's secret is disconnected before any message of its is read —
+a flood of bulk from another user costs the server nothing but the refused
+handshakes, and authenticated requests are answered as usual. What an
+authenticated peer can make the server hold is bounded too: a message size,
+a few messages queued per peer (``RCVHWM``), and the replies remembered for
+retries (by count and bytes).
+
+The same server and client carry the torch store's channel
+(:mod:`pilotfill.elastic.torch_store`), with a key of its own.
+
 Payloads are JSON objects; the message types are in :mod:`pilotfill.protocol`.
 """
 
@@ -28,7 +40,9 @@ from typing import Any
 
 import zmq
 
-from .security import AuthError, Verifier, load_secret, nonce_of, seal, session_key
+from zmq.utils import z85
+
+from .security import AuthError, Verifier, channel_key, curve_keys, load_secret, nonce_of, seal, session_key
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +55,44 @@ WARN_EVERY_S = 10.0
 REMEMBERED_REPLIES = 4096
 """Replies kept by request id, so that a client's retry (its reply was lost or late) is not applied twice."""
 REMEMBERED_REPLY_BYTES = 64 * 1024
+REMEMBERED_TOTAL_BYTES = 16 * 1024 * 1024
+"""All remembered replies together stay under this (the oldest are forgotten first)."""
+QUEUED_PER_PEER = 16
+"""Messages ZeroMQ queues from one peer before it stops reading that peer (TCP then pushes back on the sender)."""
+HANDSHAKE_S = 10.0
+"""A connection that has not completed its CurveZMQ handshake by then is closed (a peer that connects and idles)."""
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"pilotfill"
+HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+CONTROLLER = "controller"
+"""The controller's channel: messages signed with its incarnation's key (:func:`pilotfill.security.session_key`)."""
+
+
+def secure(sock: zmq.Socket, secret: bytes, server: bool) -> zmq.Socket:
+    """Make ``sock`` a CurveZMQ server or client of the run whose secret is ``secret``."""
+    server_public, server_private = curve_keys(secret, "server")
+    if server:
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = server_public, server_private
+        sock.zap_domain = ZAP_DOMAIN
+    else:
+        sock.curve_serverkey = server_public
+        sock.curve_publickey, sock.curve_secretkey = curve_keys(secret, "client")
+    return sock
+
+
+def dealer(secret: bytes, endpoint: str, ctx: zmq.Context | None = None) -> zmq.Socket:
+    """A DEALER connected to ``endpoint`` as a client of the run (what :class:`Client` uses; tests send raw frames with it)."""
+    sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    secure(sock, secret, server=False)
+    sock.connect(endpoint)
+    return sock
+
+
+def message_key(secret: bytes, channel: str, incarnation: int | None) -> bytes:
+    """The key a channel's messages are signed with: the controller's per incarnation, any other per channel."""
+    return session_key(secret, incarnation) if channel == CONTROLLER else channel_key(secret, channel)
 
 
 class ControllerUnavailable(ConnectionError):
@@ -70,22 +122,36 @@ class Server:
     """The controller's end: receive, authenticate, parse, dispatch, reply."""
 
     def __init__(self, run_dir: Path, key: bytes, host: str = "127.0.0.1", not_before: float | None = None, incarnation: int | None = None,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES):  # fmt: skip
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, channel: str = CONTROLLER):  # fmt: skip
         self.run_dir = Path(run_dir)
         self.incarnation = incarnation
-        self._key = session_key(key, incarnation)
+        self._key = message_key(key, channel, incarnation)
         self._verify = Verifier(self._key, not_before=time.time() if not_before is None else not_before)
-        self._ctx = zmq.Context.instance()
+        self._ctx = zmq.Context()  # its own: the ZAP handler below answers for this server's sockets only
+        self._zap = self._ctx.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind(ZAP_ENDPOINT)
+        self._client_key = z85.decode(curve_keys(key, "client")[0])
         self.socket = self._ctx.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        secure(self.socket, key, server=True)
         # A peer that sends more than this in one message is disconnected before it is buffered in full.
         self.socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.socket.setsockopt(zmq.RCVHWM, QUEUED_PER_PEER)
+        self.socket.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        self._monitor = self.socket.get_monitor_socket(HANDSHAKE_FAILURES)
         port = self.socket.bind_to_random_port(f"tcp://{host}")
         # Bound to every interface: tell clients on other nodes this host's name.
         reachable = socket.getfqdn() if host in ("0.0.0.0", "*") else host
         self.endpoint = f"tcp://{reachable}:{port}"
         self.dropped = 0
+        self.refused = 0
+        """Connections refused at the handshake (no or a wrong key): nothing they sent was read."""
+        self._poller = zmq.Poller()
+        for sock in (self.socket, self._zap, self._monitor):
+            self._poller.register(sock, zmq.POLLIN)
         self._answered: OrderedDict[str, bytes] = OrderedDict()
+        self._answered_bytes = 0
         self._parked: dict[str, tuple[bytes, bytes, Any, float, Park]] = {}  # key -> identity, nonce, rid, deadline, park
         self._deadlines: list[tuple[float, int, str]] = []  # (deadline, serial, key), a heap: expiry is O(log n)
         self._serial = 0
@@ -110,7 +176,16 @@ class Server:
         self._expire_parked()
         if self._deadlines:
             timeout_ms = min(timeout_ms, max(0, int((self._deadlines[0][0] - time.monotonic()) * 1000) + 1))
-        if not self.socket.poll(timeout_ms):
+        end = time.monotonic() + timeout_ms / 1000
+        while True:  # handshakes (ZAP) and refusals are handled as they come; return with requests, or at the end
+            ready = dict(self._poller.poll(max(0, int((end - time.monotonic()) * 1000))))
+            if self._zap in ready:
+                self._answer_zap()
+            if self._monitor in ready:
+                self._count_refusals()
+            if self.socket in ready or time.monotonic() >= end:
+                break
+        if self.socket not in ready:
             self._expire_parked()
             return 0
         while handled < max_batch:
@@ -137,6 +212,34 @@ class Server:
                 self.socket.send_multipart([identity, *seal(self._key, reply, nonce=nonce)])
             handled += 1
         return handled
+
+    def _answer_zap(self) -> None:
+        """Answer ZeroMQ's authentication requests: a CURVE client whose key is the run's, and nobody else."""
+        while True:
+            try:
+                frames = self._zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            version, request_id, _domain, _address, _identity, mechanism, *credentials = frames
+            ok = mechanism == b"CURVE" and len(credentials) == 1 and credentials[0] == self._client_key
+            if not ok:
+                self._refused("a client key that is not the run's")
+            self._zap.send_multipart([version, request_id, b"200" if ok else b"400", b"OK" if ok else b"not a client of this run", b"", b""])
+
+    def _count_refusals(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        while True:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] & (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self._refused("a failed handshake (no or a wrong key)")
+
+    def _refused(self, why: str) -> None:
+        self.refused += 1
+        self._dropped(AuthError(f"connection refused: {why}"))
 
     def wake(self, key: str) -> bool:
         """Answer the request parked under ``key`` now (False if none waits)."""
@@ -171,7 +274,7 @@ class Server:
                 raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         except (ValueError, RecursionError) as exc:
             return {}, json.dumps({"ok": False, "error": f"unparseable request: {str(exc)[:200]}"}).encode()
-        rid = request.pop("rid", None)
+        rid = request.get("rid")  # left in: a handler may journal it (job.submit does, so a retry is never applied twice)
         if isinstance(rid, str) and rid in self._answered:
             return {"rid": rid}, self._answered[rid]  # a client's retry of a request already applied
         answer = handler(request)
@@ -183,12 +286,15 @@ class Server:
         return {"rid": rid}, reply
 
     def _remember(self, rid: str, reply: bytes) -> None:
+        old = self._answered.pop(rid, None)
+        self._answered_bytes += len(reply) - (len(old) if old is not None else 0)
         self._answered[rid] = reply
-        while len(self._answered) > REMEMBERED_REPLIES:
-            self._answered.popitem(last=False)
+        while len(self._answered) > REMEMBERED_REPLIES or self._answered_bytes > REMEMBERED_TOTAL_BYTES:
+            self._answered_bytes -= len(self._answered.popitem(last=False)[1])
 
     def _dropped(self, exc: AuthError) -> None:
-        """Count a message that failed authentication; warn at most once per WARN_EVERY_S (a flood must not fill the disk)."""
+        """Count a message (or connection) that failed authentication; warn at most once per WARN_EVERY_S (a flood must
+        not fill the disk)."""
         self.dropped += 1
         self._dropped_since_warning += 1
         now = time.monotonic()
@@ -197,7 +303,10 @@ class Server:
             self._warned_at, self._dropped_since_warning = now, 0
 
     def close(self) -> None:
-        self.socket.close(0)
+        self.socket.disable_monitor()
+        for sock in (self._monitor, self.socket, self._zap):
+            sock.close(0)
+        self._ctx.term()
 
 
 def _depth(value: Any) -> int:
@@ -218,11 +327,16 @@ def _depth(value: Any) -> int:
 class Client:
     """A client of the controller of ``run_dir``; thread-unsafe, cheap to create."""
 
-    def __init__(self, run_dir: Path | str, timeout_s: float = 10.0, key: bytes | None = None):
+    def __init__(self, run_dir: Path | str, timeout_s: float = 10.0, key: bytes | None = None, endpoint: str | None = None,
+                 channel: str = CONTROLLER):  # fmt: skip
+        """``endpoint``: a fixed address (the torch store's), instead of the controller's from ``controller.json``;
+        ``channel``: whose key signs the messages."""
         self.run_dir = Path(run_dir)
         self.timeout_s = timeout_s
         self._secret = key or load_secret(self.run_dir)
-        self._key = self._secret
+        self._channel = channel
+        self._fixed = endpoint
+        self._key = message_key(self._secret, channel, None)
         self._verify = Verifier(self._key)
         self._ctx = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
@@ -230,18 +344,19 @@ class Client:
         self._interrupt: Callable[[], bool] | None = None
 
     def _connect(self) -> zmq.Socket | None:
-        try:
-            info = json.loads((self.run_dir / ENDPOINT_FILE).read_text())
-            endpoint, incarnation = str(info["endpoint"]), info.get("incarnation")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
+        if self._fixed is not None:
+            endpoint, incarnation = self._fixed, None
+        else:
+            try:
+                info = json.loads((self.run_dir / ENDPOINT_FILE).read_text())
+                endpoint, incarnation = str(info["endpoint"]), info.get("incarnation")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return None
         if self._socket is None or endpoint != self._endpoint:
             self.close()
-            self._key = session_key(self._secret, incarnation if isinstance(incarnation, int) else None)
+            self._key = message_key(self._secret, self._channel, incarnation if isinstance(incarnation, int) else None)
             self._verify = Verifier(self._key)
-            self._socket = self._ctx.socket(zmq.DEALER)
-            self._socket.setsockopt(zmq.LINGER, 0)
-            self._socket.connect(endpoint)
+            self._socket = dealer(self._secret, endpoint, self._ctx)
             self._endpoint = endpoint
         return self._socket
 
@@ -256,7 +371,7 @@ class Client:
         self._interrupt = interrupt
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         # One request id for every attempt: a retry after a lost reply is answered, not applied twice.
-        payload = json.dumps({**message, "rid": secrets.token_hex(8)}).encode()
+        payload = json.dumps({**message, "rid": secrets.token_hex(16)}).encode()
         while True:
             sock = self._connect()
             if sock is not None:

@@ -70,7 +70,9 @@ def test_every_rank_gets_nccl_error_handling_and_the_collective_timeout(cluster,
 
 def test_a_survivor_is_not_left_hanging_in_a_collective(cluster, tmp_path):
     """Rank 1 stops answering (alive, outside the collective); rank 0's all-reduce fails after the collective
-    timeout, as the peer-lost error the worker turns into a restart, instead of waiting 30 min (gloo's default)."""
+    timeout instead of waiting 30 min (gloo's default). What the worker then makes of the failure (a lost peer or
+    its own error) is judged by evidence from its peers and the controller (``torch_worker.Peers``), tested in
+    test_adversarial.py."""
     ctl = cluster(collective_timeout_s=4.0)
     out = tmp_path / "survivor.jsonl"
     job = _job(ctl, "survivor", "survivor", ["n0", "n1"], out=str(out))
@@ -78,9 +80,6 @@ def test_a_survivor_is_not_left_hanging_in_a_collective(cluster, tmp_path):
     assert ctl.status(job) == "finished", ctl.jobs[job]["error"]
     (record,) = _lines(out)
     assert record["rank"] == 0 and record["raised"] == "RuntimeError" and "Timed out waiting" in record["message"]
-    from pilotfill.elastic.torch_worker import peer_lost
-
-    assert peer_lost(RuntimeError(record["message"]))  # what the worker makes of it: a lost peer, the job re-forms
 
 
 GRACE_CONFIG = """scheduler = "local"

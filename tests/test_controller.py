@@ -13,6 +13,7 @@ from localrun import LocalRun, synthetic_job
 
 from pilotfill import procs
 from pilotfill.security import seal, session_key
+from pilotfill.transport import dealer
 
 
 def progress_watch(run: LocalRun, job_ids: list[str]):
@@ -135,10 +136,9 @@ def test_bad_messages_are_dropped_and_the_run_goes_on(local):
     run.start()
     info = json.loads((run.run_dir / "controller.json").read_text())
     endpoint = info["endpoint"]
-    key = session_key((run.run_dir / "secret.key").read_bytes().strip(), info["incarnation"])
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
+    secret = (run.run_dir / "secret.key").read_bytes().strip()
+    key = session_key(secret, info["incarnation"])
+    sock = dealer(secret, endpoint)
     submit = json.dumps({"type": "job.submit", "spec": synthetic_job("evil", total=10)}).encode()
     sock.send_multipart([b"\x00garbage", b"\xff" * 7])
     sock.send_multipart(seal(b"0" * 64, submit))  # the wrong key

@@ -253,3 +253,25 @@ def test_site_limits_on_queued_pilots_and_submissions_per_minute(tmp_path, write
     assert m.ctl.world.counters["pilots_submitted"] == 6
     m.at(61)
     assert m.ctl.world.counters["pilots_submitted"] == 10
+
+
+def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_nothing(tmp_path, write):
+    """Ten nodes, 400 waiting copies of one job (a sweep) and one distinct job: the decision weighs a few copies at a
+    time, more only while the answer uses every copy weighed — and reaches the answer that weighs them all."""
+    from pilotfill.allocator import allocate
+
+    jobs = [f"c{i},m,{T0},1,4,1e9,10,5,0;1;4,0;100;350" for i in range(400)] + [f"odd,m,{T0},2,8,1e9,10,5,0;2;8,0;300;1000"]
+    m = Machine(tmp_path, write, 10, jobs)
+    for name in list(m.specs):
+        m.submit(name)
+    m.at(0)
+    m.at(1)
+    ctl = m.ctl
+    room = len(ctl.world.ready)
+    active, problem, answer = ctl._solve(room, extra=0)
+    assert len(active) < 40, f"{len(active)} jobs weighed for {room} nodes"
+    everyone = ctl._active(room)
+    assert len(everyone) >= room  # the machine admits as many as could start
+    full = allocate(ctl._problem(everyone, 0))
+    assert answer.objective == pytest.approx(full.objective, rel=1e-9)
+    assert sum(answer.counts.values()) == sum(full.counts.values()) == 10

@@ -3,9 +3,10 @@
 OpenPBS is not packaged here, so ``tests/pbs_standin/`` holds small executables
 (``qsub``, ``qstat``, ``qselect``, ``pbsnodes``, ``pbs_release_nodes``, ``qdel``
 and the test-only ``pbs_standin``) that reproduce the recordings of a real
-OpenPBS 23.06.06 in ``shared/data/openpbs/real-23.06.06`` (a normal user, the
+OpenPBS 23.06.06 in ``shared/data/openpbs/real-23.06.06-recheck`` (two MOM
+hosts; right where the others differ), ``real-23.06.06`` (a normal user, the
 server's defaults) and ``shared/data/openpbs`` — layouts, exit codes,
-messages, requeue on preemption, partial-host release. Where the stand-in and
+messages, requeue on preemption, partial-host release, ``pbs_tmrsh``. Where the stand-in and
 the recordings differ, the recording is right: the tests at the top check
 the stand-in against them, and the parsers are also run on the recorded files
 themselves. Every test that runs the adapter runs against the stand-in, once
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import stat
 import sys
 import time
@@ -26,7 +29,7 @@ from conftest import PbsStandin
 
 from pilotfill.config import PbsConfig, PilotConfig, load_config
 from pilotfill.schedulers import pbs as pbs_module
-from pilotfill.schedulers.base import PilotRefused, agent_command
+from pilotfill.schedulers.base import PilotRefused, SchedulerConfigError, agent_command
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import (
     JobStatus,
@@ -260,12 +263,12 @@ def test_standin_replays_the_real_session(shared_data, pbs, tmp_path):
     real = shared_data / "openpbs" / "real-23.06.06"
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\nsleep 1000\n")
+    pbs("pbs_standin", "delay", "join", "0")  # the documents were taken after the job's first seconds (substate 41)
     pbs("qsub", "-q", "scavenger", "-N", "pilot", "-l", "select=4:ncpus=1", "-l", "place=vscatter", "--", "/bin/true")
     same_shape(json.loads(pbs("pbsnodes", "-av", "-F", "json").stdout), json.loads((real / "pbsnodes-av-F-json-2hosts-normal-user.json").read_text()))
     pbs("pbs_standin", "init")
     assert pbs("qsub", *REAL_QSUB.replace("/tmp/pbs-check/pilot.sh", str(script)).split()).stdout == "0.vm\n"
     same_shape(json.loads(pbs("qstat", "-f", "-F", "json", "0.vm").stdout), json.loads((real / "qstat-f-F-json-pilot-running-normal-user.json").read_text()))
-    pbs("pbs_standin", "delay", "join", "0")
     pbs("pbs_release_nodes", "-j", "0.vm", "vm-n1[2]")
     same_shape(json.loads(pbs("qstat", "-f", "-F", "json", "0.vm").stdout), json.loads((real / "qstat-f-F-json-after-partial-release.json").read_text()))
     # Recorded: the released vnode stays job-busy with the job, and no other job can have it ...
@@ -282,6 +285,7 @@ def test_standin_replays_the_earlier_session(shared_data, pbs, tmp_path):
     """The earlier capture (one host, manager view): layouts less the manager-only attributes, cli-errors.txt, requeue."""
     rec = shared_data / "openpbs"
     pbs("pbs_standin", "init", "--hosts", "vm:4")
+    pbs("pbs_standin", "delay", "join", "0")  # the documents were taken after the job's first seconds (substate 41)
     script = tmp_path / "pilot.sh"
     script.write_text("#!/bin/sh\nsleep 1000\n")
     recorded = "-q scavenger -N pilot -r y -l select=3:ncpus=1 -l place=vscatter -l min_walltime=00:05:00,max_walltime=02:00:00"
@@ -362,7 +366,8 @@ def test_standin_release_errors_as_recorded(pbs):
 
 
 def test_standin_requeue_restores_the_original_select_and_shows_the_exit(pbs):
-    """Recorded: a requeued pilot gets its original select back; while it exits (R, substate 60) its vnodes show free."""
+    """Recorded: a requeued pilot gets its original select back; while it exits (R, substate 60) its vnodes stay
+    job-busy with it (recheck (d), d-A-1vnode-pilot-19.vm-5-preemptions-every-0.5s.csv, d-A3-…csv)."""
     pbs("pbs_standin", "delay", "join", "0")
     pbs("pbs_standin", "delay", "exit", "30")
     job = pbs("qsub", "-q", "scavenger", "-l", "select=8:ncpus=1", "-l", "place=vscatter", "--", "/bin/true").stdout.strip()
@@ -371,7 +376,8 @@ def test_standin_requeue_restores_the_original_select_and_shows_the_exit(pbs):
     exiting = pbs.job(job)
     assert (exiting["job_state"], exiting["substate"]) == ("R", 60)
     assert pbs.job(main)["job_state"] == "Q"
-    assert all(pbs.vnode(n)["state"] == "free" and "jobs" not in pbs.vnode(n) for n in VNODES), "promised to the main job, shown free"
+    held = [n for n in VNODES if n not in N1]  # the released sister host's vnodes are free; the rest are the exiting pilot's
+    assert all((pbs.vnode(n)["state"], pbs.vnode(n).get("jobs")) == ("job-busy", [job]) for n in held), "job-busy with the exiting pilot"
     other = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", "/bin/true").stdout.strip()
     assert pbs.job(other)["job_state"] == "Q", "nothing else may start on the promised vnodes"
     pbs("pbs_standin", "delay", "exit", "0")
@@ -398,6 +404,202 @@ def test_standin_refuses_by_queue_limit(pbs):
     pbs("qsub", "-q", "scavenger", "-l", "select=9:ncpus=1", "--", "/bin/true")  # never runs: stays Q
     refused = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", "/bin/true", check=False)
     assert (refused.returncode, refused.stderr.strip()) == (38, "qsub: would exceed queue generic's per-user limit of jobs in 'Q' state")
+
+
+# ---------------------------------------------------------------- the stand-in against the recheck (real-23.06.06-recheck)
+
+
+def recheck(shared_data) -> Path:
+    return shared_data / "openpbs" / "real-23.06.06-recheck"
+
+
+def test_standin_release_with_a_released_vnode_as_recorded(shared_data, pbs):
+    """Recheck (e): e-pbs_release_nodes-already-released-plus-held.txt, e-pbs_release_nodes-other-orders.txt."""
+    text = (recheck(shared_data) / "e-pbs_release_nodes-other-orders.txt").read_text()
+    pbs("pbs_standin", "delay", "join", "0")
+    for order in (["vm-n1[0]", "vm-n1[1]"], ["vm-n1[1]", "vm-n1[0]"]):
+        pbs("pbs_standin", "init")
+        job = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1:host=vm+3:ncpus=1:host=vm-n1", "--", "/bin/true").stdout.strip()
+        assert pbs.job(job)["exec_vnode"] == "(vm[0]:ncpus=1)+(vm-n1[0]:ncpus=1)+(vm-n1[1]:ncpus=1)+(vm-n1[2]:ncpus=1)"
+        pbs("pbs_release_nodes", "-j", job, "vm-n1[0]")
+        both = pbs("pbs_release_nodes", "-j", job, *order, check=False)
+        assert (both.returncode, both.stdout, both.stderr) == (0, "", ""), "the held one is released, the released one skipped"
+        assert pbs.job(job)["exec_vnode"] == "(vm[0]:ncpus=1)+(vm-n1[2]:ncpus=1)"
+        assert pbs.job(job)["exec_host"] == "vm/0+vm-n1/2"
+    alone = pbs("pbs_release_nodes", "-j", job, "vm-n1[0]", check=False)
+    assert (alone.returncode, alone.stderr) == (162, "pbs_release_nodes: Server returned error 15010 for job \n")
+    foreign = pbs("pbs_release_nodes", "-j", job, "vm-n1[2]", "nosuch[9]", check=False)
+    assert (foreign.returncode, foreign.stderr) == (162, "pbs_release_nodes: node(s) requested to be released not part of the job: nosuch[9] \n")
+    assert pbs.job(job)["exec_vnode"] == "(vm[0]:ncpus=1)+(vm-n1[2]:ncpus=1)", "nothing released"
+    for stderr in (alone.stderr, foreign.stderr):
+        assert f"stderr: {stderr.rstrip(chr(10))}" in text
+
+
+def test_standin_168_and_substate_41_last_as_long_as_recorded(shared_data, pbs):
+    """Recheck (f), f-release-168-window.csv: 168 for 2.15-2.21 s after R; (d) the first ~2 s of R show substate 41."""
+    rows = (recheck(shared_data) / "f-release-168-window.csv").read_text().splitlines()[1:]
+    window = [float(r.split(",")[5]) for r in rows]
+    assert min(window) - 0.1 <= pbs.state()["delays"]["join"] <= max(window) + 0.1
+    pbs("pbs_standin", "delay", "join", "30")
+    job = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1:host=vm+1:ncpus=1:host=vm-n1", "--", "/bin/true").stdout.strip()
+    assert (pbs.job(job)["job_state"], pbs.job(job)["substate"]) == ("R", 41)
+    assert pbs("pbs_release_nodes", "-j", job, "vm-n1[0]", check=False).returncode == 168
+    pbs("pbs_standin", "delay", "join", "0")
+    assert pbs.job(job)["substate"] == 42
+    assert pbs("pbs_release_nodes", "-j", job, "vm-n1[0]", check=False).returncode == 0
+
+
+def test_standin_requeues_only_the_pilot_on_the_wanted_vnode(pbs):
+    """Recheck (a) (a-server-log-2.vm-3.vm-7.vm.txt: 7.vm ``vnode=vm[0]`` requeued only 2.vm) and the e2e run
+    (e2e-server-log-pilots-38-43-main-44.txt: 44.vm ``select=2`` requeued only 43.vm, the newest, on 2 vnodes).
+    The stand-in used to requeue every pilot, newest first, until the main job fitted (issue 25, item 9)."""
+    pbs("pbs_standin", "init", "--hosts", "vm:3")  # no vnode left free: a requeued pilot waits
+    pilots = [pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", "/bin/true").stdout.strip() for _ in range(3)]
+    assert [pbs.job(j)["exec_vnode"] for j in pilots] == ["(vm[0]:ncpus=1)", "(vm[1]:ncpus=1)", "(vm[2]:ncpus=1)"]
+    pbs("pbs_standin", "preempt", pilots[0])
+    assert [pbs.job(j)["job_state"] for j in pilots] == ["Q", "R", "R"]
+    pbs("pbs_standin", "init", "--hosts", "vm:4,vm-n1:4")
+    sizes = [1, 2, 1, 1, 1, 2]  # 38.vm..43.vm of the e2e run
+    pilots = [pbs("qsub", "-q", "scavenger", "-l", f"select={n}:ncpus=1", "--", "/bin/true").stdout.strip() for n in sizes]
+    main = pbs("qsub", "-q", "workq", "-l", "select=2:ncpus=1", "--", "/bin/true").stdout.strip()
+    assert [pbs.job(j)["job_state"] for j in pilots] == ["R"] * 5 + ["Q"]
+    assert pbs.job(main)["job_state"] == "R"
+    pinned = pbs("qsub", "-q", "workq", "-l", "select=1:ncpus=1:vnode=vm[1]", "--", "/bin/sleep", "60").stdout.strip()
+    assert [pbs.job(j)["job_state"] for j in pilots] == ["R", "Q", "R", "R", "R", "Q"], "only the pilot on vm[1]"
+    assert pbs.job(pinned)["exec_vnode"] == "(vm[1]:ncpus=1)"
+
+
+def test_standin_pbs_tmrsh_forwards_no_signal(shared_data, pbs, tmp_path):
+    """Recheck (c), c-local-job-log.txt, c-remote-probe-log.txt, c-mom-logs-27.vm.txt: SIGTERM to the local pbs_tmrsh
+    ends it at once with exit 0; the remote task (a session of its own, not pbs_tmrsh's child) gets no signal and
+    runs on; the job's end kills what is left of it (the sister MOM's kill_job)."""
+    assert "local pbs_tmrsh ended, exit status 0" in (recheck(shared_data) / "c-local-job-log.txt").read_text()
+    pbs("pbs_standin", "exec", "on")
+    probe = tmp_path / "probe.sh"
+    probe.write_text(f"""#!/bin/sh
+for s in TERM INT HUP; do trap "echo got $s >> {tmp_path}/remote.log" $s; done
+echo "start $$ $PPID" >> {tmp_path}/remote.log
+while [ ! -e "$1" ]; do sleep 0.05; done
+echo "normal end" >> {tmp_path}/remote.log
+exit 7
+""")
+    probe.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text(f"""#!/bin/sh
+pbs_tmrsh vm-n1 {probe} {tmp_path}/done1 &
+echo $! > {tmp_path}/tmrsh.pid
+wait $!; echo "tmrsh $?" >> {tmp_path}/local.log
+pbs_tmrsh vm-n1 {probe} {tmp_path}/done1; echo "tmrsh $?" >> {tmp_path}/local.log
+pbs_tmrsh vm-n1 {probe} {tmp_path}/never &
+sleep 1000
+""")
+    script.chmod(0o755)
+    job = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1:host=vm+1:ncpus=1:host=vm-n1", str(script)).stdout.strip()
+    remote = wait_for_text(tmp_path / "remote.log", "start")
+    tmrsh = int(wait_for_text(tmp_path / "tmrsh.pid", "").split()[0])
+    task, parent = (int(x) for x in remote.split()[1:3])
+    assert parent != tmrsh and os.getsid(task) != os.getsid(tmrsh), "not pbs_tmrsh's child, in a session of its own"
+    os.kill(tmrsh, signal.SIGTERM)
+    assert wait_for_text(tmp_path / "local.log", "tmrsh").strip() == "tmrsh 0"
+    assert "got" not in (tmp_path / "remote.log").read_text() and os.path.exists(f"/proc/{task}"), "no signal reached it"
+    (tmp_path / "done1").touch()
+    wait_for_text(tmp_path / "local.log", "tmrsh 7")  # the second one waited for its task and gave its status
+    third = int(wait_for_text(tmp_path / "remote.log", "start", count=3).splitlines()[-1].split()[1])
+    assert "got" not in (tmp_path / "remote.log").read_text()
+    pbs("pbs_standin", "delay", "kill", "0")
+    pbs("qdel", job)
+    pbs("pbs_standin", "run")
+    wait_until(lambda: not os.path.exists(f"/proc/{third}") or open(f"/proc/{third}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+               "the job's end to kill its remaining task")  # fmt: skip
+    assert [c["argv"][1] for c in pbs.state()["calls"] if c["cmd"] == "pbs_tmrsh"] == ["vm-n1", "vm-n1", "vm-n1"]
+
+
+def test_standin_rerun_waits_for_the_whole_session_and_never_sigkills(shared_data, pbs, tmp_path):
+    """Recheck (d) B, d-pilot-outputs-A-19.vm-B-25.vm.txt, d-B-…every-0.5s.csv: on a rerun the MOM SIGTERMs the job's
+    session once; a child that ignores it keeps the job R (substate 60, its vnode job-busy) and the main job waiting
+    until it exits by itself, 20 s later — nothing SIGKILLs it. The stand-in used to follow the process group, and
+    SIGKILLed after the kill delay."""
+    assert "child done" in (recheck(shared_data) / "d-pilot-outputs-A-19.vm-B-25.vm.txt").read_text()
+    pbs("pbs_standin", "init", "--hosts", "vm:1")  # one vnode: the requeued pilot waits for it
+    pbs("pbs_standin", "exec", "on")
+    pbs("pbs_standin", "delay", "kill", "0.5")  # the stand-in's old SIGKILL would come at once
+    done = tmp_path / "done"
+    child = tmp_path / "child.py"
+    child.write_text(f"""import os, signal, sys, time
+os.setpgid(0, 0)  # another process group, the same session
+signal.signal(signal.SIGTERM, lambda s, f: open(sys.argv[1], "a").write("child got TERM\\n"))
+open(sys.argv[1], "a").write(f"child {{os.getpid()}}\\n")
+while not os.path.exists({str(done)!r}):
+    time.sleep(0.05)
+open(sys.argv[1], "a").write("child done\\n")
+""")
+    log = tmp_path / "pilot.log"
+    script = tmp_path / "pilot.sh"
+    script.write_text(f"""#!/bin/sh
+trap 'echo "TERM received" >> {log}; exit 0' TERM
+{sys.executable} {child} {log} &
+while true; do sleep 0.1; done
+""")
+    script.chmod(0o755)
+    pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", str(script)).stdout.strip()
+    try:
+        rerun_waits_for_the_child(pbs, pilot, log, done)
+    finally:
+        done.touch()  # the child goes, whatever happened
+
+
+def rerun_waits_for_the_child(pbs, pilot: str, log: Path, done: Path) -> None:
+    wait_for_text(log, "child ")
+    main = pbs("pbs_standin", "preempt", pilot, "30").stdout.strip()
+    wait_for_text(log, "child got TERM")  # the whole session got it, not only the script's group
+    time.sleep(1.0)
+    pbs("pbs_standin", "run")
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
+    assert pbs.job(main)["job_state"] == "Q"
+    assert (pbs.vnode("vm[0]")["state"], pbs.vnode("vm[0]")["jobs"]) == ("job-busy", [pilot])
+    done.touch()
+    wait_for_text(log, "child done")
+    wait_until(lambda: pbs("pbs_standin", "run") and pbs.job(main)["job_state"] == "R", "the main job to start once the session is empty")
+    assert pbs.job(pilot)["job_state"] == "Q"
+
+
+def test_standin_qdel_during_a_requeue_is_lost(shared_data, pbs):
+    """Recheck (x), x-qdel-of-pilot-45.vm-during-rerun-every-0.5s.csv, x-server-log-qdel-during-rerun-45.vm.txt: qdel
+    while the pilot is R substate 60 exits 0 ("deleting instead of rerunning"), the job shows R substate 42 until it
+    has exited, then Q, and runs again when the main job ends."""
+    assert "deleting instead of rerunning" in (recheck(shared_data) / "x-server-log-qdel-during-rerun-45.vm.txt").read_text()
+    pbs("pbs_standin", "init", "--hosts", "vm:1")  # as there: the pilot's one vnode is the main job's
+    pbs("pbs_standin", "delay", "exit", "60")
+    pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", "/bin/true").stdout.strip()
+    main = pbs("pbs_standin", "preempt", pilot).stdout.strip()
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
+    deleted = pbs("qdel", pilot, check=False)
+    assert (deleted.returncode, deleted.stderr) == (0, "")
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 42)
+    pbs("pbs_standin", "delay", "exit", "0")
+    pbs("pbs_standin", "run")
+    assert pbs.job(pilot)["job_state"] == "Q" and pbs.job(main)["job_state"] == "R"
+    pbs("pbs_standin", "finish", main)
+    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["run_count"]) == ("R", 2), "it runs again"
+
+
+def test_standin_refuses_an_unknown_resource_with_187(shared_data, pbs):
+    """Recheck (g), g-bad-resource-qsub-187-with-config.txt."""
+    refused = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "-l", "nosuchres=1", "--", "/bin/true", check=False)
+    assert (refused.returncode, refused.stderr.strip()) == (187, "qsub: Unknown resource Resource_List.nosuchres")
+    assert refused.stderr.strip() in (recheck(shared_data) / "g-bad-resource-qsub-187-with-config.txt").read_text()
+    assert pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "-l", "filesystems=home", "--", "/bin/true").returncode == 0
+
+
+def wait_for_text(path: Path, text: str, count: int = 1, timeout_s: float = 60) -> str:
+    """The file's content once it holds ``text`` (``count`` times)."""
+    return wait_until(lambda: path.exists() and path.read_text().count(text) >= count and path.read_text(), f"{text!r} in {path.name}", timeout_s)
+
+
+def wait_until(predicate, what: str, timeout_s: float = 60):
+    from waiting import wait_for
+
+    return wait_for(predicate, timeout_s, what, poll_s=0.05)
 
 
 # ---------------------------------------------------------------- the adapter on the stand-in: the basics
@@ -737,7 +939,8 @@ def test_requeue_and_rerun_between_two_polls(make, pbs):
 
 
 def test_a_preempted_pilots_vnodes_are_not_idle_while_it_exits(make, pbs):
-    """real-23.06.06 item 7: while a main job waits for a preempted pilot to exit, the pilot's vnodes show free."""
+    """While a main job waits for a preempted pilot to exit, the pilot's vnodes are the main job's: job-busy with the
+    pilot (recheck (d), d-A-…every-0.5s.csv; not ``free`` as real-23.06.06 item 7 said), and never counted idle."""
     pbs("pbs_standin", "delay", "exit", "60")
     s, t = make(), Ticks()
     s.submit_pilot("p", 4)
@@ -745,7 +948,7 @@ def test_a_preempted_pilots_vnodes_are_not_idle_while_it_exits(make, pbs):
     assert s.idle_nodes() == 4
     main = pbs("qsub", "-q", "workq", "-l", "select=6:ncpus=1", "--", "/bin/true").stdout.strip()
     assert pbs.job(main)["job_state"] == "Q" and pbs.job("0.vm")["substate"] == 60
-    assert all(pbs.vnode(n)["state"] == "free" for n in VNODES), "pbsnodes shows all eight free"
+    assert all((pbs.vnode(n)["state"], pbs.vnode(n)["jobs"]) == ("job-busy", ["0.vm"]) for n in VM), "job-busy with the exiting pilot"
     [ended] = s.poll(t())
     assert (ended.kind, ended.detail) == ("ended", "requeued (preempted)")
     assert s.idle_nodes() == 0, "six are the main job's, the rest the requeued pilot's"
@@ -755,6 +958,33 @@ def test_a_preempted_pilots_vnodes_are_not_idle_while_it_exits(make, pbs):
     pbs("pbs_standin", "run")
     assert pbs.job(main)["job_state"] == "R"
     assert s.idle_nodes() == 0, "the two free vnodes are for the requeued pilot first"
+
+
+def test_a_cancel_during_a_requeue_sticks_and_is_never_a_start(make, pbs):
+    """Recheck (x): a qdel while PBS requeues the pilot is lost (x-qdel-of-pilot-45.vm-during-rerun-every-0.5s.csv):
+    the job shows R 42, then Q, then runs again; pilotfill's own cancels hit it twice and it logged ``pilot.started``
+    for a pilot it had just cancelled (a-journal-dump-state.sqlite.txt, e2e-journal-events.txt). Now a cancelled
+    pilot is never reported started, and is deleted again once PBS has put it back in the queue."""
+    pbs("pbs_standin", "init", "--hosts", "vm:1")
+    pbs("pbs_standin", "delay", "exit", "60")
+    s, t = make(), Ticks()
+    s.submit_pilot("p", 1)
+    running(s, t, "p")
+    main = pbs("pbs_standin", "preempt", "0.vm").stdout.strip()
+    assert [(e.kind, e.detail) for e in s.poll(t())] == [("ended", "requeued (preempted)")]
+    s.cancel("p")  # no job needs it any more — while it exits
+    assert (pbs.job("0.vm")["job_state"], pbs.job("0.vm")["substate"]) == ("R", 42), "the qdel was lost"
+    after = s.poll(t())
+    pbs("pbs_standin", "delay", "exit", "0")
+    pbs("pbs_standin", "run")
+    assert pbs.job("0.vm")["job_state"] == "Q", "back in the queue"
+    after += s.poll(t())
+    assert [c for c in pbs.calls("qdel") if "0.vm" in c] == [["qdel", "0.vm"]] * 2, "deleted again"
+    pbs("pbs_standin", "finish", main)
+    after += s.poll(t()) + s.poll(t())
+    assert "started" not in [e.kind for e in after], after
+    assert [r["run"] for r in pbs.state().get("runs", []) if r["job"] == "0.vm"] == [1], "it never ran again"
+    assert "0.vm" not in pbs.jobs() or pbs.jobs()["0.vm"]["job_state"] == "F"
 
 
 def test_a_main_job_queued_ahead_takes_free_vnodes_first(make, pbs):
@@ -817,17 +1047,40 @@ def test_a_new_adapter_adopts_the_pilots_of_its_predecessor(make, pbs):
 # ---------------------------------------------------------------- failures
 
 
-def test_unknown_queue_and_bad_walltime_name_the_command_and_pbs_message(make, pbs):
+def test_unknown_queue_and_bad_walltime_name_the_config_key_the_command_and_pbs_message(make, pbs):
+    """Refusals that no retry changes stop the campaign with one line: the config key, the command, PBS's words."""
     s = make(queue="nosuchq")
-    with pytest.raises(SchedulerCommandError) as info:
+    with pytest.raises(SchedulerConfigError) as info:
         s.submit_pilot("p", 1)
-    assert info.value.returncode == 170 and "qsub -q nosuchq" in str(info.value) and "qsub: Unknown queue" in str(info.value)
+    assert str(info.value).startswith("pbs.queue: ") and "qsub -q nosuchq" in str(info.value) and "qsub: Unknown queue" in str(info.value)
+    assert info.value.reason == "qsub: Unknown queue (exit 170)"
     s = make(min_walltime="02:00:00", max_walltime="00:05:00")  # load_config refuses this; PBS does too
-    with pytest.raises(SchedulerCommandError) as info:
+    with pytest.raises(SchedulerConfigError) as info:
         s.submit_pilot("p", 1)
-    assert info.value.returncode == 59 and "min_walltime=02:00:00,max_walltime=00:05:00" in str(info.value)
+    assert str(info.value).startswith("pbs.min_walltime / pbs.max_walltime: ") and "min_walltime=02:00:00,max_walltime=00:05:00" in str(info.value)
     assert 'qsub: "min_walltime" can not be greater than "max_walltime"' in str(info.value)
     assert len(pbs.calls("qsub")) == 2, "a definite refusal is not retried"
+
+
+def test_an_unknown_resource_in_extra_args_is_a_config_error_naming_it(make, pbs):
+    """Recheck (g), g-bad-resource-qsub-187-with-config.txt: exit 187 "qsub: Unknown resource Resource_List.nosuchres"."""
+    s = make(extra_args=("-l", "nosuchres=1"))
+    with pytest.raises(SchedulerConfigError) as info:
+        s.submit_pilot("p", 1)
+    assert str(info.value).startswith("pbs.extra_args: PBS refuses every pilot: `qsub ")
+    assert info.value.reason == "qsub: Unknown resource Resource_List.nosuchres (exit 187)"
+
+
+def test_a_chunk_no_vnode_can_hold_is_a_config_error_at_start(make, pbs):
+    """Recheck (g): ``chunk = "ncpus=1:nosuchres=1"`` made pilotfill wait forever without a word (no vnode has it,
+    so none counted as idle, and no qsub ran). Now ``check()`` says so at start, naming pbs.chunk."""
+    make(chunk="ncpus=1").check()  # fine
+    with pytest.raises(SchedulerConfigError) as info:
+        make(chunk="ncpus=1:nosuchres=1").check()
+    assert str(info.value) == "pbs.chunk 'ncpus=1:nosuchres=1': no vnode of the 8 PBS lists can hold it: nosuchres=1 (no vnode has it)"
+    with pytest.raises(SchedulerConfigError, match=r"ncpus=4 \(at most 1 on a vnode\)"):
+        make(chunk="ncpus=4").check()
+    assert pbs.calls("qsub") == []
 
 
 def test_a_hanging_command_times_out_fast(make, pbs):

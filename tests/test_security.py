@@ -12,7 +12,7 @@ import zmq
 
 from pilotfill import security, transport
 from pilotfill.security import AuthError, Verifier, create_secret, load_secret, seal
-from pilotfill.transport import Client, ControllerUnavailable, Server
+from pilotfill.transport import Client, ControllerUnavailable, Server, dealer
 
 
 def test_secret_is_private_and_stable(tmp_path):
@@ -73,9 +73,7 @@ def pump(srv, handled, timeout_ms=300):
 
 def test_server_drops_bad_messages_before_parsing(server):
     run, key, srv, parsed = server
-    raw = zmq.Context.instance().socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(srv.endpoint)
+    raw = dealer(key, srv.endpoint)
     handled: list = []
     valid = seal(key, json.dumps({"type": "x", "n": 1}).encode())
     raw.send_multipart([b"not", b"even", b"close"])  # garbage
@@ -117,9 +115,7 @@ def test_client_round_trip_and_rejects_unsigned_replies(server, tmp_path):
 def test_serve_handles_a_bounded_batch_so_the_controller_steps_every_tick(server):
     """A flood of valid requests is served in batches: each call returns after at most max_batch, leaving the rest queued."""
     run, key, srv, parsed = server
-    raw = zmq.Context.instance().socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(srv.endpoint)
+    raw = dealer(key, srv.endpoint)
     for n in range(50):
         raw.send_multipart(seal(key, json.dumps({"type": "x", "n": n}).encode()))
     handled: list = []
@@ -140,9 +136,7 @@ def test_a_message_for_one_controller_is_refused_by_the_next(tmp_path):
     message = seal(security.session_key(secret, 1), json.dumps({"type": "x"}).encode())
     first.close()
     second = Server(run, secret, incarnation=2, not_before=time.time() - 60)
-    raw = zmq.Context.instance().socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(second.endpoint)
+    raw = dealer(secret, second.endpoint)
     raw.send_multipart(message)
     handled: list = []
     deadline = time.time() + 10
@@ -155,9 +149,7 @@ def test_a_message_for_one_controller_is_refused_by_the_next(tmp_path):
 
 def test_deeply_nested_and_oversized_requests_are_refused_not_fatal(server):
     run, key, srv, parsed = server
-    raw = zmq.Context.instance().socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(srv.endpoint)
+    raw = dealer(key, srv.endpoint)
     raw.send_multipart(seal(key, b"[" * 100_000 + b"]" * 100_000))
     raw.send_multipart(seal(key, json.dumps({"type": "x", "deep": json.loads("[" * 200 + "]" * 200)}).encode()))
     handled: list = []

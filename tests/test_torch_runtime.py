@@ -175,10 +175,15 @@ def _training_at(ctl: MiniController, world: int, since: float) -> bool:
 
 
 def _assert_resumed_from_last_commit(events: list[dict]) -> None:
-    """Every restart resumed exactly at the last commit before it: the loss is under one commit interval."""
+    """Every restart resumed exactly at the last commit before it: the loss is under one commit interval.
+
+    A rank stopped between saving a commit and logging it leaves that commit out of the log; the round that
+    restores it proves it was made, so restored positions count as commits too (at most one such gap each)."""
     commits = [e for e in events if e["event"] == "commit"]
-    positions = [(c["epoch"], c["batch"]) for c in commits]
-    assert positions == sorted(positions), f"committed position went backwards: {positions}"
+    restored = [(s["epoch"], s["batch"]) for s in _starts(events) if s["rank"] == 0 and s.get("restored")]
+    positions = sorted({(c["epoch"], c["batch"]) for c in commits} | set(restored))
+    logged = [(c["epoch"], c["batch"]) for c in commits]
+    assert logged == sorted(logged), f"committed position went backwards: {logged}"
     for (e0, b0), (e1, b1) in zip(positions, positions[1:]):
         assert e1 > e0 or b1 - b0 <= COMMIT_EVERY, f"commits {e0, b0} and {e1, b1} are more than an interval apart"
     for start in _starts(events):
@@ -186,7 +191,9 @@ def _assert_resumed_from_last_commit(events: list[dict]) -> None:
             continue
         before = [(c["epoch"], c["batch"]) for c in commits if c["time"] < start["time"]]
         if before:
-            assert (start["epoch"], start["batch"]) == before[-1], f"round {start['round']} restored {start['epoch'], start['batch']}, last commit {before[-1]}"
+            at, last = (start["epoch"], start["batch"]), before[-1]
+            unlogged = at > last and (at[0] > last[0] and at[1] <= COMMIT_EVERY or at[0] == last[0] and at[1] - last[1] <= COMMIT_EVERY)
+            assert at == last or unlogged, f"round {start['round']} restored {at}, last commit {last}"
 
 
 # ------------------------------------------------------------------ real training
@@ -322,7 +329,7 @@ def test_growing_keeps_training_until_the_new_host_is_there():
     book.expect("j", ["a", "b"], 2.0)
     assert book.poll("j", "a", 1)["waiting"] == 0  # b's agent is still starting
     assert book.join("j", "b", -1, 3.0)["state"] == "wait"
-    assert book.poll("j", "a", 1) == {"waiting": 1, "current": 2, "member": True}
+    assert book.poll("j", "a", 1) == {"waiting": 1, "current": 2, "member": True, "same_hosts": False}
     rejoin = book.join("j", "a", 1, 3.5)
     assert rejoin["state"] == "closed" and rejoin["round"] == 2 and rejoin["rank"] == 0 and rejoin["store"]["prefix"] == "p1"
 
@@ -333,7 +340,7 @@ def test_shrinking_is_noticed_at_once_and_keeps_the_old_order():
         book.join("j", h, -1, 1.0)
     book.expect("j", ["c", "a"], 2.0)
     assert book.poll("j", "a", 1)["waiting"] == 1
-    assert book.poll("j", "b", 1) == {"waiting": 1, "current": 2, "member": False}
+    assert book.poll("j", "b", 1) == {"waiting": 1, "current": 2, "member": False, "same_hosts": False}
     assert book.join("j", "b", 1, 2.1) == {"state": "ended"}
     book.join("j", "c", 1, 2.2)
     assert book.join("j", "a", 1, 2.3)["hosts"] == ["a", "c"]
@@ -346,6 +353,7 @@ def test_failed_workers_re_form_the_same_hosts():
     assert book.poll("j", "b", 1)["waiting"] == 0
     assert book.join("j", "a", 1, 2.0) == {"state": "wait", "round": 2}  # a's workers failed
     assert book.poll("j", "b", 1)["waiting"] == 1
+    assert book.poll("j", "b", 1)["same_hosts"] is True  # a re-form after a failure, not the controller's change
     assert book.join("j", "b", 1, 2.5)["round"] == 2
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 WORK_LIMIT = 400_000_000
 """Above this many DP cell updates (after fixing) :func:`solve` raises :class:`TooLarge`: the MILP is faster there."""
-CORE_SHARES = (0.02, 0.1)
+CORE_SHARES = (0.1,)
 """Before fixing against the whole gap, the DP over the choices within these shares of it: a better incumbent, fast."""
 BISECTIONS = 60
 """Bisection steps on the node price (each one vectorised over every job and count)."""
@@ -207,37 +207,30 @@ def dense(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     if sum(len(t) - 1 for t in tables) <= capacity:
         counts = [int(np.argmax(t)) for t in tables]
         return counts, float(sum(t[n] for t, n in zip(tables, counts)))
-    choices = [np.flatnonzero(np.isfinite(t)) for t in tables]
-    rows: list[np.ndarray] = [np.zeros(1)]  # rows[j][c]: best of the first j jobs on at most c nodes
+    choices = [np.flatnonzero(np.isfinite(t)).tolist() for t in tables]
+    # rows[j][c]: the best of the first j jobs on at most c nodes (full length: no padding per row).
+    rows: list[np.ndarray] = [np.zeros(capacity + 1)]
     scratch = np.empty(capacity + 1)
     for t, ks in zip(tables, choices):
         prev = rows[-1]
-        reach = min(capacity, len(prev) - 1 + len(t) - 1)
-        prev_ext = _extend(prev, reach + 1)
-        cur = prev_ext + t[0]
-        for k in ks[1:].tolist():
-            if k > reach:
+        cur = prev + t[0]
+        for k in ks[1:]:
+            if k > capacity:
                 break
-            shifted = scratch[: reach + 1 - k]
-            np.add(prev_ext[: reach + 1 - k], t[k], out=shifted)
+            shifted = scratch[: capacity + 1 - k]
+            np.add(prev[: capacity + 1 - k], t[k], out=shifted)
             np.maximum(cur[k:], shifted, out=cur[k:])
         rows.append(cur)
 
     counts = [0] * len(tables)
-    c = len(rows[-1]) - 1
+    c = capacity
     best = float(rows[-1][c])
     for j in range(len(tables) - 1, -1, -1):
-        t, ks = tables[j], choices[j]
-        ks = ks[ks <= c]
-        prev_ext = _extend(rows[j], c + 1)
-        k = int(ks[np.argmax(prev_ext[c - ks] + t[ks])])
+        t = tables[j]
+        ks = np.asarray([k for k in choices[j] if k <= c], dtype=int)
+        k = int(ks[np.argmax(rows[j][c - ks] + t[ks])])
         counts[j] = k
-        c = min(c - k, len(rows[j]) - 1)
+        c -= k
     return counts, best
 
 
-def _extend(row: np.ndarray, length: int) -> np.ndarray:
-    """``row`` padded with its last value: "at most c nodes" is flat past what it can use."""
-    if len(row) >= length:
-        return row[:length]
-    return np.concatenate([row, np.full(length - len(row), row[-1])])

@@ -23,7 +23,7 @@ import socket
 import time
 import traceback
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ from ..elastic.base import RankExit, Runtime
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
 from ..protocol import READ_ONLY, ProtocolError, check, check_spec
-from ..schedulers.base import BatchScheduler, PilotEvent
+from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
@@ -55,6 +55,8 @@ SETTLE_MAX_S = 10.0
 """…but never longer than this in a row."""
 METER_WINDOW_S = 2.0
 """A job's throughput is measured over at least this much time at one size before the profiler sees it."""
+MIN_COPIES = 4
+"""Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
 KEEP_EVENTS = 50_000
 KEEP_ENDED_PILOTS = 2_000
@@ -133,6 +135,7 @@ class Controller:
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._curves: dict[str, ScalingCurve] = {}
+        self._copies: dict[Hashable, int] = {}  # kind of waiting job -> how many of it the last decision weighed (see _solve)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._last_idle: int | None = None
@@ -358,7 +361,7 @@ class Controller:
 
     def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         self._account(now)
-        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(),
+        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "submit_problem": self.pilots.problem,
                 "node_seconds": {"held": self.world.counters["held_node_s"] + self._held_s, "used": self.world.counters["used_node_s"] + self._used_s}}  # fmt: skip
 
     def _account(self, now: float) -> None:
@@ -379,6 +382,9 @@ class Controller:
     def _on_job_submit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         spec = check_spec(message["spec"])
         world = self.world
+        request = message.get("rid") if isinstance(message.get("rid"), str) else None
+        if request is not None and (done := self.journal.job_by_request(request)) is not None:
+            return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
         earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
         if earlier is not None and earlier.status not in ("failed", "cancelled"):
@@ -394,6 +400,8 @@ class Controller:
         if spec["max_nodes"] > capacity:
             spec["max_nodes"] = capacity  # no job can hold more than there is; asking for more is not an error
         job = world.add_job(world.next_job_id(), spec["name"], spec, now, key=key)
+        if request is not None:
+            self.journal.set_job(job.id, request=request)  # durable, in this reply's transaction
         world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
         self.dirty = True
         return {"job_id": job.id}
@@ -608,7 +616,7 @@ class Controller:
         now = self.clock() if now is None else now
         try:
             self._step(now)
-        except JournalError:
+        except (JournalError, SchedulerConfigError):
             raise
         except Exception:
             self._errors += 1
@@ -623,6 +631,8 @@ class Controller:
             self._step_in_transaction(now)
         finally:
             self._flush_wakes()
+        if self.pilots.fatal is not None:  # journaled above; the process stops with its one line
+            raise self.pilots.fatal
 
     def _step_in_transaction(self, now: float) -> None:
         with self.journal.transaction():
@@ -638,7 +648,7 @@ class Controller:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
             if self.dirty and (self.urgent or not self._settling(now)):
                 self.decide(now, idle)
-            elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now):
+            elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
             if self._idle_types is not None:
                 self.types.last_idle = self._idle_types
@@ -771,12 +781,10 @@ class Controller:
         self._settle_since = None
         if idle is None:
             idle = self._last_idle or 0
-        active = self._active(len(self.world.ready) + idle + self.world.pending_nodes())
         answer = None
-        if active or self.world.ready:
-            problem = self._problem(active, extra=0)
+        if self.world.open or self.world.ready:
             t0 = time.perf_counter()
-            answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+            active, problem, answer = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), extra=0)
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
             self.methods[answer.method] += 1
@@ -814,11 +822,59 @@ class Controller:
         """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target."""
         if extra <= 0 and answer is not None:
             return sum(answer.counts.values())
-        active = self._active(len(self.world.ready) + extra)
-        if not active:
+        if not self.world.open:
             return 0
-        potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+        _, _, potential = self._solve(len(self.world.ready) + extra, extra)
         return sum(potential.counts.values())
+
+    def _solve(self, room: int, extra: int) -> tuple[list[Job], Problem, Allocation]:
+        """The jobs a decision weighs, its problem and the allocator's answer.
+
+        Waiting jobs that have never run and that the allocator cannot tell
+        apart (the same curve, bounds, work and weight: a sweep's copies, or
+        every job JPA has not measured yet) are weighed a few at a time, in
+        submission order: while the answer leaves one of them unused, more of
+        the same could not do better, so the answer is the one with all of them;
+        when it uses every one weighed, twice as many are weighed and it is asked
+        again. A queue of thousands costs a decision what a handful does.
+        """
+        admitted = self._active(room)
+        others: list[Job] = []
+        alike: dict[Hashable, list[Job]] = {}
+        for job in admitted:
+            kind = self._kind(job)
+            if kind is None:
+                others.append(job)
+            else:
+                alike.setdefault(kind, []).append(job)
+        while True:
+            active = others + [j for kind, js in alike.items() for j in js[: self._copies.get(kind, MIN_COPIES)]]
+            active.sort(key=lambda j: j.seq)
+            problem = self._problem(active, extra)
+            answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+            grown = False
+            for kind, js in alike.items():
+                weighed = js[: self._copies.get(kind, MIN_COPIES)]
+                used = sum(1 for j in weighed if answer.counts.get(j.id, 0) > 0)
+                if used == len(weighed) < len(js):
+                    self._copies[kind] = 2 * len(weighed)
+                    grown = True
+            if not grown:
+                for kind, js in alike.items():
+                    used = sum(1 for j in js[: self._copies.get(kind, MIN_COPIES)] if answer.counts.get(j.id, 0) > 0)
+                    self._copies[kind] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
+                return active, problem, answer
+
+    def _kind(self, job: Job) -> Hashable | None:
+        """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
+        holding nodes, with progress, or measured by JPA)."""
+        spec = job.spec
+        if job.status == "running" or job.nodes or job.progress > 0 or (not spec.get("curve") and self.profiler.measured(job.id)):
+            return None
+        curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
+        objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
+        return (curve, objective, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"], spec["scale_up_cost_s"],
+                spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")))  # fmt: skip
 
     def _active(self, room: int) -> list[Job]:
         """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while

@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError, load_config
+from ..schedulers.base import SchedulerConfigError
 from ..security import private_dir
-from ..state import JournalError
+from ..state import JournalError, unwritable
 from ..transport import Server
 from .core import Controller
 
@@ -51,15 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         config = load_config(args.config)
-        private_dir(args.run_dir)
-    except (ConfigError, OSError) as exc:
+    except ConfigError as exc:
         print(f"pilotfill controller: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        handlers=[logging.FileHandler(args.run_dir / "controller.log"), logging.StreamHandler()],
-    )
+    try:
+        private_dir(args.run_dir)
+        logging.basicConfig(
+            level=logging.INFO,
+            format="%(asctime)s %(name)s %(levelname)s %(message)s",
+            handlers=[logging.FileHandler(args.run_dir / "controller.log"), logging.StreamHandler()],
+        )
+    except OSError as exc:
+        print(f"pilotfill controller: stopping, the run's state cannot be written: {_why_not(args.run_dir, exc)}", file=sys.stderr, flush=True)
+        return EXIT_JOURNAL
     controller = None
     try:
         controller = Controller(args.run_dir, config, new_campaign=args.new_campaign, checkpoint_dir=args.checkpoint_dir)
@@ -76,21 +81,35 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         controller.wake = server.wake  # long polls: a pilot's waiting heartbeat is answered when it has news
-        server.publish(incarnation=controller.incarnation)
-        log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
         try:
-            serve(controller, server)
-        finally:
-            server.close()
+            controller.scheduler.check()  # a config no pilot could ever run with: one line now, not a silent wait
+            server.publish(incarnation=controller.incarnation)
+            log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
+            try:
+                serve(controller, server)
+            finally:
+                server.close()
+        except SchedulerConfigError as exc:
+            log.error("stopping: %s", exc)
+            controller.shutdown()
+            print(f"pilotfill controller: {exc}", file=sys.stderr, flush=True)
+            return EXIT_CONFIG
         controller.shutdown()
         return 0
-    except JournalError as exc:
-        log.error("stopping: %s", exc)
+    except (JournalError, OSError) as exc:
+        why = str(exc) if isinstance(exc, JournalError) else _why_not(args.run_dir, exc)
+        log.error("stopping: %s", why)
         if controller is not None:
             _stop_without_journal(controller)
         # The last line the controller prints: what `pilotfill run` shows.
-        print(f"pilotfill controller: stopping, the run's state cannot be written: {exc}", file=sys.stderr, flush=True)
+        print(f"pilotfill controller: stopping, the run's state cannot be written: {why}", file=sys.stderr, flush=True)
         return EXIT_JOURNAL
+
+
+def _why_not(run_dir: Path, exc: OSError) -> str:
+    """What is wrong with the file an OSError names (immutable, read-only, …), else the error itself, with its file."""
+    where = Path(exc.filename) if exc.filename else Path(run_dir)
+    return unwritable(where) or unwritable(where.parent) or f"{where}: {exc.strerror or exc}"
 
 
 def _stop_without_journal(controller: Controller) -> None:

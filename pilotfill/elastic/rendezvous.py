@@ -27,7 +27,10 @@ rdzv.join      job_id (str), host (str),          state: "wait" (ask again short
 rdzv.poll      job_id, host, round (int)          waiting (int: nodes that joined a newer round or
                                                   left since ``round``; 0 = keep training),
                                                   current (int: the latest round), member (bool:
-                                                  host is in the latest round)
+                                                  host is in the latest round), same_hosts (bool:
+                                                  the latest round has ``round``'s hosts — a
+                                                  re-form after a failure, not the controller's
+                                                  change)
 =============  =================================  =====================================================
 
 Replies carry ``ok: true`` like every controller reply.
@@ -144,8 +147,9 @@ class RendezvousBook:
         rnd = job.current
         member = host in rnd.hosts
         if round_number == rnd.number:
-            return {"waiting": 0 if member else 1, "current": rnd.number, "member": member}
+            return {"waiting": 0 if member else 1, "current": rnd.number, "member": member, "same_hosts": True}
         mine = job.history.get(round_number)
+        same = mine is not None and set(mine) == set(rnd.hosts)
         if mine is None:
             waiting = max(1, len(rnd.joined - {host}))
         else:
@@ -154,7 +158,7 @@ class RendezvousBook:
             waiting = len(left) + len(arrived)
             if not member:
                 waiting = max(waiting, 1)
-        return {"waiting": waiting, "current": rnd.number, "member": member}
+        return {"waiting": waiting, "current": rnd.number, "member": member, "same_hosts": same}
 
     # ------------------------------------------------------------ helpers
 

@@ -14,7 +14,8 @@ commit (:class:`pilotfill.elastic.state.ElasticState`).
 
 The run's torch store (:mod:`pilotfill.elastic.torch_store`) runs here, on the
 controller's machine, started once with the runtime; rank 0's node holds
-nothing that the job needs after it leaves.
+nothing that the job needs after it leaves, and no pilot agent can end the
+store (:func:`store_environment`), even one on the controller's own host.
 
 An agent ending on its own on a host the job still holds is that host lost,
 not the job: it is dropped from the job's rendezvous at once (the survivors
@@ -41,6 +42,17 @@ from .rendezvous import RendezvousBook
 from .torch_store import PORT_FILE, read_port_file
 
 STORE_RESTART_BACKOFF_S = 2.0
+
+
+def store_environment(run_dir: Path) -> dict[str, str]:
+    """The store's environment: the controller's, with the run directory (so that ``pilotfill run``'s last sweep
+    finds it) and nothing that says "a job's process on a node" (``PILOTFILL_JOB_ID``, ``PILOTFILL_HOST``,
+    ``HOROVOD_HOSTNAME``, even if the controller was started with them): a pilot agent ends only processes that
+    say both, so none can take the store for one of its own — wherever the controller runs (recheck (a): agents
+    on the controller's host SIGTERMed the store at every preemption and release). It also runs in a session of its
+    own, so no batch system's end-of-job kill of a pilot's session reaches it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PILOTFILL_JOB_ID", "PILOTFILL_HOST", "HOROVOD_HOSTNAME")}
+    return {**env, "PILOTFILL_RUN_DIR": str(run_dir), "PILOTFILL_ROLE": "torch-store"}
 
 
 class TorchRuntime(Runtime):
@@ -179,7 +191,7 @@ class TorchRuntime(Runtime):
         self.rendezvous.store = None
         log = self.run_dir / "logs" / "torch_store.log"
         argv = [self.python, "-m", "pilotfill.elastic.torch_store", "--run-dir", str(self.run_dir), "--host", self.store_host]
-        self._store = procs.spawn(argv, env={**os.environ, "PILOTFILL_RUN_DIR": str(self.run_dir)}, log_path=str(log))
+        self._store = procs.spawn(argv, env=store_environment(self.run_dir), log_path=str(log))
         self._store_started = time.monotonic()
 
     def _check_store(self) -> None:

@@ -43,6 +43,7 @@ import importlib.util
 import logging
 import math
 import multiprocessing
+from multiprocessing import forkserver
 import os
 import signal
 import sys
@@ -108,6 +109,9 @@ def start_forkserver(job_module: str | None) -> threading.Thread:
         os.environ["PILOTFILL_PRELOAD_MODULE"] = job_module
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["pilotfill.elastic.torch_preload"])
+    # Started from this (the main) thread: the forkserver dies with its parent thread (torch_preload sets
+    # PR_SET_PDEATHSIG), and the warming thread below ends at once. Its workers die with it in turn.
+    forkserver.ensure_running()
 
     def warm() -> None:
         probe = ctx.Process(target=_noop)

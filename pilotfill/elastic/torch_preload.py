@@ -11,6 +11,11 @@ Nothing here runs a backward pass or starts threads: autograd's and OpenMP's
 thread pools do not survive ``fork``. The forkserver ignores SIGTERM (its
 workers, which die with it, get their grace from the agent); the workers it
 forks do not.
+
+The forkserver dies with its agent (``PR_SET_PDEATHSIG``, set first thing
+here), and the workers it forked die with it: without that, a SIGKILLed agent
+left the forkserver waiting for its workers (they hold its "alive" pipe) and
+the workers, orphans, training on for minutes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import importlib
 import os
 import signal
 import sys
+
+from pilotfill.procs import die_with_parent
+
+die_with_parent()
 
 import torch
 import torch._dynamo  # noqa: F401  (imported by the first optimizer otherwise)

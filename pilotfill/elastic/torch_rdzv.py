@@ -8,8 +8,9 @@ transport — there is no c10d rendezvous state, no keep-alive, no
 joined, and ``num_nodes_waiting()`` is the controller's answer to "did the
 membership change since my round?".
 
-The round's store is the run's TCPStore on the controller's machine
-(:mod:`pilotfill.elastic.torch_store`) under the round's secret prefix:
+The round's store is the run's store on the controller's machine
+(:mod:`pilotfill.elastic.torch_store`, reached through an authenticated
+:class:`~pilotfill.elastic.run_store.RunStore`) under the round's prefix:
 ``<prefix>/agent`` for the agents, ``<prefix>/workers`` for the workers'
 ``init_process_group`` (see :mod:`pilotfill.elastic.torch_worker`).
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed import PrefixStore, Store
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -36,6 +37,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ..transport import Client, ControllerUnavailable, RequestRefused
+from .run_store import RunStore
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ class PilotfillRendezvousHandler(RendezvousHandler):
         self.poll_interval_s = poll_interval_s
         self.round: RoundInfo | None = None
         self._closed = False
-        self._stores: dict[tuple[str, int], TCPStore] = {}
+        self._stores: dict[tuple[str, int], Store] = {}
         self._polled_at = 0.0
         self._waiting = 0
 
@@ -165,7 +167,7 @@ class PilotfillRendezvousHandler(RendezvousHandler):
         key = (host, port)
         if key not in self._stores:
             self._stores.clear()  # the store moved (restarted): the old connection is useless
-            self._stores[key] = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=STORE_TIMEOUT_S))
+            self._stores[key] = RunStore(self.client.run_dir, host, port, timeout=timedelta(seconds=STORE_TIMEOUT_S))
         return self._stores[key]
 
 

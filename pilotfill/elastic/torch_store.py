@@ -1,4 +1,4 @@
-"""The run's torch store: one ``TCPStore`` server on the controller's machine, never on a compute node.
+"""The run's torch store: a key-value store only the run's processes can use, on the controller's machine.
 
     python -m pilotfill.elastic.torch_store --run-dir RUN [--host ADDRESS]
 
@@ -8,42 +8,55 @@ on a random port and writes ``{"host", "port", "pid"}`` to
 it out in rendezvous replies. Rank 0's node holds nothing: when any node goes,
 the store and every other round's keys stay.
 
-Threat model. ``TCPStore`` has no authentication: anyone who can reach the
-port can connect and read or write any key *whose name they know*. It has no
-call that lists keys. So every round's keys — the agents' and the workers'
-(``init_process_group`` and gloo's address exchange) — live under that round's
-random 128-bit prefix, which exists only in the controller's memory, in the
-HMAC-authenticated ``rdzv.join`` reply to a member of the round, and in that
-round's agent and worker processes (environment: readable by the same user
-only). Without the run's secret (``secret.key``, 0600) one never learns a
-prefix, so one cannot join a round, read peers' addresses, or slip into gloo's
-mesh by overwriting one. Rounds and jobs cannot see each other's keys either,
-so a worker of an old round never reads a stale address.
+What torch elastic and gloo need from a store (``set``, blocking ``get`` and
+``wait``, ``add``, ``compare_set``, …) is served here over pilotfill's own
+transport (:mod:`pilotfill.transport`): CurveZMQ with the run's keys, so a
+peer without the run's secret is refused during the handshake — nothing it
+sends is read — and every request is HMAC-signed with a key of this channel.
+Ranks and agents reach it through
+:class:`pilotfill.elastic.run_store.RunStore`, a ``torch.distributed.Store``: the agents' rendezvous handler
+(:mod:`pilotfill.elastic.torch_rdzv`) and, in the workers, plain
+``init_process_group()`` (``env://``, rebound by
+:func:`pilotfill.elastic.torch_worker.bind_store`). Each round still works
+under its own prefix, so rounds and jobs never see each other's keys.
+
+Why not torch's ``TCPStore``: it has no authentication, and torch 2.13's
+``list_keys()`` hands every key — every round's prefix, rank 0's gloo address
+— to anyone who connects; a second user could join a live round's mesh, fill
+the store's memory and stall rounds by holding connections.
+
+Bounded: a value is at most :data:`MAX_VALUE_BYTES`; all keys and values
+together at most :data:`MAX_TOTAL_BYTES` — past it the namespaces (rounds)
+used least recently are dropped first, and a single write larger than the
+budget is refused; an unauthenticated connection costs a refused handshake.
 
 Not covered, as for torchrun, Horovod and NCCL: someone who can *sniff* the
-cluster network (the reply, the store protocol and gloo's traffic are not
-encrypted — only signed), and denial of service (connecting, flooding, writing
-junk keys under other names, ``num_keys``). A Python ``Store`` over pilotfill's
-signed transport would close the first for the store's own traffic only, cost a
-controller round trip per blocking ``get``/``wait`` of every worker's gloo
-bootstrap, and need user code to pass it to ``init_process_group``; the
-capability prefix gives the same protection against other users at TCPStore
-speed with plain ``init_process_group()``.
+cluster network sees gloo's own traffic between ranks (the store's is
+encrypted); and denial of service by exhausting the machine itself (CPU,
+file descriptors, the network).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import signal
 import sys
-from datetime import timedelta
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from ..procs import die_with_parent
+from ..transport import Park, Server
 
 PORT_FILE = "torch_store.json"
+CHANNEL = "torch store"
+MAX_VALUE_BYTES = 16 * 1024 * 1024
+MAX_TOTAL_BYTES = 256 * 1024 * 1024
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def read_port_file(run_dir: Path) -> dict | None:
@@ -64,22 +77,219 @@ def write_port_file(run_dir: Path, info: dict) -> None:
     os.replace(tmp, path)
 
 
+class StoreFull(ValueError):
+    """A write larger than the store's whole budget."""
+
+
+class Keys:
+    """The store's keys and values, with the memory bound; no I/O.
+
+    A key's namespace is its first path component (a round's prefix): when the
+    total passes ``budget`` the namespaces used least recently go first, never
+    the one being written.
+    """
+
+    def __init__(self, budget: int = MAX_TOTAL_BYTES, max_value: int = MAX_VALUE_BYTES):
+        self.budget, self.max_value = budget, max_value
+        self.data: dict[str, bytes] = {}
+        self.total = 0
+        self.namespaces: OrderedDict[str, set[str]] = OrderedDict()  # least recently used first
+        self.evicted = 0
+
+    @staticmethod
+    def namespace(key: str) -> str:
+        return key.split("/", 1)[0]
+
+    def touch(self, key: str) -> None:
+        ns = self.namespace(key)
+        if ns in self.namespaces:
+            self.namespaces.move_to_end(ns)
+
+    def get(self, key: str) -> bytes | None:
+        self.touch(key)
+        return self.data.get(key)
+
+    def put(self, key: str, value: bytes) -> None:
+        size = len(key) + len(value)
+        if len(value) > self.max_value or size > self.budget:
+            raise StoreFull(f"a value of {len(value):,} bytes is over the torch store's limit ({self.max_value:,} bytes)")
+        self.delete(key)
+        ns = self.namespace(key)
+        self.namespaces.setdefault(ns, set()).add(key)
+        self.namespaces.move_to_end(ns)
+        self.data[key] = value
+        self.total += size
+        while self.total > self.budget:
+            oldest = next(iter(self.namespaces))
+            if oldest == ns:
+                break  # cannot happen: this write alone fits the budget
+            for k in self.namespaces.pop(oldest):
+                self.total -= len(k) + len(self.data.pop(k))
+            self.evicted += 1
+
+    def delete(self, key: str) -> bool:
+        value = self.data.pop(key, None)
+        if value is None:
+            return False
+        self.total -= len(key) + len(value)
+        ns = self.namespace(key)
+        keys = self.namespaces.get(ns)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.namespaces[ns]
+        return True
+
+
+class StoreServer:
+    """The store's request handler on a :class:`~pilotfill.transport.Server` of the store's channel."""
+
+    def __init__(self, run_dir: Path, secret: bytes, host: str = "127.0.0.1", keys: Keys | None = None):
+        self.keys = keys or Keys()
+        self.server = Server(run_dir, secret, host=host, channel=CHANNEL, max_message_bytes=MAX_MESSAGE_BYTES)
+        self.port = int(self.server.endpoint.rsplit(":", 1)[1])
+        self._waiting: dict[str, set[str]] = {}  # key -> parked waits for it
+        self._waits: dict[str, tuple[list[str], bool]] = {}  # parked wait -> (its keys, whether it returns values)
+        self._serial = 0
+        self.stopping = False
+
+    def serve(self, timeout_ms: int = 200) -> int:
+        return self.server.serve(self.handle, timeout_ms, max_batch=1024)
+
+    def close(self) -> None:
+        self.server.close()
+
+    # ------------------------------------------------------------ requests
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any] | Park:
+        try:
+            reply = self._handle(message)
+            return reply if isinstance(reply, Park) else {"ok": True, **reply}
+        except StoreFull as exc:
+            return {"ok": False, "error": str(exc)}
+        except (KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "error": f"bad store request: {exc!r}"[:300]}
+
+    def _handle(self, m: dict[str, Any]) -> dict[str, Any] | Park:
+        op, keys = m.get("type"), self.keys
+        if op == "store.set":
+            self._set(_key(m["key"]), decode(m["value"]))
+            return {"ok": True}
+        if op == "store.multi_set":
+            for key, value in zip(m["keys"], m["values"], strict=True):
+                self._set(_key(key), decode(value))
+            return {"ok": True}
+        if op == "store.add":
+            key, amount = _key(m["key"]), m["amount"]
+            if not isinstance(amount, int) or isinstance(amount, bool):
+                raise TypeError("amount must be an integer")
+            value = int(keys.get(key) or b"0") + amount
+            self._set(key, str(value).encode())
+            return {"ok": True, "value": value}
+        if op == "store.compare_set":
+            key, expected, desired = _key(m["key"]), decode(m["expected"]), decode(m["desired"])
+            now = keys.get(key)
+            if (now is None and not expected) or now == expected:
+                self._set(key, desired)
+                now = desired
+            return {"ok": True, "value": encode(now if now is not None else expected)}
+        if op == "store.append":
+            key = _key(m["key"])
+            self._set(key, (keys.get(key) or b"") + decode(m["value"]))
+            return {"ok": True}
+        if op in ("store.get", "store.wait", "store.multi_get"):
+            wanted = [_key(m["key"])] if op == "store.get" else [_key(k) for k in m["keys"]]
+            return self._wait(wanted, op != "store.wait", float(m["timeout_s"]))
+        if op == "store.check":
+            return {"ok": True, "present": all(keys.get(_key(k)) is not None for k in m["keys"])}
+        if op == "store.delete":
+            return {"ok": True, "deleted": keys.delete(_key(m["key"]))}
+        if op == "store.num_keys":
+            return {"ok": True, "count": len(keys.data)}
+        return {"ok": False, "error": f"unknown store request {op!r}"}
+
+    def _set(self, key: str, value: bytes) -> None:
+        self.keys.put(key, value)
+        for parked in self._waiting.pop(key, set()):
+            wanted, _ = self._waits.get(parked, ((), False))
+            if all(k in self.keys.data for k in wanted):
+                self.server.wake(parked)
+            else:
+                for k in wanted:
+                    if k not in self.keys.data:
+                        self._waiting.setdefault(k, set()).add(parked)
+
+    def _wait(self, wanted: list[str], values: bool, timeout_s: float) -> dict[str, Any] | Park:
+        if all(self.keys.get(k) is not None for k in wanted):
+            return self._answer(wanted, values)
+        self._serial += 1
+        parked = f"wait-{self._serial}"
+        self._waits[parked] = (wanted, values)
+        for k in wanted:
+            if k not in self.keys.data:
+                self._waiting.setdefault(k, set()).add(parked)
+        return Park(parked, max(0.0, timeout_s), lambda: self._done(parked))
+
+    def _done(self, parked: str) -> dict[str, Any]:
+        """The reply to a parked wait, when it is woken or its time is up."""
+        wanted, values = self._waits.pop(parked, ((), False))
+        for k in wanted:
+            waiters = self._waiting.get(k)
+            if waiters is not None:
+                waiters.discard(parked)
+                if not waiters:
+                    del self._waiting[k]
+        if all(k in self.keys.data for k in wanted):
+            return self._answer(wanted, values)
+        return {"timeout": True, "missing": [k for k in wanted if k not in self.keys.data][:8]}
+
+    def _answer(self, wanted: list[str], values: bool) -> dict[str, Any]:
+        return {"values": [encode(self.keys.data[k]) for k in wanted]} if values else {}
+
+
+def _key(key: Any) -> str:
+    if not isinstance(key, str) or not key or len(key) > 4096:
+        raise ValueError("a key is a non-empty string of at most 4096 characters")
+    return key
+
+
+def decode(text: Any) -> bytes:
+    """A value as it travels (base64 in JSON) back to bytes."""
+    if not isinstance(text, str):
+        raise TypeError("values travel as base64 strings")
+    return base64.b64decode(text.encode(), validate=True)
+
+
+def encode(value: bytes) -> str:
+    return base64.b64encode(value).decode()
+
+
+# ------------------------------------------------------------------ the process
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ..security import load_secret
+
     ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch_store")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--host", default="127.0.0.1", help="the address clients on the nodes connect to")
     args = ap.parse_args(argv)
     die_with_parent()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: os._exit(0))  # nothing to flush: the keys die with us
-    from torch.distributed import TCPStore
+    store = StoreServer(args.run_dir, load_secret(args.run_dir), host="127.0.0.1" if args.host in LOOPBACK else "0.0.0.0")
 
-    # The server listens on every interface; ``host`` is only what this process's own client uses.
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    def stop(signum, frame) -> None:
+        store.stopping = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
     write_port_file(args.run_dir, {"host": args.host, "port": store.port, "pid": os.getpid()})
     print(f"torch store listening on port {store.port} (clients use {args.host})", flush=True)
-    while True:
-        signal.pause()
+    try:
+        while not store.stopping:
+            store.serve()
+    finally:
+        store.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -163,6 +163,8 @@ class ElasticExecutor(ParslExecutor):
             self._pending.setdefault(job_id, []).append(future)
         for item in waiting:
             self._outbox.put(item)
+        if self._failed is not None:  # failed while this pass was sending: what it held back fails too
+            self.fail_all(self._failed)
 
     def _collect(self, client: ControllerClient) -> None:
         """Resolve the futures of jobs that ended (one request for all of them)."""

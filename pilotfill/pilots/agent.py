@@ -12,11 +12,20 @@ ends: on a ``stop`` command, when its node is given back, when the controller
 that started it is replaced (its jobs were requeued), and on SIGTERM — the
 batch system's preemption notice, or a cancel — which the agent first turns
 into an immediate ``pilot.leaving`` (the controller reallocates at once), then
-ends what runs on its nodes within the grace period. Processes it did not
-start itself (ranks that Horovod started over ssh) are found on the node by
-their environment.
+ends what runs on its nodes within the grace period, and exits only once all
+of it is gone: the batch system gives the nodes to the main job as soon as the
+agent's session is empty. Processes it did not start itself (ranks that
+Horovod started over ssh) are found on the node by their environment, and
+only processes that say they are a job's on one of its nodes
+(:func:`job_processes`): the controller's own helpers — the torch store,
+``horovodrun`` — may share the host and are never touched. Ending is a
+:class:`Sweep`: SIGTERM to each process and everything below it (whatever
+session it moved to), SIGKILL at the deadline. On PBS, processes on a sister
+host run through ``pbs_tmrsh``, which forwards no signal: the agent ends them
+by running itself there with ``--end-on``.
 
     python -m pilotfill.pilots.agent --run-dir RUN --pilot ID [--nodes a,b] [--scheduler local|slurm|pbs]
+    python -m pilotfill.pilots.agent --run-dir RUN --end-on NODE[,NODE] [--job J] [--grace-s S]   # on that node's host
 """
 
 from __future__ import annotations
@@ -26,9 +35,11 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import procs
@@ -55,6 +66,10 @@ class Agent:
         self._heard_at = time.monotonic()
         self._exits: list[dict] = []
         self._here = socket.gethostname().split(".")[0]
+        self.python = sys.executable
+        self._sweeps: list[Sweep] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch_sweeps, name="sweeps", daemon=True).start()
         signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum, frame) -> None:
@@ -149,11 +164,10 @@ class Agent:
             log.info("started %s on %s", job, host)
         elif op == "stop":
             self._end_job(host, job)
-            log.info("ended %s on %s", job, host)
 
     def _on_node(self, host: str, argv: list[str], env: dict[str, str]) -> list[str]:
         """``argv`` as run on ``host``: here, or through the batch system onto another node of this pilot."""
-        if self.scheduler == "local" or host.split(".")[0].split("[")[0] == self._here:
+        if self._is_here(host):
             return argv
         with_env = ["env", *(f"{k}={v}" for k, v in {**env, "PILOTFILL_HOST": host}.items()), *argv]
         if self.scheduler == "slurm":
@@ -164,48 +178,66 @@ class Agent:
 
     def _end_job(self, host: str, job: str) -> None:
         """End a job's processes on a node: those we started, and any it started itself (found by environment)."""
-        self.launcher.terminate(host, job)
-        self._terminate_later(list(self._found_on(host, PILOTFILL_JOB_ID=job)))
+        self._sweep([host], job)
 
     def _end_on(self, node: str) -> None:
         """End every job's processes on ``node`` (it is given back, its pilot is leaving, or its controller is gone)."""
-        jobs = set()
-        for host, job in self.launcher.running():
-            if host == node:
-                self.launcher.terminate(host, job)
-                jobs.add(job)
-        found = self._found_on(node)
-        self._terminate_later(list(found))
-        for job in sorted(jobs | {j for j in found.values() if j}):
-            log.info("ended %s on %s", job, node)
+        self._sweep([node])
 
-    def _found_on(self, node: str, **wanted: str) -> dict[int, str]:
-        """This run's processes on ``node`` (pid -> job), by their environment: the node each says it is on (ours, or
-        Horovod's ``HOROVOD_HOSTNAME``), else this machine (a node where nothing says: a compute node of its own)."""
-        found = {}
-        for pid, env in procs.environments(PILOTFILL_RUN_DIR=self.run_dir, **wanted).items():
-            on = env.get("PILOTFILL_HOST") or env.get("HOROVOD_HOSTNAME")
-            if on == node or (on is None and self.scheduler != "local" and node.split(".")[0].split("[")[0] == self._here):
-                found[pid] = env.get("PILOTFILL_JOB_ID", "")
-        return found
+    def _sweep(self, nodes: list[str], job: str | None = None, deadline: float | None = None) -> None:
+        """SIGTERM every process of ``job`` (or of any job) on ``nodes``, SIGKILL what is left at ``deadline`` (default:
+        the launcher's grace) — without blocking the loop; :meth:`_end` waits for every sweep before the agent goes.
 
-    def _terminate_later(self, pids: list[int]) -> None:
-        """SIGTERM now, SIGKILL after the grace (without blocking the loop)."""
-        pids = [p for p in pids if p != os.getpid()]
-        if not pids:
-            return
-        ticks = {p: procs.start_ticks(p) for p in pids}
-        for pid in pids:
-            procs.signal_pid(pid, signal.SIGTERM)
+        What is swept: what the launcher started there (its whole process group), every process of this run that says
+        it is a job's on one of those nodes (:func:`job_processes`), and everything below them, whatever session they
+        moved to. On another host, the agent cannot see its processes, and ``pbs_tmrsh`` forwards no signal (recheck
+        (c)): a sweep there runs :func:`end_here` on that host through ``pbs_tmrsh``."""
+        deadline = deadline if deadline is not None else time.time() + self.launcher.grace_s
+        ended = set()
+        leaders = []
+        for host, j in self.launcher.running():
+            if host in nodes and (job is None or j == job):
+                pid = self.launcher.pid(host, j)
+                if pid is not None:
+                    leaders.append(pid)
+                self.launcher.terminate(host, j)
+                ended.add((host, j))
+        found = job_processes(self.run_dir, nodes, job)  # elsewhere than here: none on a real cluster; on one machine, all
+        targets = terminate([*leaders, *found], skip_groups=leaders)  # the launcher signalled its own groups
+        remote = [self._end_remotely(n, job, deadline) for n in nodes if not self._is_here(n) and self.scheduler == "pbs"]
+        with self._lock:
+            self._sweeps.append(Sweep(targets, [r for r in remote if r is not None], deadline))
+        jobs = sorted({j for _, j in ended} | set(found.values()))
+        if jobs:
+            log.info("ended %s on %s", ", ".join(jobs), ", ".join(nodes))
 
-        def kill() -> None:
-            for pid, t in ticks.items():
-                if procs.alive(pid, t):
-                    procs.kill_pid(pid)
+    def _is_here(self, node: str) -> bool:
+        """Whether ``node``'s processes run on this machine (on the local cluster every node does)."""
+        return self.scheduler == "local" or host_of(node) == self._here
 
-        timer = threading.Timer(self.launcher.grace_s, kill)
-        timer.daemon = True
-        timer.start()
+    def _end_remotely(self, node: str, job: str | None, deadline: float) -> subprocess.Popen | None:
+        """``pbs_tmrsh HOST python -m pilotfill.pilots.agent --end-on NODE …``: the signal delivered on that host."""
+        argv = ["pbs_tmrsh", host_of(node), self.python, "-m", "pilotfill.pilots.agent", "--run-dir", self.run_dir, "--end-on", node,
+                "--grace-s", f"{max(0.1, deadline - time.time()):.2f}", *(["--job", job] if job else [])]  # fmt: skip
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            log.error("could not end what runs on %s: %s", node, exc)
+            return None
+
+    def _reap_sweeps(self, wait: bool = False) -> None:
+        """SIGKILL what a sweep left at its deadline; with ``wait``, block until every sweep is over (the agent goes)."""
+        while True:
+            with self._lock:
+                self._sweeps = [sweep for sweep in self._sweeps if not sweep.step(time.time())]
+                if not (wait and self._sweeps):
+                    return
+            time.sleep(0.05)
+
+    def _watch_sweeps(self) -> None:
+        while True:
+            self._reap_sweeps()
+            time.sleep(0.1)
 
     # ------------------------------------------------------------ leaving
 
@@ -216,23 +248,20 @@ class Agent:
         code = 0
         try:
             self.client.request({"type": "pilot.leaving", "pilot": self.pilot, "nodes": self.nodes, "deadline": deadline},
-                                timeout_s=max(0.5, self.grace_s * 0.5))  # fmt: skip
+                                timeout_s=max(0.5, self.grace_s * 0.3))  # fmt: skip
         except (ControllerUnavailable, RequestRefused) as exc:
             log.error("could not tell the controller: %s", exc)
             code = 1
-        self.launcher.grace_s = max(0.5, deadline - time.time())  # what is left of the grace: SIGKILL before the batch system's
-        self._end(code, "leaving")
+        self._end(code, "leaving", kill_at=deadline - min(1.0, self.grace_s * 0.2))
         return code
 
-    def _end(self, code: int, why: str) -> int:
-        """End every process on our nodes (SIGTERM, SIGKILL after the grace), wait for them, and go."""
+    def _end(self, code: int, why: str, kill_at: float | None = None) -> int:
+        """End every process on our nodes — SIGTERM, SIGKILL at ``kill_at`` (default: the launcher's grace) — and go
+        only when all of it is gone: the batch system takes the nodes back once this agent has exited, and nothing
+        of ours may still run there (recheck (a), (d): a main job waits for the pilot's whole session)."""
         log.info("ending (%s)", why)
-        for node in self.nodes:
-            self._end_on(node)
-        end = time.monotonic() + self.launcher.grace_s + 1.0
-        while self.launcher.running() and time.monotonic() < end:
-            self.launcher.exits()
-            time.sleep(0.05)
+        self._sweep(list(self.nodes), deadline=kill_at)
+        self._reap_sweeps(wait=True)
         self.launcher.close()
         return code
 
@@ -242,16 +271,98 @@ class Agent:
             time.sleep(0.05)
 
 
+def host_of(node: str) -> str:
+    """The host a node is on: ``vm`` for PBS's vnode ``vm[2]``, ``nid001`` for ``nid001.cluster``."""
+    return node.split(".")[0].split("[")[0]
+
+
+def job_processes(run_dir: str, nodes: list[str], job: str | None = None) -> dict[int, str]:
+    """This run's job processes on ``nodes`` on this machine (pid -> job), by their environment. Each must say which
+    job it is (``PILOTFILL_JOB_ID``) and which node it is on (``PILOTFILL_HOST``, or Horovod's ``HOROVOD_HOSTNAME``):
+    a process that does not — the controller's torch store or horovodrun, the controller, another agent — is no
+    job's, whatever host it shares (recheck (a): agents on the controller's host SIGTERMed the torch store)."""
+    wanted = {"PILOTFILL_JOB_ID": job} if job else {}
+    found = {}
+    for pid, env in procs.environments(PILOTFILL_RUN_DIR=run_dir, **wanted).items():
+        on, owner = env.get("PILOTFILL_HOST") or env.get("HOROVOD_HOSTNAME"), env.get("PILOTFILL_JOB_ID")
+        if owner and on in nodes:
+            found[pid] = owner
+    return found
+
+
+def terminate(pids: list[int], skip_groups: list[int] = ()) -> dict[int, int | None]:
+    """SIGTERM ``pids`` and everything below them (except members of ``skip_groups``, signalled already as groups);
+    returns them all with their start times, for :class:`Sweep`."""
+    targets = {p: procs.start_ticks(p) for p in dict.fromkeys([*pids, *procs.descendants(pids)]) if p != os.getpid()}
+    skip = set(skip_groups)
+    for pid in targets:
+        if not skip or _pgid(pid) not in skip:
+            procs.signal_pid(pid, signal.SIGTERM)
+    return targets
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+@dataclass
+class Sweep:
+    """Processes told to go (SIGTERM sent), SIGKILLed with whatever they started meanwhile if still there at
+    ``deadline``; ``remote``: sweeps running on other hosts (they keep the same deadline)."""
+
+    targets: dict[int, int | None]
+    remote: list[subprocess.Popen] = field(default_factory=list)
+    deadline: float = 0.0
+    killed: bool = False
+
+    def step(self, now: float) -> bool:
+        """Kill at the deadline; True once nothing is left (remote sweeps: waited for until just after it)."""
+        self.targets = {p: t for p, t in self.targets.items() if procs.alive(p, t)}
+        if self.targets and now >= self.deadline and not self.killed:
+            self.killed = True
+            late = {p: procs.start_ticks(p) for p in procs.descendants(list(self.targets))}
+            for pid, ticks in {**self.targets, **late}.items():
+                if procs.alive(pid, ticks):
+                    procs.kill_pid(pid)
+            self.targets.update(late)
+        remote = [r for r in self.remote if r.poll() is None]
+        if remote and now >= self.deadline + 0.5:
+            for r in remote:  # the far side kills at the same deadline by itself; stop waiting for it
+                r.kill()
+                r.wait()
+            remote = []
+        self.remote = remote
+        return not self.targets and not remote
+
+
+def end_here(run_dir: str, nodes: list[str], job: str | None, grace_s: float) -> int:
+    """``--end-on``: what the agent of a pilot on another host asks of this one (through ``pbs_tmrsh``): SIGTERM the
+    run's processes on ``nodes`` here, SIGKILL what is left after ``grace_s``."""
+    sweep = Sweep(terminate(list(job_processes(run_dir, nodes, job))), deadline=time.time() + grace_s)
+    while not sweep.step(time.time()):
+        time.sleep(0.05)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pilotfill-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--pilot", required=True)
+    ap.add_argument("--pilot", default=None, help="the pilot this agent is (required unless --end-on)")
+    ap.add_argument("--end-on", default=None, help="nodes of this host (a,b): end the run's processes there (SIGTERM, SIGKILL after --grace-s), exit")
+    ap.add_argument("--job", default=None, help="with --end-on: only this job's processes")
     ap.add_argument("--nodes", default=None, help="comma-separated node names this pilot holds (default: ask the batch system)")
     ap.add_argument("--scheduler", default="local", help="local, slurm or pbs: where to find this job's id and nodes, and how to reach them")
     ap.add_argument("--scheduler-id", default=None)
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
     ap.add_argument("--grace-s", type=float, default=5.0)
     args = ap.parse_args(argv)
+    if args.end_on is not None:
+        return end_here(str(Path(args.run_dir).resolve()), [n for n in args.end_on.split(",") if n], args.job, args.grace_s)
+    if not args.pilot:
+        ap.error("--pilot is required")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent {args.pilot} %(levelname)s %(message)s")
     if args.nodes is not None:
         nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""

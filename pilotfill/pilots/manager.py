@@ -14,6 +14,13 @@ turns the answer into what the site sees:
   moment later: releasing in between and asking again is the thrash a site sees);
 * fewer than we hold plus what is queued: cancel queued pilots no job needs.
 
+A submission the batch system refuses (a queue limit) or that fails is asked
+again when the back-off it logged has passed, and until one succeeds it is
+:attr:`PilotManager.problem`: the batch system's words, which ``pilotfill run``
+and ``pilotfill top`` show. One that can never work (a resource or queue the
+server does not know) is :attr:`PilotManager.fatal`: the controller stops with
+that line rather than asking for the same thing again and again.
+
 Release and fill never both happen in one decision, and a node is released
 only when the jobs would not use it even with every idle node: so pilotfill
 never gives a node back while the same jobs wait for one.
@@ -25,12 +32,14 @@ use?"): each pilot asks for one type, within the same site limits.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
 from ..allocator import Allocation
-from ..schedulers.base import PilotRefused
+from ..schedulers.base import PilotRefused, SchedulerConfigError
+from ..schedulers.commands import SchedulerCommandError
 
 if TYPE_CHECKING:
     from ..controller.core import Controller
@@ -57,6 +66,9 @@ class PilotManager:
         self._submits: deque[float] = deque()  # times of recent submissions (per-minute limit)
         self._not_before = 0.0
         self._backoff = 0.0
+        self._retry_told = True  # retry_due() said so once for the current back-off
+        self.problem: dict | None = None  # the last submission's refusal or failure, until one succeeds (shown to the user)
+        self.fatal: SchedulerConfigError | None = None  # a refusal no retry can change: the controller stops
         self._pilot_seq = int(self.world.journal.get_meta("pilot_seq", "0") or 0)
 
     # ------------------------------------------------------------ what the controller asks
@@ -156,6 +168,13 @@ class PilotManager:
         wait = max(self.config.release_after_s, RELEASE_RETRY_S)
         return any(now - t >= wait for t in self._unused_since.values())
 
+    def retry_due(self, now: float) -> bool:
+        """True once when a refused or failed submission's back-off has passed: time to size the pilots again."""
+        if self.problem is None or self._retry_told or now < self._not_before:
+            return False
+        self._retry_told = True
+        return True
+
     def _could_grow(self) -> bool:
         """Whether an open job could still take another node (below its maximum, or waiting to start)."""
         return any(len(job.nodes) < job.spec["max_nodes"] for job in self.world.open.values())
@@ -195,6 +214,11 @@ class PilotManager:
             self.controller.end_pilot(pilot, "ended", now)
             self._asked_at.pop(pilot.id, None)
 
+    def _set_problem(self, kind: str | None, reason: str, error: str, now: float, retry_at: float | None) -> None:
+        """What ``pilotfill run`` and ``top`` show until a submission succeeds (journaled, for a view without a controller)."""
+        self.problem = {"kind": kind, "reason": reason, "error": error[-1000:], "at": now, "retry_at": retry_at} if kind else None
+        self.world.journal.set_meta("submit_problem", json.dumps(self.problem) if self.problem else "")
+
     def _submit(self, nodes: int, now: float, node_type: str | None = None) -> None:
         """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time, within the site's limits."""
         if now < self._not_before:
@@ -215,17 +239,41 @@ class PilotManager:
                     scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size)
                 else:
                     scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size, node_type=node_type)
+            except SchedulerConfigError as exc:  # the same answer every time: stop, naming the config key
+                log.error("pilot submission refused for good: %s", exc)
+                self.world.log("pilot.submit_refused", now, error=str(exc)[-1000:], reason=exc.reason, final=True)
+                self._set_problem("refused", exc.reason, str(exc), now, None)
+                self.fatal = exc
+                return
             except Exception as exc:  # refused or failed: back off rather than ask again every tick
                 self._backoff = min(REFUSED_BACKOFF_S[1], max(REFUSED_BACKOFF_S[0], self._backoff * 2))
                 self._not_before = now + self._backoff
+                self._retry_told = False
                 kind = "refused" if isinstance(exc, PilotRefused) else "failed"
                 log.warning("pilot submission %s (next try in %.0f s): %s", kind, self._backoff, exc)
                 self.world.log(f"pilot.submit_{kind}", now, error=str(exc)[-1000:], retry_in_s=self._backoff)
+                self._set_problem(kind, reason_of(exc), str(exc), now, self._not_before)
                 return
             self._backoff = 0.0
+            if self.problem is not None:
+                self._set_problem(None, "", "", now, None)
             self._submits.append(now)
             self.world.add_pilot(pilot_id, scheduler_id, size, now, self.controller.incarnation, node_type)
             self.world.log("pilot.submitted", now, pilot=pilot_id, scheduler_id=scheduler_id, nodes=size, **({"node_type": node_type} if node_type else {}))
             self.world.count("pilots_submitted")
             self._asked_at[pilot_id] = now
             asked += size
+
+
+def reason_of(exc: BaseException) -> str:
+    """The batch system's own words for a failed submission, short enough for a progress line."""
+    reason = getattr(exc, "reason", "")
+    if reason:
+        return str(reason)
+    if isinstance(exc, SchedulerCommandError):
+        said = exc.output.strip().splitlines()
+        if exc.returncode is None:  # timed out, could not be run, not run: what it says after the command line
+            text = str(exc)
+            return f"{exc.argv[0] if exc.argv else 'command'}: {text.split('` ', 1)[1] if text.startswith('`') and '` ' in text else text}"[:200]
+        return f"{said[-1] if said else 'no message'} (exit {exc.returncode})"
+    return str(exc).splitlines()[0][-200:] if str(exc) else type(exc).__name__

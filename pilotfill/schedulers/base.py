@@ -88,11 +88,30 @@ class BatchScheduler(ABC):
         """Cancel everything this adapter started or adopted, queued or running, and stop its helpers."""
 
 
+    def check(self) -> None:
+        """Raise :class:`SchedulerConfigError` if no pilot could ever run as configured (checked once, at start)."""
+
+
 class PilotRefused(RuntimeError):
     """The batch system refused a submission by policy (a queue or QOS limit), not by failing.
 
-    The pilot manager backs off before asking again instead of retrying every tick.
+    The pilot manager backs off before asking again instead of retrying every tick. ``reason``: the batch
+    system's own words, short enough for a progress line.
     """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class SchedulerConfigError(RuntimeError):
+    """The site config can never work with this batch system: asking again would get the same answer (a resource
+    or queue the server does not know, a chunk no node can satisfy). The campaign stops with this one line, which
+    names the config key and the batch system's words; ``reason`` is those words alone."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def agent_command(run_dir: Path, pilot_id: str, scheduler: str, heartbeat_s: float, grace_s: float, python: str = sys.executable) -> str:

@@ -1,8 +1,9 @@
 """OpenPBS / PBS Pro: pilots as rerunnable jobs with shrink-to-fit walltime in a preemptible queue.
 
 What the commands print and do is taken from a real OpenPBS 23.06.06 run as
-a normal user with the server's defaults (``shared/data/openpbs/real-23.06.06``)
-and an earlier capture (``shared/data/openpbs``), not from the manual alone:
+a normal user with the server's defaults (``shared/data/openpbs/real-23.06.06``),
+its recheck on two MOM hosts (``real-23.06.06-recheck``, right where they
+differ) and an earlier capture (``shared/data/openpbs``), not from the manual alone:
 
 * Job history may be off (the default) or on. Live jobs are asked about with
   ``qstat -f -F json ID`` and never with ``-x``: with history off ``-x`` prints
@@ -21,19 +22,31 @@ and an earlier capture (``shared/data/openpbs``), not from the manual alone:
   every vnode of that host is released. So a vnode is given back only with
   the rest of its host.
 * Exit 162 is PBSE_SYSTEM, not "primary host": the message tells which. A
-  release retried after a timeout may have worked the first time (and then
-  gets 162): what the job still holds decides. 168 (PBSE_BADSTATE) comes for
-  about 2 s after a multi-host job starts: retried briefly.
+  release retried after a timeout may have worked the first time: a list
+  mixing vnodes released already with held ones exits 0 and releases the held
+  ones; released ones alone get 162 ("error 15010"), and a name not in the job
+  162 with nothing released. What the job still holds decides. 168
+  (PBSE_BADSTATE) comes for about 2.2 s after a multi-host job starts: retried
+  briefly.
 * Preemption with ``preempt_order = R`` requeues the pilot: while it exits it
-  shows R with substate 60 and its vnodes already show ``free`` — they are
-  the waiting main job's; then the same id goes back to ``Q`` with its
-  original select and later runs again with ``run_count`` + 1 on its full
-  vnode set. To the controller that is one run ending and, later, a new one
-  starting (its agent registers again).
+  shows R with substate 60 and its vnodes stay ``job-busy`` with it (never
+  ``free``) — they are the waiting main job's; then the same id goes back to
+  ``Q`` with its original select and later runs again with ``run_count`` + 1
+  on its full vnode set. To the controller that is one run ending and, later,
+  a new one starting (its agent registers again).
+* A ``qdel`` while the pilot is being requeued is lost: it exits 0, the job
+  shows R (substate 42) until it has exited, then goes back to ``Q`` and runs
+  again. So a deleted pilot is watched until PBS has forgotten or finished it:
+  seen queued again or on a new run, it is deleted again, and its runs are
+  never reported as starts.
 * A main-workload job queued in a higher-priority queue that fits in what is
   free (plus what our pilots hold) takes those vnodes next: they are not idle.
 * A queue or server limit refuses ``qsub`` (PBSE_ENTLIMCT/ENTLIMRESC/MAXQUED,
-  "would exceed queue generic's per-user limit…"): :class:`PilotRefused`.
+  "would exceed queue generic's per-user limit…"): :class:`PilotRefused`. A
+  ``qsub`` that can never work (187 "Unknown resource Resource_List.X" from
+  ``extra_args``, 170 unknown queue, 59 walltimes) and a ``chunk`` no vnode has
+  (PBS would accept it and queue it forever) are :class:`SchedulerConfigError`:
+  the campaign stops naming the config key, rather than waiting in silence.
 * Several kinds of node (``[node_types.NAME]``): each type adds resources to
   every select chunk (``select = "gpu_type=a100"``: a site's custom string
   resource, set on its vnodes as ``resources_available.gpu_type``, which
@@ -61,7 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import NodeTypeConfig, PbsConfig, PilotConfig
-from .base import BatchScheduler, PilotEvent, PilotRefused, agent_command
+from .base import BatchScheduler, PilotEvent, PilotRefused, SchedulerConfigError, agent_command
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
@@ -73,6 +86,8 @@ BAD_STATE = 168  # PBSE_BADSTATE: "Request invalid for state of job", e.g. siste
 MIN_GT_MAX_WALLTIME = 59  # qsub: "min_walltime" can not be greater than "max_walltime"
 UNKNOWN_QUEUE = 170  # qsub: Unknown queue
 POLICY_CODES = (38, 39, 198)  # PBSE_ENTLIMCT, PBSE_ENTLIMRESC, PBSE_MAXQUED: a queue or server limit
+UNKNOWN_RESOURCE = 187  # qsub: Unknown resource Resource_List.nosuchres (recheck (g))
+NEVER_CODES = {UNKNOWN_RESOURCE: "pbs.chunk / pbs.extra_args", UNKNOWN_QUEUE: "pbs.queue", MIN_GT_MAX_WALLTIME: "pbs.min_walltime / pbs.max_walltime"}
 POLICY_MESSAGE = re.compile(r"would exceed .*limit|Maximum number of jobs .*already in", re.IGNORECASE)
 PRIMARY_HOST_MESSAGE = "primary execution host"
 UNUSABLE_STATES = ("down", "offline", "unknown", "stale", "unresolvable", "maintenance")
@@ -81,7 +96,6 @@ QSTAT_BATCH = 200  # job ids per qstat/qdel call: long enough to be cheap, short
 RUNNING_SUBSTATE = 42
 RERUN_SUBSTATES = range(60, 64)  # JOB_SUBSTATE_RERUN*: requeued, still exiting
 BAD_STATE_RETRY_S = (0.5, 1.0, 1.0, 1.5)  # 168 right after a start: sister MOMs join within ~2 s
-PROMISE_S = 120.0  # how long a preempted pilot's vnodes are taken as the main job's, at most
 
 
 # ---------------------------------------------------------------- parsing (pure; tested on the recordings)
@@ -372,6 +386,7 @@ class _Pilot:
     rerunning: bool = False  # requeued, still exiting (R, substate 60)
     missing: int = 0  # consecutive qstat answers that did not know the job
     deleted: bool = False  # qdel sent: it takes nothing more, though its end is reported by poll
+    deleted_run: int = 0  # run_count when it was deleted: a later run is PBS running it again (a lost qdel)
     ended: bool = False
 
 
@@ -402,7 +417,7 @@ class PbsScheduler(BatchScheduler):
         self._pilots: dict[str, _Pilot] = {}
         self._jobs: dict[str, str] = {}  # every job id submitted or adopted -> pilot id: close() deletes them all
         self._finished: set[str] = set()  # job ids PBS said have finished (35, F): nothing to delete
-        self._promised: dict[str, float] = {}  # vnode of a preempted pilot -> until when it is the main job's
+        self._exiting: dict[str, list[str]] = {}  # job id of a preempted pilot still exiting -> its vnodes (the main job's next)
         self._vnodes: dict[str, Vnode] = {}
         self._main: list[JobStatus] = []  # main-workload jobs queued ahead of our queue
         self._vnodes_at: float | None = None
@@ -460,8 +475,13 @@ class PbsScheduler(BatchScheduler):
         try:
             result = self._run(argv, retries=0)
         except SchedulerCommandError as exc:
+            said = exc.output.strip()[-500:]
+            reason = f"{said.splitlines()[-1] if said else 'no message'} (exit {exc.returncode})"
             if exc.returncode is not None and is_policy_refusal(exc.returncode, exc.output):
-                raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {exc.output.strip()[-500:]}") from None
+                raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {said}", reason=reason) from None
+            if exc.returncode in NEVER_CODES:
+                key = self._key_for(exc.returncode, said)
+                raise SchedulerConfigError(f"{key}: PBS refuses every pilot: `{' '.join(argv)}` exited {exc.returncode}: {said}", reason=reason) from None
             raise
         try:
             job = parse_job_id(result.stdout)
@@ -471,6 +491,38 @@ class PbsScheduler(BatchScheduler):
         self._vnodes_at = None  # the next idle count must see this pilot
         log.info("pilot %s is PBS job %s: %d x %s in %s", pilot_id, job, count, chunk_text, queue)
         return job
+
+    def check(self) -> None:
+        """A ``chunk`` that no vnode PBS lists could hold is a config error now (PBS would queue such a pilot forever,
+        recheck (g)). Cannot ask pbsnodes: nothing to say yet."""
+        try:
+            vnodes = self._pbsnodes(max_age=0.0)
+        except SchedulerCommandError as exc:
+            log.warning("cannot check pbs.chunk against the vnodes now: %s", exc)
+            return
+        real = [v for v in vnodes.values() if (_number(v.resources.get("ncpus")) or 0) >= 1]  # not natural vnodes
+        if not real or any(all((_number(v.resources.get(k)) or 0) >= n for k, n in self.chunk.items()) for v in real):
+            return  # some vnode could hold it (whether up now or not)
+        lacking = []
+        for key, want in self.chunk.items():
+            most = max((_number(v.resources.get(key)) or 0 for v in real), default=0)
+            if most < want:
+                lacking.append(f"{key}={want} (no vnode has it)" if most == 0 else f"{key}={want} (at most {most:g} on a vnode)")
+        raise SchedulerConfigError(
+            f"pbs.chunk {self.config.chunk!r}: no vnode of the {len(real)} PBS lists can hold it: {', '.join(lacking) or 'none is usable'}",
+            reason=f"no vnode has {', '.join(lacking) or self.config.chunk}",
+        )
+
+    def _key_for(self, code: int, said: str) -> str:
+        """The config key a refusal that never goes away points at."""
+        if code == UNKNOWN_RESOURCE:
+            match = re.search(r"Unknown resource (?:Resource_List\.)?(\w+)", said)
+            name = match.group(1) if match else ""
+            if name and any(name in a for a in self.config.extra_args):
+                return "pbs.extra_args"
+            if name and name in self.config.chunk:
+                return "pbs.chunk"
+        return NEVER_CODES[code]
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
         """Give back whole sister hosts; the primary host's vnodes, and those of a host partly still needed, stay."""
@@ -503,7 +555,7 @@ class PbsScheduler(BatchScheduler):
         pilot = self._pilots.get(pilot_id)
         if pilot is not None and not pilot.ended:
             self._qdel([pilot.job])
-            pilot.deleted = True
+            pilot.deleted, pilot.deleted_run = True, max(pilot.run, pilot.deleted_run)
             self._vnodes_at = None
 
     def poll(self, now: float) -> list[PilotEvent]:
@@ -657,8 +709,12 @@ class PbsScheduler(BatchScheduler):
             why = "requeued (preempted)" if status.rerunning or status.state in QUEUED_STATES or new_run else f"exiting ({status.state})"
             events.append(PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why))
             pilot.running = False
-        if status.rerunning or (status.state in QUEUED_STATES and pilot.nodes):
-            self._promise(status.vnodes or pilot.nodes)  # the waiting main job's, though pbsnodes shows them free
+        if status.rerunning:
+            self._exiting[pilot.job] = list(status.vnodes or pilot.nodes or self._exiting.get(pilot.job, []))
+        else:
+            self._exiting.pop(pilot.job, None)
+        if pilot.deleted:
+            return events + self._delete_again(pilot, status)
         if not pilot.running and not (status.running and status.vnodes):
             pilot.nodes, pilot.hosts, pilot.primary = [], {}, None
         if status.running and status.vnodes and not pilot.running:
@@ -670,8 +726,6 @@ class PbsScheduler(BatchScheduler):
                     log.warning("pilot %s: hosts of %s unknown: %s", pilot.id, status.vnodes, exc)
             pilot.running, pilot.run, pilot.hosts = True, status.run_count, hosts
             pilot.nodes = list(status.vnodes)  # the whole run: a requeued pilot gets its original select back
-            for n in pilot.nodes:
-                self._promised.pop(n, None)
             pilot.primary = status.chunk_hosts[0] if status.chunk_hosts else pilot.hosts.get(pilot.nodes[0])
             deadline = time.time() + status.walltime_left_s if status.walltime_left_s is not None else None
             events.append(PilotEvent("started", pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
@@ -680,6 +734,7 @@ class PbsScheduler(BatchScheduler):
     def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
         """The job is gone or finished: its last run ends (or it ended before it ran)."""
         pilot.ended = True
+        self._exiting.pop(pilot.job, None)
         if pilot.running:
             pilot.running = False
             return [PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why)]
@@ -687,19 +742,20 @@ class PbsScheduler(BatchScheduler):
             return []  # its last run's end was reported already (requeued, or exiting)
         return [PilotEvent("ended", pilot.id, pilot.job, detail=f"{why} before it ran")]
 
-    def _promise(self, vnodes: Sequence[str]) -> None:
-        until = self.clock() + PROMISE_S
-        for n in vnodes:
-            self._promised.setdefault(n, until)
+    def _delete_again(self, pilot: _Pilot, status: JobStatus) -> list[PilotEvent]:
+        """A pilot we deleted that PBS still has: never a start; back in the queue or on a new run, deleted again
+        (recheck (x): a qdel during a requeue is lost: the job shows R until it has exited, then Q, then runs again)."""
+        if status.state in QUEUED_STATES or (status.running and status.run_count > pilot.deleted_run):
+            log.warning("pilot %s (PBS job %s) is %s again after it was deleted: deleting it again", pilot.id, pilot.job, status.state)
+            self._qdel([pilot.job])
+            pilot.deleted_run = max(pilot.deleted_run, status.run_count)
+        return []
 
     def _idle(self, vnodes: dict[str, Vnode], node_type: str | None = None) -> int:
         """Chunks a new pilot could get now: idle vnodes (as ``place`` allows; of ``node_type``), less what the main
         workload and our waiting pilots (of that type) will take."""
-        now = self.clock()
-        # A promise ends when it expires or another job (the main job) is on the vnode.
-        self._promised = {n: t for n, t in self._promised.items() if t > now and n in vnodes and set(vnodes[n].jobs) <= set(self._jobs)}
         chunk = self._type_chunks[node_type] if node_type is not None else self.chunk
-        free = [n for n in idle_vnodes(vnodes, chunk) if n not in self._promised]
+        free = idle_vnodes(vnodes, chunk)
         on_vnodes = {j for v in vnodes.values() for j in v.jobs}
         waiting = sum(
             p.requested for p in self._pilots.values()
@@ -707,7 +763,8 @@ class PbsScheduler(BatchScheduler):
             and (node_type is None or p.node_type == node_type)
         )  # fmt: skip
         ours = sum(len(p.nodes) for p in self._pilots.values() if p.running and not p.deleted)
-        promised = sum(1 for n in self._promised if vnodes[n].free)
+        # A preempted pilot's vnodes stay job-busy while it exits (recheck (d)): never idle, and the main job's next.
+        promised = sum(1 for job, names in self._exiting.items() for n in names if n in vnodes and job in vnodes[n].jobs)
         main = main_job_demand(self._main, len(free), promised, ours)
         return max(0, placeable(free, vnodes, self.config.place) - main - waiting)
 

@@ -1,10 +1,11 @@
 """A STAND-IN for the OpenPBS 23.06 commands, for tests: OpenPBS is not packaged here.
 
 It reproduces what a real OpenPBS 23.06.06 printed and did, as recorded in
-``shared/data/openpbs/real-23.06.06/`` (a normal user, the server's defaults)
-and, where that says nothing, in the earlier capture ``shared/data/openpbs/``.
-Where this stand-in and the recordings differ, THE RECORDING IS RIGHT (and
-real-23.06.06 over the earlier one) and this file is wrong.
+``shared/data/openpbs/real-23.06.06-recheck/`` (two MOM hosts, a normal user),
+``real-23.06.06/`` (a normal user, the server's defaults) and, where those say
+nothing, in the earlier capture ``shared/data/openpbs/``. Where this stand-in
+and the recordings differ, THE RECORDING IS RIGHT (the recheck over
+real-23.06.06, and both over the earlier one) and this file is wrong.
 
 Recorded, and reproduced:
 
@@ -26,18 +27,35 @@ Recorded, and reproduced:
   a vnode not (or no longer) in the job ("Server returned error 15010 for
   job"), and for a list mixing primary and sister vnodes — then nothing is
   released. Exit 168 ("Request invalid for state of job") for ``join`` seconds
-  (default 2) after a multi-host job starts. Releasing part of a sister host
-  takes the vnodes out of ``exec_vnode`` but ``pbsnodes`` keeps them
-  ``job-busy`` with the job until every vnode the job had on that host is
-  released; only then can another job use them.
+  (default 2.2, recheck (f): 2.15-2.21 s) after a multi-host job starts, while
+  it shows substate 41 (recheck (d)). Releasing part of a sister host takes
+  the vnodes out of ``exec_vnode`` but ``pbsnodes`` keeps them ``job-busy``
+  with the job until every vnode the job had on that host is released; only
+  then can another job use them. Recheck (e): a list with vnodes released
+  already and held ones exits 0 and releases the held ones; released ones
+  alone get 162 "error 15010"; a name never in the job, 162 "node(s)
+  requested to be released not part of the job: NAME", nothing released.
 * preemption (``preempt_order R``): a ``workq`` job that does not fit requeues
-  rerunnable lower-priority jobs. While a victim exits it shows ``job_state``
-  R, ``substate`` 60 (the server log: "Obit received … state:R substate:60")
-  and its vnodes show ``free`` in ``pbsnodes``, though they are promised to
-  the waiting main job, which stays ``Q``. Once it has exited the victim is
-  ``Q`` with ``Exit_status`` -11 and the comment "Not Running: Not enough free
-  nodes available", and has its ORIGINAL select back (vnodes it had released
-  come back when it runs again, ``run_count`` + 1).
+  rerunnable lower-priority jobs, newest first, only those on vnodes it could
+  run on (recheck (a), e2e). While a victim exits it shows ``job_state`` R,
+  ``substate`` 60 and its vnodes stay ``job-busy`` with it (recheck (d); not
+  ``free`` as real-23.06.06 item 7 said); the main job stays ``Q``. The MOM
+  SIGTERMs the victim's session once and waits until the session is empty —
+  no SIGKILL (recheck (d) B: a child ignoring SIGTERM held the main job 21 s).
+  Once it has exited the victim is ``Q`` with ``Exit_status`` -11 and the
+  comment "Not Running: Not enough free nodes available", and has its
+  ORIGINAL select back (vnodes it had released come back when it runs again,
+  ``run_count`` + 1). A ``qdel`` meanwhile is lost (recheck (x)): exit 0, the
+  job shows R substate 42 until it has exited, then Q, and runs again.
+* ``pbs_tmrsh HOST CMD`` (recheck (c)): CMD runs detached as a task of the job
+  (its own session, not pbs_tmrsh's child); pbs_tmrsh waits and exits with its
+  status; a signal to pbs_tmrsh ends pbs_tmrsh only (SIGTERM: exit 0), nothing
+  is forwarded. The job's end kills the tasks left (the sister MOM's
+  ``kill_job``; with SIGKILL: a guess, the signal was not recorded). Every host
+  is this machine, so unlike on a cluster a task's processes are visible to
+  every job's processes here.
+* ``qsub`` of a resource the server does not know: 187 "qsub: Unknown resource
+  Resource_List.X" (recheck (g)).
 * exit codes and messages of ``cli-errors.txt``: 59, 170, 153 (the error on
   stderr and an empty JSON document on stdout), a select larger than the
   machine accepted and queued forever; ``qdel`` of a finished job 35.
@@ -63,17 +81,20 @@ recorded).
 Not recorded, so guessed (marked ``# guess``): messages of other failures,
 ``Account_Name``'s place, attributes of a job that never ran, how long a
 victim takes to exit without a job script (``exit`` delay, default 0),
-``qdel`` of a running job (``E`` until its processes are gone, SIGKILL after
+``qdel`` of a running job (``E`` until its session is empty, SIGKILL after
 ``kill`` seconds, default 10, as ``kill_delay``). Not modelled: time running
-out (walltime), reservations, refusing root (a real PBS refuses jobs from
-root: "qsub: Bad UID for job execution", exit 175; tests here run as root).
+out (walltime), reservations, the MOM's poll (a real main job starts 1.5-5.5 s
+after the preempted pilot's exit, recheck (h); here at the next command),
+refusing root (a real PBS refuses jobs from root: "qsub: Bad UID for job
+execution", exit 175; tests here run as root).
 
 Job scripts: with ``pbs_standin exec on`` a stand-in MOM runs each job's
-script (or ``--`` command) when it starts, in its own process group, with the
+script (or ``--`` command) when it starts, in a session of its own, with the
 submitter's environment (like ``qsub -V``; a real PBS builds a login
 environment) plus ``PBS_JOBID``, ``PBS_NODEFILE``…; output appended to the
-``-o`` file. SIGTERM on ``qdel`` and on preemption, SIGKILL ``kill`` seconds
-later. With ``exec off`` (the default) scripts never run.
+``-o`` file. SIGTERM to the session on ``qdel`` (SIGKILL ``kill`` seconds
+later) and on preemption (nothing more). With ``exec off`` (the default)
+scripts never run.
 
 A "scheduler pass" first finishes exits (processes gone, delays passed), then
 starts queued jobs that fit on free vnodes, highest queue priority first,
@@ -99,7 +120,7 @@ Test-only control command::
     pbs_standin exec on|off              # run job scripts (a stand-in MOM)
     pbs_standin delay join|exit|kill SECONDS
     pbs_standin limit QUEUE max_queued|queued_jobs_threshold N   # [u:PBS_GENERIC=N]; 0 removes it
-    pbs_standin killall                  # SIGKILL every job's processes (test teardown)
+    pbs_standin killall                  # SIGKILL every job's processes and tasks (test teardown)
 """
 
 from __future__ import annotations
@@ -125,7 +146,15 @@ NOT_ENOUGH_FREE = "Not Running: Not enough free nodes available"
 MIN_GT_MAX, UNKNOWN_JOB, SYSTEM_ERROR, BAD_STATE, UNKNOWN_QUEUE = 59, 153, 162, 168, 170
 FINISHED_JOB = 35  # PBSE_HISTJOBID
 ENTITY_LIMIT = 38  # PBSE_ENTLIMCT
-RUNNING, RERUN = 42, 60  # substates
+JOINING, RUNNING, RERUN = 41, 42, 60  # substates (recheck (d): a job's first ~2 s of R show 41, then 42)
+NOT_IN_JOB = 162  # PBSE_SYSTEM again, with its own message (recheck (e))
+UNKNOWN_RESOURCE = 187  # qsub: Unknown resource Resource_List.X (recheck (g))
+# Resources this server knows (qsub refuses any other with 187). The built-in ones, plus the site's own
+# "filesystems" (Polaris asks for it in every job): a guess beyond the recorded "nosuchres" refusal.
+KNOWN_RESOURCES = {
+    "select", "place", "walltime", "min_walltime", "max_walltime", "ncpus", "ngpus", "mem", "vmem", "nodes", "nodect", "host", "vnode",
+    "arch", "mpiprocs", "ompthreads", "cput", "software", "file", "filesystems",
+}
 KILLED = 256 + signal.SIGTERM  # PBS's Exit_status for a job ended by a signal: 256 + signal number
 
 
@@ -156,7 +185,7 @@ def new_state(hosts: list[tuple[str, int]], ncpus: int = 1, ngpus: int = 0, pcpu
             vnodes[f"{host}[{i}]"] = {"host": host, "name": f"{host}[{i}]", "natural": False, "multi": True, "resources": res, **idle_vnode(now)}
     return {
         "next_id": 0, "auto": True, "history": False, "exec": False, "pcpus": pcpus, "queues": dict(QUEUES), "limits": {},
-        "delays": {"join": 2.0, "exit": 0.0, "kill": 10.0}, "vnodes": vnodes, "jobs": {}, "calls": [], "faults": {},
+        "delays": {"join": 2.2, "exit": 0.0, "kill": 10.0}, "vnodes": vnodes, "jobs": {}, "calls": [], "faults": {},
     }  # fmt: skip
 
 
@@ -229,7 +258,14 @@ def on_vnodes(job: dict) -> bool:
     return job["state"] in ("R", "E")
 
 
-def render_job(job: dict) -> dict:
+def shown_substate(state: dict, job: dict) -> int:
+    """Recheck (d), (f): for about ``join`` seconds after it turns R a job shows substate 41 (sister MOMs joining), then 42."""
+    if job["state"] == "R" and job["substate"] == RUNNING and not job.get("ending") and time.time() - job.get("stime", 0) < state["delays"]["join"]:
+        return JOINING
+    return job["substate"]
+
+
+def render_job(state: dict, job: dict) -> dict:
     """One job as ``qstat -f -F json`` prints it to a normal user, keys in the recorded order."""
     running = on_vnodes(job)
     d: dict = {"Job_Name": job["name"], "Job_Owner": job["owner"]}
@@ -242,7 +278,7 @@ def render_job(job: dict) -> dict:
     d.update(Checkpoint="u", ctime=ctime(job["ctime"]), Error_Path=job["error_path"])
     if running:
         d["exec_host"] = "+".join(job["exec_host"])
-        d["exec_vnode"] = "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(job["vnodes"], job["chunks"]))
+        d["exec_vnode"] = "+".join(f"({v}:{chunk_text(counted(c))})" for v, c in zip(job["vnodes"], job["chunks"]))
     d.update(Hold_Types="n", Join_Path=job["join"], Keep_Files="n", Mail_Points="a", mtime=ctime(job["mtime"]), Output_Path=job["output_path"])
     d.update(Priority=0, qtime=ctime(job["ctime"]), Rerunable="True" if job["rerunable"] else "False")
     d["Resource_List"] = dict(sorted(job["resources"].items()))
@@ -254,7 +290,7 @@ def render_job(job: dict) -> dict:
         d["session_id"] = job["session_id"]
     if running:
         d["jobdir"] = job["variables"]["PBS_O_HOME"]
-    d["substate"] = job["substate"]
+    d["substate"] = shown_substate(state, job)
     d["Variable_List"] = job["variables"]
     if job.get("comment"):
         d["comment"] = job["comment"]
@@ -267,29 +303,28 @@ def render_job(job: dict) -> dict:
     return d
 
 
-def shown_free(state: dict, v: dict) -> bool:
-    """Recorded (item 7): while a preempted job exits, the vnodes its waiting main job will take show ``free``."""
-    jobs = [state["jobs"].get(j) for j in v["jobs"]]
-    return bool(jobs) and all(j is not None and j["state"] == "R" and j["substate"] == RERUN for j in jobs)
-
-
 def render_vnode(state: dict, name: str, v: dict) -> dict:
     """One vnode as ``pbsnodes -av -F json`` prints it to a normal user, keys in the recorded order."""
-    exiting = shown_free(state, v)
-    d: dict = {"Mom": v["host"], "ntype": "PBS", "state": "free" if exiting else v["state"]}
+    # Recheck (d): while a preempted job exits (R, substate 60) its vnodes stay job-busy with it, never free.
+    d: dict = {"Mom": v["host"], "ntype": "PBS", "state": v["state"]}
     if v["natural"]:
         d["pcpus"] = state["pcpus"] if v["multi"] else v["resources"]["ncpus"]
-    if v["jobs"] and not exiting:
+    if v["jobs"]:
         d["jobs"] = list(v["jobs"])
     available = {"arch": "linux", "host": v["host"], **v["resources"], "vnode": name}
     if v["natural"] and v["multi"]:
         available["mem"] = "0b"
     d["resources_available"] = dict(sorted(available.items()))
-    d["resources_assigned"] = {} if exiting else dict(sorted(v["assigned"].items()))
+    d["resources_assigned"] = dict(sorted(v["assigned"].items()))
     d.update(resv_enable="True", sharing="default_shared", license="l", last_state_change_time=v["changed"])
     if v["used"] is not None:
         d["last_used_time"] = v["used"]  # from the earlier capture
     return d
+
+
+def counted(chunk: dict) -> dict:
+    """What exec_vnode shows of a chunk: its counts, not its ``host=``/``vnode=`` (recheck (e): ``(vm[1]:ncpus=1)``)."""
+    return {k: v for k, v in chunk.items() if isinstance(v, int)}
 
 
 def chunk_text(chunk: dict) -> str:
@@ -326,12 +361,18 @@ def schedule(state: dict) -> None:
 
 
 def preempt_for(state: dict, job: dict, free: list[str]) -> list[str] | None:
-    """Rerun lower-priority rerunnable jobs (newest first) until ``job`` fits; the vnodes it will take, or None."""
+    """Rerun lower-priority rerunnable jobs (newest first: ``preempt_sort min_time_since_start``) until ``job`` fits;
+    the vnodes it will take, or None. Only a job holding a vnode ``job`` could run on is a victim (recheck (a), e2e:
+    a main job pinned to ``vm[0]`` requeued only the pilot there; one wanting any 2 vnodes, only the newest pilot)."""
     priority = state["queues"][job["queue"]]
     victims = sorted(
-        (j for j in state["jobs"].values() if j["state"] == "R" and j["substate"] == RUNNING and j["rerunable"] and state["queues"][j["queue"]] < priority),
+        (
+            j for j in state["jobs"].values()
+            if j["state"] == "R" and j["substate"] == RUNNING and not j.get("ending") and j["rerunable"] and state["queues"][j["queue"]] < priority
+            and any(could_use(state, job, n) for n in held_vnodes(state, j))
+        ),
         key=lambda j: (state["queues"][j["queue"]], -j["stime"]),
-    )
+    )  # fmt: skip
     chosen: list[dict] = []
     for victim in victims:
         chosen.append(victim)
@@ -355,24 +396,33 @@ def free_vnodes(state: dict, job: dict | None = None) -> list[str]:
     return [n for n, v in state["vnodes"].items() if v["state"] == "free" and not v["jobs"] and n not in promised]
 
 
-BUILTIN_RESOURCES = {"ncpus", "ngpus", "mem", "vmem", "vnode", "host", "arch", "mpiprocs", "ompthreads", "nchunk"}
-JOB_RESOURCES = {"select", "place", "walltime", "min_walltime", "max_walltime", "ncpus", "ngpus", "mem", "nodect", "filesystems", "cput", "preempt_targets"}
-
-
-def fits(v: dict, chunk: dict) -> bool:
+def fits(name: str, v: dict, chunk: dict) -> bool:
+    """A chunk's counts, its ``vnode=``/``host=`` (recheck (a), (c): main jobs pinned with them) and string resources
+    (a site's ``gpu_type=a100``: that value) on one vnode."""
     if v["resources"].get("ncpus", 0) < 1:
         return False
     for k, val in chunk.items():
         if isinstance(val, int):
             if v["resources"].get(k, 0) < val:
                 return False
-        elif str({"host": v["host"], **v["resources"]}.get(k, "")) != val and not (k == "vnode" and val == v.get("name")):
-            return False  # a string resource: that value (recorded: select=1:ncpus=1:vnode=vm[0] took vm[0])
+        elif k == "vnode":
+            if val != name:
+                return False
+        elif str({"host": v["host"], **v["resources"]}.get(k, "")) != val:
+            return False  # host= or a string resource: that value
     return True
 
 
 def known_resources(state: dict) -> set[str]:
-    return BUILTIN_RESOURCES | {k for v in state["vnodes"].values() for k in v["resources"]}
+    """The built-in resources and the site's own, defined on its vnodes (``resources_available.gpu_type``)."""
+    return KNOWN_RESOURCES | {k for v in state["vnodes"].values() for k in v["resources"]}
+
+
+def could_use(state: dict, job: dict, name: str) -> bool:
+    """Whether ``job`` could run a chunk on vnode ``name`` (pinned jobs: only on their vnodes)."""
+    if job.get("pinned"):
+        return name in job["pinned"]
+    return any(fits(name, state["vnodes"][name], c) for c in job["chunks"])
 
 
 def place(state: dict, job: dict, free: list[str]) -> list[str] | None:
@@ -391,7 +441,7 @@ def place(state: dict, job: dict, free: list[str]) -> list[str] | None:
         picked: list[str] = []
         for chunk in job["chunks"]:
             used_hosts = {vnodes[n]["host"] for n in picked}
-            ok = [n for n in group if n not in picked and fits(vnodes[n], chunk) and not (arrangement == "scatter" and vnodes[n]["host"] in used_hosts)]
+            ok = [n for n in group if n not in picked and fits(n, vnodes[n], chunk) and not (arrangement == "scatter" and vnodes[n]["host"] in used_hosts)]
             if not ok:
                 break
             picked.append(ok[0])
@@ -416,8 +466,9 @@ def start(state: dict, job: dict, picked: list[str]) -> None:
     job["session_id"] = 5067 + 103 * (int(job["id"].split(".")[0]) + job["run_count"])
     if "walltime" not in job["resources"] and "max_walltime" in job["resources"]:
         job["resources"]["walltime"] = job["resources"]["max_walltime"]  # recorded: nothing reserved ahead -> the full max
-    job.update(state="R", substate=RUNNING, vnodes=picked, stime=now, mtime=now, exit_status=None, obittime=None, ending=None, pid=None, ending_at=None)
-    on = "+".join(f"({v}:{chunk_text(c)})" for v, c in zip(picked, job["chunks"]))
+    job.update(state="R", substate=RUNNING, vnodes=picked, stime=now, mtime=now, exit_status=None, obittime=None, ending=None, pid=None, ending_at=None,
+               released=[], tasks=[])  # fmt: skip
+    on = "+".join(f"({v}:{chunk_text(counted(c))})" for v, c in zip(picked, job["chunks"]))
     job["comment"] = f"Job run at {time.strftime('%a %b %d at %H:%M', time.gmtime(now))} on {on}"
     if state["exec"]:
         spawn(state, job)
@@ -433,7 +484,11 @@ def free_job_vnodes(state: dict, job: dict, names: list[str] | None = None) -> N
 
 
 def begin_exit(state: dict, job: dict, why: str) -> None:
-    """A running job is told to go (``rerun``: preempted; ``delete``: qdel): SIGTERM now, SIGKILL after the kill delay."""
+    """A running job is told to go (``rerun``: preempted; ``delete``: qdel): SIGTERM to every process of its session.
+
+    Recheck (d) B: on a rerun that is all — a child that ignores SIGTERM keeps the job (and the main job waiting for
+    its vnodes) until it exits by itself, 20 s later; nothing SIGKILLed it. On a delete, SIGKILL follows after the
+    kill delay (``kill_delay``; a guess, as "qdel -> job leaves R in 9-21 s" of real-23.06.06)."""
     now = time.time()
     job["ending"] = why
     if why == "rerun":
@@ -442,21 +497,22 @@ def begin_exit(state: dict, job: dict, why: str) -> None:
         job.update(state="E", substate=50)  # guess: the exiting substate
     job["mtime"] = job["ending_at"] = now
     if job.get("pid"):
-        signal_group(job["pid"], signal.SIGTERM)
+        signal_session(job["pid"], signal.SIGTERM)
 
 
 def reap(state: dict) -> None:
-    """Finish what has ended: exiting jobs whose processes are gone (SIGKILL after the delay), scripts that returned."""
+    """Finish what has ended: exiting jobs whose session is empty (a delete: SIGKILL after the delay), scripts that
+    returned. The MOM follows a job by its session (recheck (a): a process of a session of its own is outside every job)."""
     now = time.time()
     for job in list(state["jobs"].values()):
         if job["state"] not in ("R", "E"):
             continue
         pid = job.get("pid")
-        alive = bool(pid) and group_alive(pid)
+        alive = bool(pid) and session_alive(pid)
         if job.get("ending"):
             since = now - job["ending_at"]
-            if alive and since >= state["delays"]["kill"]:
-                signal_group(pid, signal.SIGKILL)
+            if alive and job["ending"] == "delete" and since >= state["delays"]["kill"]:
+                signal_session(pid, signal.SIGKILL)
                 alive = False
             if not alive and (pid or since >= state["delays"]["exit"]):  # without a script: the exit delay
                 finish_exit(state, job)
@@ -471,8 +527,18 @@ def finish_exit(state: dict, job: dict) -> None:
         end(state, job, KILLED)
 
 
+def kill_tasks(state: dict, job: dict) -> None:
+    """The job's end: its sister MOMs get KILL_JOB and run kill_job (recheck (c), MOM log of 27.vm) on the tasks
+    ``pbs_tmrsh`` started. Which signal kill_job sends a live task there was not recorded: SIGKILL here (a guess)."""
+    for task in job.get("tasks") or []:
+        if start_ticks(task["pid"]) == task["ticks"]:
+            signal_session(task["pid"], signal.SIGKILL)
+    job["tasks"] = []
+
+
 def requeue(state: dict, job: dict) -> None:
     """preempt_order R: "Job Rerun at request of Scheduler" — same id, back to Q with its original select, Exit_status -11."""
+    kill_tasks(state, job)
     free_job_vnodes(state, job)
     state["requeues"] = state.get("requeues", 0) + 1  # for tests: how many preemptions there were
     now = time.time()
@@ -482,6 +548,7 @@ def requeue(state: dict, job: dict) -> None:
 
 
 def end(state: dict, job: dict, exit_status: int) -> None:
+    kill_tasks(state, job)
     free_job_vnodes(state, job)
     if state["history"]:
         now = time.time()
@@ -533,8 +600,9 @@ def script_status(state: dict, job: dict) -> int:
         return KILLED  # killed before it could say
 
 
-def group_alive(pgid: int) -> bool:
-    """Any live (not zombie) process in the process group."""
+def session_members(sid: int) -> list[int]:
+    """Live (not zombie) processes of the session ``sid``."""
+    out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -543,16 +611,31 @@ def group_alive(pgid: int) -> bool:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            out.append(int(entry))
+    return out
 
 
-def signal_group(pgid: int, sig: int) -> None:
+def session_alive(sid: int) -> bool:
+    return bool(session_members(sid))
+
+
+def signal_session(sid: int, sig: int) -> None:
+    """Signal every process of the session, as the MOM signals a job's tasks (processes of other sessions escape it)."""
+    for pid in session_members(sid):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def start_ticks(pid: int) -> int | None:
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
 
 
 # ---------------------------------------------------------------- commands
@@ -627,6 +710,13 @@ def qsub(state: dict, argv: list[str]) -> str:
                 resources[k] = v
     if queue not in state["queues"]:
         raise Exit(UNKNOWN_QUEUE, err="qsub: Unknown queue\n")
+    for key in resources:
+        if key not in known_resources(state):  # recheck (g): "-l nosuchres=1"
+            raise Exit(UNKNOWN_RESOURCE, err=f"qsub: Unknown resource Resource_List.{key}\n")
+    for chunk in parse_select(resources.get("select", "1:ncpus=1")):
+        for key in chunk:
+            if key not in known_resources(state):
+                raise Exit(UNKNOWN_RESOURCE, err=f"qsub: Unknown resource {key}\n")  # guess: not recorded inside a select
     if "min_walltime" in resources and "max_walltime" in resources and seconds(resources["min_walltime"]) > seconds(resources["max_walltime"]):
         raise Exit(MIN_GT_MAX, err='qsub: "min_walltime" can not be greater than "max_walltime"\n')
     if not operands:
@@ -641,15 +731,8 @@ def qsub(state: dict, argv: list[str]) -> str:
     jid = f"{state['next_id']}.{SERVER}"
     seq = state["next_id"]
     state["next_id"] += 1
-    for key in resources:
-        if key not in JOB_RESOURCES and key not in known_resources(state):
-            raise Exit(187, err=f"qsub: Unknown resource Resource_List.{key}\n")  # recorded (g-bad-resource-qsub-187)
     select = resources.get("select", "1:ncpus=1")
     chunks = parse_select(select)
-    for chunk in chunks:
-        for key in chunk:
-            if key not in known_resources(state):
-                raise Exit(187, err=f"qsub: Unknown resource Resource_List.{key}\n")  # guess: a chunk's unknown resource, as a job-wide one
     resources["select"] = select
     resources.setdefault("place", "free")
     resources["nodect"] = len(chunks)
@@ -702,7 +785,7 @@ def qstat(state: dict, argv: list[str]) -> str:
                 errors.append(f"qstat: {jid} Job has finished, use -x or -H to obtain historical job information\n")
                 code = FINISHED_JOB
         else:
-            body[jid] = render_job(job)
+            body[jid] = render_job(state, job)
     out = document("Jobs", body)
     if errors:
         raise Exit(code, out, "".join(errors))
@@ -759,7 +842,7 @@ def pbs_release_nodes(state: dict, argv: list[str]) -> str:
         raise Exit(FINISHED_JOB, err=f"pbs_release_nodes: Job has finished {jid}\n")  # guess
     hosts = {state["vnodes"][n]["host"] for n in job["vnodes"]}
     joining = len(hosts) > 1 and time.time() - job.get("stime", 0) < state["delays"]["join"]
-    if job["state"] != "R" or job["substate"] != RUNNING or joining:
+    if job["state"] != "R" or job["substate"] != RUNNING or job.get("ending") or joining:
         raise Exit(BAD_STATE, err="pbs_release_nodes: Request invalid for state of job \n")  # recorded for a job just started
     primary = job["exec_host"][0].split("/")[0]
     if "-a" in dict(opts):
@@ -767,8 +850,15 @@ def pbs_release_nodes(state: dict, argv: list[str]) -> str:
     for name in names:
         if name in job["vnodes"] and state["vnodes"][name]["host"] == primary:
             raise Exit(SYSTEM_ERROR, err=f"pbs_release_nodes: Can't free '{name}' since it's on a primary execution host\n")
-    if any(n not in job["vnodes"] for n in names):
+    # Recheck (e): a name never in this run of the job -> 162 naming it, nothing released; vnodes it released
+    # already are skipped when others are held (exit 0), and alone -> 162 "error 15010".
+    foreign = [n for n in names if n not in job["vnodes"] and n not in job.get("released", [])]
+    if foreign:
+        raise Exit(NOT_IN_JOB, err=f"pbs_release_nodes: node(s) requested to be released not part of the job: {' '.join(foreign)} \n")
+    names = [n for n in names if n in job["vnodes"]]
+    if not names:
         raise Exit(SYSTEM_ERROR, err="pbs_release_nodes: Server returned error 15010 for job \n")
+    job.setdefault("released", []).extend(names)
     keep = [i for i, n in enumerate(job["vnodes"]) if n not in names]
     job["vnodes"] = [job["vnodes"][i] for i in keep]
     job["exec_host"] = [job["exec_host"][i] for i in keep]
@@ -798,8 +888,12 @@ def qdel(state: dict, argv: list[str]) -> str:
             end(state, job, KILLED)  # guess: a queued job's Exit_status in history
         elif force:
             if job.get("pid"):
-                signal_group(job["pid"], signal.SIGKILL)
+                signal_session(job["pid"], signal.SIGKILL)
             end(state, job, KILLED)
+        elif job["state"] == "R" and job.get("ending") == "rerun":
+            # Recheck (x): "deleting instead of rerunning", exit 0 — but the job then shows R substate 42 until the
+            # MOM's obit, goes back to Q, and runs again when it can. The delete is lost.
+            job["substate"], job["mtime"] = RUNNING, time.time()
         elif job["state"] == "R":
             begin_exit(state, job, "delete")
             reap(state)
@@ -839,7 +933,7 @@ def control(state: dict, argv: list[str]) -> str:
     elif what == "finish":
         job = job_arg(state, args)
         if job.get("pid"):
-            signal_group(job["pid"], signal.SIGKILL)
+            signal_session(job["pid"], signal.SIGKILL)
         end(state, job, int(args[1]) if len(args) > 1 else 0)
     elif what in ("hang", "slow", "fail"):
         if what in ("hang", "slow"):
@@ -854,9 +948,11 @@ def control(state: dict, argv: list[str]) -> str:
     elif what == "limit":
         state["limits"].setdefault(args[0], {})[args[1]] = int(args[2])
     elif what == "killall":
+        state["exec"] = state["auto"] = False  # the end of a test: nothing may start after this
         for job in state["jobs"].values():
             if job.get("pid"):
-                signal_group(job["pid"], signal.SIGKILL)
+                signal_session(job["pid"], signal.SIGKILL)
+            kill_tasks(state, job)
     else:
         raise Exit(2, err=__doc__.split("Test-only control command::")[1])
     return ""
@@ -904,3 +1000,76 @@ def main(command: str, argv: list[str]) -> int:
     sys.stdout.write(out)
     sys.stderr.write(err)
     return code
+
+
+# ---------------------------------------------------------------- pbs_tmrsh (the TM interface's remote shell)
+
+
+def _spawn_task(argv: list[str], status: str) -> int:
+    """Start ``argv`` detached from the caller, in a session of its own, as a sister MOM starts a task (recheck (c):
+    its parent is that host's pbs_mom, not pbs_tmrsh); its exit status goes to ``status``. Returns its pid."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the intermediate: a new session, one more fork, gone — the task is nobody's child here
+        try:
+            os.close(read)
+            task = os.fork()
+            if task == 0:
+                os.close(write)
+                os.setsid()
+                # The shell stands for the sister MOM that waits for the task: signals to the task's session do
+                # not end it (a real task's parent, pbs_mom, is not in it), so a task that dies with its parent
+                # (PR_SET_PDEATHSIG) dies only when the task itself is killed.
+                os.execv("/bin/sh", ["/bin/sh", "-c", 'trap : TERM INT HUP QUIT; "$@"; echo $? > "$0"', status, *argv])
+            os.write(write, str(task).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        pid = int(f.read() or 0)
+    os.waitpid(child, 0)
+    return pid
+
+
+def tmrsh(argv: list[str]) -> int:
+    """``pbs_tmrsh HOST COMMAND…`` from inside a job (recheck (c)): the command runs as a task of the job on HOST,
+    detached from this process; this process waits for it and exits with its status. A signal to this process
+    ends this process only (SIGTERM: exit 0 within milliseconds) — nothing is forwarded: the task runs on. The
+    job's end kills the tasks still running (see ``kill_tasks``). Messages of the failures: guesses."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: os._exit(0))
+    if len(argv) < 2:
+        sys.stderr.write("usage: pbs_tmrsh host command [args]\n")
+        return 2
+    host, command = argv[0], argv[1:]
+    jid = os.environ.get("PBS_JOBID", "")
+    try:
+        with locked_state() as state:
+            state["calls"].append({"cmd": "pbs_tmrsh", "argv": ["pbs_tmrsh", *argv], "cwd": os.getcwd(), "at": time.time()})
+            job = state["jobs"].get(jid)
+            if job is None or job["state"] not in ("R", "E"):  # guess: a job being deleted (E) still has its hosts
+                raise Exit(1, err=f"pbs_tmrsh: tm_init failed, rc = TM_BADINIT (job {jid or '?'} is not running here)\n")  # guess
+            if host not in {state["vnodes"][n]["host"] for n in job["vnodes"]}:
+                raise Exit(1, err=f'pbs_tmrsh: host "{host}" is not a node in job <{jid}>\n')  # guess
+            status = os.path.join(spool(state), f"{jid}.task.{len(state['calls'])}.status")
+            pid = _spawn_task(command, status)
+            job.setdefault("tasks", []).append({"pid": pid, "ticks": start_ticks(pid), "host": host})
+    except Exit as e:
+        sys.stderr.write(e.err)
+        return e.code
+    ticks = start_ticks(pid)
+    while ticks is not None and start_ticks(pid) == ticks and not _zombie(pid):
+        time.sleep(0.05)
+    try:
+        with open(status) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0  # killed before it could say (the job's end)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
