@@ -16,7 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from .allocator import Formulation
-from .traces import InputError, format_time, parse_time, read_jobs, read_trace
+from .allocator.similarity import Library, LibraryError
+from .traces import InputError, format_time, parse_time, read_jobs, read_models, read_trace, with_models
 
 app = typer.Typer(
     help="Train neural networks on the nodes a supercomputer leaves idle.",
@@ -34,6 +35,11 @@ DEFAULT_JOBS = DATA / "jobs-imagenet-1001.csv"
 class Profiles(str, Enum):
     known = "known"
     learned = "learned"
+
+
+class TypeMode(str, Enum):
+    aware = "aware"
+    blind = "blind"
 
 
 class Accounting(str, Enum):
@@ -169,6 +175,12 @@ def replay(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
     tui: Annotated[bool, typer.Option("--tui", help="Show the simulated machine live while it replays.")] = False,
     speed: Annotated[Optional[float], typer.Option(help="With --tui: trace seconds per second (e.g. 3600: an hour a second); default as fast as it goes.", min=0.001)] = None,
+    node_types: Annotated[Optional[Path], typer.Option("--node-types", help="Node-type map (node,type or node,gpu_type): a machine with several kinds of node.")] = None,
+    nodes_per_type: Annotated[Optional[int], typer.Option(help="Keep the first N nodes of each node type (instead of --nodes).", min=1)] = None,
+    types: Annotated[TypeMode, typer.Option("--types", help="aware: the controller knows each node's type; blind: it does not (jobs still run at their rate on the type they land on).")] = TypeMode.aware,
+    library: Annotated[Optional[Path], typer.Option(help="Similarity library (JSON) of measured models, with --profiles learned on a typed machine.")] = None,
+    models: Annotated[Optional[Path], typer.Option(help="Model descriptors (model,parameters,flops_per_sample,layers,…): what each job's model is.")] = None,
+    hold_out: Annotated[Optional[str], typer.Option(help="Leave this family (a library entry's family) out of the library.")] = None,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
@@ -183,15 +195,25 @@ def replay(
         t0, t1 = parse_time("2021-02-10T20:21:15Z"), parse_time("2021-02-17T00:00:00Z")
     try:
         with err.status("reading the trace and the jobs", spinner="dots") if not as_json else nullcontext():
-            tr = read_trace(trace, nodes=nodes, start=t0, end=t1)
+            tr = read_trace(trace, nodes=nodes, start=t0, end=t1, types=node_types, nodes_per_type=nodes_per_type)
             specs = read_jobs(jobs)
-    except InputError as exc:
+            if models is not None:
+                specs = with_models(specs, read_models(models))
+            lib = None
+            if library is not None:
+                if not library.is_file():
+                    raise InputError(library, None, "no such library file")
+                lib = Library.load(library)
+                if hold_out:
+                    lib = lib.without(hold_out)
+    except (InputError, LibraryError) as exc:
         err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
         raise typer.Exit(2) from None
     sim = Replay(
         tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
         time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
         pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
+        node_types=types.value, library=lib,
     )  # fmt: skip
 
     if tui and not as_json:

@@ -113,6 +113,39 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True)
+class NodeTypeConfig:
+    """One kind of node of a machine with several, and how its batch system selects it.
+
+    Slurm: ``partition`` (instead of ``[slurm] partition``), ``constraint``
+    (``--constraint``, node features: ``"gpu&hbm80g"``) and/or ``gres``
+    (``--gres``, e.g. ``"gpu:a100:4"``). PBS: ``select`` (resources added to
+    each select chunk, e.g. ``"gpu_type=a100"`` or ``"ngpus=4:gpu_type=a100"``)
+    and/or ``queue``. The local cluster: ``nodes`` (how many of its virtual
+    nodes are of this type). ``ranks_per_node``/``gpus_per_node``: the type's,
+    where it differs from ``[runtime]``'s (0/-1: the runtime's).
+    """
+
+    name: str
+    partition: str = ""
+    constraint: str = ""
+    gres: str = ""
+    select: str = ""
+    queue: str = ""
+    nodes: int = 0
+    ranks_per_node: int = 0
+    gpus_per_node: int = -1
+
+
+@dataclass(frozen=True)
+class SimilarityConfig:
+    """The model-similarity policy's library of measured models (:mod:`pilotfill.allocator.similarity`)."""
+
+    libraries: tuple[str, ...] = ()  # read-only libraries a site ships (JSON)
+    library: str = ""  # the user's own, read and added to as models are measured; "" : models.json beside the run directory
+    enabled: bool = True  # false: every type of a new job is learned from nothing
+
+
+@dataclass(frozen=True)
 class Config:
     scheduler: str = "local"
     local: LocalConfig = field(default_factory=LocalConfig)
@@ -122,10 +155,15 @@ class Config:
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     source: str = "<embedded default>"
+    node_types: tuple[NodeTypeConfig, ...] = ()  # a machine with several kinds of node: [node_types.NAME] tables
+    similarity: SimilarityConfig = field(default_factory=SimilarityConfig)
+
+    def node_type(self, name: str | None) -> NodeTypeConfig | None:
+        return next((t for t in self.node_types if t.name == name), None)
 
 
 SCHEDULERS = ("local", "slurm", "pbs")
-OPTIONAL_STRINGS = {"account", "qos", "python"}
+OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
 MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "pilot_walltime_s"}
 RUNTIMES = ("processes", "horovod", "torch")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -158,7 +196,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     def where(key: str) -> str:
         return f"{source}: {key}"
 
-    known = {"scheduler", "local", "slurm", "pbs", "pilots", "controller", "runtime"}
+    known = {"scheduler", "local", "slurm", "pbs", "pilots", "controller", "runtime", "node_types", "similarity"}
     for key in data:
         if key not in known:
             raise ConfigError(f"{where(key)}: unknown key{_meant(key, known)} (known: {', '.join(sorted(known))})")
@@ -175,6 +213,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     for key in known - {"scheduler"}:
         if key in data and not isinstance(data[key], dict):
             hint = f': write [{key}] with kind = "{data[key]}" under it' if key == "runtime" and isinstance(data[key], str) else ""
+            if key == "node_types":
+                hint = ": one table per kind of node, e.g. [node_types.a100] with constraint = \"a100\" under it"
             raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}{hint}")
     local_raw = dict(data.get("local", {}))
     script_raw = local_raw.pop("script", [])
@@ -217,7 +257,54 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(f"{where('slurm.min_nodes')}: {slurm.min_nodes} > slurm.max_nodes {slurm.max_nodes}")
     pbs = _section(PbsConfig, data.get("pbs", {}), "pbs", where)
     _check_range(pbs.min_walltime, pbs.max_walltime, "pbs.min_walltime", "pbs.max_walltime", where)
-    return Config(scheduler, local, slurm, pbs, pilots, controller, runtime, source)
+    node_types = _node_types(data.get("node_types", {}), scheduler, local, where)
+    similarity = _section(SimilarityConfig, data.get("similarity", {}), "similarity", where)
+    return Config(scheduler, local, slurm, pbs, pilots, controller, runtime, source, node_types, similarity)
+
+
+NODE_TYPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,62}")
+SELECTORS = {"slurm": ("partition", "constraint", "gres"), "pbs": ("select", "queue"), "local": ("nodes",)}
+
+
+def _node_types(raw: Any, scheduler: str, local: LocalConfig, where) -> tuple[NodeTypeConfig, ...]:
+    """``[node_types.NAME]`` tables: each names how the batch system selects that kind of node."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where('node_types')}: must be tables, one per kind of node: [node_types.a100] constraint = \"a100\"")
+    out = []
+    allowed = {f.name for f in fields(NodeTypeConfig)} - {"name"}
+    for name, table in raw.items():
+        key = f"node_types.{name}"
+        if not NODE_TYPE_NAME.fullmatch(name):
+            raise ConfigError(f"{where(key)}: a node type's name is letters, digits, '.', '_', '+', '-' (it names job-file columns)")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where(key)}: must be a table ([{key}]) saying how {scheduler} selects these nodes")
+        values: dict[str, Any] = {}
+        for k, v in table.items():
+            if k not in allowed:
+                raise ConfigError(f"{where(f'{key}.{k}')}: unknown key{_meant(k, allowed)} (known: {', '.join(sorted(allowed))})")
+            default = getattr(NodeTypeConfig(name), k)
+            if isinstance(default, int) and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ConfigError(f"{where(f'{key}.{k}')}: expected an integer, got {v!r}")
+            if isinstance(default, str) and not isinstance(v, str):
+                raise ConfigError(f"{where(f'{key}.{k}')}: expected a string, got {v!r}")
+            if k in ("nodes", "ranks_per_node") and v < 0 or k == "gpus_per_node" and v < -1:
+                raise ConfigError(f"{where(f'{key}.{k}')}: must be zero or more, got {v!r}")
+            values[k] = v
+        chosen = [k for k in SELECTORS.get(scheduler, ()) if values.get(k)]
+        foreign = [k for s, keys in SELECTORS.items() if s != scheduler for k in keys if values.get(k)]
+        if foreign:
+            raise ConfigError(f"{where(f'{key}.{foreign[0]}')}: is how {'Slurm' if foreign[0] in SELECTORS['slurm'] else 'PBS' if foreign[0] in SELECTORS['pbs'] else 'the local cluster'} "
+                              f"selects nodes, but scheduler = {scheduler!r}: use {' or '.join(SELECTORS.get(scheduler, ('nothing',)))}")  # fmt: skip
+        if not chosen:
+            raise ConfigError(f"{where(key)}: says nothing that selects these nodes: set {' or '.join(SELECTORS.get(scheduler, ()))}")
+        out.append(NodeTypeConfig(name, **values))
+    if scheduler == "local" and out:
+        total = sum(t.nodes for t in out)
+        if total != local.nodes:
+            raise ConfigError(f"{where('node_types')}: the types' nodes add up to {total}, but [local] nodes = {local.nodes}")
+    if len(out) == 1:
+        raise ConfigError(f"{where('node_types')}: one node type only; name two or more, or none (every node alike)")
+    return tuple(out)
 
 
 def _meant(key: str, known) -> str:

@@ -18,6 +18,9 @@ job.report         job_id, host, samples, seconds[, first,     progress: the job
                    commit] — commit: the rank committed after  it falls back to the last commit)
                    this work
 job.commit         job_id — rank 0 saved the job's state       committed: progress a stop now falls back to
+job.describe       job_id, model {parameters, flops_per_sample, kept: false when the job had a descriptor
+                   layers, batch_size, mix} — a rank measured  already (declared, or an earlier rank's)
+                   its model (the similarity policy)
 job.result         job_id, value (JSON)                        ok — rank 0's return value
 job.failed         job_id, error (traceback text)[, value]     ok — value: the serialized remote exception
 job.get            job_id                                      job {id, status, progress, result, error, …}, checkpoint
@@ -42,6 +45,7 @@ FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "job.submit": {"spec": dict},
     "job.report": {"job_id": str, "host": str, "samples": (int, float), "seconds": (int, float)},
     "job.commit": {"job_id": str},
+    "job.describe": {"job_id": str, "model": dict},
     "job.result": {"job_id": str},
     "job.failed": {"job_id": str, "error": str},
     "job.get": {"job_id": str},
@@ -112,7 +116,10 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     measures each job's own, unless costs_known is true), weight, key (the app
     call, optional: a re-run's submission of the same call resumes its job),
     runtime (optional: torch, horovod or processes, the one the job's code is
-    written for; default: the config's).
+    written for; default: the config's), curves (optional: {TYPE: {nodes,
+    samples_per_s}}, the job's curve on each node type of a machine with
+    several kinds), model (optional: the model's descriptor, for the
+    similarity policy: {parameters, flops_per_sample, layers, batch_size, mix}).
     """
     out = {
         "args": [],
@@ -149,4 +156,17 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise ProtocolError("job spec: key must be a string")
     _check_curve(out, "curve", "samples_per_s")
     _check_curve(out, "objective", "values")
+    curves = out.get("curves")
+    if curves is not None:
+        if not isinstance(curves, dict) or not curves or not all(isinstance(t, str) and t for t in curves):
+            raise ProtocolError("job spec: curves must be {TYPE: {nodes: [...], samples_per_s: [...]}} for at least one node type")
+        for t, curve in curves.items():
+            _check_curve({"c": curve}, "c", "samples_per_s")
+    if out.get("model") is not None:
+        from .allocator.similarity import Descriptor, LibraryError
+
+        try:
+            out["model"] = Descriptor.from_dict(out["model"], "job spec: model").to_dict()
+        except LibraryError as exc:
+            raise ProtocolError(str(exc)) from None
     return out

@@ -19,6 +19,15 @@ allocator"): an event is one distinct time — all its transitions, then the
 controller's decision; a job finishing between trace rows frees its nodes
 then; jobs wait in submission order for the nodes they need (``max_jobs``,
 BFTrainer's cap of 10 at once, only when asked).
+
+A typed machine (a trace with a node-type map) runs type-aware by default:
+the controller is told each kind of node (as ``[node_types]`` would), pilots
+ask for one type each and jobs are given their curve per type (``known``),
+or learn it per type (``learned``, with the similarity policy when a
+``library`` and model descriptors are given). ``node_types="blind"`` replays
+the same machine with the controller told nothing of types: jobs still run
+at their own rate on whatever type they land on (the slowest one's pace on
+mixed nodes), but are placed without regard to it.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config, ControllerConfig, PilotConfig
+from .allocator.similarity import Library
+from .config import Config, ControllerConfig, NodeTypeConfig, PilotConfig, SimilarityConfig
 from .controller import Controller
 from .elastic.simulated import SimulatedRuntime
 from .schedulers.replay import ReplayScheduler
@@ -109,6 +119,8 @@ class ReplayResult:
     timeline: list[Snapshot] = field(default_factory=list)
     wall_s: float = 0.0
     accounting: str = "bftrainer"
+    node_types: str = "none"  # "aware", "blind" (a typed machine) or "none" (one kind of node)
+    type_node_hours: dict[str, float] = field(default_factory=dict)  # node-hours jobs used, per node type
 
     @property
     def efficiency(self) -> float:
@@ -160,6 +172,8 @@ class ReplayResult:
             "controller_cpu_ms_max": max(self.controller_cpu_ms, default=0.0),
             "methods": dict(self.methods),
             "wall_s": self.wall_s,
+            "node_types": self.node_types,
+            "type_node_hours": dict(self.type_node_hours),
         }
 
 
@@ -188,17 +202,25 @@ class Replay:
     max_queued_pilots: int = 1_000_000
     max_submits_per_minute: int = 1_000_000
     run_dir: Path | None = None
+    node_types: str = "aware"  # a typed machine: "aware" (the controller knows the types) or "blind"
+    library: Library | None = None  # the similarity policy's measured models (learned profiles; jobs need descriptors)
+    library_learns: bool = False  # jobs measured in this replay join the library (False: held-out models stay held out)
 
     def __post_init__(self) -> None:
         if self.max_jobs < 0:
             raise ValueError(f"max_jobs must be 0 (no cap) or more, got {self.max_jobs}")
         if self.profiles not in ("known", "learned"):
             raise ValueError(f"profiles must be 'known' or 'learned', got {self.profiles!r}")
-        self.result = ReplayResult(trace=self.trace.path, nodes=len(self.trace.nodes), start=self.trace.start, end=self.trace.end, accounting=self.accounting)
+        if self.node_types not in ("aware", "blind"):
+            raise ValueError(f"node_types must be 'aware' or 'blind', got {self.node_types!r}")
+        self.typed = bool(self.trace.types) and self.node_types == "aware"
+        self.result = ReplayResult(trace=self.trace.path, nodes=len(self.trace.nodes), start=self.trace.start, end=self.trace.end, accounting=self.accounting,
+                                   node_types=self.node_types if self.trace.types else "none")  # fmt: skip
         self.now = self.trace.start
-        self.scheduler = ReplayScheduler(self.trace, self.queue_delay_s, self.grace_s, self.pilot_walltime_s)
+        self.scheduler = ReplayScheduler(self.trace, self.queue_delay_s, self.grace_s, self.pilot_walltime_s, typed=self.typed)
         specs = {j.name: j for j in self.jobs}
-        self.runtime = SimulatedRuntime(specs, self.accounting, self.noise if self.profiles == "learned" else 0.0, self.seed, now=self.trace.start)
+        self.runtime = SimulatedRuntime(specs, self.accounting, self.noise if self.profiles == "learned" else 0.0, self.seed, now=self.trace.start,
+                                        node_types=self.trace.types)  # fmt: skip
         self.controller: Controller | None = None
         self._names: dict[str, str] = {}  # controller job id -> job name
         self._submitted_at: dict[str, float] = {}
@@ -209,7 +231,12 @@ class Replay:
         pilots = PilotConfig(heartbeat_s=span, heartbeat_deadline_s=2 * span + 1, grace_s=self.grace_s, nodes_per_pilot=self.nodes_per_pilot,
                              max_queued_pilots=self.max_queued_pilots, max_submits_per_minute=self.max_submits_per_minute)  # fmt: skip
         controller = ControllerConfig(tick_s=1.0, t_fwd=self.t_fwd, max_jobs=self.max_jobs, solver_time_limit_s=self.time_limit_s, formulation=self.formulation)
-        return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
+        if not self.typed:
+            return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
+        types = tuple(NodeTypeConfig(t) for t in sorted(self.trace.type_counts()))
+        similarity = SimilarityConfig(libraries=(str(self._library_file),) if self.library is not None else (),
+                                      library=str(self._own_library), enabled=self.library is not None)  # fmt: skip
+        return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>", node_types=types, similarity=similarity)
 
     # ------------------------------------------------------------ the loop
 
@@ -217,7 +244,13 @@ class Replay:
         began = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="pilotfill-replay-") as tmp:
             run_dir = Path(self.run_dir) if self.run_dir is not None else Path(tmp) / "run"
+            # The similarity library this replay starts from, and where what it measures goes: never the user's.
+            self._library_file, self._own_library = Path(tmp) / "library.json", Path(tmp) / "measured.json"
+            if self.library is not None:
+                self.library.save(self._library_file)
             self.controller = Controller(run_dir, self.config(), scheduler=self.scheduler, runtime=self.runtime, clock=lambda: self.now)
+            if not self.library_learns:
+                self.controller.types.freeze()
             try:
                 self._loop(on_event)
             finally:
@@ -270,7 +303,7 @@ class Replay:
         return sum(1 for j in self.runtime.jobs.values() if j.finished is not None)
 
     def _starting_now(self, t: float) -> bool:
-        return any(p.start_at <= t for p in self.scheduler.queued.values()) and bool(self.scheduler.free)
+        return self.scheduler.startable(t)
 
     def _submission(self, spec: JobSpec) -> dict:
         job = {
@@ -286,12 +319,17 @@ class Replay:
         }
         if self.profiles == "known":  # BFTrainer's setting: curves and costs known, as the job file gives them
             job["curve"] = {"nodes": list(spec.throughput.nodes), "samples_per_s": list(spec.throughput.values)}
+            if self.typed and spec.curves:  # and per node type; a type-blind controller knows the base curve only
+                job["curves"] = {t: {"nodes": list(c.nodes), "samples_per_s": list(c.values)} for t, c in spec.curves.items()}
+                del job["curve"]
             job["costs_known"] = True
         else:  # learning: the controller knows what a user who wrote nothing gives it; JPA measures the rest
             for cost in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s"):
                 del job[cost]
         if spec.objective is not None:
             job["objective"] = {"nodes": list(spec.objective.nodes), "values": list(spec.objective.values)}  # steers; progress stays samples
+        if self.typed and self.library is not None and spec.descriptor is not None and self.profiles == "learned":
+            job["model"] = spec.descriptor.to_dict()  # as the decorator declares it, or its ranks measure it
         return {"type": "job.submit", "spec": job}
 
     def _advance(self, t: float) -> None:
@@ -344,6 +382,7 @@ class Replay:
         res.idle_transitions = counts.idle_transitions
         res.pilots_walltime_ended = counts.walltime_ends
         res.used_node_hours = self.runtime.used_node_s / 3600
+        res.type_node_hours = {t: s / 3600 for t, s in sorted(self.runtime.type_node_s.items())}
         for job_id, job in self.runtime.jobs.items():
             if job.finished is not None:
                 samples = job.spec.total_samples

@@ -57,3 +57,12 @@ def committed() -> float | None:
     if not job_id:
         return None
     return float(_connect().request({"type": "job.commit", "job_id": job_id})["committed"])
+
+
+def describe(model: dict) -> bool | None:
+    """Tell the controller the job's model descriptor (:mod:`pilotfill.describe`; ``ElasticState`` does it on the
+    first forward pass). True if it was kept (the job had none yet); None outside pilotfill."""
+    job_id = os.environ.get("PILOTFILL_JOB_ID")
+    if not job_id:
+        return None
+    return bool(_connect().request({"type": "job.describe", "job_id": job_id, "model": model}).get("kept"))

@@ -106,7 +106,8 @@ COLUMNS_ADDED = {
     "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0",
              "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0",
              "request": "TEXT"},
-    "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0"},
+    "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0", "node_type": "TEXT"},
+    "nodes": {"node_type": "TEXT"},
 }
 """Columns newer than the first schema: added in place to a run directory an older pilotfill made."""
 
@@ -376,7 +377,7 @@ class State:
         return int(self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
 
     def set_job(self, job_id: str, **fields: Any) -> None:
-        for key in ("nodes", "result"):
+        for key in ("nodes", "result", "spec"):
             if key in fields:
                 fields[key] = json.dumps(fields[key])
         cols = ", ".join(f"{k} = ?" for k in fields)

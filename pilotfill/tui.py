@@ -36,6 +36,7 @@ class NodeView:
     name: str
     job: str | None  # job id on it
     state: str  # held (idle but ours), leaving, free (not ours)
+    node_type: str | None = None  # a machine with several kinds of node
 
 
 @dataclass
@@ -51,6 +52,8 @@ class JobView:
     total: float | None
     rescales: int
     committed: float = 0.0  # what a stop falls back to: the bar shows it apart from the work not yet committed
+    node_type: str | None = None  # the kind of node it runs on (a machine with several)
+    why: str = ""  # why it runs there
 
     @property
     def eta_s(self) -> float | None:
@@ -103,7 +106,10 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
             rate = 0.0
         jobs.append(JobView(j["id"], j["name"], j["status"], len(j["nodes"]), spec["min_nodes"], spec["max_nodes"], rate, j["progress"], spec.get("total_samples"), j["rescales"],
                             j.get("committed", j["progress"])))  # fmt: skip
-    nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == "leaving" else HELD) for n in snap["nodes"] if n["state"] != "gone"]
+    nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == "leaving" else HELD, n.get("node_type")) for n in snap["nodes"] if n["state"] != "gone"]
+    placed = placement(snap)
+    for j in jobs:
+        j.node_type, j.why = placed.get(j.id, (None, ""))
     pilots = [
         PilotView(p["id"], p["scheduler_id"] or "", p["state"], len(p["nodes"]), (p["walltime_end"] - now) if p.get("walltime_end") else None)
         for p in snap["pilots"]
@@ -128,6 +134,24 @@ def submit_problem_line(problem: dict[str, Any] | None, now: float | None = None
     when = "it will not ask again" if retry_at is None else ("asking again now" if retry_at <= now else f"next try in {retry_at - now:.0f} s")
     what = "pilot refused" if problem["kind"] == "refused" else "pilot submission failed"
     return f"{what}: {problem.get('reason') or problem.get('error') or '?'} · {when}"
+
+
+def placement(snap: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
+    """Each running job's node type and why it runs there: the controller's word, else its nodes' type and the reason
+    its start was journaled with."""
+    live = snap.get("placement") or {}
+    types = {n["name"]: n.get("node_type") for n in snap["nodes"]}
+    started = {e["job"]: e["data"].get("why", "") for e in snap.get("events", []) if e["kind"] == "job.started" and e["data"].get("node_type")}
+    out = {}
+    for j in snap["jobs"]:
+        if j["status"] != "running":
+            continue
+        kinds = {types.get(n) for n in j["nodes"]} - {None}
+        if j["id"] in live:
+            out[j["id"]] = (live[j["id"]]["node_type"], live[j["id"]].get("why", ""))
+        elif len(kinds) == 1:
+            out[j["id"]] = (kinds.pop(), started.get(j["id"], ""))
+    return out
 
 
 def node_hours(events: list[dict[str, Any]]) -> tuple[float, float]:
@@ -160,6 +184,9 @@ def describe(e: dict[str, Any], names: dict[str, str] | None = None) -> str:
         return f"{when} allocation {d.get('method', '')} {d.get('solve_ms', 0):.1f} ms" + (f": {moved}" if moved else "")
     if kind == "job.resized":
         return f"{when} {job} {d.get('before')}→{d.get('after')} nodes" + (f" ({d['cause']})" if d.get("cause") else "")
+    if kind == "job.started" and d.get("node_type"):
+        n = len(d.get("nodes", []))
+        return f"{when} {job} started on {n} {d['node_type']} node{'s' if n != 1 else ''}" + (f": {d['why']}" if d.get("why") else "")
     detail = node or ", ".join(f"{k}={v}" for k, v in d.items() if k in ("nodes", "why", "error", "scheduler_id", "cause"))
     return f"{when} {kind} {job} {detail}".replace("  ", " ").strip()
 
@@ -226,6 +253,9 @@ def render(view: View, width: int = 80, height: int = 24) -> RenderableType:
     grid_rows = max(1, (max(4, body_rows // 3) if width < 100 else body_rows) - 3)
     pane = width if width < 100 else 2 * width // 3
     left.update(Group(_jobs(view, colours, pane), _pilots(view, pane)))
+    kinds = sorted({n.node_type for n in view.nodes if n.node_type})
+    if kinds:
+        grid_rows = max(1, grid_rows - len(kinds))  # a line per type: its occupancy
     per = max(1, math.ceil(len(view.nodes) / max(1, grid_width * grid_rows)))
     title = f"nodes ({len(view.nodes)})" + (f", one cell = {per} nodes" if per > 1 else "")
     right.update(Panel(_grid(view, colours, grid_width, per), title=title, border_style="dim"))
@@ -245,30 +275,44 @@ def _header(view: View) -> Text:
     return text
 
 
-def _jobs(view: View, colours: dict[str, str], width: int) -> Table:
+def _jobs(view: View, colours: dict[str, str], width: int) -> RenderableType:
     table = Table(title="jobs", title_justify="left", expand=True, box=None, padding=(0, 1), header_style="bold")
     name_width = 24 if width >= 100 else 18
     table.add_column("job", no_wrap=True, max_width=name_width, overflow="ellipsis")
     table.add_column("nodes", justify="right", no_wrap=True)
     table.add_column("samples/s", justify="right", no_wrap=True)
     table.add_column("progress", ratio=1, no_wrap=True, min_width=8)
+    typed = any(j.node_type for j in view.jobs)
+    if typed:
+        table.add_column("on", no_wrap=True)
     table.add_column("resc", justify="right", no_wrap=True)
     table.add_column("state", no_wrap=True)
     active = [j for j in view.jobs if j.status in ("running", "pending")] + [j for j in view.jobs if j.status not in ("running", "pending")]
     longest = max((len(j.name) for j in active[:12]), default=4)
     room = width - min(name_width, longest) - 44  # what the other columns (about 32) and the padding (12) leave it
+    if typed:
+        room -= max(len(j.node_type or "") for j in view.jobs) + 1
     for j in active[:12]:
-        table.add_row(
+        cells = [
             Text(j.name, style=colours.get(j.id, "")),
             f"{j.nodes} [{j.min_nodes}-{j.max_nodes}]",
             f"{j.rate:,.0f}",
             _progress(j, room),
+            *([Text(j.node_type or "", style="bold")] if typed else []),
             str(j.rescales),
             Text(j.status, style={"running": "green", "failed": "red", "finished": "dim"}.get(j.status, "yellow")),
-        )
+        ]
+        table.add_row(*cells)
     if len(view.jobs) > 12:
-        table.add_row(f"… {len(view.jobs) - 12} more", "", "", "", "", "")
-    return table
+        table.add_row(f"… {len(view.jobs) - 12} more", *([""] * (6 if typed else 5)))
+    placed = [j for j in active[:12] if j.node_type and j.why]
+    if not placed:
+        return table
+    why = Text(no_wrap=True, overflow="ellipsis")  # why each runs where it does, one line each
+    for j in placed[:4]:
+        why.append(f"\n {j.name}", colours.get(j.id, ""))
+        why.append(f" on {j.node_type}: {j.why}", "dim")
+    return Group(table, why)
 
 
 def _progress(j: JobView, room: int) -> Text:
@@ -328,6 +372,20 @@ def _grid(view: View, colours: dict[str, str], width: int, per: int) -> Renderab
     legend = _legend(view, colours, width)
     if not nodes:
         return Group(Text("no nodes held", style="dim"), legend)
+    kinds = sorted({n.node_type for n in nodes if n.node_type})
+    if kinds:  # occupancy by type, and the grid ordered by type
+        lines = Text(no_wrap=True, overflow="ellipsis")
+        for k in kinds:
+            mine = [n for n in nodes if n.node_type == k]
+            used = sum(1 for n in mine if n.job)
+            lines.append(f"{k} ", "bold")
+            lines.append(f"{used}/{len(mine)} in use\n")
+        nodes = sorted(nodes, key=lambda n: (n.node_type or "", n.name))
+        return Group(lines, _cells(nodes, colours, width, per), legend)
+    return Group(_cells(nodes, colours, width, per), legend)
+
+
+def _cells(nodes: list[NodeView], colours: dict[str, str], width: int, per: int) -> Text:
     text = Text()
     for i in range(0, len(nodes), per):
         group = nodes[i : i + per]
@@ -346,7 +404,7 @@ def _grid(view: View, colours: dict[str, str], width: int, per: int) -> Renderab
             glyph = " ░▒▓█"[min(4, math.ceil(len(busy) / len(group) * 4))]
             top = max(set(busy), key=busy.count) if busy else None
             text.append(glyph, colours.get(top, "dim") if top else "dim")
-    return Group(text, legend)
+    return text
 
 
 def _legend(view: View, colours: dict[str, str], width: int) -> Text:

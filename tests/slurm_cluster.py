@@ -68,14 +68,18 @@ class SlurmCluster:
     """``min_job_age``: how long slurmctld keeps a finished job before purging it (then squeue no longer knows
     it); ``scheduler_parameters``: added to SchedulerParameters; ``extra``: more slurm.conf lines."""
 
-    def __init__(self, root: Path, nodes: int = 4, grace_s: int = 5, min_job_age: int = 60, scheduler_parameters: str = "", extra: str = ""):
+    def __init__(self, root: Path, nodes: int = 4, grace_s: int = 5, min_job_age: int = 60, scheduler_parameters: str = "", extra: str = "",
+                 features: dict[str, str] | None = None):  # fmt: skip
+        """``features``: node name -> its features (``Feature=`` in slurm.conf), for machines with several kinds of node."""
         self.root = Path(root)
         self.names = [f"node{i + 1}" for i in range(nodes)]
         for d in ("state", "spool", "log"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         host = socket.gethostname()
+        features = features or {}
         node_lines = "\n".join(
-            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 State=UNKNOWN" for n in self.names
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 State=UNKNOWN" + (f" Feature={features[n]}" if n in features else "")
+            for n in self.names
         )
         self.conf = self.root / "slurm.conf"
         self.conf.write_text(

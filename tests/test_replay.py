@@ -155,3 +155,65 @@ def test_conservation_and_targets_on_bftrainer_setup():
     learned = Replay(tr, jobs, max_jobs=10, t_fwd=10, profiles="learned", noise=0.03, seed=1).run()
     assert learned.samples >= 0.90 * known.samples
     json.dumps(known.as_dict())  # serialisable
+
+
+# --------------------------------------------------------------------------- a machine with several kinds of node
+
+
+def typed_trace(write, end=4000):
+    """Two kinds of node, two of each, idle all along (the slow ones first: where a type-blind pilot lands first)."""
+    lines = ["time,node,state,type", f"{T0},y0,idle,slow", f"{T0},y1,idle,slow", f"{T0},x0,idle,fast", f"{T0},x1,idle,fast", f"{T0},z0,busy,slow"]
+    lines += [f"{stamp(t)},z0,{'idle' if (t // 100) % 2 else 'busy'}," for t in range(100, end, 100)]  # events, so that reports are heard
+    lines.append(f"{stamp(end)},,end,")
+    return read_trace(write("typed.csv", "\n".join(lines) + "\n"))
+
+
+def typed_jobs(write):
+    """a: 10x faster on "fast"; b: 1.5x faster on "slow". Two nodes each at most; the base curve is a's "fast" copy."""
+    header = JOB_HEADER + ",samples_per_s@fast,samples_per_s@slow"
+    rows = [
+        f"a,m,{stamp(0)},1,2,1e9,10,5,0;1;2,0;1000;2000,0;1000;2000,0;100;200",
+        f"b,m,{stamp(0)},1,2,1e9,10,5,0;1;2,0;1000;2000,0;200;400,0;300;600",
+    ]
+    return read_jobs(write("typed-jobs.csv", "\n".join([header, *rows]) + "\n"))
+
+
+def test_a_type_aware_replay_places_each_job_where_it_is_fastest(write):
+    r = replay(typed_trace(write), typed_jobs(write), t_fwd=600)
+    assert r.node_types == "aware" and r.type_node_hours["fast"] == pytest.approx(2 * 4000 / 3600)
+    # a on both fast nodes (2000/s) for the whole window; b on the slow ones (600/s).
+    (a, b) = sorted(r.jobs, key=lambda j: j.name)
+    assert a.samples == pytest.approx(4000 * 2000)
+    assert b.samples >= 0.99 * 4000 * 600
+    blind = replay(typed_trace(write), typed_jobs(write), t_fwd=600, node_types="blind")
+    assert blind.node_types == "blind"
+    assert blind.samples < 0.95 * r.samples  # placed without regard to type: not both on their best type
+
+
+def test_ranks_on_nodes_of_several_types_run_at_the_slowest_ones_pace(write):
+    from pilotfill.elastic.simulated import SimulatedRuntime
+
+    (a, _) = typed_jobs(write)
+    rt = SimulatedRuntime({"a": a}, node_types={"x0": "fast", "x1": "fast", "y0": "slow", "y1": "slow"})
+    rt.start("j", {"name": "a"}, ["x0", "x1"])
+    assert rt.jobs["j"].rate() == 2000
+    rt.resize("j", ["x0", "y0"])
+    assert rt.jobs["j"].rate() == 200  # the slow type's curve at 2 nodes
+    only_fast = read_jobs(write("one.csv", JOB_HEADER + ",samples_per_s@fast\nc,m," + stamp(0) + ",1,1,10,1,1,0;1,0;5,0;5\n"))[0]
+    rt2 = SimulatedRuntime({"c": only_fast}, node_types={"x0": "fast", "y0": "slow"})
+    rt2.start("k", {"name": "c"}, ["y0"])
+    assert rt2.jobs["k"].rate() == 0.0  # its file gives no curve on "slow": it does not run there
+
+
+def test_a_typed_replay_learns_per_type_and_the_similarity_policy_starts_from_a_library(write):
+    from pilotfill.allocator import ScalingCurve
+    from pilotfill.allocator.similarity import Descriptor, Library, Measured
+    from dataclasses import replace
+
+    conv = Descriptor(parameters=1e7, layers=18, batch_size=64, mix={"conv": 1.0})
+    lib = Library([Measured("conv-like", conv, {"fast": ScalingCurve((0, 1, 2), (0, 1000, 2000)), "slow": ScalingCurve((0, 1, 2), (0, 100, 200))})])
+    jobs = [replace(j, descriptor=conv) for j in typed_jobs(write)][:1]
+    cold = replay(typed_trace(write), jobs, profiles="learned", t_fwd=600, library=lib)
+    (outcome,) = cold.jobs
+    assert cold.type_node_hours.get("fast", 0) > cold.type_node_hours.get("slow", 0)  # measured first where predicted best
+    assert outcome.samples > 0.9 * 4000 * 2000

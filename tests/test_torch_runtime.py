@@ -118,6 +118,9 @@ class MiniController:
                 return {"ok": True, "progress": self.samples[job["id"]]}
             if kind == "job.commit":  # rank 0 saved durably (ElasticState.commit)
                 return {"ok": True, "committed": self.samples.get(job["id"], 0.0)}
+            if kind == "job.describe":  # rank 0 described its model (ElasticState, on its first forward pass)
+                self.described = {**getattr(self, "described", {}), job["id"]: message["model"]}
+                return {"ok": True, "kept": True}
             if kind in ("job.result", "job.failed"):
                 if job["status"] == "running":
                     job["status"] = "finished" if kind == "job.result" else "failed"

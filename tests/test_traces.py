@@ -148,3 +148,102 @@ def test_shared_files_parse_with_their_documented_sizes(shared_data):
     assert len(tr.steps) == 11_467
     assert len(read_jobs(shared_data / "jobs-imagenet-1001.csv")) == 1001
     assert len(read_jobs(shared_data / "jobs-hpo-shufflenet-1000.csv")) == 1000
+
+
+# --------------------------------------------------------------------------- machines with several kinds of node
+
+TYPED = """
+time,node,state,type
+2021-02-10T00:00:00Z,a0,idle,v100
+2021-02-10T00:00:00Z,a1,busy,v100
+2021-02-10T00:00:00Z,b0,idle,k80
+2021-02-10T00:00:00Z,b1,idle,k80
+2021-02-10T00:01:00Z,b1,busy,
+2021-02-10T00:02:00Z,a1,idle,v100
+2021-02-10T00:03:00Z,,end,
+"""
+
+
+def test_a_trace_names_its_nodes_types_in_a_column_or_a_map(write):
+    tr = read_trace(write("t.csv", TYPED))
+    assert tr.types == {"a0": "v100", "a1": "v100", "b0": "k80", "b1": "k80"}
+    assert tr.type_counts() == {"v100": 2, "k80": 2}
+    plain = read_trace(write("p.csv", TRACE))
+    assert plain.types == {} and plain.type_counts() == {}  # a trace without types is what it always was
+    types = write("types.csv", "node,gpu_type\nn0,p100\nn1,k80\nn2,k80\n")  # the data set's header
+    assert read_trace(write("p.csv", TRACE), types=types).types == {"n0": "p100", "n1": "k80", "n2": "k80"}
+
+
+def test_nodes_per_type_keeps_the_first_nodes_of_each_type(write):
+    tr = read_trace(write("t.csv", TYPED), nodes_per_type=1)
+    assert tr.nodes == ("a0", "b0")  # --nodes 2 would have kept a0, a1: both v100
+    assert tr.types == {"a0": "v100", "b0": "k80"}
+    assert [s.time - tr.start for s in tr.steps] == []  # b1 and a1 are not kept: nothing changes
+    assert read_trace(write("t.csv", TYPED), nodes=2).nodes == ("a0", "a1")
+
+
+@pytest.mark.parametrize(
+    "text, types, kwargs, message",
+    [
+        (TRACE, "node,type\nn0,v100\nn1,k80\n", {}, r"types.csv: node 'n2' of the trace .* has no type"),
+        (TRACE, "node,type\nn0,v100\nn0,k80\nn1,k80\nn2,k80\n", {}, r"types.csv:3: node 'n0' listed twice"),
+        (TRACE, "node,type\nn0,v 100\n", {}, r"types.csv:2: bad node type 'v 100'"),
+        (TRACE, "node,kind\nn0,v100\n", {}, r"types.csv:1: header must be node"),
+        (TYPED, "node,type\na0,k80\na1,v100\nb0,k80\nb1,k80\n", {}, r"node 'a0' is of type 'k80' here but 'v100' in the trace"),
+        (TRACE, None, {"nodes_per_type": 1}, r"--nodes-per-type needs every node's type; 3 have none"),
+        (TRACE, None, {"nodes_per_type": 1, "nodes": 2}, r"cannot be used together"),
+        (TYPED.replace("00:01:00Z,b1,busy,", "00:01:00Z,b1,busy,v100"), None, {}, r"t.csv:6: node 'b1' is of type 'k80' \(its first row\), not 'v100'"),
+    ],
+)
+def test_bad_node_types_are_refused_with_the_place(write, text, types, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        read_trace(write("t.csv", text), types=write("types.csv", types) if types else None, **kwargs)
+
+
+TYPED_JOBS = (
+    JOB_HEADER + ",samples_per_s@v100,samples_per_s@k80,nodes@k80\n"
+    "a,m,2021-02-10T00:00:00Z,1,4,1e6,10,5,0;1;4,0;100;400,0;100;400,0;10;20;30,0;1;2;4\n"
+    "b,m,2021-02-10T00:01:00Z,1,4,1e6,10,5,0;1;4,0;100;400,0;100;400,,\n"
+)
+
+
+def test_a_job_file_gives_a_curve_per_node_type(write):
+    a, b = read_jobs(write("j.csv", TYPED_JOBS))
+    assert set(a.curves) == {"v100", "k80"}
+    assert a.curve_on("k80").nodes == (0, 1, 2, 4) and a.curve_on("k80").at(4) == 30  # on its own nodes@k80 grid
+    assert a.curve_on("v100").at(4) == 400 and a.curve_on(None).at(4) == 400  # the base curve: untyped machines
+    assert set(b.curves) == {"v100"} and b.curve_on("k80") is None  # an empty cell: b does not run on k80
+    plain = read_jobs(write("p.csv", JOB_HEADER + "\nc,m,2021-02-10T00:00:00Z,1,2,10,1,1,0;1,0;5\n"))[0]
+    assert plain.curves == {} and plain.curve_on("k80").at(1) == 5  # an untyped job: its curve on every type
+
+
+@pytest.mark.parametrize(
+    "header, row, message",
+    [
+        (",samples_per_s@v 100", ",0;1", r"j.csv:1: header must be .*samples_per_s@TYPE"),
+        (",samples_per_s@v100,samples_per_s@v100", ",0;1,0;1", r"j.csv:1: column 'samples_per_s@v100' named twice"),
+        (",nodes@k80", ",0;1", r"j.csv:1: nodes@k80 without samples_per_s@k80"),
+        (",samples_per_s@k80", ",0;1;2", r"j.csv:2: samples_per_s@k80 has 3 values for 2 node counts"),
+        (",samples_per_s@k80", ",", r"j.csv:2: no samples_per_s@TYPE curve: the job runs on no node type"),
+        (",samples_per_s@k80,nodes@k80", ",0;1,1;2", r"j.csv:2: samples_per_s@k80: curve must start at 0 nodes"),
+    ],
+)
+def test_bad_per_type_columns_are_refused_with_the_place(write, header, row, message):
+    text = JOB_HEADER + header + "\nc,m,2021-02-10T00:00:00Z,1,1,10,1,1,0;1,0;5" + row + "\n"
+    with pytest.raises(InputError, match=message):
+        read_jobs(write("j.csv", text))
+
+
+def test_the_heterogeneous_data_set_reads_as_it_is(shared_data):
+    from pilotfill.traces import descriptor_of, read_models
+
+    folder = shared_data / "heterogeneous"
+    jobs = read_jobs(folder / "jobs-hetero-train.csv")
+    assert len(jobs) == 1000 and all(set(j.curves) == {"k80", "p100", "v100"} for j in jobs)
+    assert all(j.curve_on("v100") == j.throughput for j in jobs)  # the base curve is the V100 copy
+    tr = read_trace(shared_data / "summit-2021-02-10-week.csv.gz", types=folder / "node-types-summit.csv", nodes_per_type=64)
+    assert tr.type_counts() == {"v100": 64, "p100": 64, "k80": 64}
+    models = read_models(folder / "models.csv")
+    assert descriptor_of("ResNet-50-bs32", models).batch_size == 32 and descriptor_of("ResNet-50-bs32", models).parameters == 25557032
+    assert descriptor_of("A3C", models).parameters == 3249639 and descriptor_of("A3C", models).batch_size is None
+    assert descriptor_of("Nope-bs8", models) is None

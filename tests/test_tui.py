@@ -330,3 +330,22 @@ def test_replay_tui_at_a_chosen_speed_is_still_drawing_after_5_s(tmp_path, tmux,
     assert "pilotfill replay" in later and "samples processed" not in later  # still drawing: a day at an hour a second
     assert clock(later) > clock(first)  # and the simulated clock moves
     subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+
+
+def test_a_typed_machine_shows_occupancy_by_type_and_where_each_job_runs_and_why():
+    snap = snapshot()
+    for n in snap["nodes"]:
+        n["node_type"] = "v100" if n["name"] in ("pf-node-0", "pf-node-1") else "k80"
+    snap["placement"] = {"ja": {"node_type": "v100", "why": "its curves: fastest here"}}
+    text, _ = frame(view_from_snapshot(snap, title="typed", now=NOW), 120, 40)
+    assert "v100 2/2 in use" in text and "k80 1/2 in use" in text  # occupancy by type
+    assert "resnet-a on v100: its curves: fastest here" in text  # where and why
+    row = next(line for line in text.splitlines() if "vgg-b" in line and "[1-2]" in line)
+    assert " k80 " in row  # its nodes' type, when the controller did not say
+    plain, _ = frame(view_from_snapshot(snapshot(), title="plain", now=NOW), 120, 40)
+    assert "in use" not in plain and " on " not in plain.split("events")[0]  # one kind of node: as before
+
+
+def test_a_start_on_a_type_reads_as_a_line():
+    e = {"time": NOW, "kind": "job.started", "job": "ja", "node": None, "data": {"nodes": ["a", "b"], "node_type": "v100", "why": "measured here"}}
+    assert describe(e, {"ja": "train(1)"}).endswith("train(1) started on 2 v100 nodes: measured here")

@@ -97,8 +97,11 @@ def add_curve(m: mip.Model, table: ValueTable, count: mip.LinExpr | None = None)
     if table.only_zero:
         if isinstance(count, mip.LinExpr) and count.expr:
             m += count == 0
-        return CurveVars(table, 0, 0, float(table.values[0]))
+        return CurveVars(table, 0, 0, 0.0)
     xs, vs = table.breakpoints()
+    # Relative to stopping: every table of a job has the stop value at 0 nodes, and a job's value is counted once
+    # whichever type it runs on (a constant per job changes no decision).
+    vs = tuple(v - float(table.values[0]) for v in vs)
     n = m.add_var(var_type=mip.INTEGER, lb=0, ub=table.cap) if count is None else count
     y = m.add_var(var_type=mip.BINARY)
     lam = [m.add_var(lb=0.0, ub=1.0) for _ in xs]

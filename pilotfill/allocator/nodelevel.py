@@ -7,7 +7,10 @@ the objective is forward progress over T_fwd minus the progress lost to
 rescaling at the job's current rate. Here the no-migration rule is written
 with one binary g_j per job (g_j = 1: keeps every node it holds and may add;
 g_j = 0: adds none and may drop), and the curve and rescale loss come from the
-same value tables as the aggregated model. It has J·V binaries, which is why
+same value tables as the aggregated model. With several node types a job may
+also move to another type, which is a stop and a start (a binary m_j: it drops
+every node it holds and takes nodes of another type only), charged as the
+value tables charge it. It has J·V binaries, which is why
 it takes seconds at 128 nodes while the aggregated model takes milliseconds;
 CBC may also overrun the time limit in its root processing at large sizes,
 one more reason it is only a baseline.
@@ -32,15 +35,23 @@ def solve(problem: Problem, time_limit_s: float = 60.0, solver: str = mip.CBC) -
     curves_by_job = []
     for job, job_tables in zip(problem.jobs, tables):
         held = problem.current.get(job.id, frozenset())
+        held_types = {pool.type_of(v) for v in held}
         grow = m.add_var(var_type=mip.BINARY)
+        move = m.add_var(var_type=mip.BINARY) if held else 0
+        if held:
+            m += grow + move <= 1
         curves = []
         for table in job_tables:
             nodes = by_type.get(table.node_type, [])
             xs = [m.add_var(var_type=mip.BINARY) for _ in nodes]
+            elsewhere = bool(held) and table.node_type not in held_types
             for v, var in zip(nodes, xs):
                 x[job.id, v] = var
                 if v in held:
                     m += var >= grow  # growing keeps every node held
+                    m += var <= 1 - move  # moving drops them all
+                elif elsewhere:
+                    m += var <= move  # another type's nodes only by moving there
                 else:
                     m += var <= grow  # shrinking takes no new node
             curves.append(add_curve(m, table, mip.xsum(xs) if xs else mip.LinExpr()))

@@ -32,6 +32,18 @@ holds by the optimistic ones (:func:`pilotfill.allocator.allocate`): new jobs
 are measured and measured jobs explore on free nodes, and no measured job is
 ever shrunk or stopped so that another can explore.
 
+On a machine with several kinds of node every curve is per node type: the
+reports a job makes on one type say nothing certain of another. Until a job
+has run on a type its curve there is a prediction (:mod:`.similarity`): the
+job's own level where it has run, times the speed of that type relative to
+the other predicted from the models most like it, on their scaling shape —
+with bounds as wide as the prediction is unsure (:meth:`Profiler.typed_curves`):
+the allocator moves a job by the lower bound (a move is a stop and a start, so
+only a sure gain pays for it) and tries a type by the upper bound, on free
+nodes only, as it explores sizes. A job's own reports on a type replace the
+prediction there the moment they arrive. With no similar model measured (or
+no descriptor) every type is alike and wide open: per-type learning from nothing.
+
 Pure: observations in, curves out; the caller decides when reports arrive.
 """
 
@@ -44,7 +56,10 @@ import numpy as np
 from scipy.optimize import nnls
 
 from .problem import ScalingCurve
+from .similarity import Prediction
 
+CONFIDENCE = 1.0
+"""A prediction's bounds on a type not measured: its point estimate times exp(∓ CONFIDENCE · σ)."""
 EXPLORE_RATE = 1e12
 """Optimistic rate of a job never measured: on nodes nobody holds, measuring it comes first."""
 PROBE_RATE = 1e-3
@@ -67,16 +82,16 @@ class Profiler:
     """Learns one curve per job from ``observe`` calls; ``curve`` returns the current estimate."""
 
     optimism: float = 0.5
-    _seen: dict[str, dict[int, _Scale]] = field(default_factory=dict)
-    _cache: dict[str, dict[tuple[int, str], ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
+    _seen: dict[str, dict[str | None, dict[int, _Scale]]] = field(default_factory=dict)  # job -> node type -> nodes -> rate
+    _cache: dict[str, dict[tuple, ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
     _costs: dict[str, dict[str, _Scale]] = field(default_factory=dict)  # per job, per kind of change: seconds
     _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped by every observation (callers cache on it)
 
-    def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0) -> None:
-        """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (weight: e.g. seconds measured)."""
+    def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0, node_type: str | None = None) -> None:
+        """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds measured)."""
         if nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0 or not (math.isfinite(weight) and weight > 0):
             return
-        scale = self._seen.setdefault(job_id, {}).setdefault(int(nodes), _Scale())
+        scale = self._seen.setdefault(job_id, {}).setdefault(node_type, {}).setdefault(int(nodes), _Scale())
         scale.total += samples_per_s * weight
         scale.weight += weight
         self._cache.pop(job_id, None)
@@ -113,30 +128,88 @@ class Profiler:
             return prior
         return self.cost(job_id, "start", 0.0) + self.cost(job_id, "commit", 0.0) / 2
 
-    def scales(self, job_id: str) -> dict[int, float]:
-        """Mean reported throughput per node count."""
-        return {n: s.mean for n, s in sorted(self._seen.get(job_id, {}).items())}
+    def scales(self, job_id: str, node_type: str | None = None) -> dict[int, float]:
+        """Mean reported throughput per node count (on ``node_type``)."""
+        return {n: s.mean for n, s in sorted(self._seen.get(job_id, {}).get(node_type, {}).items())}
 
-    def measured(self, job_id: str) -> bool:
-        return bool(self._seen.get(job_id))
+    def measured(self, job_id: str, node_type: str | None = None) -> bool:
+        return bool(self._seen.get(job_id, {}).get(node_type))
 
-    def curve(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
+    def measured_types(self, job_id: str) -> list[str]:
+        """The node types the job has reported on, the most measured first."""
+        seen = self._seen.get(job_id, {})
+        weight = {t: sum(s.weight for s in scales.values()) for t, scales in seen.items() if t is not None and scales}
+        return sorted(weight, key=lambda t: -weight[t])
+
+    def curve(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
         """The optimistic estimate of ``job_id``'s throughput at 0…max_nodes nodes (see the module docstring)."""
-        return self._cached(job_id, max_nodes, "optimistic", lambda: self._estimate(job_id, min_nodes, max_nodes))
+        return self._cached(job_id, (max_nodes, "optimistic", node_type), lambda: self._estimate(job_id, min_nodes, max_nodes, node_type))
 
-    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
+    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
         """What the reports support, with no optimism (see the module docstring)."""
-        return self._cached(job_id, max_nodes, "confirmed", lambda: self._confirmed(job_id, min_nodes, max_nodes))
+        return self._cached(job_id, (max_nodes, "confirmed", node_type), lambda: self._confirmed(job_id, min_nodes, max_nodes, node_type))
 
-    def _cached(self, job_id: str, max_nodes: int, kind: str, make) -> ScalingCurve:
+    def typed_curves(self, job_id: str, min_nodes: int, max_nodes: int, node_types: list[str], prediction: Prediction,
+                     running_on: str | None = None) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip
+        """Confirmed and optimistic curves per node type (see the module docstring): the job's own where it has
+        reported, else the prediction anchored on its own level elsewhere, bounded by how sure it is; before any
+        report anywhere, a token rate (confirmed) and measuring first on the type predicted best (optimistic).
+        ``running_on``: the type it runs on now, not yet measured there (it keeps its nodes until it is)."""
+        key = (max_nodes, "typed", tuple(node_types), id(prediction), running_on)
         cache = self._cache.setdefault(job_id, {})
-        key = (max_nodes, kind)
+        if key not in cache:
+            cache[key] = self._typed(job_id, min_nodes, max_nodes, node_types, prediction, running_on)
+        return cache[key]
+
+    def _typed(self, job_id: str, lo: int, hi: int, types: list[str], prediction: Prediction, running_on: str | None):
+        confirmed: dict[str, ScalingCurve] = {}
+        optimistic: dict[str, ScalingCurve] = {}
+        measured = [t for t in self.measured_types(job_id) if t in types]
+        n = np.arange(hi + 1, dtype=float)
+        if not measured:
+            # Measure first, where it is predicted best (an upper bound: a type it may well suit is tried before one it surely does not).
+            ucb = {t: prediction.log_speed.get(t, 0.0) + CONFIDENCE * prediction.spread.get(t, 0.0) for t in types}
+            top = max(ucb.values(), default=0.0)
+            for t in types:
+                optimistic[t] = _probe(lo, hi, EXPLORE_RATE * math.exp(min(0.0, ucb[t] - top)))
+                confirmed[t] = optimistic[t] if t == running_on else _probe(lo, hi)
+            return confirmed, optimistic
+        anchor = measured[0]
+        level = self._level(job_id, lo, hi, anchor, prediction)
+        for t in types:
+            if t in measured:
+                confirmed[t] = self._confirmed(job_id, lo, hi, t)
+                optimistic[t] = self._estimate(job_id, lo, hi, t)
+                continue
+            if t == running_on:  # started here to be measured: keeps its nodes until it is
+                optimistic[t] = confirmed[t] = _probe(lo, hi, EXPLORE_RATE)
+                continue
+            mean, sigma = prediction.relative(t, anchor) if t in prediction.log_speed and anchor in prediction.log_speed else (0.0, prediction.unknown)
+            point = level * math.exp(mean) * prediction.shape(t, n) if t in prediction.curves else level * math.exp(mean) * n
+            point[0] = 0.0
+            confirmed[t] = ScalingCurve.from_table(point * math.exp(-CONFIDENCE * sigma))
+            optimistic[t] = ScalingCurve.from_table(point * math.exp(CONFIDENCE * sigma))
+        return confirmed, optimistic
+
+    def _level(self, job_id: str, lo: int, hi: int, node_type: str, prediction: Prediction) -> float:
+        """The job's own rate at one node on ``node_type``: its reports there, through the predicted shape where it
+        ran on more nodes only (a curve that scales sublinearly must not make one node look faster than it is)."""
+        seen = self.scales(job_id, node_type)
+        n0 = min(seen)
+        rate = seen[n0]
+        if n0 == 1:
+            return rate
+        shape = float(prediction.shape(node_type, np.array([float(n0)]))[0]) if node_type in prediction.curves else float(n0)
+        return rate / shape if shape > 0 else rate / n0
+
+    def _cached(self, job_id: str, key: tuple, make) -> ScalingCurve:
+        cache = self._cache.setdefault(job_id, {})
         if key not in cache:
             cache[key] = make()
         return cache[key]
 
-    def _confirmed(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
-        seen = self.scales(job_id)
+    def _confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
+        seen = self.scales(job_id, node_type)
         if not seen:
             return _probe(min_nodes, max_nodes)
         n = np.arange(max_nodes + 1, dtype=float)
@@ -146,8 +219,8 @@ class Profiler:
         xs = np.array(list(seen), dtype=float)
         return ScalingCurve.from_table(_amdahl(xs, np.array(list(seen.values()), dtype=float), n))
 
-    def _estimate(self, job_id: str, min_nodes: int, max_nodes: int) -> ScalingCurve:
-        seen = self.scales(job_id)
+    def _estimate(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
+        seen = self.scales(job_id, node_type)
         if not seen:
             return _probe(min_nodes, max_nodes, EXPLORE_RATE)
         n = np.arange(max_nodes + 1, dtype=float)

@@ -1,8 +1,10 @@
 """One entry point: ``allocate(problem)`` always returns an allocation.
 
 The formulation is chosen as DESIGN says: the exact DP where it applies (one
-node type per job), the aggregated MILP otherwise; the node-level model and
-the greedy heuristic only on request. A solver that fails or runs out of time
+node type per job), the exact typed solver where jobs choose among node types
+(a node price per type, reduced-cost fixing and the DP per type on the core:
+:mod:`.typed`), the aggregated MILP where neither can answer; the node-level
+model and the greedy heuristic only on request. A solver that fails or runs out of time
 falls back to its incumbent, else to greedy: the caller is never left without
 an answer and the controller loop never stalls on a solver.
 """
@@ -14,10 +16,10 @@ from enum import Enum
 
 import numpy as np
 
-from . import dp, greedy, milp, nodelevel
+from . import dp, greedy, milp, nodelevel, typed
 from .moves import realise
-from .problem import Allocation, Problem
-from .values import ValueTable, exploration_tables, value_tables
+from .problem import DEFAULT_TYPE, Allocation, Problem
+from .values import ValueTable, exploration_tables, hop_table, value_tables
 
 
 class Formulation(str, Enum):
@@ -54,6 +56,11 @@ def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float) -
         return _finish(problem, result.counts, result.types, "node-level", result.optimal, result.status, assignment)
     if formulation is Formulation.AGGREGATED:
         answer = _dp(problem)
+        if answer is None:
+            try:
+                answer = _typed(problem, time_limit_s)
+            except Exception:  # a solver bug must not stop the loop: the MILP, then greedy, answer instead
+                answer = None
         if answer is not None:
             return answer
     try:
@@ -69,9 +76,12 @@ def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str
     """The model's value of a count vector, from the same tables every method uses."""
     total = 0.0
     for job, job_tables in zip(problem.jobs, tables or value_tables(problem)):
-        for t in job_tables:
-            n = counts.get(job.id, 0) if types.get(job.id) == t.node_type else 0
-            total += float(t.values[n]) if n <= t.cap else -np.inf
+        n = counts.get(job.id, 0)
+        if n == 0:
+            total += float(job_tables[0].values[0])  # stopped: the same value on every type
+            continue
+        table = next((t for t in job_tables if t.node_type == types.get(job.id)), None)
+        total += float(table.values[n]) if table is not None and n <= table.cap else -np.inf
     return total
 
 
@@ -98,6 +108,30 @@ def _dp(problem: Problem) -> Allocation | None:
     return _finish(problem, counts, types, "dp", True, "OPTIMAL", tables=all_tables)
 
 
+def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
+    """The exact solver across node types (:mod:`.typed`); None when its core is too large for it (the MILP then)."""
+    all_tables = value_tables(problem)
+    capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()}
+    if not capacities:
+        capacities = {DEFAULT_TYPE: 0}
+    tables = []
+    for job_tables in all_tables:
+        mine = {t.node_type: t.values for t in job_tables if t.node_type in capacities}
+        tables.append(mine or {next(iter(capacities)): job_tables[0].values[:1]})
+    hint = []
+    for job in problem.jobs:
+        held = problem.held_by_type(job)
+        hint.append(next(iter(held)) if len(held) == 1 else None)
+    try:
+        choices, _, how = typed.solve(tables, capacities, time_limit_s, hint)
+    except dp.TooLarge:
+        return None
+    counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
+    types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
+    proven = "time limit" not in how
+    return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
+
+
 def _explore(problem: Problem, answer: Allocation) -> Allocation:
     """Hand out again, this time valuing growth by the optimistic curves, every node the first stage does
     not keep for the job that holds it: the nodes nobody holds and the nodes it took from their jobs.
@@ -110,6 +144,8 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
     first stage took from a job to give to another is never left idle: it is
     in what is handed out.
     """
+    if len(problem.pool.by_type()) > 1 and any(len(j.node_types) > 1 for j in problem.jobs):
+        return _explore_typed(problem, answer)
     counts, types = dict(answer.counts), dict(answer.node_type)
     changed = False
     for node_type, nodes in problem.pool.by_type().items():
@@ -139,6 +175,74 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
                 changed = True
             counts[job.id] = base + k
             types[job.id] = node_type if base + k > 0 else None
+    if not changed:
+        return answer
+    explored = _finish(problem, counts, types, answer.method + "+explore", answer.optimal, answer.note)
+    return explored if explored.method.endswith("+explore") else answer
+
+
+def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
+    """The second stage where jobs choose among node types: the nodes the first stage does not keep for the jobs
+    that hold them are handed out again, all types at once (the exact typed solver), among growth of jobs on
+    the type they run on, jobs not running (measured first where predicted best) and moves of running jobs to a
+    type they have not measured, valued by their optimistic curve there against what they have now. What the
+    first stage decided for the jobs that hold nodes stands (keep, shrink, stop, move), so exploring never evicts
+    or shrinks a measured job; a job moved by the first stage keeps the nodes it was given."""
+    counts, types = dict(answer.counts), dict(answer.node_type)
+    pool = problem.pool.by_type()
+    room = {t: len(ns) for t, ns in pool.items()}
+    stay_tables = None
+    candidates: list[tuple] = []  # (job, base type or None, base count, {type: table})
+    fixed: list = []
+    for job in problem.jobs:
+        held = problem.held_by_type(job)
+        t_now = types.get(job.id)
+        n_now = counts.get(job.id, 0)
+        running = next(iter(held)) if len(held) == 1 else None
+        if held and (running is None or t_now not in (None, running) or n_now < held.get(running, 0)):
+            fixed.append(job)  # shrunk, stopped or moved by the first stage: that stands
+            continue
+        # A job running where it is keeps what it holds (its growth is re-decided here); one not running, or started
+        # by the first stage, is re-decided from nothing.
+        candidates.append((job, running, held[running]) if running is not None else (job, None, 0))
+    for job in fixed:
+        if counts.get(job.id, 0) > 0:
+            room[types[job.id]] -= counts[job.id]
+    for job, running, base in candidates:
+        if running is not None:
+            room[running] -= base
+    if all(r <= 0 for r in room.values()):
+        return answer
+    tables = []
+    for job, running, base in candidates:
+        mine: dict[str, np.ndarray] = {}
+        for t in job.node_types:
+            if room.get(t, 0) <= 0:
+                continue
+            if running == t:
+                mine[t] = exploration_tables(problem, [job], t, [base], room[t])[0]
+            elif running is not None:
+                if stay_tables is None:
+                    stay_tables = {id(j): ts for j, ts in zip(problem.jobs, value_tables(problem))}
+                stay = next(tb for tb in stay_tables[id(job)] if tb.node_type == running).values
+                mine[t] = hop_table(problem, job, t, room[t], float(stay[min(base, len(stay) - 1)]))
+            else:
+                mine[t] = exploration_tables(problem, [job], t, [0], room[t])[0]
+        tables.append(mine or {next(iter(room)): np.zeros(1)})
+    capacities = {t: max(0, r) for t, r in room.items()}
+    try:
+        choices, _, _ = typed.solve(tables, capacities, 0.05)
+    except (dp.TooLarge, ValueError):
+        return answer  # exploring is a bonus: never worth a slow or failed decision
+    changed = False
+    for (job, running, base), c in zip(candidates, choices):
+        if running is not None and c.node_type in (None, running):
+            new_n, new_t = base + c.count, running if base + c.count > 0 else None
+        else:
+            new_n, new_t = (c.count, c.node_type) if c.count > 0 else (base, running if base else None)
+        if new_n != counts.get(job.id, 0) or new_t != types.get(job.id):
+            changed = True
+        counts[job.id], types[job.id] = new_n, new_t
     if not changed:
         return answer
     explored = _finish(problem, counts, types, answer.method + "+explore", answer.optimal, answer.note)

@@ -16,8 +16,11 @@ its nodes sooner); remaining work is an estimate, not a result — a job that ha
 returned keeps at least its minimum size's worth over the horizon, so a job
 near (or past) its declared total still gets nodes to finish on; and a job
 whose current count is below its minimum has rate 0. A job
-that holds nodes of one type may keep, grow or shrink there, or stop — never
-jump to another type in one decision, which would be migration.
+that holds nodes of one type may keep, grow or shrink there, or stop; or move
+to another type, which is a stop and a start: its table there charges what
+stopping charges (``scale_down_cost_s`` and ``restart_cost_s`` at its current
+rate), so a job moves only when the other type's gain over the horizon pays
+for that. Every table of a job has the same value at 0 nodes: stopped.
 """
 
 from __future__ import annotations
@@ -112,10 +115,21 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
         for t in job.throughput:
             table = ValueTable(job, t, h.get(t, 0), rows[(i, t)])
             if h and any(c > 0 and u != t for u, c in h.items()):
-                table.values[1:] = INFEASIBLE  # moving to another type would be migration: stop first
+                _as_a_move(table, job, current_rate(job, h))
             tables.append(table)
         out.append(tables)
     return out
+
+
+def _as_a_move(table: ValueTable, job: Job, rate_now: float) -> None:
+    """``table`` is for a type the job does not run on now, though it runs on another: getting there is a stop (what
+    stopping loses, at its rate now) and a start; 0 nodes is stopping, the same value as on its own type."""
+    loss = job.weight * (job.scale_down_cost_s + job.restart_cost_s) * rate_now
+    values = table.values
+    # The row was made as for a job not running here (no penalty); charge the stop on every count, 0 included.
+    finite = np.isfinite(values)
+    values[finite] -= loss
+    values[0] = -loss
 
 
 def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> list[np.ndarray]:
@@ -144,6 +158,22 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
         t = row[base : cap + 1] - row[base]
         t[0] = 0.0
         out.append(t)
+    return out
+
+
+def hop_table(problem: Problem, job: Job, node_type: str, free: int, stay: float) -> np.ndarray:
+    """What moving ``job`` (running on another type) to 0 … ``free`` nodes of ``node_type`` is worth against ``stay``
+    (its value where it is): by its optimistic curve there, less what the stop costs (−inf where not allowed; 0 at 0:
+    it stays). Exploring a type it has not run on (:func:`..solve.allocate`'s second stage, on free nodes only)."""
+    explore = job.explore.get(node_type) if job.explore is not None else None
+    curve = explore if explore is not None else job.metric(node_type)
+    cap = min(job.max_nodes, free)
+    if cap < job.min_nodes:
+        return np.zeros(1)
+    row = _batch([job], node_type, [cap], [0], [0.0], problem.t_fwd, [(curve, explore if explore is not None else job.throughput[node_type])])[0]
+    loss = job.weight * (job.scale_down_cost_s + job.restart_cost_s) * current_rate(job, problem.held_by_type(job))
+    out = row - loss - stay
+    out[0] = 0.0
     return out
 
 

@@ -41,6 +41,7 @@ from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
+from .types import NodeTypes, local_node_types
 from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
 
@@ -151,6 +152,8 @@ class Controller:
         self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
         self.runtime = runtime or self._make_runtime()
+        self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
+        self._idle_types: dict[str, int] | None = None
         self.pilots = PilotManager(self)
         self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
             "pilot.register": self._on_pilot_register,
@@ -158,6 +161,7 @@ class Controller:
             "pilot.leaving": self._on_pilot_leaving,
             "job.submit": self._on_job_submit,
             "job.report": self._on_job_report,
+            "job.describe": self._on_job_describe,
             "job.commit": self._on_job_commit,
             "job.result": self._on_job_result,
             "job.failed": self._on_job_failed,
@@ -243,15 +247,16 @@ class Controller:
         if kind == "local":
             from ..schedulers.local import LocalScheduler
 
-            return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, what, host: self._record_process(p, what, None, host))
+            return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, what, host: self._record_process(p, what, None, host),
+                                  node_types=local_node_types(self.config))  # fmt: skip
         if kind == "slurm":
             from ..schedulers.slurm import SlurmScheduler
 
-            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir)
+            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir, node_types=self.config.node_types)
         if kind == "pbs":
             from ..schedulers.pbs import PbsScheduler
 
-            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir)
+            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir, node_types=self.config.node_types)
         raise ValueError(f"unknown scheduler {kind!r}")
 
     def _recover(self, new_campaign: bool) -> None:
@@ -350,12 +355,13 @@ class Controller:
         for job_id in message["job_ids"]:
             job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
             if job is not None:
-                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "committed": job.committed, "result": job.result, "error": job.error}
+                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "committed": job.committed, "result": job.result, "error": job.error,
+                                **self.types.placement_of(job.id)}  # fmt: skip
         return {"jobs": jobs}
 
     def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         self._account(now)
-        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "submit_problem": self.pilots.problem,
+        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "submit_problem": self.pilots.problem,
                 "node_seconds": {"held": self.world.counters["held_node_s"] + self._held_s, "used": self.world.counters["used_node_s"] + self._used_s}}  # fmt: skip
 
     def _account(self, now: float) -> None:
@@ -433,12 +439,13 @@ class Controller:
         meter = self._meters.get(job.id)
         if job.status == "running" and message.get("host") in job.nodes and meter is not None and meter.nodes == len(job.nodes):
             measured = meter.add(message["samples"], message["seconds"], now, first=message.get("first") is True)
-            if measured is not None and not job.spec.get("curve"):
+            if measured is not None and not (job.spec.get("curve") or job.spec.get("curves")):
                 rate, seconds = measured
-                new_scale = meter.nodes not in self.profiler.scales(job.id)
-                self.profiler.observe(job.id, meter.nodes, rate, weight=seconds)
+                node_type = self.types.of_nodes(self.world, job.nodes)
+                new_scale = meter.nodes not in self.profiler.scales(job.id, node_type)
+                self.profiler.observe(job.id, meter.nodes, rate, weight=seconds, node_type=node_type)
                 if new_scale:
-                    self.world.log("job.estimate", now, job=job.id, nodes=meter.nodes, samples_per_s=round(rate, 3))
+                    self.world.log("job.estimate", now, job=job.id, nodes=meter.nodes, samples_per_s=round(rate, 3), **({"node_type": node_type} if node_type else {}))
                     self.dirty = True  # a scale never seen before: the estimate changed
         return {"progress": progress}
 
@@ -448,6 +455,18 @@ class Controller:
         if job.status in TERMINAL:
             return {"committed": job.committed}
         return {"committed": self._commit(job, now)}
+
+    def _on_job_describe(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+        """A rank computed the job's model descriptor (parameters, FLOPs per sample, layer mix, batch size): the
+        similarity policy predicts its curve on the types it has not run on from it. The first one stands."""
+        job = self._known_job(message["job_id"])
+        if job.status in TERMINAL or job.spec.get("model"):
+            return {"kept": False}
+        model = self.types.check_descriptor(message["model"])
+        self.world.set_spec(job, {**job.spec, "model": model})
+        self.world.log("job.described", now, job=job.id, model=model)
+        self.dirty = True
+        return {"kept": True}
 
     def _commit(self, job: Job, now: float) -> float:
         last = self._committed_at.get(job.id)
@@ -624,11 +643,15 @@ class Controller:
                 self._on_rank_exit(exit_, now)
             self._drain_walltimes(now)
             self._check_heartbeats(now)
-            idle = self._scheduler_call("idle", self.scheduler.idle_nodes)
+            idle, moved = self._idle(), False
+            if self.types.typed:
+                moved = self._idle_types is not None and self._idle_types != self.types.last_idle
             if self.dirty and (self.urgent or not self._settling(now)):
                 self.decide(now, idle)
-            elif (idle is not None and idle != self._last_idle) or self.pilots.release_due(now) or self.pilots.retry_due(now):
-                self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0)  # the main workload moved, or a kept node's time is up
+            elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now):
+                self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
+            if self._idle_types is not None:
+                self.types.last_idle = self._idle_types
             if idle is not None:
                 self._last_idle = idle
             if now - self._pruned_at >= PRUNE_EVERY_S:
@@ -769,9 +792,31 @@ class Controller:
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
-        self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, answer)
+        self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, answer, idle_types=self._idle_types_now())
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
+
+    def _idle(self) -> int | None:
+        """Idle nodes the batch system has for us now (on a typed machine, asked per type: ``_idle_types``)."""
+        if not self.types.typed:
+            return self._scheduler_call("idle", self.scheduler.idle_nodes)
+        self._idle_types = self._scheduler_call("idle", self.scheduler.idle_by_type)
+        return sum(self._idle_types.values()) if self._idle_types is not None else None
+
+    def _idle_types_now(self) -> dict[str, int] | None:
+        if not self.types.typed:
+            return None
+        return self._idle_types if self._idle_types is not None else (self.types.last_idle or {t: 0 for t in self.types.names})
+
+    def wanted_types(self, extra: dict[str, int], answer: Allocation | None) -> dict[str, int]:
+        """:meth:`wanted` per node type: how many nodes of each type the jobs would use with ``extra`` more of each."""
+        if sum(extra.values()) <= 0 and answer is not None:
+            return self.types.counts_by_type(answer)
+        active = self._active(len(self.world.ready) + sum(extra.values()))
+        if not active:
+            return {}
+        potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+        return self.types.counts_by_type(potential)
 
     def wanted(self, extra: int, answer: Allocation | None) -> int:
         """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target."""
@@ -836,8 +881,9 @@ class Controller:
         they could start on the ``room`` nodes that could be had (or ``controller.max_jobs`` of them when set)."""
         return self.world.active_jobs(self.config.controller.max_jobs, room=room)
 
-    def _problem(self, active: list[Job], extra: int) -> Problem:
-        """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring)."""
+    def _problem(self, active: list[Job], extra: int | dict[str, int]) -> Problem:
+        """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
+        machine with several kinds of node)."""
         jobs = []
         current = {}
         for job in active:
@@ -850,20 +896,26 @@ class Controller:
                 current[job.id] = frozenset(job.nodes)
         now = self.clock()
         ending = self._ending_soon(jobs, now)
-        pool = tuple(n for n in self.world.ready if n not in ending) + tuple(f"+{i}" for i in range(extra))
+        ready = tuple(n for n in self.world.ready if n not in ending)
+        if self.types.typed:
+            pool, types = self.types.pool(self.world, ready, extra if isinstance(extra, dict) else {})
+            return Problem(tuple(jobs), NodePool(pool, types), current, self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra))
+        pool = ready + tuple(f"+{i}" for i in range(extra))
         return Problem(tuple(jobs), NodePool(pool), current, self.horizon(now, extra))
 
     def _allocator_job(self, job: Job) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
         measured). Made anew only when one of those changed: a waiting job's view is the same decision after decision."""
-        inputs = (job.progress, job.status, self.profiler.version(job.id))
+        inputs = (job.progress, job.status, self.profiler.version(job.id), self.types.version(self.world, job))
         cached = self._alloc_jobs.get(job.id)
         if cached is not None and cached[0] == inputs:
             return cached[1]
         spec = job.spec
         lo, hi = spec["min_nodes"], spec["max_nodes"]
         explore = None
-        if spec.get("curve"):
+        if self.types.typed:
+            curve, explore = self.types.curves(self.world, job)
+        elif spec.get("curve"):
             curve = self._curves.get(job.id)
             if curve is None:
                 curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
@@ -877,6 +929,8 @@ class Controller:
             objective = self._curves.get(job.id + "/objective")
             if objective is None:
                 objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
+            if self.types.typed:
+                objective = {t: objective for t in curve}
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
         up, down, restart = spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0)
@@ -911,6 +965,12 @@ class Controller:
                 world.update_job(job, status="pending", nodes=[])
                 world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause, redone=world.roll_back(job))
                 running = False
+            if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
+                # Another kind of node: a stop (it resumes from its last commit) and a start there.
+                self.runtime.stop(job.id)
+                world.update_job(job, status="pending", nodes=[])
+                world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), cause="moved to another node type")
+                running = False
             try:
                 if running and new:
                     if set(new) == set(old) and not lost:
@@ -927,11 +987,11 @@ class Controller:
                     why = {"cause": cause} if not old and lost else {"cause": "allocation", "objective": round(answer.objective, 3)}
                     world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), **why)
                 elif new:
-                    self.runtime.start(job.id, job.spec, new)
+                    self.runtime.start(job.id, self.types.start_spec(world, job, new), new)
                     self._changed[job.id] = (now, "start")
                     self._committed_at[job.id] = now  # a stop loses what it does from here until its first commit
                     world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
-                    world.log("job.started", now, job=job.id, nodes=new, progress=job.progress)
+                    world.log("job.started", now, job=job.id, nodes=new, progress=job.progress, **self.types.placed(world, job, new, now))
                 else:
                     continue
             except Exception as exc:  # the runtime could not act: this job fails, the others go on
@@ -1004,6 +1064,7 @@ class Controller:
             fields["error"] = error
         self.world.update_job(job, **fields)
         self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
+        self.types.learned(job, status)  # a measured model joins the similarity library
         self.profiler.forget(job.id)
         self._meters.pop(job.id, None)
         self._changed.pop(job.id, None)

@@ -31,6 +31,7 @@ class Node:
     since: float
     job: str | None = None
     deadline: float | None = None
+    node_type: str | None = None  # on a machine with several kinds of node (its pilot asked for this type)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Pilot:
     walltime_end: float | None = None
     controller: int = 0
     registered_at: float = 0.0  # when its agent last registered (not journaled)
+    node_type: str | None = None  # the kind of node it asked for (a machine with several kinds)
 
 
 @dataclass
@@ -116,12 +118,12 @@ class World:
                 self.by_key[job.key] = job.id
         for row in self.journal.pilots(LIVE_PILOT_STATES):
             pilot = Pilot(row["id"], row["scheduler_id"], row["state"], row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
-                          row["walltime_end"], row["controller"])  # fmt: skip
+                          row["walltime_end"], row["controller"], node_type=row.get("node_type"))  # fmt: skip
             self.pilots[pilot.id] = pilot
             if pilot.state == "queued":
                 self.queued[pilot.id] = pilot
         for row in self.journal.nodes():
-            node = Node(row["name"], row["pilot"], row["state"], row["since"], row["job"], row["deadline"])
+            node = Node(row["name"], row["pilot"], row["state"], row["since"], row["job"], row["deadline"], row.get("node_type"))
             self.nodes[node.name] = node
             if node.state == "ready":
                 self.ready[node.name] = None
@@ -163,6 +165,11 @@ class World:
         if job.status in TERMINAL:
             self.open.pop(job.id, None)
             self.held.pop(job.id, None)
+
+    def set_spec(self, job: Job, spec: dict[str, Any]) -> None:
+        """Replace a job's spec (a model descriptor learned from its ranks)."""
+        self.journal.set_job(job.id, spec=spec)
+        job.spec = spec
 
     def hold(self, job: Job) -> None:
         """Set an open job aside until a submission of the same call claims it."""
@@ -241,9 +248,10 @@ class World:
 
     # ---------------------------------------------------------------- pilots
 
-    def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int) -> Pilot:
-        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now, requested=requested, controller=controller)
-        pilot = Pilot(pilot_id, scheduler_id, "queued", now, requested, controller=controller)
+    def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int, node_type: str | None = None) -> Pilot:
+        typed = {"node_type": node_type} if node_type is not None else {}
+        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now, requested=requested, controller=controller, **typed)
+        pilot = Pilot(pilot_id, scheduler_id, "queued", now, requested, controller=controller, node_type=node_type)
         self.pilots[pilot_id] = self.queued[pilot_id] = pilot
         return pilot
 
@@ -278,15 +286,18 @@ class World:
     def pilot_of(self, pilot_id: str) -> Pilot | None:
         return self.pilots.get(pilot_id)
 
-    def pending_nodes(self) -> int:
-        """Nodes asked for by pilots still waiting in the batch queue."""
-        return sum(p.requested for p in self.queued.values())
+    def pending_nodes(self, node_type: str | None = None) -> int:
+        """Nodes asked for by pilots still waiting in the batch queue (of ``node_type``, when given)."""
+        if node_type is None:
+            return sum(p.requested for p in self.queued.values())
+        return sum(p.requested for p in self.queued.values() if p.node_type == node_type)
 
     # ---------------------------------------------------------------- nodes
 
     def node_joins(self, name: str, pilot: Pilot, now: float) -> None:
-        self.journal.set_node(name, pilot=pilot.id, state="ready", job=None, since=now, deadline=None)
-        self.nodes[name] = Node(name, pilot.id, "ready", now)
+        typed = {"node_type": pilot.node_type} if pilot.node_type is not None else {}
+        self.journal.set_node(name, pilot=pilot.id, state="ready", job=None, since=now, deadline=None, **typed)
+        self.nodes[name] = Node(name, pilot.id, "ready", now, node_type=pilot.node_type)
         self.ready[name] = None
         pilot.nodes[name] = None
 
@@ -316,7 +327,7 @@ class World:
             "jobs": [j.summary() for j in self.jobs.values()],
             "pilots": [
                 {"id": p.id, "scheduler_id": p.scheduler_id, "state": p.state, "nodes": list(p.nodes), "requested": p.requested,
-                 "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid}  # fmt: skip
+                 "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid, "node_type": p.node_type}  # fmt: skip
                 for p in self.pilots.values()
             ],
             "nodes": [n.__dict__ for n in self.nodes.values() if n.state != "gone"],

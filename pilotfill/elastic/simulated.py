@@ -25,6 +25,12 @@ restoring), and the first report after a start or a resize is marked
 controller neither takes it for the job's rate nor mistakes the pause for it,
 and measures the pause as what the change cost.
 
+On a machine with several kinds of node (``node_types``) a job advances at
+its curve for the type of its nodes (``samples_per_s@TYPE`` of the job file);
+on nodes of several types at once — what a type-blind allocator may hand
+out — data-parallel ranks run at the slowest one's pace: the lowest of those
+types' curves at its size; on a type its file gives no curve for, not at all.
+
 Costs are a debt paid from the next progress, so reported samples are never
 negative; totals equal BFTrainer's "samples minus what rescaling lost".
 With ``noise`` > 0 the reported samples carry relative Gaussian noise (the
@@ -67,10 +73,23 @@ class SimJob:
     first_start: float | None = None
     fresh: bool = False  # started or resized since its last report: the next one is its ranks' first
     finished: float | None = None
+    types: Mapping[str, str] = field(default_factory=dict)  # node -> type (a machine with several kinds of node)
 
-    def rate(self, n: int | None = None) -> float:
-        n = len(self.hosts) if n is None else n
-        return self.spec.throughput.at(n) if self.spec.min_nodes <= n <= self.spec.max_nodes else 0.0
+    def rate(self, hosts: Sequence[str] | None = None) -> float:
+        """Samples/s on ``hosts`` (default: its own): its curve for their type; the slowest type's on mixed hosts."""
+        hosts = self.hosts if hosts is None else hosts
+        n = len(hosts)
+        if not self.spec.min_nodes <= n <= self.spec.max_nodes:
+            return 0.0
+        if not self.types or not self.spec.curves:
+            return self.spec.throughput.at(n)
+        rates = []
+        for kind in {self.types.get(h) for h in hosts}:
+            curve = self.spec.curve_on(kind)
+            if curve is None:
+                return 0.0  # the job does not run on that type
+            rates.append(curve.at(n))
+        return min(rates)
 
     @property
     def remaining(self) -> float:
@@ -79,7 +98,7 @@ class SimJob:
 
 class SimulatedRuntime(Runtime):
     def __init__(self, specs: Mapping[str, JobSpec], accounting: str = "bftrainer", noise: float = 0.0, seed: int = 0,
-                 start_cost_s: float = 30.0, commit_interval_s: float = 60.0, now: float = 0.0):  # fmt: skip
+                 start_cost_s: float = 30.0, commit_interval_s: float = 60.0, now: float = 0.0, node_types: Mapping[str, str] | None = None):  # fmt: skip
         if accounting not in ("bftrainer", "realistic"):
             raise ValueError(f"accounting must be 'bftrainer' or 'realistic', got {accounting!r}")
         self.specs = specs
@@ -92,6 +111,8 @@ class SimulatedRuntime(Runtime):
         self.running: dict[str, SimJob] = {}
         self.outbox: list[dict[str, Any]] = []
         self.used_node_s = 0.0
+        self.node_types = dict(node_types or {})
+        self.type_node_s: dict[str, float] = {}  # node-seconds used per type (typed machines)
         self._rng = random.Random(seed)
 
     # ------------------------------------------------------------ Runtime
@@ -99,7 +120,7 @@ class SimulatedRuntime(Runtime):
     def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:
         job = self.jobs.get(job_id)
         if job is None:
-            job = self.jobs[job_id] = SimJob(job_id, self.specs[spec["name"]])
+            job = self.jobs[job_id] = SimJob(job_id, self.specs[spec["name"]], types=self.node_types)
         job.hosts = list(hosts)
         job.first_start = self.now if job.first_start is None else job.first_start
         job.starts += 1
@@ -116,7 +137,7 @@ class SimulatedRuntime(Runtime):
         if gone:
             self._charge(job, job.spec.scale_down_cost_s * job.rate())
             job.preemptions += 1
-        before = job.rate(len(survivors))
+        before = job.rate(survivors)
         if len(hosts) > len(survivors):
             self._charge(job, job.spec.scale_up_cost_s * before)
         elif len(hosts) < len(survivors):
@@ -177,6 +198,10 @@ class SimulatedRuntime(Runtime):
             n = len(job.hosts)
             rate = job.rate()
             self.used_node_s += n * dt
+            if self.node_types:
+                for h in job.hosts:
+                    kind = self.node_types.get(h, "")
+                    self.type_node_s[kind] = self.type_node_s.get(kind, 0.0) + dt
             if rate <= 0:
                 continue
             produced = rate * dt

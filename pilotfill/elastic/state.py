@@ -71,6 +71,10 @@ class ElasticState:
         for key, value in extra.items():
             setattr(self, key, value)
         self.restored = self.restore()
+        if model is not None:
+            from ..describe import watch
+
+            watch(model)  # rank 0 describes the model on its first forward pass: the similarity policy's input
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -50,6 +50,7 @@ def elastic_app(
     cache: bool = True,
     executor: str = "elastic",
     runtime: str | None = None,
+    model: dict[str, Any] | None = None,
 ) -> Callable:
     """Decorate a training function as an elastic Parsl app (see module docstring).
 
@@ -57,11 +58,23 @@ def elastic_app(
     since the last commit, and starting again); the allocator stops a running
     job only when that is worth paying. ``runtime``: ``"torch"``, ``"horovod"`` or
     ``"processes"``, the runtime the function is written for (default: the config's).
+    ``curve``: one curve, or one per node type (``{"a100": {"nodes": …,
+    "samples_per_s": …}, …}``) on a machine with several kinds of node.
+    ``model``: the model's descriptor (``parameters``, ``flops_per_sample``,
+    ``layers``, ``batch_size``, ``mix``) for the similarity policy, where
+    pilotfill cannot describe it from the model itself (``ElasticState`` does).
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
     if runtime is not None and runtime not in RUNTIMES:
         raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
     spec["runtime"] = runtime
+    if model is not None:
+        from ..allocator.similarity import Descriptor, LibraryError
+
+        try:
+            spec["model"] = Descriptor.from_dict(model, "elastic_app: model").to_dict()
+        except LibraryError as exc:
+            raise ElasticAppError(str(exc)) from None
 
     def decorate(func: Callable) -> Callable:
         if not callable(func):
@@ -102,11 +115,17 @@ def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down, restart
         fail(f"max_nodes must be an integer >= min_nodes ({min_nodes}), got {max_nodes!r}")
     if max_nodes > MAX_NODES:
         fail(f"max_nodes must be at most {MAX_NODES:,} (no machine is larger), got {max_nodes!r}")
+    curves = None
     if curve is not None:
-        try:
-            ScalingCurve(tuple(curve["nodes"]), tuple(curve["samples_per_s"]))
-        except (KeyError, TypeError, ProblemError) as exc:
-            fail(f"curve must be {{'nodes': [0, …], 'samples_per_s': [0, …]}} starting at 0 nodes: {exc}")
+        typed = isinstance(curve, dict) and "nodes" not in curve and curve and all(isinstance(v, dict) for v in curve.values())
+        for kind, one in (curve.items() if typed else [(None, curve)]):
+            try:
+                ScalingCurve(tuple(one["nodes"]), tuple(one["samples_per_s"]))
+            except (KeyError, TypeError, ProblemError) as exc:
+                where = f"curve[{kind!r}]" if kind is not None else "curve"
+                fail(f"{where} must be {{'nodes': [0, …], 'samples_per_s': [0, …]}} starting at 0 nodes (or one such per node type): {exc}")
+        if typed:
+            curves, curve = dict(curve), None
     if total_samples is not None and not (_finite(total_samples) and total_samples > 0):
         fail(f"total_samples must be a positive number, got {total_samples!r}")
     for name, value in (("weight", weight), ("scale_up_cost_s", up), ("scale_down_cost_s", down), ("restart_cost_s", restart)):
@@ -116,6 +135,7 @@ def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down, restart
         "min_nodes": min_nodes,
         "max_nodes": max_nodes,
         "curve": curve,
+        **({"curves": curves} if curves else {}),
         "total_samples": total_samples,
         "weight": float(weight),
         "scale_up_cost_s": float(up),

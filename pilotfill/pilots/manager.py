@@ -24,6 +24,10 @@ that line rather than asking for the same thing again and again.
 Release and fill never both happen in one decision, and a node is released
 only when the jobs would not use it even with every idle node: so pilotfill
 never gives a node back while the same jobs wait for one.
+
+On a machine with several kinds of node all of this is done per type, from one
+question ("with every idle node of every type, how many of each would the jobs
+use?"): each pilot asks for one type, within the same site limits.
 """
 
 from __future__ import annotations
@@ -86,8 +90,11 @@ class PilotManager:
     def has_release(self, pilot: str) -> bool:
         return bool(self._release.get(pilot))
 
-    def adjust(self, now: float, idle: int, answer: Allocation | None = None) -> None:
-        """Release, cancel or submit so that what we hold and ask for matches what the jobs would use."""
+    def adjust(self, now: float, idle: int, answer: Allocation | None = None, idle_types: dict[str, int] | None = None) -> None:
+        """Release, cancel or submit so that what we hold and ask for matches what the jobs would use
+        (``idle_types``: a machine with several kinds of node, sized per type)."""
+        if idle_types is not None:
+            return self._adjust_types(now, idle_types, answer)
         world = self.world
         ready = len(world.ready)
         pending = world.pending_nodes()
@@ -113,6 +120,48 @@ class PilotManager:
         missing = wanted - ready - pending
         if missing > 0 and idle > 0:
             self._submit(min(missing, idle), now)
+
+    def _adjust_types(self, now: float, idle: dict[str, int], answer: Allocation | None) -> None:
+        """:meth:`adjust`, per node type: what the jobs would use of each type with every idle node of every type."""
+        world = self.world
+        types = sorted(set(idle) | {p.node_type for p in world.queued.values() if p.node_type})
+        ready = {t: 0 for t in types}
+        unused: dict[str, list[str]] = {t: [] for t in types}
+        for name in world.ready:
+            node = world.nodes[name]
+            t = node.node_type
+            if t is None:
+                continue
+            ready[t] = ready.get(t, 0) + 1
+            if node.job is None:
+                unused.setdefault(t, []).append(name)
+        pending = {t: world.pending_nodes(t) for t in ready}
+        if not any(unused.values()):
+            self._unused_since.clear()
+        if not (any(unused.values()) or any(idle.values()) or any(pending.values())):
+            return
+        if answer is None and not world.open and not any(unused.values()) and not any(pending.values()):
+            return
+        extra = {t: idle.get(t, 0) + pending.get(t, 0) for t in ready}
+        wanted = self.controller.wanted_types(extra, answer) if world.open else {}
+        spare = []
+        for t in ready:
+            surplus = ready[t] - wanted.get(t, 0)
+            if surplus > 0:
+                spare += unused.get(t, [])[:surplus]
+        self._unused_since = {n: self._unused_since.get(n, now) for n in spare}
+        if spare:
+            hold = self.config.release_after_s if self._could_grow() else 0.0
+            due = [n for n in spare if now - self._unused_since[n] >= hold]
+            if due:
+                self._give_back(due, now)
+        for t in ready:
+            want = wanted.get(t, 0)
+            if pending[t] - max(0, want - ready[t]) > 0 and want <= ready[t]:
+                self._cancel_queued(now, t)
+            missing = want - ready[t] - pending[t]
+            if missing > 0 and idle.get(t, 0) > 0:
+                self._submit(min(missing, idle[t]), now, t)
 
     def release_due(self, now: float) -> bool:
         """True when a node kept unused has waited ``release_after_s``: time to decide again whether to give it back."""
@@ -154,8 +203,10 @@ class PilotManager:
             self._release.setdefault(pilot, set()).update(given)
             self.controller._wake_later(pilot)  # its agent ends what runs there and lets the nodes go now
 
-    def _cancel_queued(self, now: float) -> None:
+    def _cancel_queued(self, now: float, node_type: str | None = None) -> None:
         for pilot in list(self.world.queued.values()):
+            if node_type is not None and pilot.node_type != node_type:
+                continue
             if self.controller._scheduler_call("cancel", self.controller.scheduler.cancel, pilot.id) is None and pilot.scheduler_id is None:
                 continue
             self.world.log("pilot.cancelled", now, pilot=pilot.id, why="no job needs it any more")
@@ -168,8 +219,8 @@ class PilotManager:
         self.problem = {"kind": kind, "reason": reason, "error": error[-1000:], "at": now, "retry_at": retry_at} if kind else None
         self.world.journal.set_meta("submit_problem", json.dumps(self.problem) if self.problem else "")
 
-    def _submit(self, nodes: int, now: float) -> None:
-        """Submit pilots for ``nodes`` nodes, ``nodes_per_pilot`` at a time, within the site's limits."""
+    def _submit(self, nodes: int, now: float, node_type: str | None = None) -> None:
+        """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time, within the site's limits."""
         if now < self._not_before:
             return
         cfg = self.config
@@ -184,7 +235,10 @@ class PilotManager:
             pilot_id = f"p{self.controller.incarnation}-{self._pilot_seq}"
             self.world.journal.set_meta("pilot_seq", str(self._pilot_seq))
             try:
-                scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size)
+                if node_type is None:
+                    scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size)
+                else:
+                    scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size, node_type=node_type)
             except SchedulerConfigError as exc:  # the same answer every time: stop, naming the config key
                 log.error("pilot submission refused for good: %s", exc)
                 self.world.log("pilot.submit_refused", now, error=str(exc)[-1000:], reason=exc.reason, final=True)
@@ -204,8 +258,8 @@ class PilotManager:
             if self.problem is not None:
                 self._set_problem(None, "", "", now, None)
             self._submits.append(now)
-            self.world.add_pilot(pilot_id, scheduler_id, size, now, self.controller.incarnation)
-            self.world.log("pilot.submitted", now, pilot=pilot_id, scheduler_id=scheduler_id, nodes=size)
+            self.world.add_pilot(pilot_id, scheduler_id, size, now, self.controller.incarnation, node_type)
+            self.world.log("pilot.submitted", now, pilot=pilot_id, scheduler_id=scheduler_id, nodes=size, **({"node_type": node_type} if node_type else {}))
             self.world.count("pilots_submitted")
             self._asked_at[pilot_id] = now
             asked += size

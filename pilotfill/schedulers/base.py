@@ -39,8 +39,14 @@ class BatchScheduler(ABC):
         """Nodes the main workload leaves free right now that no pilot of ours holds."""
 
     @abstractmethod
-    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
-        """Ask for a pilot of up to ``nodes`` nodes; returns the batch system's job id."""
+    def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
+        """Ask for a pilot of up to ``nodes`` nodes (all of ``node_type``, on a machine with several kinds of node);
+        returns the batch system's job id."""
+
+    def idle_by_type(self) -> dict[str, int] | None:
+        """On a machine with several kinds of node (the config's ``[node_types]``): the idle nodes of each type, as
+        ``idle_nodes`` counts them. None: one kind of node (the default)."""
+        return None
 
     @abstractmethod
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:

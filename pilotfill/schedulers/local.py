@@ -13,6 +13,13 @@ system would: SIGTERM to the pilot, SIGKILL after the grace period. With
 Nodes are called ``pf-node-0`` … rather than ``localhost``: Elastic Horovod
 blacklists a host whose rank dies, and with one host name the whole job
 would stop (DESIGN, "Elastic runtime").
+
+With ``[node_types.NAME] nodes = K`` tables the virtual nodes have types (the
+first K nodes the first type, and so on), and a pilot asks for one type, as
+on a machine with several kinds of node. They are labels only: every virtual
+node is this machine's CPU, so a job runs as fast on one type as on another —
+what differs is where pilotfill places it (by its curves per type or the
+similarity policy), not how fast it then runs.
 """
 
 from __future__ import annotations
@@ -118,6 +125,7 @@ class LocalScheduler(BatchScheduler):
     on_spawn: Callable[[subprocess.Popen, str, str], None] = lambda p, kind, host: None
     clock: Callable[[], float] = time.time
     name: str = "local"
+    node_types: dict[str, str] = field(default_factory=dict)  # node -> type (a typed virtual cluster)
     _busy: set[str] = field(default_factory=set)
     _running: dict[str, _Pilot] = field(default_factory=dict)
     _events: list[PilotEvent] = field(default_factory=list)
@@ -143,13 +151,25 @@ class LocalScheduler(BatchScheduler):
     def idle_nodes(self) -> int:
         return len(self._free())
 
+    def idle_by_type(self) -> dict[str, int] | None:
+        if not self.node_types:
+            return None
+        out = {t: 0 for t in self.node_types.values()}
+        for n in self._free():
+            out[self.node_types[n]] += 1
+        return out
+
     def capacity(self) -> int:
+        if self.node_types:  # a job runs on one type at a time
+            kinds = list(self.node_types.values())
+            return max(kinds.count(t) for t in set(kinds))
         return len(self.nodes)
 
-    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
-        free = self._free()[: max(1, min(nodes, self.pilots.nodes_per_pilot))]
+    def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
+        free = [n for n in self._free() if node_type is None or self.node_types.get(n) == node_type]
+        free = free[: max(1, min(nodes, self.pilots.nodes_per_pilot))]
         if not free:
-            raise RuntimeError("no idle node to start a pilot on")
+            raise RuntimeError(f"no idle node{' of type ' + repr(node_type) if node_type else ''} to start a pilot on")
         self._next_id += 1
         scheduler_id = f"local.{self._next_id}"
         argv = [

@@ -47,6 +47,14 @@ differ) and an earlier capture (``shared/data/openpbs``), not from the manual al
   ``extra_args``, 170 unknown queue, 59 walltimes) and a ``chunk`` no vnode has
   (PBS would accept it and queue it forever) are :class:`SchedulerConfigError`:
   the campaign stops naming the config key, rather than waiting in silence.
+* Several kinds of node (``[node_types.NAME]``): each type adds resources to
+  every select chunk (``select = "gpu_type=a100"``: a site's custom string
+  resource, set on its vnodes as ``resources_available.gpu_type``, which
+  ``pbsnodes`` shows) and/or names a queue. A vnode is of a type when it
+  offers the type's resources (a string equal, a count at least); idle vnodes
+  are counted per type, and a pilot asks for one type. A resource the server
+  does not know is refused by ``qsub`` (exit 187, "Unknown resource", as
+  recorded for ``-l``).
 
 Every command goes through :func:`commands.run` (timeout, retries, errors
 naming the command and PBS's message).
@@ -65,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import PbsConfig, PilotConfig
+from ..config import NodeTypeConfig, PbsConfig, PilotConfig
 from .base import BatchScheduler, PilotEvent, PilotRefused, SchedulerConfigError, agent_command
 from .commands import Result, SchedulerCommandError, run
 
@@ -101,14 +109,21 @@ class Vnode:
     resources: dict[str, Any]
     jobs: tuple[str, ...]
 
-    def usable(self, chunk: dict[str, int]) -> bool:
-        """Could hold one chunk of a pilot: real cpus (not a natural vnode), the chunk's counts, not down."""
+    def usable(self, chunk: dict[str, int | str]) -> bool:
+        """Could hold one chunk of a pilot: real cpus (not a natural vnode), the chunk's counts and named resources
+        (a string resource equal), not down."""
         if any(s in self.state for s in UNUSABLE_STATES):
             return False
         ncpus = _number(self.resources.get("ncpus"))
         if ncpus is None or ncpus < 1:
             return False
-        return all((_number(self.resources.get(k)) or 0) >= v for k, v in chunk.items())
+        for k, v in chunk.items():
+            if isinstance(v, str):
+                if str(self.resources.get(k, "")) != v:
+                    return False
+            elif (_number(self.resources.get(k)) or 0) < v:
+                return False
+        return True
 
     @property
     def free(self) -> bool:
@@ -251,6 +266,16 @@ def parse_chunk(chunk: str) -> dict[str, int]:
     return out
 
 
+def parse_resources(chunk: str) -> dict[str, int | str]:
+    """Every resource of a select chunk, counts and names: ``ngpus=4:gpu_type=a100`` -> ``{"ngpus": 4, "gpu_type": "a100"}``."""
+    out: dict[str, int | str] = {}
+    for part in chunk.split(":"):
+        key, _, value = part.partition("=")
+        if key.strip() and value.strip():
+            out[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    return out
+
+
 def is_policy_refusal(returncode: int | None, output: str) -> bool:
     """qsub refused by a queue or server limit (max_queued, queued_jobs_threshold, …), not by a failure."""
     return returncode in POLICY_CODES or bool(POLICY_MESSAGE.search(output))
@@ -267,7 +292,7 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def idle_vnodes(vnodes: dict[str, Vnode], chunk: dict[str, int]) -> list[str]:
+def idle_vnodes(vnodes: dict[str, Vnode], chunk: dict[str, int | str]) -> list[str]:
     """Vnodes a pilot chunk could start on now."""
     return [v.name for v in vnodes.values() if v.free and v.usable(chunk)]
 
@@ -351,6 +376,7 @@ class _Pilot:
     id: str
     job: str
     requested: int
+    node_type: str | None = None
     nodes: list[str] = field(default_factory=list)  # vnodes of the current run (empty while queued)
     hosts: dict[str, str] = field(default_factory=dict)  # vnode -> host, current run
     primary: str | None = None  # first host of exec_host, current run: PBS never releases its vnodes
@@ -380,9 +406,11 @@ class PbsScheduler(BatchScheduler):
 
     def __init__(
         self, config: PbsConfig, pilots: PilotConfig, run_dir: Path, *, retries: int = 2, backoff_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep, node_types: tuple[NodeTypeConfig, ...] = (),
     ):  # fmt: skip
         self.config, self.pilot_config = config, pilots
+        self.node_types = node_types
+        self._type_chunks = {t.name: {**parse_resources(config.chunk), **parse_resources(t.select)} for t in node_types}
         self.run_dir = Path(run_dir).resolve()
         self.retries, self.backoff_s, self.clock, self.sleep = retries, backoff_s, clock, sleep
         self.chunk = parse_chunk(config.chunk)
@@ -402,24 +430,42 @@ class PbsScheduler(BatchScheduler):
 
     def idle_nodes(self) -> int:
         """Free usable vnodes, less those promised to the main workload and our waiting pilots' (cached for ``poll_s``)."""
+        if self.node_types:
+            return sum((self.idle_by_type() or {}).values())
         return self._idle(self._pbsnodes(max_age=self.config.poll_s))
 
-    def capacity(self) -> int | None:
-        """Chunks one pilot could take on the whole machine (every usable vnode, as ``place`` allows)."""
+    def idle_by_type(self) -> dict[str, int] | None:
+        """Idle vnodes of each configured type (those offering its select resources), as ``idle_nodes`` counts them."""
+        if not self.node_types:
+            return None
         vnodes = self._pbsnodes(max_age=self.config.poll_s)
+        return {t.name: self._idle(vnodes, t.name) for t in self.node_types}
+
+    def capacity(self) -> int | None:
+        """Chunks one pilot could take on the whole machine (every usable vnode, as ``place`` allows; of one type on a
+        machine with several)."""
+        vnodes = self._pbsnodes(max_age=self.config.poll_s)
+        if self.node_types:
+            return max(placeable([v.name for v in vnodes.values() if v.usable(c)], vnodes, self.config.place) for c in self._type_chunks.values())
         return placeable([v.name for v in vnodes.values() if v.usable(self.chunk)], vnodes, self.config.place)
 
-    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
+    def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
+        kind = next((t for t in self.node_types if t.name == node_type), None)
+        if self.node_types and kind is None:
+            raise SchedulerCommandError(["qsub"], f"not submitted: no node type {node_type!r} in the config ({', '.join(t.name for t in self.node_types)})")
+        chunk = self._type_chunks[kind.name] if kind is not None else self.chunk
+        chunk_text = self.config.chunk + (f":{kind.select}" if kind is not None and kind.select else "")
+        queue = kind.queue if kind is not None and kind.queue else self.config.queue
         vnodes = self._pbsnodes(max_age=0.0)
-        usable = placeable([v.name for v in vnodes.values() if v.usable(self.chunk)], vnodes, self.config.place)
-        idle = self._idle(vnodes)
+        usable = placeable([v.name for v in vnodes.values() if v.usable(chunk)], vnodes, self.config.place)
+        idle = self._idle(vnodes, kind.name if kind is not None else None)
         count = min(nodes, self.config.nodes_per_pilot, usable, idle)
         if count < 1:
             raise SchedulerCommandError(["qsub"], f"not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)")
         script = self._write_script(pilot_id)
         argv = [
-            "qsub", "-q", self.config.queue, "-N", f"pf-{pilot_id}", "-r", "y",
-            "-l", f"select={count}:{self.config.chunk}", "-l", f"place={self.config.place}",
+            "qsub", "-q", queue, "-N", f"pf-{pilot_id}", "-r", "y",
+            "-l", f"select={count}:{chunk_text}", "-l", f"place={self.config.place}",
             "-l", f"min_walltime={self.config.min_walltime},max_walltime={self.config.max_walltime}",
             *(["-A", self.config.account] if self.config.account else []), *self.config.extra_args,
             "-o", str(self.run_dir / "logs" / f"pilot-{pilot_id}.out"), "-j", "oe", str(script),
@@ -441,9 +487,9 @@ class PbsScheduler(BatchScheduler):
             job = parse_job_id(result.stdout)
         except ValueError:
             raise SchedulerCommandError(argv, "printed no job id", 0, result.stdout + result.stderr) from None
-        self._track(_Pilot(pilot_id, job, count))
+        self._track(_Pilot(pilot_id, job, count, node_type=kind.name if kind is not None else None))
         self._vnodes_at = None  # the next idle count must see this pilot
-        log.info("pilot %s is PBS job %s: %d x %s in %s", pilot_id, job, count, self.config.chunk, self.config.queue)
+        log.info("pilot %s is PBS job %s: %d x %s in %s", pilot_id, job, count, chunk_text, queue)
         return job
 
     def check(self) -> None:
@@ -705,14 +751,16 @@ class PbsScheduler(BatchScheduler):
             pilot.deleted_run = max(pilot.deleted_run, status.run_count)
         return []
 
-    def _idle(self, vnodes: dict[str, Vnode]) -> int:
-        """Chunks a new pilot could get now: idle vnodes (as ``place`` allows), less what the main workload and our
-        waiting pilots will take."""
-        free = idle_vnodes(vnodes, self.chunk)
+    def _idle(self, vnodes: dict[str, Vnode], node_type: str | None = None) -> int:
+        """Chunks a new pilot could get now: idle vnodes (as ``place`` allows; of ``node_type``), less what the main
+        workload and our waiting pilots (of that type) will take."""
+        chunk = self._type_chunks[node_type] if node_type is not None else self.chunk
+        free = idle_vnodes(vnodes, chunk)
         on_vnodes = {j for v in vnodes.values() for j in v.jobs}
         waiting = sum(
             p.requested for p in self._pilots.values()
             if (p.state in QUEUED_STATES or p.rerunning) and not (p.deleted or p.ended) and (p.rerunning or p.job not in on_vnodes)
+            and (node_type is None or p.node_type == node_type)
         )  # fmt: skip
         ours = sum(len(p.nodes) for p in self._pilots.values() if p.running and not p.deleted)
         # A preempted pilot's vnodes stay job-busy while it exits (recheck (d)): never idle, and the main job's next.

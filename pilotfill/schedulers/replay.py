@@ -15,7 +15,12 @@ does to pilots, at the level that matters to what a site sees:
   the pilot ends ``grace_s`` later; a pilot reaching its walltime does the
   same;
 * released nodes go back to the main workload at once; a pilot with no node
-  left ends.
+  left ends;
+* on a typed machine (the trace's node-type map, ``typed=True``) idle nodes
+  are counted per type and a pilot asks for one type and starts on idle nodes
+  of that type only, as a Slurm ``--constraint`` or a PBS select resource
+  would have it. With ``typed=False`` the same machine is offered type-blind:
+  a pilot takes any idle nodes.
 
 What the simulated agents would send (``pilot.register``, ``pilot.leaving``)
 collects in :attr:`outbox` for the replay driver to deliver as messages, so
@@ -44,6 +49,7 @@ class _Pilot:
     job_id: str
     requested: int
     start_at: float
+    node_type: str | None = None
     nodes: list[str] = field(default_factory=list)
     state: str = "queued"  # queued | running | leaving
     end_at: float = math.inf  # when a leaving pilot is gone
@@ -65,11 +71,18 @@ class ReplayCounts:
 class ReplayScheduler(BatchScheduler):
     name = "replay"
 
-    def __init__(self, trace: Trace, queue_delay_s: float = 0.0, grace_s: float = 5.0, walltime_s: float = 6 * 3600.0):
+    def __init__(self, trace: Trace, queue_delay_s: float = 0.0, grace_s: float = 5.0, walltime_s: float = 6 * 3600.0, typed: bool = False):
         self.trace = trace
         self.queue_delay_s, self.grace_s, self.walltime_s = queue_delay_s, grace_s, walltime_s
+        self.typed = typed and bool(trace.types)
         self.now = trace.start
         self.free: dict[str, None] = dict.fromkeys(n for n in trace.nodes if n in trace.initial_idle)  # idle, held by no pilot
+        self._free_types: dict[str, dict[str, None]] = {}  # typed: the free nodes of each type, in the same order
+        if self.typed:
+            for t in trace.type_counts():
+                self._free_types[t] = {}
+            for n in self.free:
+                self._free_types[trace.types[n]][n] = None
         self.main_busy: set[str] = {n for n in trace.nodes if n not in trace.initial_idle}
         self.holder: dict[str, str] = {}  # node -> pilot holding it
         self.pilots: dict[str, _Pilot] = {}
@@ -87,13 +100,24 @@ class ReplayScheduler(BatchScheduler):
     def idle_nodes(self) -> int:
         return max(0, len(self.free) - sum(p.requested for p in self.queued.values()))
 
+    def idle_by_type(self) -> dict[str, int] | None:
+        if not self.typed:
+            return None
+        out = {t: len(free) for t, free in self._free_types.items()}
+        for p in self.queued.values():
+            if p.node_type in out:
+                out[p.node_type] = max(0, out[p.node_type] - p.requested)
+        return out
+
     def capacity(self) -> int:
         return len(self.trace.nodes)
 
-    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
+    def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
+        if self.typed and node_type not in self._free_types:
+            raise ValueError(f"no node type {node_type!r} on this machine (it has {', '.join(sorted(self._free_types))})")
         self.counts.submitted += 1
         job_id = f"replay.{self.counts.submitted}"
-        pilot = _Pilot(pilot_id, job_id, max(1, nodes), self.now + self.queue_delay_s)
+        pilot = _Pilot(pilot_id, job_id, max(1, nodes), self.now + self.queue_delay_s, node_type if self.typed else None)
         self.pilots[pilot_id] = self.queued[pilot_id] = pilot
         self._timer(pilot.start_at, pilot_id, "start")
         return job_id
@@ -108,7 +132,7 @@ class ReplayScheduler(BatchScheduler):
             pilot.nodes.remove(n)
             self._released_at[n] = self.now
             if n not in self.main_busy:
-                self.free[n] = None
+                self._free(n)
         self.counts.released += len(given)
         if not pilot.nodes:
             self._end(pilot, "released every node")
@@ -171,14 +195,22 @@ class ReplayScheduler(BatchScheduler):
             for pilot in [p for p in self.queued.values() if p.start_at <= t]:
                 if not self.free:
                     break
+                if self.typed and not self._free_types.get(pilot.node_type):
+                    continue
                 self._start(pilot)
+
+    def startable(self, t: float) -> bool:
+        """Whether a queued pilot could start at ``t`` (its start time passed and a node it may take is idle)."""
+        if not self.free:
+            return False
+        return any(p.start_at <= t and (not self.typed or self._free_types.get(p.node_type)) for p in self.queued.values())
 
     # ------------------------------------------------------------ helpers
 
     def _apply(self, step) -> None:
         for n in step.to_busy:
             self.main_busy.add(n)
-            self.free.pop(n, None)
+            self._unfree(n)
             pilot_id = self.holder.get(n)
             if pilot_id is not None and self.pilots[pilot_id].state == "running":
                 self.counts.preempted += 1
@@ -187,14 +219,15 @@ class ReplayScheduler(BatchScheduler):
             self.main_busy.discard(n)
             self.counts.idle_transitions += 1
             if n not in self.holder:
-                self.free[n] = None
+                self._free(n)
 
     def _start(self, pilot: _Pilot) -> None:
-        take = list(islice(self.free, pilot.requested))
+        source = self._free_types.get(pilot.node_type, {}) if self.typed else self.free
+        take = list(islice(source, pilot.requested))
         if not take:
             return
         for n in take:
-            del self.free[n]
+            self._unfree(n)
             self.holder[n] = pilot.id
             released = self._released_at.pop(n, None)
             if released is not None and self.now - released < REREQUEST_WINDOW_S:
@@ -218,11 +251,21 @@ class ReplayScheduler(BatchScheduler):
         for n in pilot.nodes:
             self.holder.pop(n, None)
             if n not in self.main_busy:
-                self.free[n] = None
+                self._free(n)
         self.pilots.pop(pilot.id, None)
         self.queued.pop(pilot.id, None)
         self._events.append(PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why))
         pilot.nodes = []
+
+    def _free(self, n: str) -> None:
+        self.free[n] = None
+        if self.typed:
+            self._free_types[self.trace.types[n]][n] = None
+
+    def _unfree(self, n: str) -> None:
+        self.free.pop(n, None)
+        if self.typed:
+            self._free_types[self.trace.types[n]].pop(n, None)
 
     def _timer(self, t: float, pilot_id: str, what: str) -> None:
         self._tick += 1

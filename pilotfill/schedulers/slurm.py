@@ -20,7 +20,13 @@
   SIGTERM first, which the agent inside turns into ``pilot.leaving``;
 * a submission refused by policy (``QOSMaxSubmitJobPerUserLimit``,
   ``AssocMaxSubmitJobLimit``, "Job violates accounting/QOS policy") raises
-  :class:`PilotRefused` so the pilot manager backs off.
+  :class:`PilotRefused` so the pilot manager backs off;
+* several kinds of node (``[node_types.NAME]``): each type is a partition, a
+  ``--constraint`` on node features (``&``, ``|`` and brackets) and/or a
+  ``--gres`` type; idle nodes are read with their partitions, features and
+  generic resources (``sinfo -N -h -t idle -o "%N|%P|%f|%G"``) and counted
+  per type (a node matching several types counts for the first), and a
+  pilot asks for one type: ``-p``, ``--constraint``, ``--gres`` of that type.
 
 Every command goes through :func:`pilotfill.schedulers.commands.run` (timeout,
 retries with backoff, errors naming the command and its output).
@@ -38,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import PilotConfig, SlurmConfig
+from ..config import NodeTypeConfig, PilotConfig, SlurmConfig
 from .base import BatchScheduler, PilotEvent, PilotRefused, agent_command
 from .commands import Result, SchedulerCommandError, run
 
@@ -104,6 +110,59 @@ def is_policy_refusal(output: str) -> bool:
     return bool(POLICY_MESSAGE.search(output))
 
 
+def features_match(constraint: str, features: set[str]) -> bool:
+    """Whether a node with ``features`` satisfies a ``--constraint`` of features joined by ``&`` and ``|`` (brackets
+    read as grouping; counts such as ``a*2`` are not supported and never match)."""
+    expr = constraint.replace("[", "(").replace("]", ")")
+    tokens = re.findall(r"[()&|]|[^()&|\s]+", expr)
+    pos = 0
+
+    def atom() -> bool:
+        nonlocal pos
+        tok = tokens[pos] if pos < len(tokens) else ""
+        pos += 1
+        if tok == "(":
+            value = either()
+            pos += 1  # ")"
+            return value
+        return tok in features
+
+    def both() -> bool:
+        nonlocal pos
+        value = atom()
+        while pos < len(tokens) and tokens[pos] == "&":
+            pos += 1
+            value = atom() and value
+        return value
+
+    def either() -> bool:
+        nonlocal pos
+        value = both()
+        while pos < len(tokens) and tokens[pos] == "|":
+            pos += 1
+            value = both() or value
+        return value
+
+    return bool(tokens) and either()
+
+
+def gres_match(gres: str, node_gres: str) -> bool:
+    """Whether a node's ``%G`` (``gpu:a100:4(S:0-1),…``) offers the ``--gres`` asked for (``gpu:a100`` or ``gpu:a100:4``)."""
+    want = gres.split(":")
+    for item in node_gres.split(","):
+        have = re.sub(r"\(.*?\)", "", item).split(":")
+        if have[0] != want[0]:
+            continue
+        if len(want) == 1:
+            return True
+        if len(want) >= 2 and not want[1].isdigit():
+            if len(have) < 3 or have[1] != want[1]:
+                continue
+            return len(want) == 2 or (have[2].isdigit() and int(have[2]) >= int(want[2]))
+        return have[-1].isdigit() and int(have[-1]) >= int(want[1])
+    return False
+
+
 @dataclass
 class _Pilot:
     id: str
@@ -114,6 +173,7 @@ class _Pilot:
     state: str = "PENDING"  # at the last squeue
     missing: int = 0  # consecutive squeue answers that did not know the job
     cancelled: bool = False
+    node_type: str | None = None
 
 
 @dataclass
@@ -122,12 +182,14 @@ class SlurmScheduler(BatchScheduler):
     pilots: PilotConfig
     run_dir: Path
     name: str = "slurm"
+    node_types: tuple[NodeTypeConfig, ...] = ()  # several kinds of node: how each is selected
     _pilots: dict[str, _Pilot] = field(default_factory=dict)
     _jobs: dict[str, str] = field(default_factory=dict)  # every job id submitted or adopted -> pilot: close() cancels them all
     _ended: set[str] = field(default_factory=set)  # job ids seen in a final state or purged
     _events: list[PilotEvent] = field(default_factory=list)  # found outside poll() (by release), reported by the next poll
     _last_poll: float = 0.0
     _idle_cache: tuple[float, int] | None = None
+    _types_cache: tuple[float, dict[str, int]] | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -142,17 +204,68 @@ class SlurmScheduler(BatchScheduler):
 
     def idle_nodes(self) -> int:
         """Idle nodes of the partition less what our pending pilots asked for (sinfo cached for up to a second)."""
+        if self.node_types:
+            return sum((self.idle_by_type() or {}).values())
         waiting = sum(p.requested for p in self._pilots.values() if p.state in WAITING and not p.cancelled)
         return max(0, self._sinfo_idle(max_age=min(self.config.poll_s, 1.0)) - waiting)
 
+    def idle_by_type(self) -> dict[str, int] | None:
+        """Idle nodes of each configured type less what our pending pilots of that type asked for."""
+        if not self.node_types:
+            return None
+        out = dict(self._typed_nodes(idle=True, max_age=min(self.config.poll_s, 1.0)))
+        for p in self._pilots.values():
+            if p.state in WAITING and not p.cancelled and p.node_type in out:
+                out[p.node_type] = max(0, out[p.node_type] - p.requested)
+        return out
+
     def capacity(self) -> int | None:
-        """Nodes in the partition, whatever their state: the most a pilot could ever hold."""
+        """Nodes in the partition, whatever their state: the most a pilot could ever hold (of one type, on a machine with several)."""
+        if self.node_types:
+            return max(self._typed_nodes(idle=False, max_age=0.0).values(), default=0)
         out = self._run(["sinfo", "-N", "-h", "-p", self.config.partition, "-o", "%N"]).stdout
         return len({line.strip() for line in out.splitlines() if line.strip()})
 
-    def submit_pilot(self, pilot_id: str, nodes: int) -> str:
-        self._idle_cache = None
-        idle = self.idle_nodes()
+    def _kind(self, name: str | None) -> NodeTypeConfig | None:
+        kind = next((t for t in self.node_types if t.name == name), None)
+        if self.node_types and kind is None:
+            raise SchedulerCommandError(["sbatch"], f"not submitted: no node type {name!r} in the config ({', '.join(t.name for t in self.node_types)})")
+        return kind
+
+    def _typed_nodes(self, idle: bool, max_age: float) -> dict[str, int]:
+        """Nodes of each type (idle ones, or all), from one ``sinfo`` over the types' partitions."""
+        now = time.monotonic()
+        if idle and self._types_cache is not None and now - self._types_cache[0] < max_age:
+            return self._types_cache[1]
+        partitions = sorted({t.partition or self.config.partition for t in self.node_types})
+        argv = ["sinfo", "-N", "-h", "-p", ",".join(partitions), *(["-t", "idle"] if idle else []), "-o", "%N|%P|%f|%G"]
+        counts = {t.name: 0 for t in self.node_types}
+        seen: dict[str, tuple[set[str], set[str], str]] = {}
+        for line in self._run(argv).stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 4:
+                continue
+            name, partition, features, gres = parts
+            parts_of, feats, _ = seen.setdefault(name, (set(), set(f for f in features.split(",") if f and f != "(null)"), gres))
+            parts_of.add(partition.rstrip("*"))
+        for name, (partitions_of, feats, gres) in seen.items():
+            for t in self.node_types:
+                if (t.partition or self.config.partition) not in partitions_of:
+                    continue
+                if t.constraint and not features_match(t.constraint, feats):
+                    continue
+                if t.gres and not gres_match(t.gres, gres):
+                    continue
+                counts[t.name] += 1
+                break
+        if idle:
+            self._types_cache = (now, counts)
+        return counts
+
+    def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
+        kind = self._kind(node_type)
+        self._idle_cache = self._types_cache = None
+        idle = self.idle_nodes() if kind is None else (self.idle_by_type() or {}).get(kind.name, 0)
         hi = min(nodes, self.config.max_nodes, idle)
         if hi < 1:
             raise SchedulerCommandError(["sbatch"], f"not submitted: {nodes} node(s) wanted, {idle} idle")
@@ -162,8 +275,9 @@ class SlurmScheduler(BatchScheduler):
         agent = agent_command(self.run_dir, pilot_id, "slurm", self.pilots.heartbeat_s, self.pilots.grace_s, python)
         script.write_text(SCRIPT.format(pilot=pilot_id, agent=agent))
         script.chmod(0o700)
+        partition = kind.partition if kind is not None and kind.partition else self.config.partition
         argv = [
-            "sbatch", "--parsable", "-p", self.config.partition, "-N", f"{lo}-{hi}",
+            "sbatch", "--parsable", "-p", partition, "-N", f"{lo}-{hi}",
             "--time", self.config.time_max, "--time-min", self.config.time_min,
             "--job-name", f"pf-{pilot_id}", "--output", str(self.run_dir / "logs" / f"pilot-{pilot_id}.out"),
             "--chdir", str(self.run_dir),
@@ -172,6 +286,10 @@ class SlurmScheduler(BatchScheduler):
             argv += ["--account", self.config.account]
         if self.config.qos:
             argv += ["--qos", self.config.qos]
+        if kind is not None and kind.constraint:
+            argv += ["--constraint", kind.constraint]
+        if kind is not None and kind.gres:
+            argv += ["--gres", kind.gres]
         argv += [*self.config.extra_args, str(script)]
         try:
             out = self._run(argv, retries=0).stdout.strip()  # never twice: a timed-out sbatch may have queued it
@@ -182,8 +300,8 @@ class SlurmScheduler(BatchScheduler):
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise SchedulerCommandError(argv, "printed no job id", 0, out)
-        self._track(_Pilot(pilot_id, job_id, hi))
-        self._idle_cache = None
+        self._track(_Pilot(pilot_id, job_id, hi, node_type=kind.name if kind is not None else None))
+        self._idle_cache = self._types_cache = None
         return job_id
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
@@ -220,7 +338,7 @@ class SlurmScheduler(BatchScheduler):
             if not keep:  # the job is over: poll reports its end
                 return list(nodes)
         pilot.nodes = keep
-        self._idle_cache = None
+        self._idle_cache = self._types_cache = None
         return not_held + given
 
     def cancel(self, pilot_id: str) -> None:
@@ -228,7 +346,7 @@ class SlurmScheduler(BatchScheduler):
         if pilot is not None:
             self._scancel([pilot.job_id])
             pilot.cancelled = True
-            self._idle_cache = None
+            self._idle_cache = self._types_cache = None
 
     def poll(self, now: float) -> list[PilotEvent]:
         """Started/ended events from squeue (at most every ``poll_s``), and those found meanwhile by release()."""
@@ -256,7 +374,7 @@ class SlurmScheduler(BatchScheduler):
             self._track(_Pilot(pilot_id, job, max(1, row.nodes), state=row.state))
             adopted.append(pilot_id)
             log.info("adopted pilot %s (Slurm job %s, %s)", pilot_id, job, row.state)
-        self._idle_cache = None
+        self._idle_cache = self._types_cache = None
         return adopted
 
     def close(self) -> None:
@@ -332,7 +450,7 @@ class SlurmScheduler(BatchScheduler):
     def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
         self._pilots.pop(pilot.id, None)
         self._ended.add(pilot.job_id)
-        self._idle_cache = None
+        self._idle_cache = self._types_cache = None
         return [PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why)]
 
     def _nodes_now(self, pilot: _Pilot) -> list[str] | None:

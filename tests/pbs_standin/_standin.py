@@ -64,6 +64,20 @@ Recorded, and reproduced:
   (PBSE_ENTLIMCT) and OpenPBS's own messages ("qsub: would exceed queue
   generic's per-user limit" / "… of jobs in 'Q' state", from its test suite).
 
+Resources in a select chunk: a count asks for at least that much of the vnode's
+``resources_available`` (as recorded); a string asks for that value, as the
+recorded main job's ``select=1:ncpus=1:vnode=vm[0]`` took ``vm[0]``. A site's
+custom string resource (e.g. ``gpu_type``, created with ``qmgr -c "create
+resource gpu_type type=string, flag=h"`` and set per vnode) is modelled by
+``pbs_standin init --resources vm:gpu_type=v100,vm-n1:gpu_type=k80``: every
+vnode of that host shows it in ``resources_available`` and a chunk naming it
+takes only vnodes with that value (custom resources were not recorded: the
+matching follows PBS's documented string semantics, the ``vnode=`` case
+above). A job-wide ``-l`` of a resource the server does not know exits 187
+"qsub: Unknown resource Resource_List.NAME" (recorded, ``g-bad-resource-qsub-187``);
+an unknown resource in a select chunk is refused the same way (# guess: not
+recorded).
+
 Not recorded, so guessed (marked ``# guess``): messages of other failures,
 ``Account_Name``'s place, attributes of a job that never ran, how long a
 victim takes to exit without a job script (``exit`` delay, default 0),
@@ -93,7 +107,8 @@ argv is appended to its ``calls`` so tests can check exactly what was run.
 
 Test-only control command::
 
-    pbs_standin init [--hosts vm:4,vm-n1:4] [--ncpus 1] [--ngpus 0]  # a fresh machine; HOST:0 = one natural vnode (Polaris style)
+    pbs_standin init [--hosts vm:4,vm-n1:4] [--ncpus 1] [--ngpus 0] [--resources vm:gpu_type=v100,vm-n1:gpu_type=k80]
+                                         # a fresh machine; HOST:0 = one natural vnode (Polaris style); custom string resources per host
     pbs_standin run                      # one scheduler pass
     pbs_standin preempt JOBID [SECONDS]  # a workq job that needs exactly JOBID's vnodes arrives (runs SECONDS with exec on); prints its id
     pbs_standin finish JOBID [EXIT]      # a running job ends (gone, or F with history on)
@@ -157,16 +172,17 @@ def idle_vnode(now: int) -> dict:
     return {"state": "free", "jobs": [], "assigned": {}, "changed": now, "used": None}
 
 
-def new_state(hosts: list[tuple[str, int]], ncpus: int = 1, ngpus: int = 0, pcpus: int = 2) -> dict:
+def new_state(hosts: list[tuple[str, int]], ncpus: int = 1, ngpus: int = 0, pcpus: int = 2, custom: dict[str, dict[str, str]] | None = None) -> dict:
     now = int(time.time())
+    custom = custom or {}
     vnodes: dict[str, dict] = {}
     for host, count in hosts:  # natural vnodes first, as pbsnodes lists them
-        natural = {"ncpus": 0} if count else {"ncpus": ncpus * max(1, count), **({"ngpus": ngpus} if ngpus else {})}
+        natural = {"ncpus": 0} if count else {"ncpus": ncpus * max(1, count), **({"ngpus": ngpus} if ngpus else {}), **custom.get(host, {})}
         vnodes[host] = {"host": host, "natural": True, "multi": count > 0, "resources": natural, **idle_vnode(now)}
     for host, count in hosts:
         for i in range(count):
-            res = {"ncpus": ncpus, **({"ngpus": ngpus} if ngpus else {})}
-            vnodes[f"{host}[{i}]"] = {"host": host, "natural": False, "multi": True, "resources": res, **idle_vnode(now)}
+            res = {"ncpus": ncpus, **({"ngpus": ngpus} if ngpus else {}), **custom.get(host, {})}
+            vnodes[f"{host}[{i}]"] = {"host": host, "name": f"{host}[{i}]", "natural": False, "multi": True, "resources": res, **idle_vnode(now)}
     return {
         "next_id": 0, "auto": True, "history": False, "exec": False, "pcpus": pcpus, "queues": dict(QUEUES), "limits": {},
         "delays": {"join": 2.2, "exit": 0.0, "kill": 10.0}, "vnodes": vnodes, "jobs": {}, "calls": [], "faults": {},
@@ -381,16 +397,25 @@ def free_vnodes(state: dict, job: dict | None = None) -> list[str]:
 
 
 def fits(name: str, v: dict, chunk: dict) -> bool:
-    """A chunk's counts, and its ``vnode=``/``host=`` (recheck (a), (c): main jobs pinned with them), on one vnode."""
+    """A chunk's counts, its ``vnode=``/``host=`` (recheck (a), (c): main jobs pinned with them) and string resources
+    (a site's ``gpu_type=a100``: that value) on one vnode."""
     if v["resources"].get("ncpus", 0) < 1:
         return False
     for k, val in chunk.items():
         if isinstance(val, int):
             if v["resources"].get(k, 0) < val:
                 return False
-        elif k == "vnode" and val != name or k == "host" and val != v["host"]:
-            return False
+        elif k == "vnode":
+            if val != name:
+                return False
+        elif str({"host": v["host"], **v["resources"]}.get(k, "")) != val:
+            return False  # host= or a string resource: that value
     return True
+
+
+def known_resources(state: dict) -> set[str]:
+    """The built-in resources and the site's own, defined on its vnodes (``resources_available.gpu_type``)."""
+    return KNOWN_RESOURCES | {k for v in state["vnodes"].values() for k in v["resources"]}
 
 
 def could_use(state: dict, job: dict, name: str) -> bool:
@@ -686,11 +711,11 @@ def qsub(state: dict, argv: list[str]) -> str:
     if queue not in state["queues"]:
         raise Exit(UNKNOWN_QUEUE, err="qsub: Unknown queue\n")
     for key in resources:
-        if key not in KNOWN_RESOURCES:  # recheck (g): "-l nosuchres=1"
+        if key not in known_resources(state):  # recheck (g): "-l nosuchres=1"
             raise Exit(UNKNOWN_RESOURCE, err=f"qsub: Unknown resource Resource_List.{key}\n")
     for chunk in parse_select(resources.get("select", "1:ncpus=1")):
         for key in chunk:
-            if key not in KNOWN_RESOURCES:
+            if key not in known_resources(state):
                 raise Exit(UNKNOWN_RESOURCE, err=f"qsub: Unknown resource {key}\n")  # guess: not recorded inside a select
     if "min_walltime" in resources and "max_walltime" in resources and seconds(resources["min_walltime"]) > seconds(resources["max_walltime"]):
         raise Exit(MIN_GT_MAX, err='qsub: "min_walltime" can not be greater than "max_walltime"\n')
@@ -885,9 +910,14 @@ def control(state: dict, argv: list[str]) -> str:
     if what == "init":
         opts = dict(zip(args[::2], args[1::2]))
         hosts = [(h.split(":")[0], int(h.split(":")[1])) for h in opts["--hosts"].split(",")] if "--hosts" in opts else HOSTS
+        custom: dict[str, dict[str, str]] = {}
+        for item in opts.get("--resources", "").split(",") if opts.get("--resources") else []:
+            host, _, assignment = item.partition(":")
+            key, _, value = assignment.partition("=")
+            custom.setdefault(host, {})[key] = value
         keep = {k: state[k] for k in ("calls", "history", "exec", "delays", "limits", "auto") if k in state}
         state.clear()
-        state.update(new_state(hosts, int(opts.get("--ncpus", 1)), int(opts.get("--ngpus", 0))), **keep)
+        state.update(new_state(hosts, int(opts.get("--ncpus", 1)), int(opts.get("--ngpus", 0)), custom=custom), **keep)
     elif what == "run":
         schedule(state)
     elif what == "preempt":

@@ -1,0 +1,139 @@
+"""The model-similarity policy: descriptors, the metric, predictions from a library of measured models, JPA per type.
+
+Checks are properties (identical models are most similar, a prediction is as sure as its neighbours are near
+and agree), decisions that follow from the numbers written beside them, and round trips; nothing is compared
+with a stored answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from pilotfill.allocator import Profiler, ScalingCurve
+from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
+from pilotfill.allocator.similarity import Descriptor, Library, LibraryError, Measured, similarity, uninformed
+
+TYPES = ["fast", "slow"]
+
+
+def curve(rate1: float, per_node: float = 1.0, upto: int = 8) -> ScalingCurve:
+    """rate1 at one node, ×(1 + per_node·(n−1)) beyond."""
+    return ScalingCurve.from_table([0.0] + [rate1 * (1 + per_node * (n - 1)) for n in range(1, upto + 1)])
+
+
+CNN = Descriptor(parameters=11e6, flops_per_sample=5.5e8, layers=18, batch_size=64, mix={"conv": 0.95, "linear": 0.05})
+CNN_BIG = Descriptor(parameters=25e6, flops_per_sample=4e9, layers=50, batch_size=64, mix={"conv": 0.9, "linear": 0.1})
+RECSYS = Descriptor(parameters=4e7, layers=2, batch_size=4096, mix={"linear": 1.0})
+
+
+def library() -> Library:
+    """Convolutional models run 5x faster on "fast"; the dense recommender runs 2x faster on "slow"."""
+    lib = Library()
+    lib.add(Measured("cnn", CNN, {"fast": curve(5000.0), "slow": curve(1000.0)}, "cnn"))
+    lib.add(Measured("cnn-big", CNN_BIG, {"fast": curve(600.0), "slow": curve(120.0)}, "cnn"))
+    lib.add(Measured("recsys", RECSYS, {"fast": curve(10000.0, 0.0), "slow": curve(20000.0, 0.0)}, "recsys"))
+    return lib
+
+
+def test_a_descriptor_is_checked_where_it_is_made():
+    assert Descriptor.from_dict({"parameters": 10, "mix": {"conv": 3, "linear": 1}}).mix == {"conv": 0.75, "linear": 0.25}
+    for bad, message in [
+        ({"parameters": -1}, "parameters must be a positive"),
+        ({"params": 1}, "unknown key 'params'"),
+        ({"mix": {"transformer": 1.0}}, "unknown layer kind 'transformer'"),
+        ({"mix": {"conv": 0}}, "no positive share"),
+        ({"layers": True}, "layers must be a positive"),
+    ]:
+        with pytest.raises(LibraryError, match=message):
+            Descriptor.from_dict(bad)
+
+
+def test_similarity_is_one_for_the_same_model_symmetric_and_falls_with_distance():
+    assert similarity(CNN, CNN) == pytest.approx(1.0)
+    assert similarity(CNN, CNN_BIG) == pytest.approx(similarity(CNN_BIG, CNN))
+    assert similarity(CNN, CNN_BIG) > similarity(CNN, RECSYS)
+    other_batch = Descriptor(parameters=11e6, flops_per_sample=5.5e8, layers=18, batch_size=512, mix=CNN.mix)
+    assert similarity(CNN, CNN) > similarity(CNN, other_batch) > similarity(CNN, RECSYS)
+    assert similarity(CNN, Descriptor(task_free := None) if False else Descriptor()) == pytest.approx(math.exp(-3.0))  # nothing in common
+
+
+def test_a_model_is_predicted_fastest_where_the_models_like_it_are():
+    lib = library()
+    cnn_like = Descriptor(parameters=15e6, flops_per_sample=1e9, layers=34, batch_size=64, mix={"conv": 0.93, "linear": 0.07})
+    p = lib.predict(cnn_like, TYPES, 8)
+    assert p.neighbours[0][0] in ("cnn", "cnn-big")
+    ratio, sigma = p.relative("fast", "slow")
+    assert math.exp(ratio) == pytest.approx(5.0, rel=0.05)  # both conv models: 5x
+    dense = lib.predict(Descriptor(parameters=3e7, layers=3, batch_size=2048, mix={"linear": 1.0}), TYPES, 8)
+    assert dense.neighbours[0][0] == "recsys"
+    assert dense.relative("slow", "fast")[0] > 0  # like the recommender: "slow" suits it
+    # Sure where the neighbours are near and agree; wide open for a model like nothing measured.
+    lone = lib.predict(Descriptor(layers=200, batch_size=1), TYPES, 8)
+    assert lone.relative("fast", "slow")[1] > sigma
+    assert uninformed(TYPES, 8).relative("fast", "slow") == (0.0, pytest.approx(math.log(4.0)))
+
+
+def test_leaving_a_family_out_predicts_it_from_the_others():
+    lib = library()
+    without = lib.without("cnn")
+    assert [e.model for e in without.entries] == ["recsys"]
+    assert lib.predict(CNN, TYPES, 8, exclude_family="cnn").neighbours == (("recsys", pytest.approx(similarity(CNN, RECSYS), abs=1e-4)),)
+
+
+def test_a_library_file_round_trips_and_names_what_is_wrong(tmp_path):
+    lib = library()
+    path = tmp_path / "lib" / "models.json"
+    lib.save(path)
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    again = Library.load(path)
+    assert [(e.model, e.descriptor, dict(e.curves), e.family) for e in again.entries] == [(e.model, e.descriptor, dict(e.curves), e.family) for e in lib.entries]
+    assert len(Library.load(tmp_path / "none.json")) == 0  # no library yet: an empty one
+    for text, message in [
+        ("{", "not valid JSON"),
+        ('{"models": 3}', "must be"),
+        ('{"format": 9, "models": []}', "format 9"),
+        ('{"models": [{"model": "x", "curves": {"a": {"nodes": [1], "samples_per_s": [2]}}}]}', r"models\[0\]: curve for 'a'"),
+        ('{"models": [{"model": "x", "descriptor": {"layers": -2}, "curves": {"a": {"nodes": [0, 1], "samples_per_s": [0, 2]}}}]}', "layers must be"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(LibraryError, match=message):
+            Library.load(path)
+
+
+def test_jpa_per_type_starts_from_the_prediction_and_gives_way_to_reports():
+    lib = library()
+    p = lib.predict(CNN, TYPES, 8)
+    jpa = Profiler()
+    # Nothing reported yet: a token rate everywhere (never evicts a measured job), measured first where predicted best.
+    confirmed, optimistic = jpa.typed_curves("j", 1, 8, TYPES, p)
+    assert confirmed["fast"].at(1) == confirmed["slow"].at(1) == PROBE_RATE
+    assert optimistic["fast"].at(1) == EXPLORE_RATE > optimistic["slow"].at(1)
+    # Measured on "slow" at 300/s on one node: "fast" is predicted from that level times the models' 5x, within bounds.
+    jpa.observe("j", 1, 300.0, weight=10.0, node_type="slow")
+    confirmed, optimistic = jpa.typed_curves("j", 1, 8, TYPES, p)
+    assert confirmed["slow"].at(1) == pytest.approx(300.0)
+    ratio, sigma = p.relative("fast", "slow")
+    point = 300.0 * math.exp(ratio)
+    assert confirmed["fast"].at(1) == pytest.approx(point * math.exp(-sigma), rel=1e-6)
+    assert optimistic["fast"].at(1) == pytest.approx(point * math.exp(sigma), rel=1e-6)
+    assert confirmed["fast"].at(1) < point < optimistic["fast"].at(1)
+    # Its own reports on "fast" replace the prediction there at once.
+    jpa.observe("j", 1, 900.0, weight=10.0, node_type="fast")
+    confirmed, _ = jpa.typed_curves("j", 1, 8, TYPES, p)
+    assert confirmed["fast"].at(1) == pytest.approx(900.0)
+    assert jpa.measured_types("j") == ["slow", "fast"] or jpa.measured_types("j") == ["fast", "slow"]
+
+
+def test_single_type_jpa_is_unchanged_by_types():
+    a, b = Profiler(), Profiler()
+    for n, r in ((1, 100.0), (2, 190.0), (4, 350.0)):
+        a.observe("j", n, r, weight=5.0)
+        b.observe("j", n, r, weight=5.0)
+        b.observe("j", n, 3 * r, weight=5.0, node_type="other")  # reports on a type do not touch the untyped curve
+    for n in range(0, 9):
+        assert a.confirmed("j", 1, 8).at(n) == b.confirmed("j", 1, 8).at(n)
+        assert a.curve("j", 1, 8).at(n) == b.curve("j", 1, 8).at(n)
