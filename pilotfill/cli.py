@@ -185,8 +185,9 @@ def replay(
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
     With no arguments it replays the bundled excerpt (the first 64 nodes of
-    Summit, 10–17 Feb 2021) with the ImageNet jobs, the setup of BFTrainer's
-    published figures.
+    Summit, 10–17 Feb 2021) with the ImageNet jobs, every job admitted as the
+    machine can start it and changes valued over the learned horizon;
+    BFTrainer's published setup is --max-jobs 10 --tfwd 10.
     """
     from .replay import Replay
 

@@ -98,7 +98,7 @@ def test_the_similarity_policy_places_new_jobs_before_they_have_run(local, tmp_p
     jobs = {}
     for name, model in (("cnn", {"parameters": 12e6, "flops_per_sample": 6e8, "layers": 20, "batch_size": 64, "mix": {"conv": 0.9, "linear": 0.1}}),
                         ("rec", {"parameters": 3e7, "layers": 2, "batch_size": 2048, "mix": {"linear": 1.0}})):  # fmt: skip
-        job = synthetic_job(name, total=300, hi=1)
+        job = synthetic_job(name, total=600, hi=1)  # 15 s of training: measured in steady state, on a busy machine too
         del job["curve"]  # nothing known: JPA learns it, starting from the prediction
         job["model"] = model
         jobs[name] = run.client.submit(job)

@@ -44,6 +44,8 @@ APPS = {
     "horovod": ("horovod", "horovod"),
     "torch": ("torch", "torch"),
     "horovod-code-naming-none": ("horovod", None),
+    "horovod-code-naming-torch": ("horovod", "torch"),  # the app names the wrong runtime: refused the same way
+    "plain-naming-processes": ("processes", "processes"),  # one process per rank, no collective library
 }
 
 
@@ -96,7 +98,7 @@ def test_an_app_runs_under_the_runtime_its_code_needs_or_says_how(configured, ap
         # Horovod code where horovodrun did not launch it: one clear failure, no rank trained as a world of its own.
         assert done["status"] == "failed", done
         last = done["error"].strip().splitlines()[-1]
-        assert last == f"pilotfill.elastic.guard.RuntimeMismatch: {horovod_message(kind)}", last
+        assert last == f"pilotfill.elastic.guard.RuntimeMismatch: {horovod_message(runs_under)}", last
         assert 'runtime="horovod"' in last
         assert not out.exists() or not out.read_text().strip(), "a rank ran as a Horovod world of one"
         return

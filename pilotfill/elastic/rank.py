@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             return node_share(nproc)
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
+        if "PILOTFILL_NODE_RANK" in os.environ:  # the processes runtime, one rank on this node: its rank is the node's
+            os.environ.setdefault("PILOTFILL_RANK", os.environ["PILOTFILL_NODE_RANK"])
     bind_device()
     refuse_horovod(os.environ.get("PILOTFILL_RUNTIME", "processes"))  # before the app's code: hvd.init() here would be a world of one
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]

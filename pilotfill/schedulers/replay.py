@@ -32,6 +32,7 @@ and nodes started on again within a minute of being released.
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 from dataclasses import dataclass, field
 from itertools import islice
@@ -39,6 +40,8 @@ from typing import Any
 
 from ..traces import Trace
 from .base import BatchScheduler, PilotEvent
+
+log = logging.getLogger("pilotfill.schedulers.replay")
 
 REREQUEST_WINDOW_S = 60.0
 
@@ -232,6 +235,7 @@ class ReplayScheduler(BatchScheduler):
             released = self._released_at.pop(n, None)
             if released is not None and self.now - released < REREQUEST_WINDOW_S:
                 self.counts.rerequested_within_60s += 1
+                log.info("node %s taken again by pilot %s %.1f s after its release (t=%.0f)", n, pilot.id, self.now - released, self.now)
         del self.queued[pilot.id]
         pilot.nodes, pilot.state = take, "running"
         pilot.walltime_end = self.now + self.walltime_s
