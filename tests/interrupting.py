@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from waiting import wait_for
@@ -55,10 +56,14 @@ def run_processes(run_dir: Path) -> list[str]:
     return found
 
 
-def wait_until_nothing_left(run_dir: Path, timeout_s: float = 90) -> None:
-    """Every process of the run gone (generous: a pilot agent told to go ends within its grace period; before the
-    fix they lived on until "no controller for 600 s")."""
+def wait_until_nothing_left(run_dir: Path, grace_s: float, timeout_s: float = 90) -> None:
+    """Every process of the run gone, counted from the call (``pilotfill run`` has exited): its agents, told to go, end within their
+    grace period — asserted with 20 s of room for a busy machine; before the fix they lived on until "no controller
+    for 600 s"."""
+    exited = time.monotonic()
     wait_for(lambda: not run_processes(run_dir), timeout_s, "every process of the run to end", detail=lambda: "\n".join(run_processes(run_dir)))
+    late = time.monotonic() - exited
+    assert late <= grace_s + 20.0, f"the run's processes outlived pilotfill run by {late:.0f} s (grace {grace_s:g} s)"
 
 
 def journal(run_dir: Path, kind: str) -> list[dict]:

@@ -281,9 +281,12 @@ def test_nothing_a_torch_run_started_outlives_a_sigkill_of_pilotfill_run(tmp_pat
         wait_for(lambda: progress(run_dir) >= 2, 300, "both ranks training")
         before = _of_run(run_dir)
         assert any("forkserver" in cmd for cmd in before.values()), before  # the workers' forkserver is there to be ended
+        killed = time.monotonic()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         wait_for(lambda: not _of_run(run_dir), 60, "every process of the run to end", detail=lambda: json.dumps(_of_run(run_dir), indent=1))
+        # Within the grace (3 s), with room for a busy machine; what was seen before ran on for minutes.
+        assert time.monotonic() - killed <= 3.0 + 20.0, f"the run's processes outlived it by {time.monotonic() - killed:.0f} s"
     finally:
         for pid in _of_run(run_dir):
             procs.kill_pid(pid)

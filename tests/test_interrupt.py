@@ -84,7 +84,7 @@ def interrupted_campaign(tmp_path, config_text: str):
 
 def test_ctrl_c_on_the_local_cluster_records_the_stop_and_leaves_nothing(tmp_path):
     run_dir, _ = interrupted_campaign(tmp_path, LOCAL)
-    wait_until_nothing_left(run_dir)
+    wait_until_nothing_left(run_dir, grace_s=3.0)
 
 
 def test_ctrl_c_on_slurm_cancels_every_pilot_and_leaves_nothing(slurm, tmp_path):
@@ -92,4 +92,4 @@ def test_ctrl_c_on_slurm_cancels_every_pilot_and_leaves_nothing(slurm, tmp_path)
     assert journal(run_dir, "pilot.submitted")
     # Before, the pilots stayed in squeue until their agents gave up on the controller, 600 s later.
     wait_for(lambda: not slurm.command("squeue", "-h", "-p", "scavenger", "-o", "%i %T").stdout.strip(), 90, "no pilot left in squeue")
-    wait_until_nothing_left(run_dir)
+    wait_until_nothing_left(run_dir, grace_s=5.0)

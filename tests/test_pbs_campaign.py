@@ -185,7 +185,7 @@ def test_ctrl_c_records_the_stop_deletes_every_pilot_and_leaves_nothing(pbs, tmp
     assert len(submitted) == len(pilots) and submitted <= deleted, f"qdel of every pilot: submitted {submitted}, deleted {deleted}"
     assert code == 130 and "interrupted (SIGINT)" in text, text[-3000:]
     wait_for(lambda: not [j for j, v in pbs.jobs().items() if v["Job_Name"].startswith("pf-")], 60, "no pilot left in qstat")
-    wait_until_nothing_left(run_dir)
+    wait_until_nothing_left(run_dir, grace_s=3.0)
 
 
 # ---------------------------------------------------------------- refused submits (recheck (g))
