@@ -326,3 +326,27 @@ def test_the_readme_example_runs_as_printed(tmp_path, request):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     board = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(board) == 4 and board == sorted(board, reverse=True) and board[0] > 0.8
+
+
+def test_each_shipped_campaign_says_which_runtime_each_app_uses():
+    """Issue "What users bring": both shipped campaigns and the README say which runtime each app uses — an app that
+    names one is run under it; one that names none says it runs on the config's."""
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    for path in sorted((ROOT / "workflows").glob("*_campaign.py")):
+        tree = ast.parse(path.read_text())
+        doc = ast.get_docstring(tree) or ""
+        said = doc[doc.index("Runtime:") :] if "Runtime:" in doc else ""
+        assert said, f"{path.name}: its docstring has no 'Runtime:' paragraph"
+        apps = [(node.name, {k.arg: ast.literal_eval(k.value) for k in dec.keywords})
+                for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                for dec in node.decorator_list if isinstance(dec, ast.Call) and getattr(dec.func, "attr", getattr(dec.func, "id", "")) == "elastic_app"]  # fmt: skip
+        assert apps, f"{path.name}: no elastic_app"
+        for name, kw in apps:
+            assert f"``{name}``" in said, f"{path.name}: the Runtime paragraph does not name {name}"
+            runtime = kw.get("runtime")
+            assert (f'runtime="{runtime}"' in said) if runtime else ("config" in said), f"{path.name}: {name}'s runtime ({runtime}) is not what it says"
+            assert f"`workflows/{path.name}`" in readme or f"`{path.name}`" in readme, f"README does not mention {path.name}"
+        in_readme = readme[readme.index(path.name):][:600]
+        assert "runtime" in in_readme, f"README: no word on the runtime of {path.name}"
