@@ -231,13 +231,12 @@ def test_a_queue_limit_refusal_is_shown_and_retried_when_the_log_says(pbs, tmp_p
     assert f"results {[i * 10 for i in range(APPS)]}" in text
 
 
-def test_a_chunk_no_vnode_can_hold_stops_the_campaign_with_one_line(pbs, tmp_path):
-    """Recheck (g): ``chunk = "ncpus=1:nosuchres=1"``: no qsub at all, no warning, "0 jobs training on 0 nodes" for
-    good. Now the campaign stops at start with the key and why."""
+def run_to_its_end(tmp_path: Path, config_text: str) -> tuple[int, str, Path]:
+    """``pilotfill run`` of the test campaign with ``config_text``, left to end by itself: exit code, output, run dir."""
     from interrupting import start_run
 
     config, campaign, run_dir = tmp_path / "pbs.toml", tmp_path / "campaign.py", tmp_path / "run"
-    config.write_text(CONFIG.replace('chunk = "ncpus=1"', 'chunk = "ncpus=1:nosuchres=1"'))
+    config.write_text(config_text)
     campaign.write_text(CAMPAIGN)
     out = tmp_path / "campaign.out"
     proc = start_run(campaign, config, run_dir, out, env={"MARKS": str(tmp_path / "marks")})
@@ -247,7 +246,13 @@ def test_a_chunk_no_vnode_can_hold_stops_the_campaign_with_one_line(pbs, tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    text = out.read_text()
+    return code, out.read_text(), run_dir
+
+
+def test_a_chunk_no_vnode_can_hold_stops_the_campaign_with_one_line(pbs, tmp_path):
+    """Recheck (g): ``chunk = "ncpus=1:nosuchres=1"``: no qsub at all, no warning, "0 jobs training on 0 nodes" for
+    good. Now the campaign stops at start with the key and why."""
+    code, text, _ = run_to_its_end(tmp_path, CONFIG.replace('chunk = "ncpus=1"', 'chunk = "ncpus=1:nosuchres=1"'))
     assert code == 2, text[-3000:]
     assert "pbs.chunk 'ncpus=1:nosuchres=1': no vnode of the 8 PBS lists can hold it: nosuchres=1 (no vnode has it)" in text
     assert [argv for argv in pbs.calls("qsub")] == []
@@ -257,20 +262,9 @@ def test_an_unknown_resource_in_extra_args_stops_the_campaign_instead_of_waiting
     """Recheck (g), g-bad-resource-qsub-187-with-config.txt: exit 187, "next try in 10 s" — and no second try in
     40 s, "0 jobs training on 0 nodes" for good. Asking again gets the same answer: the campaign stops, naming
     pbs.extra_args and PBS's words."""
-    from interrupting import journal, start_run
+    from interrupting import journal
 
-    config, campaign, run_dir = tmp_path / "pbs.toml", tmp_path / "campaign.py", tmp_path / "run"
-    config.write_text(CONFIG.replace('place = "vscatter"', 'place = "vscatter"\nextra_args = ["-l", "nosuchres=1"]'))
-    campaign.write_text(CAMPAIGN)
-    out = tmp_path / "campaign.out"
-    proc = start_run(campaign, config, run_dir, out, env={"MARKS": str(tmp_path / "marks")})
-    try:
-        code = proc.wait(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = out.read_text()
+    code, text, run_dir = run_to_its_end(tmp_path, CONFIG.replace('place = "vscatter"', 'place = "vscatter"\nextra_args = ["-l", "nosuchres=1"]'))
     assert code == 1, text[-3000:]
     assert "the campaign could not go on: pbs.extra_args: PBS refuses every pilot:" in text
     assert "qsub: Unknown resource Resource_List.nosuchres" in text
