@@ -255,6 +255,20 @@ def test_site_limits_on_queued_pilots_and_submissions_per_minute(tmp_path, write
     assert m.ctl.world.counters["pilots_submitted"] == 10
 
 
+def test_a_submission_the_per_minute_limit_held_back_is_made_when_the_minute_is_over(tmp_path, write):
+    """Nothing else happens after the limit is reached (no pilot starts or ends, no job arrives, the idle count stands
+    still): the held-back pilot is still asked for once the minute is over, not never."""
+    m = Machine(tmp_path, write, 3, [linear("a", 1, 3, 100, up=0, down=0)], max_submits_per_minute=2)
+    m.submit("a")
+    for t in range(0, 60, 5):
+        m.at(t)
+    assert m.ctl.world.counters["pilots_submitted"] == 2 and len(m.job("a").nodes) == 2
+    m.at(61)
+    assert m.ctl.world.counters["pilots_submitted"] == 3
+    m.at(62)
+    assert len(m.job("a").nodes) == 3
+
+
 def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_nothing(tmp_path, write):
     """Ten nodes, 400 waiting copies of one job (a sweep) and one distinct job: the decision weighs a few copies at a
     time, more only while the answer uses every copy weighed — and reaches the answer that weighs them all."""

@@ -21,7 +21,7 @@ import pytest
 from conftest import IN_CI
 from localrun import LocalRun
 
-from pilotfill.elastic.guard import horovod_message
+from pilotfill.elastic.guard import horovod_message, torch_message
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,6 +46,9 @@ APPS = {
     "horovod-code-naming-none": ("horovod", None),
     "horovod-code-naming-torch": ("horovod", "torch"),  # the app names the wrong runtime: refused the same way
     "plain-naming-processes": ("processes", "processes"),  # one process per rank, no collective library
+    "torch-code-naming-none": ("torch", None),
+    "torch-code-naming-processes": ("torch", "processes"),
+    "torch-code-naming-horovod": ("torch", "horovod"),
 }
 
 
@@ -101,6 +104,13 @@ def test_an_app_runs_under_the_runtime_its_code_needs_or_says_how(configured, ap
         assert last == f"pilotfill.elastic.guard.RuntimeMismatch: {horovod_message(runs_under)}", last
         assert 'runtime="horovod"' in last
         assert not out.exists() or not out.read_text().strip(), "a rank ran as a Horovod world of one"
+        return
+    if api == "torch" and runs_under != "torch":
+        # torch.distributed's env:// rendezvous where torch's agent did not set it up: pilotfill's line, not torch's.
+        assert done["status"] == "failed", done
+        last = done["error"].strip().splitlines()[-1]
+        assert last == f"pilotfill.elastic.guard.RuntimeMismatch: {torch_message(runs_under)}", last
+        assert not out.exists() or not out.read_text().strip()
         return
     assert done["status"] == "finished", done.get("error")
     seen = [json.loads(line) for line in out.read_text().splitlines()]

@@ -243,3 +243,58 @@ def test_a_slurm_pilot_reaching_its_time_limit_is_drained_and_the_job_goes_on(sl
     finally:
         run.stop()
         run.wait_for(lambda: not run.leftover_processes(), 60, "no leftover processes")
+
+
+STAGGERED = """scheduler = "local"
+[local]
+nodes = 2
+workload = "script"
+script = [{ at = 0, node = "pf-node-1", state = "busy" }, { at = 3, node = "pf-node-1", state = "idle" }]
+pilot_walltime_s = 40.0
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = 10.0
+grace_s = 3.0
+nodes_per_pilot = 1
+[controller]
+tick_s = 0.1
+[runtime]
+kind = "processes"
+"""
+UP_S, DOWN_S = 15.0, 5.0  # the growing job's rescale costs: a node whose drain is nearer than 20 s is not worth growing onto
+
+
+def test_a_job_is_not_grown_onto_a_local_pilot_whose_drain_comes_before_the_growth_pays(local):
+    """Two pilots with staggered walltimes (pf-node-1 is busy for the first 3 s): a short job frees pf-node-0 within 20 s
+    of its pilot's drain while a two-node job runs on pf-node-1. Growing onto it would pay 15 s up and 5 s down for
+    less training than that: the job must not get it until a new pilot brings it back, and no node joins any job
+    nearer its drain than the growth's cost."""
+    run = local(config=STAGGERED)
+    run.start()
+    short = run.client.submit({**synthetic_job("short", total=400.0 * 15, per_rank=400.0, lo=1, hi=1), "restart_cost_s": 60.0})
+    run.wait_for(lambda: run.client.job(short)["status"] == "running", 60, "the short job started on pf-node-0")
+    grower = run.client.submit({**synthetic_job("grower", total=40.0 * 400, per_rank=40.0, lo=1, hi=2), "costs_known": True,
+                                "scale_up_cost_s": UP_S, "scale_down_cost_s": DOWN_S})  # fmt: skip
+    run.client.wait([short], timeout_s=120)
+    lead = lead_s(3.0, 0.1)
+    pilot_of = {e["node"]: e["pilot"] for e in run.events("node.joined")}
+    first = {e["pilot"]: e for e in run.events("pilot.started")}
+    drain = {p: e["data"]["walltime_end"] - lead for p, e in first.items()}
+    freed = next(e for e in run.events("job.finished") if e["job"] == short)
+    freed_on = pilot_of["pf-node-0"]
+    assert drain[freed_on] - UP_S - DOWN_S < freed["time"] < drain[freed_on], (
+        f"the short job ended {drain[freed_on] - freed['time']:.1f} s before its pilot's drain: the test needs it within "
+        f"{UP_S + DOWN_S:.0f} s of it (a machine too slow for this timing)")
+    run.wait_for(lambda: any(e["pilot"] == freed_on for e in run.events("pilot.ended")), 90, "the first pilot's end")
+    joined = [(e["time"], node) for e in run.events() if e["job"] == grower and e["kind"] in ("job.started", "job.resized")
+              for node in e["data"]["nodes"]]  # fmt: skip
+    assert all(node != "pf-node-0" or t < freed["time"] for t, node in joined if pilot_of.get(node) == freed_on), (
+        f"the job was grown onto pf-node-0 {drain[freed_on] - next(t for t, n in joined if n == 'pf-node-0'):.1f} s before its drain")
+    # Every node that joined the job did so at least the growth's cost before its own pilot's drain.
+    pilot_of = {e["node"]: e["pilot"] for e in run.events("node.joined")}
+    ends = {e["pilot"]: e["data"]["walltime_end"] - lead for e in run.events("pilot.started")}
+    for t, node in joined:
+        joins = [e for e in run.events("node.joined") if e["node"] == node and e["time"] <= t]
+        pilot = joins[-1]["pilot"]
+        assert ends[pilot] - t >= UP_S + DOWN_S - 1.0, f"{node} joined the job {ends[pilot] - t:.1f} s before its pilot's drain"
+    run.client.cancel(grower)

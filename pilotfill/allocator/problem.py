@@ -162,6 +162,15 @@ class Job:
         if self.explore is not None and not set(self.explore) <= set(self.throughput):
             raise ProblemError(f"{where}: explore curves must be for node types the job can use")
 
+    def with_remaining(self, remaining_samples: float) -> Job:
+        """This job with only its work left changed (a running job's, every decision): what was checked is not checked again."""
+        if not (remaining_samples >= 0):
+            raise ProblemError(f"job {self.id!r}: remaining_samples must be >= 0, got {remaining_samples}")
+        out = object.__new__(Job)
+        out.__dict__.update(self.__dict__)
+        object.__setattr__(out, "remaining_samples", remaining_samples)
+        return out
+
     @property
     def node_types(self) -> tuple[str, ...]:
         return tuple(self.throughput)

@@ -44,6 +44,12 @@ nodes only, as it explores sizes. A job's own reports on a type replace the
 prediction there the moment they arrive. With no similar model measured (or
 no descriptor) every type is alike and wide open: per-type learning from nothing.
 
+A job's curves are refitted only when what it reported moves: a new scale,
+or a scale's mean rate moving more than ``REFIT_TOLERANCE`` from the mean the
+curves were fitted to. Hundreds of running jobs report on every event; their
+curves would change by far less than their own noise, and refitting them all
+was most of a decision's time at machine scale.
+
 Pure: observations in, curves out; the caller decides when reports arrive.
 """
 
@@ -62,6 +68,8 @@ CONFIDENCE = 1.0
 """A prediction's bounds on a type not measured: its point estimate times exp(∓ CONFIDENCE · σ)."""
 EXPLORE_RATE = 1e12
 """Optimistic rate of a job never measured: on nodes nobody holds, measuring it comes first."""
+REFIT_TOLERANCE = 0.01
+"""A scale's mean rate must move by more than this share of the rate its curves were fitted to before they are fitted anew."""
 PROBE_RATE = 1e-3
 """Rate assumed for a job never measured: more than nothing (so it starts on a free node and is
 measured), far less than any real job (so it never takes a node a measured job uses)."""
@@ -85,7 +93,8 @@ class Profiler:
     _seen: dict[str, dict[str | None, dict[int, _Scale]]] = field(default_factory=dict)  # job -> node type -> nodes -> rate
     _cache: dict[str, dict[tuple, ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
     _costs: dict[str, dict[str, _Scale]] = field(default_factory=dict)  # per job, per kind of change: seconds
-    _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped by every observation (callers cache on it)
+    _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped when its curves or costs change (callers cache on it)
+    _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)  # per job and type: the means its curves rest on
 
     def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0, node_type: str | None = None) -> None:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds measured)."""
@@ -94,15 +103,21 @@ class Profiler:
         scale = self._seen.setdefault(job_id, {}).setdefault(node_type, {}).setdefault(int(nodes), _Scale())
         scale.total += samples_per_s * weight
         scale.weight += weight
+        fitted = self._fitted.setdefault(job_id, {}).setdefault(node_type, {})
+        before = fitted.get(int(nodes))
+        if before is not None and abs(scale.mean - before) <= REFIT_TOLERANCE * abs(before):
+            return  # the curves fitted to ``before`` stand: the rate moved by less than the tolerance
+        fitted[int(nodes)] = scale.mean
         self._cache.pop(job_id, None)
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
 
     def version(self, job_id: str) -> int:
-        """How many observations of the job have been made: what it knows of the job changes only with this."""
+        """Bumped whenever the job's curves or costs change: callers may keep what they made from them until it moves."""
         return self._versions.get(job_id, 0)
 
     def forget(self, job_id: str) -> None:
         self._versions.pop(job_id, None)
+        self._fitted.pop(job_id, None)
         self._seen.pop(job_id, None)
         self._cache.pop(job_id, None)
         self._costs.pop(job_id, None)
@@ -129,8 +144,8 @@ class Profiler:
         return self.cost(job_id, "start", 0.0) + self.cost(job_id, "commit", 0.0) / 2
 
     def scales(self, job_id: str, node_type: str | None = None) -> dict[int, float]:
-        """Mean reported throughput per node count (on ``node_type``)."""
-        return {n: s.mean for n, s in sorted(self._seen.get(job_id, {}).get(node_type, {}).items())}
+        """Mean reported throughput per node count (on ``node_type``), as of the job's last refit (see ``REFIT_TOLERANCE``)."""
+        return dict(sorted(self._fitted.get(job_id, {}).get(node_type, {}).items()))
 
     def measured(self, job_id: str, node_type: str | None = None) -> bool:
         return bool(self._seen.get(job_id, {}).get(node_type))

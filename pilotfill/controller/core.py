@@ -648,7 +648,7 @@ class Controller:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
             if self.dirty and (self.urgent or not self._settling(now)):
                 self.decide(now, idle)
-            elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now):
+            elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
             if self._idle_types is not None:
                 self.types.last_idle = self._idle_types
@@ -905,12 +905,19 @@ class Controller:
 
     def _allocator_job(self, job: Job) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
-        measured). Made anew only when one of those changed: a waiting job's view is the same decision after decision."""
-        inputs = (job.progress, job.status, self.profiler.version(job.id), self.types.version(self.world, job))
+        measured). Made anew only when its curves or costs changed; a running job's work left changes every report
+        and is only copied in."""
+        spec = job.spec
+        total = spec.get("total_samples")
+        remaining = max(total - job.progress, 0.0) if total else math.inf
+        inputs = (job.status, self.profiler.version(job.id), self.types.version(self.world, job))
         cached = self._alloc_jobs.get(job.id)
         if cached is not None and cached[0] == inputs:
-            return cached[1]
-        spec = job.spec
+            made = cached[1]
+            if made.remaining_samples != remaining:
+                made = made.with_remaining(remaining)
+                self._alloc_jobs[job.id] = (inputs, made)
+            return made
         lo, hi = spec["min_nodes"], spec["max_nodes"]
         explore = None
         if self.types.typed:
@@ -931,8 +938,6 @@ class Controller:
                 objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
             if self.types.typed:
                 objective = {t: objective for t in curve}
-        total = spec.get("total_samples")
-        remaining = max(total - job.progress, 0.0) if total else math.inf
         up, down, restart = spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0)
         if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
             jpa = self.profiler

@@ -9,7 +9,8 @@ and the rank exits 1. ``--nproc N`` starts a node's share of a job: N ranks,
 each with ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (ended together on SIGTERM).
 Where the node has GPUs (``PILOTFILL_GPUS_PER_NODE`` > 0) each rank sees only
 its own: ``CUDA_VISIBLE_DEVICES`` is its local rank, so it uses ``cuda:0``.
-A rank of the processes runtime refuses Horovod (:mod:`pilotfill.elastic.guard`).
+A rank of the processes runtime refuses Horovod, and a rank of either refuses torch.distributed's env://
+rendezvous (:mod:`pilotfill.elastic.guard`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable
 
 from ..procs import die_with_parent
 from ..transport import Client
-from .guard import refuse_horovod
+from .guard import refuse_horovod, refuse_torch_distributed
 
 
 def resolve(entry: str):
@@ -93,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         if "PILOTFILL_NODE_RANK" in os.environ:  # the processes runtime, one rank on this node: its rank is the node's
             os.environ.setdefault("PILOTFILL_RANK", os.environ["PILOTFILL_NODE_RANK"])
     bind_device()
-    refuse_horovod(os.environ.get("PILOTFILL_RUNTIME", "processes"))  # before the app's code: hvd.init() here would be a world of one
+    runtime = os.environ.get("PILOTFILL_RUNTIME", "processes")
+    refuse_horovod(runtime)  # before the app's code: hvd.init() here would be a world of one
+    refuse_torch_distributed(runtime)  # and torch's env:// rendezvous would find no peers
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
     reply = client.request({"type": "job.get", "job_id": job_id})

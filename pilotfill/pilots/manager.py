@@ -67,6 +67,7 @@ class PilotManager:
         self._not_before = 0.0
         self._backoff = 0.0
         self._retry_told = True  # retry_due() said so once for the current back-off
+        self._limited_until: float | None = None  # a submission the per-minute limit held back: sized again then
         self.problem: dict | None = None  # the last submission's refusal or failure, until one succeeds (shown to the user)
         self.fatal: SchedulerConfigError | None = None  # a refusal no retry can change: the controller stops
         self._pilot_seq = int(self.world.journal.get_meta("pilot_seq", "0") or 0)
@@ -175,6 +176,14 @@ class PilotManager:
         self._retry_told = True
         return True
 
+    def limit_due(self, now: float) -> bool:
+        """True once when a submission the per-minute limit held back may be made: nothing else may happen by then
+        (no event, no change of idle nodes), and a job would wait for a node it could have forever."""
+        if self._limited_until is None or now < self._limited_until:
+            return False
+        self._limited_until = None
+        return True
+
     def _could_grow(self) -> bool:
         """Whether an open job could still take another node (below its maximum, or waiting to start)."""
         return any(len(job.nodes) < job.spec["max_nodes"] for job in self.world.open.values())
@@ -228,7 +237,10 @@ class PilotManager:
             self._submits.popleft()
         asked = 0
         while asked < nodes:
-            if len(self.world.queued) >= cfg.max_queued_pilots or len(self._submits) >= cfg.max_submits_per_minute:
+            if len(self.world.queued) >= cfg.max_queued_pilots:
+                break  # a queued pilot's start or end is an event: sized again then
+            if len(self._submits) >= cfg.max_submits_per_minute:
+                self._limited_until = self._submits[0] + 60.0
                 break
             size = min(cfg.nodes_per_pilot, nodes - asked)
             self._pilot_seq += 1
