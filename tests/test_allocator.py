@@ -834,3 +834,37 @@ def test_a_node_the_first_stage_takes_from_one_job_for_another_is_never_left_idl
     assert sum(a.counts.values()) == 2, a.counts
     if a.counts["slow"] == 0:
         assert a.counts["fast"] == 2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_core_reaches_the_plain_dp_optimum_with_many_start_or_not_jobs(seed):
+    """Hundreds of waiting jobs a decision weighs are "start on m nodes or not" (a token or one measured rate, flat
+    past it) or flat tables with ties; the core solver groups them by step and drops dominated counts. Its value
+    must be the plain DP's over every table, and its counts feasible."""
+    from pilotfill.allocator import dp
+
+    rng = np.random.default_rng(seed)
+    tables = []
+    for _ in range(120):
+        kind = rng.integers(4)
+        width = int(rng.integers(2, 20))
+        if kind == 0:  # start on m nodes or not, flat past m (ties between copies: equal gains)
+            m = int(rng.integers(1, 4))
+            t = np.zeros(width + m)
+            t[m:] = float(rng.choice([5.0, 7.0, 7.0, rng.uniform(1, 10)]))
+        elif kind == 1:  # concave growth from a running size, with a stop penalty
+            t = np.concatenate([[-float(rng.uniform(0, 30))], np.cumsum(np.sort(rng.uniform(0, 10, width))[::-1])])
+        elif kind == 2:  # min_nodes > 1: −inf below it
+            t = np.cumsum(rng.uniform(0, 5, width))
+            t[0] = 0.0
+            t[1 : int(rng.integers(2, width + 1))] = -np.inf
+        else:  # irregular (a rescale cost dip)
+            t = np.concatenate([[0.0], rng.uniform(-5, 20, width)])
+        tables.append(t)
+    for capacity in (0, 1, 7, 40, 150, 400):
+        counts, value = dp.solve(tables, capacity)
+        assert sum(counts) <= capacity
+        assert all(np.isfinite(t[c]) for t, c in zip(tables, counts))
+        assert value == pytest.approx(sum(float(t[c]) for t, c in zip(tables, counts)))
+        _, plain = dp.dense(tables, capacity)
+        assert value == pytest.approx(plain, rel=1e-9, abs=1e-9), f"capacity {capacity}: core {value} vs plain DP {plain}"

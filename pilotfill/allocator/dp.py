@@ -74,10 +74,11 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
         counts = [int(np.argmax(t)) for t in tables]
         return counts, float(sum(t[n] for t, n in zip(tables, counts)))
 
-    width = max(len(t) for t in tables)
+    width = min(max(len(t) for t in tables), capacity + 1)  # more nodes than there are is no choice
     values = np.full((len(tables), width), -np.inf)
     for j, t in enumerate(tables):
-        values[j, : len(t)] = t
+        values[j, : min(len(t), width)] = t[:width]
+    values = _undominated(values)
     best = _choose(values, 0.0)
     if best.sum() <= capacity:  # every job's own best fits: that is the optimum
         counts = best.tolist()
@@ -112,6 +113,18 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     keep = finite & (reduced <= gap + slack)
     keep[rows, incumbent] = True
     return _core(values, keep, capacity)
+
+
+def _undominated(values: np.ndarray) -> np.ndarray:
+    """Drop (set to −inf) each count worth no more than a smaller count of the same job: an optimum using it can
+    use the smaller one instead, on fewer nodes. A job never measured (a token rate, flat past its minimum) keeps
+    two choices instead of sixty, and the core below stays the size of what is really in question."""
+    if values.shape[1] < 2:
+        return values
+    before = np.maximum.accumulate(values, axis=1)
+    out = values.copy()
+    out[:, 1:][before[:, :-1] >= values[:, 1:]] = -np.inf
+    return out
 
 
 def _choose(values: np.ndarray, price: float) -> np.ndarray:
@@ -179,23 +192,43 @@ def _round(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def _core(values: np.ndarray, keep: np.ndarray, capacity: int) -> tuple[list[int], float]:
-    """The exact DP over the choices left after fixing; jobs with one choice left are fixed at it."""
+    """The exact DP over the choices left after fixing; jobs with one choice left are fixed at it.
+
+    Jobs left with two choices a step of ``w`` nodes apart (start on ``w`` nodes or not, grow by ``w`` or not)
+    are one table per ``w``: the best ``m`` of them are those with the ``m`` largest gains, so the DP weighs
+    ``m`` instead of each job (exact; hundreds of waiting jobs a decision weighs are like that)."""
     lowest = keep.argmax(axis=1)  # each job's smallest surviving count
     left = capacity - int(lowest.sum())
     counts = lowest.copy()
-    free = [j for j in range(len(values)) if keep[j].sum() > 1]
-    tables = []
-    for j in free:
+    tables: list[np.ndarray] = []
+    owners: list[tuple[int, list[int]]] = []  # (step, jobs): one job (step 0), or a group of two-choice jobs by gain
+    steps: dict[int, list[tuple[float, int]]] = {}
+    for j in np.flatnonzero(keep.sum(axis=1) > 1).tolist():
         ks = np.flatnonzero(keep[j])
+        if len(ks) == 2:
+            steps.setdefault(int(ks[1] - ks[0]), []).append((float(values[j, ks[1]] - values[j, ks[0]]), j))
+            continue
         t = np.full(int(ks[-1] - ks[0]) + 1, -np.inf)
         t[ks - ks[0]] = values[j, ks]
         tables.append(t)
+        owners.append((0, [j]))
+    for w, items in sorted(steps.items()):
+        items.sort(key=lambda x: (-x[0], x[1]))
+        fit = min(len(items), max(left, 0) // w)
+        t = np.full(fit * w + 1, -np.inf)
+        t[0::w] = np.concatenate([[0.0], np.cumsum([g for g, _ in items[:fit]])])
+        tables.append(t)
+        owners.append((w, [j for _, j in items]))
     if tables:
         if work(tables, left) > WORK_LIMIT:
             raise TooLarge(f"{len(tables)} jobs keep several choices after fixing: {work(tables, left):,} DP cells")
         extra, _ = dense(tables, left)
-        for j, k in zip(free, extra):
-            counts[j] += k
+        for (w, js), k in zip(owners, extra):
+            if w == 0:
+                counts[js[0]] += k
+            else:
+                for j in js[: k // w]:
+                    counts[j] += w
     total = float(values[np.arange(len(values)), counts].sum())
     return counts.tolist(), total
 

@@ -90,7 +90,19 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
 
     Computed per node type for all jobs at once (one array operation per term,
     not one per job): at whole-machine scale a decision weighs hundreds of jobs.
+    Made once per problem (a problem is immutable; the stages of one decision share them), read-only.
     """
+    cached = problem.__dict__.get("_value_tables")
+    if cached is None:
+        cached = _value_tables(problem)
+        for tables in cached:
+            for table in tables:
+                table.values.flags.writeable = False
+        problem.__dict__["_value_tables"] = cached
+    return cached
+
+
+def _value_tables(problem: Problem) -> list[list[ValueTable]]:
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     held = [problem.held_by_type(job) for job in problem.jobs]
     by_type: dict[str, list[int]] = {}

@@ -135,7 +135,8 @@ class Controller:
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._curves: dict[str, ScalingCurve] = {}
-        self._copies: dict[Hashable, int] = {}  # kind of waiting job -> how many of it the last decision weighed (see _solve)
+        self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
+        self._copies: dict[tuple[bool, Hashable], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._last_idle: int | None = None
@@ -824,8 +825,15 @@ class Controller:
             return sum(answer.counts.values())
         if not self.world.open:
             return 0
-        _, _, potential = self._solve(len(self.world.ready) + extra, extra)
-        return sum(potential.counts.values())
+        # Asked again at the same instant with nothing the answer rests on changed (a second step of one tick, or
+        # of one replayed event): the same answer, not a second solve of the whole machine.
+        world = self.world
+        key = (self.clock(), len(world.ready), extra, tuple((j.id, j.status, len(j.nodes), self.profiler.version(j.id)) for j in world.open.values()))
+        if self._wanted_memo is not None and self._wanted_memo[0] == key:
+            return self._wanted_memo[1]
+        _, _, potential = self._solve(len(world.ready) + extra, extra)
+        self._wanted_memo = (key, sum(potential.counts.values()))
+        return self._wanted_memo[1]
 
     def _solve(self, room: int, extra: int) -> tuple[list[Job], Problem, Allocation]:
         """The jobs a decision weighs, its problem and the allocator's answer.
@@ -847,22 +855,24 @@ class Controller:
                 others.append(job)
             else:
                 alike.setdefault(kind, []).append(job)
+        # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
+        copies = {kind: self._copies.get((extra > 0, kind), MIN_COPIES) for kind in alike}
         while True:
-            active = others + [j for kind, js in alike.items() for j in js[: self._copies.get(kind, MIN_COPIES)]]
+            active = others + [j for kind, js in alike.items() for j in js[: copies[kind]]]
             active.sort(key=lambda j: j.seq)
             problem = self._problem(active, extra)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
             grown = False
             for kind, js in alike.items():
-                weighed = js[: self._copies.get(kind, MIN_COPIES)]
+                weighed = js[: copies[kind]]
                 used = sum(1 for j in weighed if answer.counts.get(j.id, 0) > 0)
                 if used == len(weighed) < len(js):
-                    self._copies[kind] = 2 * len(weighed)
+                    copies[kind] = 2 * len(weighed)
                     grown = True
             if not grown:
                 for kind, js in alike.items():
-                    used = sum(1 for j in js[: self._copies.get(kind, MIN_COPIES)] if answer.counts.get(j.id, 0) > 0)
-                    self._copies[kind] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
+                    used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
+                    self._copies[(extra > 0, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
                 return active, problem, answer
 
     def _kind(self, job: Job) -> Hashable | None:
