@@ -264,37 +264,64 @@ kind = "processes"
 UP_S, DOWN_S = 15.0, 5.0  # the growing job's rescale costs: a node whose drain is nearer than 20 s is not worth growing onto
 
 
+def _short_then_grower(run: LocalRun, short_s: float) -> tuple[str, str]:
+    """A one-node job of ``short_s`` seconds on the first node, then a job of up to two nodes that will outlive it."""
+    short = run.client.submit({**synthetic_job("short", total=400.0 * short_s, per_rank=400.0, lo=1, hi=1), "restart_cost_s": 600.0})
+    run.wait_for(lambda: run.client.job(short)["status"] == "running", 120, "the short job started on the first node")
+    grower = run.client.submit({**synthetic_job("grower", total=40.0 * 1000, per_rank=40.0, lo=1, hi=2), "costs_known": True,
+                                "scale_up_cost_s": UP_S, "scale_down_cost_s": DOWN_S})  # fmt: skip
+    return short, grower
+
+
+def _not_grown_onto_an_ending_pilot(run: LocalRun, short: str, grower: str, lead: float) -> None:
+    """The short job freed its node within the growth's cost of its pilot's drain, and the grower did not get that
+    node from that pilot; no node joined the grower nearer its own pilot's drain than the growth's cost."""
+    run.client.wait([short], timeout_s=180)
+    joins = run.events("node.joined")
+    started = {e["pilot"]: e["data"]["walltime_end"] for e in run.events("pilot.started")}
+    short_on = next(e for e in run.events("job.started") if e["job"] == short)["data"]["nodes"][0]
+    pilot = [e for e in joins if e["node"] == short_on][-1]["pilot"]
+    drain = started[pilot] - lead
+    freed = next(e for e in run.events("job.finished") if e["job"] == short)["time"]
+    assert drain - UP_S - DOWN_S < freed < drain, (
+        f"the short job ended {drain - freed:.1f} s before its pilot's drain: the test needs it within {UP_S + DOWN_S:.0f} s "
+        f"of it (a machine too slow for this timing)")  # fmt: skip
+    run.wait_for(lambda: any(e["pilot"] == pilot for e in run.events("pilot.ended")), 120, "the first pilot's end")
+    events = run.events()
+    joins = [e for e in events if e["kind"] == "node.joined"]
+    ends = {e["pilot"]: e["data"]["walltime_end"] - lead for e in events if e["kind"] == "pilot.started"}
+    grown = [(e["time"], node) for e in events if e["job"] == grower and e["kind"] in ("job.started", "job.resized") for node in e["data"]["nodes"]]
+    for t, node in grown:
+        by = [j for j in joins if j["node"] == node and j["time"] <= t][-1]["pilot"]
+        assert by != pilot or t < freed, f"the job was grown onto {node} {drain - t:.1f} s before its pilot's drain"
+        assert ends[by] - t >= UP_S + DOWN_S - 1.0, f"{node} joined the job {ends[by] - t:.1f} s before its pilot's drain"
+
+
 def test_a_job_is_not_grown_onto_a_local_pilot_whose_drain_comes_before_the_growth_pays(local):
     """Two pilots with staggered walltimes (pf-node-1 is busy for the first 3 s): a short job frees pf-node-0 within 20 s
     of its pilot's drain while a two-node job runs on pf-node-1. Growing onto it would pay 15 s up and 5 s down for
-    less training than that: the job must not get it until a new pilot brings it back, and no node joins any job
-    nearer its drain than the growth's cost."""
+    less training than that: the job must not get it until a new pilot brings it back."""
     run = local(config=STAGGERED)
     run.start()
-    short = run.client.submit({**synthetic_job("short", total=400.0 * 15, per_rank=400.0, lo=1, hi=1), "restart_cost_s": 60.0})
-    run.wait_for(lambda: run.client.job(short)["status"] == "running", 60, "the short job started on pf-node-0")
-    grower = run.client.submit({**synthetic_job("grower", total=40.0 * 400, per_rank=40.0, lo=1, hi=2), "costs_known": True,
-                                "scale_up_cost_s": UP_S, "scale_down_cost_s": DOWN_S})  # fmt: skip
-    run.client.wait([short], timeout_s=120)
-    lead = lead_s(3.0, 0.1)
-    pilot_of = {e["node"]: e["pilot"] for e in run.events("node.joined")}
-    first = {e["pilot"]: e for e in run.events("pilot.started")}
-    drain = {p: e["data"]["walltime_end"] - lead for p, e in first.items()}
-    freed = next(e for e in run.events("job.finished") if e["job"] == short)
-    freed_on = pilot_of["pf-node-0"]
-    assert drain[freed_on] - UP_S - DOWN_S < freed["time"] < drain[freed_on], (
-        f"the short job ended {drain[freed_on] - freed['time']:.1f} s before its pilot's drain: the test needs it within "
-        f"{UP_S + DOWN_S:.0f} s of it (a machine too slow for this timing)")
-    run.wait_for(lambda: any(e["pilot"] == freed_on for e in run.events("pilot.ended")), 90, "the first pilot's end")
-    joined = [(e["time"], node) for e in run.events() if e["job"] == grower and e["kind"] in ("job.started", "job.resized")
-              for node in e["data"]["nodes"]]  # fmt: skip
-    assert all(node != "pf-node-0" or t < freed["time"] for t, node in joined if pilot_of.get(node) == freed_on), (
-        f"the job was grown onto pf-node-0 {drain[freed_on] - next(t for t, n in joined if n == 'pf-node-0'):.1f} s before its drain")
-    # Every node that joined the job did so at least the growth's cost before its own pilot's drain.
-    pilot_of = {e["node"]: e["pilot"] for e in run.events("node.joined")}
-    ends = {e["pilot"]: e["data"]["walltime_end"] - lead for e in run.events("pilot.started")}
-    for t, node in joined:
-        joins = [e for e in run.events("node.joined") if e["node"] == node and e["time"] <= t]
-        pilot = joins[-1]["pilot"]
-        assert ends[pilot] - t >= UP_S + DOWN_S - 1.0, f"{node} joined the job {ends[pilot] - t:.1f} s before its pilot's drain"
+    short, grower = _short_then_grower(run, short_s=15.0)
+    _not_grown_onto_an_ending_pilot(run, short, grower, lead_s(3.0, 0.1))
     run.client.cancel(grower)
+
+
+SLURM_STAGGERED = SLURM.replace("max_queued_pilots = 1", "max_queued_pilots = 2")
+
+
+def test_a_job_is_not_grown_onto_a_slurm_pilot_whose_drain_comes_before_the_growth_pays(slurm, tmp_path):
+    """The same on a real Slurm: the main partition holds two nodes for the whole test and a third for its first
+    10 s, so the two pilots' one-minute time limits end about 10 s apart."""
+    slurm.command("sbatch", "--parsable", "-p", "main", "-N", "2", "-w", "node3,node4", "-o", "/dev/null", "--wrap", "sleep 600")
+    slurm.command("sbatch", "--parsable", "-p", "main", "-N", "1", "-w", "node2", "-o", "/dev/null", "--wrap", "sleep 10")
+    run = LocalRun(tmp_path, config=SLURM_STAGGERED)
+    run.start(timeout_s=60)
+    try:
+        short, grower = _short_then_grower(run, short_s=35.0)
+        _not_grown_onto_an_ending_pilot(run, short, grower, lead_s(5.0, 0.1))
+        run.client.cancel(grower)
+    finally:
+        run.stop()
+        run.wait_for(lambda: not run.leftover_processes(), 60, "no leftover processes")
