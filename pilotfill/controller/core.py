@@ -843,8 +843,9 @@ class Controller:
         every job JPA has not measured yet) are weighed a few at a time, in
         submission order: while the answer leaves one of them unused, more of
         the same could not do better, so the answer is the one with all of them;
-        when it uses every one weighed, twice as many are weighed and it is asked
-        again. A queue of thousands costs a decision what a handful does.
+        when it uses every one weighed, as many as the room could start are
+        weighed and it is asked once more. A queue of thousands costs a decision
+        what a handful does.
         """
         admitted = self._active(room)
         others: list[Job] = []
@@ -866,8 +867,9 @@ class Controller:
             for kind, js in alike.items():
                 weighed = js[: copies[kind]]
                 used = sum(1 for j in weighed if answer.counts.get(j.id, 0) > 0)
-                if used == len(weighed) < len(js):
-                    copies[kind] = 2 * len(weighed)
+                fit = room // max(1, js[0].spec["min_nodes"])  # no more of them than the room could start
+                if used == len(weighed) < min(len(js), fit):
+                    copies[kind] = min(len(js), max(2 * len(weighed), fit))  # as many as could start, at once
                     grown = True
             if not grown:
                 for kind, js in alike.items():
