@@ -1119,7 +1119,7 @@ class Controller:
                 self.journal.drop_process(p["pid"])
 
     def begin_stop(self) -> float:
-        """Stopping: every job's ranks are told to leave — SIGTERM, then their commit within the pilots' grace — while
+        """Stopping: every job's ranks are told to leave — SIGTERM, and the pilots' grace to commit in — while
         their agents are still heard, so that what they commit is recorded and nothing waits on an agent nobody
         answers. Nothing is decided from now on. Returns by when (``time.monotonic``) to stop waiting for them."""
         self.draining = True
