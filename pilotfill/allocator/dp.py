@@ -148,7 +148,10 @@ def _contenders(values: np.ndarray, capacity: int) -> np.ndarray:
             keep |= finite
             continue
         column = np.where(finite, column, -np.inf)
-        keep[np.argpartition(-column, top - 1)[:top]] = True
+        threshold = -np.partition(-column, top - 1)[top - 1]  # the top-th best gain
+        above = column > threshold
+        keep |= above
+        keep[np.flatnonzero(column == threshold)[: top - int(above.sum())]] = True  # ties: the earlier jobs (submission order)
     if keep.all():
         return values
     out = values.copy()
