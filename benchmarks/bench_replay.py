@@ -21,7 +21,8 @@ learned horizon):
   work since the last commit, every 60 s of training);
 * profiles: ``known`` (the job file's curves and costs) and ``learned`` (every
   job cold, JPA learns curves and costs from 3 %-noisy reports; the median of
-  three noise seeds, with min and max);
+  three noise seeds, with min and max; controller times are the worst seed's
+  and re-requests are summed over the seeds);
 * queue delay: 0 and 30 s per pilot.
 
 Then the realistic cells again with BFTrainer's fixed T_fwd = 10 s instead of
@@ -55,6 +56,10 @@ TARGETS = ("targets: learned/known >= 0.97 (realistic, 30 s); re-requested 0; pi
            "(a node idle past a pilot's walltime needs another); controller ms max <= 100; saturating used/idle >= 0.90")
 
 
+WORST_OF_SEEDS = ("controller_ms_max", "controller_cpu_ms_max", "controller_cpu_ms_max_few_messages", "controller_messages_max", "controller_ms_p99",
+                  "controller_cpu_ms_p99")  # fmt: skip
+
+
 def saturating_demand(jobs: list[JobSpec], trace: Trace, copies: int = 8) -> list[JobSpec]:
     """The job file ``copies`` times over, submitted at even intervals from the trace's start to its end."""
     out = []
@@ -71,6 +76,9 @@ def cell(label: str, trace: Trace, jobs: list[JobSpec], seeds: int, **options) -
     known = replay(trace, jobs, profiles="known", keep_timeline=False, **options).as_dict()
     learned_runs = [replay(trace, jobs, profiles="learned", noise=0.03, seed=s, keep_timeline=False, **options).as_dict() for s in range(seeds)]
     learned = sorted(learned_runs, key=lambda r: r["samples"])[len(learned_runs) // 2] if learned_runs else None
+    if learned is not None:  # samples are the median seed's; what a site must never see counts in any seed
+        learned = {**learned, **{k: max(r[k] for r in learned_runs) for k in WORST_OF_SEEDS},
+                   "nodes_rerequested_within_60s": sum(r["nodes_rerequested_within_60s"] for r in learned_runs)}  # fmt: skip
     ratios = [r["samples"] / known["samples"] for r in learned_runs] if known["samples"] > 0 else []
     return {"cell": label, "options": {k: v for k, v in options.items()}, "known": known, "learned": learned,
             "learned_over_known": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)} if ratios else None}  # fmt: skip
@@ -81,7 +89,8 @@ def row(name: str, r: dict) -> str:
     return (f"  {name:<8} samples {r['samples']:>10.4g}  jobs {r['jobs_completed']:>5}  held/idle {r['held_node_hours'] / idle:6.3f}  used/idle {r['used_node_hours'] / idle:6.3f}"
             f"  pilots/(idle transitions + walltime ends) {r['pilots_submitted'] / max(1, r['idle_transitions'] + r.get('pilots_walltime_ended', 0)):5.3f}  released {r['nodes_released']:>6,}  re-requested {r['nodes_rerequested_within_60s']:>3}"
             f"  job stops {r['job_stops']:>6,}  controller ms per event, wall p50 {r['controller_ms_p50']:5.1f} p99 {r['controller_ms_p99']:6.1f} max {r['controller_ms_max']:6.1f}"
-            f" / CPU p50 {r['controller_cpu_ms_p50']:5.1f} p99 {r['controller_cpu_ms_p99']:6.1f} max {r['controller_cpu_ms_max']:6.1f}  ({r['wall_s']:.0f} s)")  # fmt: skip
+            f" / CPU p50 {r['controller_cpu_ms_p50']:5.1f} p99 {r['controller_cpu_ms_p99']:6.1f} max {r['controller_cpu_ms_max']:6.1f}"
+            f" (events of <= 100 messages: {r['controller_cpu_ms_max_few_messages']:6.1f}; most messages in one event {r['controller_messages_max']:,})  ({r['wall_s']:.0f} s)")  # fmt: skip
 
 
 def show(result: dict) -> None:
@@ -152,8 +161,10 @@ def main() -> None:
                       f"(held {x['held_node_hours'] / x['idle_node_hours']:.3f}); target >= 0.90")
     worst = max((r[k]["controller_ms_max"] for r in results for k in ("known", "learned") if r[k] is not None), default=0.0)
     worst_cpu = max((r[k]["controller_cpu_ms_max"] for r in results for k in ("known", "learned") if r[k] is not None), default=0.0)
+    worst_few = max((r[k]["controller_cpu_ms_max_few_messages"] for r in results for k in ("known", "learned") if r[k] is not None), default=0.0)
     rereq = sum(r[k]["nodes_rerequested_within_60s"] for r in results for k in ("known", "learned") if r[k] is not None)
-    print(f"\nevery cell: controller ms per event at most {worst:.1f} wall, {worst_cpu:.1f} CPU (target <= 100); nodes re-requested within 60 s, summed: {rereq} (target 0); "
+    print(f"\nevery cell: controller ms per event at most {worst:.1f} wall, {worst_cpu:.1f} CPU (target <= 100; events of <= 100 messages: {worst_few:.1f} CPU); "
+          f"nodes re-requested within 60 s, summed over every run: {rereq} (target 0); "
           f"{time.perf_counter() - began:.0f} s in all")
 
 

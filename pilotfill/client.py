@@ -7,6 +7,7 @@ is one authenticated request (:mod:`pilotfill.transport`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,27 +15,32 @@ from .state import TERMINAL
 from .transport import Client
 
 
+
+
 class ControllerClient:
-    def __init__(self, run_dir: Path | str, timeout_s: float = 30.0):
+    def __init__(self, run_dir: Path | str, timeout_s: float = 30.0, interrupt: Callable[[], bool] | None = None):
+        """``interrupt``: checked while a request waits; when true the request raises ``transport.Interrupted`` (a
+        campaign shutting down does not wait out the timeout of a controller that has stopped)."""
         self.run_dir = Path(run_dir)
         self._client = Client(self.run_dir, timeout_s=timeout_s)
+        self._interrupt = interrupt
 
     def submit(self, spec: dict[str, Any]) -> str:
         """Queue a job; returns its id once the controller has committed it."""
-        return self._client.request({"type": "job.submit", "spec": spec})["job_id"]
+        return self._client.request({"type": "job.submit", "spec": spec}, interrupt=self._interrupt)["job_id"]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._client.request({"type": "job.get", "job_id": job_id})["job"]
+        return self._client.request({"type": "job.get", "job_id": job_id}, interrupt=self._interrupt)["job"]
 
     def status(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
         """Status, progress, result and error of each job (one request; the jobs' code is not sent back)."""
-        return self._client.request({"type": "job.status", "job_ids": job_ids})["jobs"]
+        return self._client.request({"type": "job.status", "job_ids": job_ids}, interrupt=self._interrupt)["jobs"]
 
     def cancel(self, job_id: str) -> None:
-        self._client.request({"type": "job.cancel", "job_id": job_id})
+        self._client.request({"type": "job.cancel", "job_id": job_id}, interrupt=self._interrupt)
 
     def snapshot(self) -> dict[str, Any]:
-        return self._client.request({"type": "state.snapshot"})
+        return self._client.request({"type": "state.snapshot"}, interrupt=self._interrupt)
 
     def wait(self, job_ids: list[str], timeout_s: float = 600.0, poll_s: float = 0.5) -> dict[str, dict[str, Any]]:
         """Block until every job is finished, failed or cancelled; return their records."""

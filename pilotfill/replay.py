@@ -51,6 +51,8 @@ from .traces import JobSpec, Trace
 
 MAX_ROUNDS = 64
 """Message/step rounds at one simulated time (pilots that start at once, jobs that finish at once)."""
+FEW_MESSAGES = 100
+"""An event with at most this many messages is an ordinary one (the report's maximum over those is a decision's cost)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class ReplayResult:
     solve_ms: list[float] = field(default_factory=list)
     controller_ms: list[float] = field(default_factory=list)
     controller_cpu_ms: list[float] = field(default_factory=list)  # the same, in this process's CPU time (on a shared machine, what it costs)
+    controller_messages: list[int] = field(default_factory=list)  # messages each event brought (a preemption of 2,000 nodes: 2,000)
     methods: dict[str, int] = field(default_factory=dict)
     jobs: list[JobOutcome] = field(default_factory=list)
     timeline: list[Snapshot] = field(default_factory=list)
@@ -170,6 +173,10 @@ class ReplayResult:
             "controller_cpu_ms_p50": pct(self.controller_cpu_ms, 50),
             "controller_cpu_ms_p99": pct(self.controller_cpu_ms, 99),
             "controller_cpu_ms_max": max(self.controller_cpu_ms, default=0.0),
+            # Events that bring thousands of messages at once (a big preemption, a thousand pilots starting) cost in
+            # proportion to them: the most messages in one event, and the CPU maximum over the events with few.
+            "controller_messages_max": max(self.controller_messages, default=0),
+            "controller_cpu_ms_max_few_messages": max((c for c, m in zip(self.controller_cpu_ms, self.controller_messages) if m <= FEW_MESSAGES), default=0.0),
             "methods": dict(self.methods),
             "wall_s": self.wall_s,
             "node_types": self.node_types,
@@ -280,6 +287,7 @@ class Replay:
         ctl = self.controller
         assert ctl is not None
         spent = cpu = 0.0
+        handled = 0
         for _ in range(MAX_ROUNDS):
             self.scheduler.advance(t)
             messages = self.runtime.outbox + self.scheduler.outbox
@@ -287,6 +295,7 @@ class Replay:
             while arrivals and arrivals[0].submit_time <= t:
                 messages.append(self._submission(arrivals.popleft()))
             began, began_cpu = time.perf_counter(), time.process_time()
+            handled += len(messages)
             for m, reply in zip(messages, ctl.handle_batch(messages)):
                 if m["type"] == "job.submit" and reply.get("ok"):
                     self._names[reply["job_id"]] = m["spec"]["name"]
@@ -296,6 +305,7 @@ class Replay:
             if not messages and not self.scheduler.outbox and not self._starting_now(t):
                 break
         self._snapshot(t)
+        self.result.controller_messages.append(handled)
         return spent, cpu
 
     def jobs_done(self) -> int:

@@ -4,8 +4,8 @@ Recheck (b) of shared/data/openpbs/real-23.06.06-recheck (b-after-sigint-every-0
 b-second-run-strace-controller-killed.txt): SIGINT to `pilotfill run` SIGKILLed the controller 0.26 s later
 (``PR_SET_PDEATHSIG``), so nothing recorded the stop and no pilot was deleted; the pilots and their agents ran on
 for ten minutes. The same code ran every batch system. Now SIGINT does what the end of a campaign does: the
-controller ends the jobs, deletes every pilot (``scancel`` here), records ``controller.stopped``; `pilotfill run`
-exits 130 and nothing of the run is left.
+controller tells every rank to leave (SIGTERM, a commit) while their agents are still heard, then deletes every
+pilot (``scancel`` here) and records ``controller.stopped``; `pilotfill run` exits 130 and nothing of the run is left.
 """
 
 from __future__ import annotations
@@ -79,6 +79,11 @@ def interrupted_campaign(tmp_path, config_text: str):
     text = out.read_text()
     assert journal(run_dir, "controller.stopped"), "the stop is recorded"
     assert code == 130 and "interrupted (SIGINT)" in text, text[-3000:]
+    # The ranks were told to leave (SIGTERM: a commit) while their agents were still heard, and had gone before the
+    # controller ended the pilots — not killed with them, nor waited for by a controller nobody answered.
+    stopping, stopped = journal(run_dir, "controller.stopping"), journal(run_dir, "controller.stopped")
+    assert stopping and stopping[-1]["data"]["ranks"] >= 2, stopping
+    assert stopped[-1]["data"]["ranks_not_gone"] == 0, stopped[-1]
     return run_dir, text
 
 

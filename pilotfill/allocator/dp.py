@@ -35,6 +35,8 @@ WORK_LIMIT = 400_000_000
 """Above this many DP cell updates (after fixing) :func:`solve` raises :class:`TooLarge`: the MILP is faster there."""
 CORE_SHARES = (0.1,)
 """Before fixing against the whole gap, the DP over the choices within these shares of it: a better incumbent, fast."""
+GATHER_LIMIT = 200_000
+"""A table with more choices than a few is added to the DP in one gather of (capacity + 1) × choices cells, up to this many."""
 BISECTIONS = 60
 """Bisection steps on the node price (each one vectorised over every job and count)."""
 
@@ -78,7 +80,7 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     values = np.full((len(tables), width), -np.inf)
     for j, t in enumerate(tables):
         values[j, : min(len(t), width)] = t[:width]
-    values = _undominated(values)
+    values = _contenders(_undominated(values), capacity)
     best = _choose(values, 0.0)
     if best.sum() <= capacity:  # every job's own best fits: that is the optimum
         counts = best.tolist()
@@ -124,6 +126,36 @@ def _undominated(values: np.ndarray) -> np.ndarray:
     before = np.maximum.accumulate(values, axis=1)
     out = values.copy()
     out[:, 1:][before[:, :-1] >= values[:, 1:]] = -np.inf
+    return out
+
+
+def _contenders(values: np.ndarray, capacity: int) -> np.ndarray:
+    """Fix at 0 nodes every job that is not, at any count ``n``, among the ``capacity − n + 1`` best gains at ``n``.
+
+    Exact: in an optimum where such a job runs on ``n`` nodes, at most ``capacity − n`` other jobs run, so one of
+    the ``capacity − n + 1`` jobs that gain at least as much from ``n`` nodes is idle and could have them instead.
+    With few free nodes and hundreds of candidates (exploring the nodes a decision left free) a handful remain."""
+    jobs, width = values.shape
+    if jobs <= capacity or width < 2:
+        return values
+    gains = values[:, 1:] - values[:, :1]
+    keep = np.zeros(jobs, dtype=bool)
+    for n in range(1, width):
+        top = capacity - n + 1
+        column = gains[:, n - 1]
+        finite = np.isfinite(column)
+        if int(finite.sum()) <= top:
+            keep |= finite
+            continue
+        column = np.where(finite, column, -np.inf)
+        threshold = -np.partition(-column, top - 1)[top - 1]  # the top-th best gain
+        above = column > threshold
+        keep |= above
+        keep[np.flatnonzero(column == threshold)[: top - int(above.sum())]] = True  # ties: the earlier jobs (submission order)
+    if keep.all():
+        return values
+    out = values.copy()
+    out[~keep, 1:] = -np.inf
     return out
 
 
@@ -244,8 +276,15 @@ def dense(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     # rows[j][c]: the best of the first j jobs on at most c nodes (full length: no padding per row).
     rows: list[np.ndarray] = [np.zeros(capacity + 1)]
     scratch = np.empty(capacity + 1)
+    positions = np.arange(capacity + 1)
     for t, ks in zip(tables, choices):
         prev = rows[-1]
+        if len(ks) > 8 and (capacity + 1) * len(ks) <= GATHER_LIMIT:  # one array operation for all its choices
+            fit = np.asarray([k for k in ks if k <= capacity])
+            top = int(fit[-1])
+            padded = np.concatenate([np.full(top, -np.inf), prev])
+            rows.append((padded[positions[:, None] + (top - fit)[None, :]] + t[fit]).max(axis=1))
+            continue
         cur = prev + t[0]
         for k in ks[1:]:
             if k > capacity:

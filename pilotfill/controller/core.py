@@ -55,6 +55,8 @@ SETTLE_MAX_S = 10.0
 """…but never longer than this in a row."""
 METER_WINDOW_S = 2.0
 """A job's throughput is measured over at least this much time at one size before the profiler sees it."""
+STOP_MARGIN_S = 10.0
+"""Stopping waits for ranks this long past the pilots' grace: for an agent's heartbeat to say they are gone."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -126,6 +128,8 @@ class Controller:
         self.dirty = True
         self.urgent = False
         self.stopping = False
+        self.draining = False  # stopping: ranks are leaving at their commits; nothing is decided any more
+        self._leaving_ranks: set[tuple[str, str]] = set()  # (job, host) told to leave while stopping, not yet gone
         self._heard: OrderedDict[str, float] = OrderedDict()  # live pilot -> last message, oldest first
         self._heard_floor = 0.0  # after our own stall, silence is counted from here
         self._last_step: float | None = None
@@ -647,7 +651,9 @@ class Controller:
             idle, moved = self._idle(), False
             if self.types.typed:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
-            if self.dirty and (self.urgent or not self._settling(now)):
+            if self.draining:
+                pass  # stopping: no job starts or grows, no pilot is asked for
+            elif self.dirty and (self.urgent or not self._settling(now)):
                 self.decide(now, idle)
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
@@ -690,6 +696,7 @@ class Controller:
                 self.dirty = True
 
     def _on_rank_exit(self, exit_: RankExit, now: float) -> None:
+        self._leaving_ranks.discard((exit_.job_id, exit_.host))
         job = self.world.jobs.get(exit_.job_id)
         if job is None or job.status in TERMINAL or exit_.requested:
             return
@@ -843,8 +850,9 @@ class Controller:
         every job JPA has not measured yet) are weighed a few at a time, in
         submission order: while the answer leaves one of them unused, more of
         the same could not do better, so the answer is the one with all of them;
-        when it uses every one weighed, twice as many are weighed and it is asked
-        again. A queue of thousands costs a decision what a handful does.
+        when it uses every one weighed, as many as the room could start are
+        weighed and it is asked once more. A queue of thousands costs a decision
+        what a handful does.
         """
         admitted = self._active(room)
         others: list[Job] = []
@@ -866,8 +874,9 @@ class Controller:
             for kind, js in alike.items():
                 weighed = js[: copies[kind]]
                 used = sum(1 for j in weighed if answer.counts.get(j.id, 0) > 0)
-                if used == len(weighed) < len(js):
-                    copies[kind] = 2 * len(weighed)
+                fit = room // max(1, js[0].spec["min_nodes"])  # no more of them than the room could start
+                if used == len(weighed) < min(len(js), fit):
+                    copies[kind] = min(len(js), max(2 * len(weighed), fit))  # as many as could start, at once
                     grown = True
             if not grown:
                 for kind, js in alike.items():
@@ -1109,6 +1118,25 @@ class Controller:
             if not procs.alive(p["pid"], p["start_ticks"]):
                 self.journal.drop_process(p["pid"])
 
+    def begin_stop(self) -> float:
+        """Stopping: every job's ranks are told to leave — SIGTERM, and the pilots' grace to commit in — while
+        their agents are still heard, so that what they commit is recorded and nothing waits on an agent nobody
+        answers. Nothing is decided from now on. Returns by when (``time.monotonic``) to stop waiting for them."""
+        self.draining = True
+        with self.journal.transaction():
+            for job in list(self.world.open.values()):
+                hosts = self.runtime.hosts(job.id)
+                if hosts:
+                    self._leaving_ranks.update((job.id, host) for host in hosts)
+                    self.runtime.stop(job.id)
+            self.world.log("controller.stopping", self.clock(), ranks=len(self._leaving_ranks))
+        self._flush_wakes()
+        return time.monotonic() + self.config.pilots.grace_s + STOP_MARGIN_S
+
+    def ranks_gone(self) -> bool:
+        """Whether every rank told to leave by :meth:`begin_stop` has gone (its agent said so)."""
+        return not self._leaving_ranks
+
     def shutdown(self) -> None:
         """Stop every job's ranks, cancel every pilot; running jobs go back to pending (a re-run resumes them)."""
         log.info("shutting down")
@@ -1127,7 +1155,7 @@ class Controller:
             self.journal.clear_processes()
             self._account(now)
             self._journal_accounts()
-            world.log("controller.stopped", now, incarnation=self.incarnation)
+            world.log("controller.stopped", now, incarnation=self.incarnation, ranks_not_gone=len(self._leaving_ranks))
         self.journal.close()
 
 

@@ -18,6 +18,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 from ..config import ConfigError, load_config
@@ -36,11 +37,18 @@ EXIT_JOURNAL = 3
 
 
 def serve(controller: Controller, server: Server) -> None:
-    """The loop: a bounded batch of requests, then one step, until asked to stop."""
+    """The loop: a bounded batch of requests, then one step, until asked to stop; then the same loop while the
+    ranks leave at their commits (their agents must still be heard: they carry the stop and its outcome)."""
     tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
     while not controller.stopping:
         server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH)
         controller.step()
+    began = time.monotonic()
+    deadline = controller.begin_stop()
+    while not controller.ranks_gone() and time.monotonic() < deadline:
+        server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH)
+        controller.step()
+    log.info("stopping: ranks %s after %.1f s", "gone" if controller.ranks_gone() else "still running (their pilots end them)", time.monotonic() - began)
 
 
 def main(argv: list[str] | None = None) -> int:

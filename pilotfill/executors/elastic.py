@@ -30,7 +30,7 @@ from parsl.serialize import deserialize
 
 from ..client import ControllerClient
 from ..state import TERMINAL
-from ..transport import ControllerUnavailable
+from ..transport import ControllerUnavailable, Interrupted
 from .shipping import CannotShip, pack_call
 
 log = logging.getLogger("pilotfill.executor")
@@ -135,7 +135,7 @@ class ElasticExecutor(ParslExecutor):
     # ------------------------------------------------------------ the background thread
 
     def _work(self) -> None:
-        client = ControllerClient(self.controller_run_dir)
+        client = ControllerClient(self.controller_run_dir, interrupt=self._stop.is_set)  # shutdown does not wait on a request
         while not self._stop.is_set():
             self._send(client)
             self._collect(client)
@@ -154,7 +154,7 @@ class ElasticExecutor(ParslExecutor):
                 continue
             try:
                 job_id = client.submit(job)
-            except ControllerUnavailable:
+            except (ControllerUnavailable, Interrupted):
                 waiting.append((future, job))
                 continue
             except Exception as exc:  # refused (a bad spec, an impossible job): the app fails, clearly
@@ -174,6 +174,8 @@ class ElasticExecutor(ParslExecutor):
             records = client.status(list(self._pending))
         except ControllerUnavailable as exc:
             log.info("controller unavailable (%s); still waiting", exc)
+            return
+        except Interrupted:  # shutting down
             return
         for job_id, record in records.items():
             if record["status"] in TERMINAL:
