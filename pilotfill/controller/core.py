@@ -826,8 +826,14 @@ class Controller:
         potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
         return self.types.counts_by_type(potential)
 
-    def wanted(self, extra: int, answer: Allocation | None) -> int:
-        """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target."""
+    def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
+        """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target. ``without``: ready
+        nodes left out (the question before giving them back: would the jobs ask for them again, as new nodes?)."""
+        if without:
+            if not self.world.open:
+                return 0
+            _, _, potential = self._solve(len(self.world.ready) - len(without) + extra, extra, without)
+            return sum(potential.counts.values())
         if extra <= 0 and answer is not None:
             return sum(answer.counts.values())
         if not self.world.open:
@@ -842,7 +848,7 @@ class Controller:
         self._wanted_memo = (key, sum(potential.counts.values()))
         return self._wanted_memo[1]
 
-    def _solve(self, room: int, extra: int) -> tuple[list[Job], Problem, Allocation]:
+    def _solve(self, room: int, extra: int, without: tuple[str, ...] = ()) -> tuple[list[Job], Problem, Allocation]:
         """The jobs a decision weighs, its problem and the allocator's answer.
 
         Waiting jobs that have never run and that the allocator cannot tell
@@ -868,7 +874,7 @@ class Controller:
         while True:
             active = others + [j for kind, js in alike.items() for j in js[: copies[kind]]]
             active.sort(key=lambda j: j.seq)
-            problem = self._problem(active, extra)
+            problem = self._problem(active, extra, without)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
             grown = False
             for kind, js in alike.items():
@@ -900,9 +906,9 @@ class Controller:
         they could start on the ``room`` nodes that could be had (or ``controller.max_jobs`` of them when set)."""
         return self.world.active_jobs(self.config.controller.max_jobs, room=room)
 
-    def _problem(self, active: list[Job], extra: int | dict[str, int]) -> Problem:
+    def _problem(self, active: list[Job], extra: int | dict[str, int], without: tuple[str, ...] = ()) -> Problem:
         """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
-        machine with several kinds of node)."""
+        machine with several kinds of node); ``without`` leaves ready nodes out."""
         jobs = []
         current = {}
         for job in active:
@@ -915,7 +921,7 @@ class Controller:
                 current[job.id] = frozenset(job.nodes)
         now = self.clock()
         ending = self._ending_soon(jobs, now)
-        ready = tuple(n for n in self.world.ready if n not in ending)
+        ready = tuple(n for n in self.world.ready if n not in ending and n not in without)
         if self.types.typed:
             pool, types = self.types.pool(self.world, ready, extra if isinstance(extra, dict) else {})
             return Problem(tuple(jobs), NodePool(pool, types), current, self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra))

@@ -22,8 +22,10 @@ server does not know) is :attr:`PilotManager.fatal`: the controller stops with
 that line rather than asking for the same thing again and again.
 
 Release and fill never both happen in one decision, and a node is released
-only when the jobs would not use it even with every idle node: so pilotfill
-never gives a node back while the same jobs wait for one.
+only when the jobs would not use it even with every idle node — nor ask for it
+again once given back, as a new pilot's node (valued over a fresh node's hold,
+which can be longer than an old one's): so pilotfill never gives a node back
+while the same jobs wait for one, and never asks for a node it just gave back.
 
 On a machine with several kinds of node all of this is done per type, from one
 question ("with every idle node of every type, how many of each would the jobs
@@ -113,6 +115,12 @@ class PilotManager:
         if spare:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
+            if due and world.open:
+                # Given back, these nodes would be idle, and the jobs would be asked about them as new ones (a new
+                # pilot's, valued over a fresh node's hold): keep those they would ask for again — releasing a node
+                # and asking for it back is the thrash a site sees.
+                again = self.controller.wanted(idle + pending + len(due), None, without=tuple(due))
+                due = due[max(0, again - (ready - len(due)) - pending) :]
             if due:
                 self._give_back(due, now)
         queued_surplus = pending - max(0, wanted - ready)
