@@ -11,6 +11,12 @@ which open it read-only while the controller writes (WAL allows that).
 Ended pilots and old events are pruned (:meth:`State.prune`) so that the
 working set stays bounded over a long run; counts that matter (pilots
 submitted, nodes released, …) are kept as counters in ``meta``.
+
+Inside a transaction, writes to a row are gathered and written once, when the
+transaction commits: a preemption of two thousand nodes changes one big job's
+node list two thousand times, and the journal writes it once, with every
+event of the burst in one ``executemany``. What is committed is exactly what
+was written; a reader inside the transaction sees it first.
 """
 
 from __future__ import annotations
@@ -229,6 +235,14 @@ def _job(row: sqlite3.Row) -> JobRow:
     )
 
 
+_ENCODE = json.JSONEncoder(default=str).encode
+"""One encoder for every event (``json.dumps`` with an option builds a new one per call)."""
+UPSERTED = {"pilots": "id", "nodes": "name"}
+"""Tables whose rows are written by key, inserted when new (the journal knows which keys it holds)."""
+ENCODED = {"jobs": ("nodes", "result", "spec"), "pilots": ("nodes",)}
+"""Columns kept as JSON text."""
+
+
 class State:
     """The run's database. One writer (the controller); ``readonly=True`` for everyone else."""
 
@@ -236,6 +250,10 @@ class State:
         self.path = Path(run_dir) / STATE_FILE
         self._began = False
         self._depth = 0
+        self._rows: dict[tuple[str, str], tuple[bool, dict[str, Any]]] = {}  # (table, key) -> (a new row?, fields): this transaction's row writes
+        self._events: list[tuple] = []  # this transaction's events, in order
+        self._meta: dict[str, str] = {}
+        self._keys: dict[str, set[str]] = {}  # table -> the keys it holds (loaded when first written)
         try:
             if readonly:
                 if not self.path.is_file():
@@ -282,7 +300,11 @@ class State:
         try:
             yield self.db
         finally:
-            self._depth -= 1
+            try:
+                if self._depth == 1:
+                    self._flush()  # inside the transaction: what was gathered commits with it
+            finally:
+                self._depth -= 1
             if self._depth == 0 and self._began:
                 self._began = False
                 try:
@@ -291,12 +313,12 @@ class State:
                     self._rollback()
                     raise JournalError(f"{self.path}: cannot commit: {exc}") from None
 
-    def _write(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
+    def _write(self, sql: str, args: tuple | list = (), many: bool = False) -> sqlite3.Cursor:
         try:
             if self._depth > 0 and not self._began:
                 self.db.execute("BEGIN IMMEDIATE")
                 self._began = True
-            return self.db.execute(sql, args)
+            return self.db.executemany(sql, args) if many else self.db.execute(sql, args)
         except sqlite3.Error as exc:
             if self._began:
                 self._began = False
@@ -304,19 +326,86 @@ class State:
             raise JournalError(f"{self.path}: cannot write: {exc}") from None
 
     def _rollback(self) -> None:
+        self._rows.clear()
+        self._events.clear()
+        self._meta.clear()
+        self._keys.clear()  # what the table holds is read again
         try:
             self.db.execute("ROLLBACK")
         except sqlite3.Error:
             pass
 
+    # ---------------------------------------------------------------- gathered writes
+
+    def _set_row(self, table: str, key: str, fields: dict[str, Any], new: bool = False) -> None:
+        """Write ``fields`` of one row: gathered until the transaction commits (at once outside one)."""
+        if not fields and not new:
+            return
+        was = self._rows.get((table, key))
+        if was is None:
+            self._rows[(table, key)] = (new, dict(fields))
+        else:
+            was[1].update(fields)
+        if self._depth == 0:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write what this transaction gathered: per table and set of columns, one ``executemany``."""
+        try:
+            if self._rows:
+                rows, self._rows = self._rows, {}
+                groups: dict[tuple[str, bool, tuple[str, ...]], list[tuple]] = {}
+                for (table, key), (new, fields) in rows.items():
+                    keyed = UPSERTED.get(table)
+                    if keyed is not None and not new:
+                        new = key not in self._known(table)
+                    if new and keyed is not None:
+                        self._known(table).add(key)
+                    encoded = ENCODED.get(table, ())
+                    values = tuple(json.dumps(v) if k in encoded else v for k, v in fields.items())
+                    groups.setdefault((table, new, tuple(fields)), []).append((key, *values) if new else (*values, key))
+                for (table, new, cols), args in groups.items():
+                    key = UPSERTED.get(table, "id")
+                    if new:
+                        names = ", ".join((key, *cols))
+                        self._write(f"INSERT INTO {table} ({names}) VALUES ({','.join('?' * (len(cols) + 1))})", args, many=True)
+                    else:
+                        sets = ", ".join(f"{c} = ?" for c in cols)
+                        self._write(f"UPDATE {table} SET {sets} WHERE {key} = ?", args, many=True)
+            if self._events:
+                events, self._events = self._events, []
+                self._write("INSERT INTO events (time, kind, job, pilot, node, data) VALUES (?, ?, ?, ?, ?, ?)", events, many=True)
+            if self._meta:
+                meta, self._meta = self._meta, {}
+                self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", list(meta.items()), many=True)
+        except BaseException:  # nothing of this transaction is half-written: it is rolled back whole
+            if self._began:
+                self._began = False
+            self._rollback()
+            raise
+
+    def _known(self, table: str) -> set[str]:
+        """The keys ``table`` holds (one read, then kept as rows are written and deleted)."""
+        keys = self._keys.get(table)
+        if keys is None:
+            keys = self._keys[table] = {r[0] for r in self.db.execute(f"SELECT {UPSERTED[table]} FROM {table}")}
+        return keys
+
+    def _read(self, sql: str, args: tuple | list = ()) -> sqlite3.Cursor:
+        """A read sees what this transaction wrote so far."""
+        self._flush()
+        return self.db.execute(sql, args)
+
     # ---------------------------------------------------------------- meta and counters
 
     def get_meta(self, key: str, default: str | None = None) -> str | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        row = self._read("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row["value"] if row else default
 
     def set_meta(self, key: str, value: str) -> None:
-        self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self._meta[key] = value
+        if self._depth == 0:
+            self._flush()
 
     def next_incarnation(self) -> int:
         """Number this controller: 1 for the first on the run directory, then 2, 3, …"""
@@ -325,7 +414,7 @@ class State:
         return n
 
     def counters(self) -> dict[str, int]:
-        return {r["key"][len("counter.") :]: int(r["value"]) for r in self.db.execute("SELECT key, value FROM meta WHERE key LIKE 'counter.%'")}
+        return {r["key"][len("counter.") :]: int(r["value"]) for r in self._read("SELECT key, value FROM meta WHERE key LIKE 'counter.%'")}
 
     def set_counter(self, name: str, value: int) -> None:
         self.set_meta(f"counter.{name}", str(int(value)))
@@ -333,10 +422,9 @@ class State:
     # ---------------------------------------------------------------- events
 
     def log(self, kind: str, job: str | None = None, pilot: str | None = None, node: str | None = None, now: float | None = None, **data: Any) -> None:
-        self._write(
-            "INSERT INTO events (time, kind, job, pilot, node, data) VALUES (?, ?, ?, ?, ?, ?)",
-            (time.time() if now is None else now, kind, job, pilot, node, json.dumps(data, default=str)),
-        )
+        self._events.append((time.time() if now is None else now, kind, job, pilot, node, _ENCODE(data)))
+        if self._depth == 0:
+            self._flush()
 
     def events(self, kind: str | None = None, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM events WHERE seq > ?" + (" AND kind = ?" if kind else "")
@@ -345,74 +433,61 @@ class State:
             sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT {int(limit)}) ORDER BY seq"
         else:
             sql += " ORDER BY seq"
-        return [{**dict(r), "data": json.loads(r["data"])} for r in self.db.execute(sql, args)]
+        return [{**dict(r), "data": json.loads(r["data"])} for r in self._read(sql, args)]
 
     # ---------------------------------------------------------------- jobs
 
     def add_job(self, job_id: str, seq: int, name: str, spec: dict[str, Any], now: float, key: str | None = None) -> None:
-        self._write(
-            "INSERT INTO jobs (id, seq, name, spec, status, submitted, key) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
-            (job_id, seq, name, json.dumps(spec), now, key),
-        )
+        self._set_row("jobs", job_id, {"seq": seq, "name": name, "spec": spec, "status": "pending", "submitted": now, "key": key}, new=True)
 
     def job_by_request(self, request: str) -> str | None:
         """The job a ``job.submit`` with this request id created, in any incarnation (so a client's retry across a
         controller restart is answered with it, not applied again)."""
-        row = self.db.execute("SELECT id FROM jobs WHERE request = ?", (request,)).fetchone()
+        row = self._read("SELECT id FROM jobs WHERE request = ?", (request,)).fetchone()
         return row["id"] if row else None
 
     def job(self, job_id: str) -> JobRow | None:
-        row = self.db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        row = self._read("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _job(row) if row else None
 
     def jobs(self, status: tuple[str, ...] | None = None) -> list[JobRow]:
         if status:
             marks = ",".join("?" * len(status))
-            rows = self.db.execute(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", status)
+            rows = self._read(f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY seq", status)
         else:
-            rows = self.db.execute("SELECT * FROM jobs ORDER BY seq")
+            rows = self._read("SELECT * FROM jobs ORDER BY seq")
         return [_job(r) for r in rows]
 
     def max_job_seq(self) -> int:
-        return int(self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
+        return int(self._read("SELECT COALESCE(MAX(seq), 0) FROM jobs").fetchone()[0])
 
     def set_job(self, job_id: str, **fields: Any) -> None:
-        for key in ("nodes", "result", "spec"):
-            if key in fields:
-                fields[key] = json.dumps(fields[key])
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        self._write(f"UPDATE jobs SET {cols} WHERE id = ?", (*fields.values(), job_id))
+        """Change a job's columns (a JSON column's value is encoded when the transaction is written)."""
+        if "spec" in fields or "result" in fields:
+            json.dumps({k: fields[k] for k in ("spec", "result") if k in fields})  # what cannot be stored fails here, not at the commit
+        self._set_row("jobs", job_id, fields)
 
     # ---------------------------------------------------------------- pilots and nodes
 
     def upsert_pilot(self, pilot_id: str, **fields: Any) -> None:
+        """Change a pilot's columns, inserting it when new (a new pilot's first write gives every column it needs)."""
         if "nodes" in fields:
-            fields["nodes"] = json.dumps(list(fields["nodes"]))
-        self._upsert("pilots", "id", pilot_id, fields)
+            fields["nodes"] = list(fields["nodes"])
+        self._set_row("pilots", pilot_id, fields)
 
     def set_node(self, name: str, **fields: Any) -> None:
-        self._upsert("nodes", "name", name, fields)
-
-    def _upsert(self, table: str, key: str, value: str, fields: dict[str, Any]) -> None:
-        """Update the given columns of the row, or insert it (table and columns are ours, never user input).
-
-        An update by key first: the common case is one statement, and a partial
-        update never trips the NOT NULL columns an insert needs.
-        """
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        if self._write(f"UPDATE {table} SET {cols} WHERE {key} = ?", (*fields.values(), value)).rowcount == 0:
-            names = ", ".join([key, *fields])
-            self._write(f"INSERT INTO {table} ({names}) VALUES ({','.join('?' * (len(fields) + 1))})", (value, *fields.values()))
+        """Change a node's columns, inserting it when new (its first write gives every column it needs)."""
+        self._set_row("nodes", name, fields)
 
     def pilots(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         if states:
-            rows = self.db.execute(f"SELECT * FROM pilots WHERE state IN ({','.join('?' * len(states))}) ORDER BY submitted", states)
+            rows = self._read(f"SELECT * FROM pilots WHERE state IN ({','.join('?' * len(states))}) ORDER BY submitted", states)
         else:
-            rows = self.db.execute("SELECT * FROM pilots ORDER BY submitted")
+            rows = self._read("SELECT * FROM pilots ORDER BY submitted")
         return [{**dict(r), "nodes": json.loads(r["nodes"])} for r in rows]
 
     def nodes(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.db.execute("SELECT * FROM nodes ORDER BY name")]
+        return [dict(r) for r in self._read("SELECT * FROM nodes ORDER BY name")]
 
     # ---------------------------------------------------------------- processes
 
@@ -426,22 +501,27 @@ class State:
         self._write("DELETE FROM processes")
 
     def processes(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.db.execute("SELECT * FROM processes")]
+        return [dict(r) for r in self._read("SELECT * FROM processes")]
 
     # ---------------------------------------------------------------- bounded size
 
     def prune_events(self, keep: int) -> int:
         """Drop all but the newest ``keep`` events (by key: cheap however long the run)."""
+        self._flush()
         return self._write("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?", (keep,)).rowcount
 
     def delete_pilots(self, ids: list[str]) -> None:
         """Forget ended pilots (the oldest, chosen by the controller)."""
+        self._flush()
+        self._keys.pop("pilots", None)  # read again when next needed
         for i in range(0, len(ids), 500):
             batch = ids[i : i + 500]
             self._write(f"DELETE FROM pilots WHERE id IN ({','.join('?' * len(batch))}) AND state IN ('ended', 'lost')", batch)
 
     def prune_ended_pilots(self, keep: int) -> int:
         """Drop all but the newest ``keep`` ended pilots (a full scan: at start-up, not on the hot path)."""
+        self._flush()
+        self._keys.pop("pilots", None)
         return self._write(
             "DELETE FROM pilots WHERE state IN ('ended', 'lost') AND id NOT IN "
             "(SELECT id FROM pilots WHERE state IN ('ended', 'lost') ORDER BY ended DESC LIMIT ?)",
