@@ -66,25 +66,50 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     """
     if capacity < 0:
         raise ValueError("capacity must be >= 0")
-    tables = [np.asarray(t, dtype=float) for t in tables]
-    for j, t in enumerate(tables):
-        if len(t) == 0 or not np.isfinite(t[0]):
-            raise ValueError(f"table {j} must have a finite value at 0 nodes")
-    if not tables:
+    if len(tables) == 0:
         return [], 0.0
-    if sum(len(t) - 1 for t in tables) <= capacity:
-        counts = [int(np.argmax(t)) for t in tables]
-        return counts, float(sum(t[n] for t, n in zip(tables, counts)))
-
-    width = min(max(len(t) for t in tables), capacity + 1)  # more nodes than there are is no choice
-    values = np.full((len(tables), width), -np.inf)
-    for j, t in enumerate(tables):
-        values[j, : min(len(t), width)] = t[:width]
+    if isinstance(tables, np.ndarray) and tables.ndim == 2:  # one row per job, −inf past its cap
+        lengths = np.full(len(tables), tables.shape[1])
+    else:
+        lengths = np.fromiter((len(t) for t in tables), dtype=int, count=len(tables))
+    if (lengths == 0).any():
+        raise ValueError(f"table {int(np.argmin(lengths))} must have a finite value at 0 nodes")
+    width = int(min(lengths.max(), capacity + 1))  # more nodes than there are is no choice
+    if isinstance(tables, np.ndarray) and tables.ndim == 2:
+        values = np.array(tables[:, :width], dtype=float)
+    elif (lengths == width).all():
+        values = np.array(tables, dtype=float).reshape(len(tables), width)  # one copy (the tables are the callers')
+    else:
+        values = np.full((len(tables), width), -np.inf)
+        for j, t in enumerate(tables):
+            values[j, : min(len(t), width)] = np.asarray(t, dtype=float)[:width]
+    first = np.isfinite(values[:, 0])
+    if not first.all():
+        raise ValueError(f"table {int(np.argmin(first))} must have a finite value at 0 nodes")
+    finite = np.isfinite(values)
+    if int((width - 1 - np.argmax(finite[:, ::-1], axis=1)).sum()) <= capacity:  # every job's largest count fits at once
+        counts = np.argmax(values, axis=1)
+        return counts.tolist(), float(values[np.arange(len(values)), counts].sum())
     values = _contenders(_undominated(values), capacity)
+    live = np.isfinite(values[:, 1:]).any(axis=1)
+    if not live.all():  # jobs left with 0 nodes only are settled: the rest is solved without them
+        counts = np.zeros(len(values), dtype=int)
+        part, value = _solve_live(values[live], capacity)
+        counts[live] = part
+        return counts.tolist(), value + float(values[~live, 0].sum())
+    counts, value = _solve_live(values, capacity)
+    return list(counts), value
+
+
+def _solve_live(values: np.ndarray, capacity: int) -> tuple[list[int], float]:
+    """:func:`solve` on a value matrix whose every job may still run."""
+    if len(values) == 0:
+        return [], 0.0
+    width = values.shape[1]
     best = _choose(values, 0.0)
     if best.sum() <= capacity:  # every job's own best fits: that is the optimum
         counts = best.tolist()
-        return counts, float(values[np.arange(len(tables)), best].sum())
+        return counts, float(values[np.arange(len(values)), best].sum())
 
     price, feasible, over = _price(values, capacity)
     incumbent = _round(values, _toward(values, feasible, over, capacity), capacity)
@@ -92,7 +117,7 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     reduced_best = (values - price * n).max(axis=1)
     upper = price * capacity + float(reduced_best.sum())
     reduced = reduced_best[:, None] - (values - price * n)  # ≥ 0 where finite
-    rows = np.arange(len(tables))
+    rows = np.arange(len(values))
     finite = np.isfinite(values)
     # A better incumbent first: the exact DP over the choices closest to the bound (a small core, the incumbent's
     # choices kept so that it stays feasible). The nearer the incumbent to the optimum, the more is fixed below.

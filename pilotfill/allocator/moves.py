@@ -9,7 +9,7 @@ models lose nothing by deciding counts only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from .problem import Problem, ProblemError
 
@@ -42,3 +42,34 @@ def realise(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str
             del spare[:need]
         out[job.id] = tuple(kept[job.id])
     return out
+
+
+class Assignment(Mapping[str, tuple[str, ...]]):
+    """:func:`realise`'s answer, made when first read: a question that needs only the counts (how many nodes
+    would the jobs use?) and a first stage the second one revises never pay for naming nodes."""
+
+    def __init__(self, problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None]):
+        by_type: dict[str | None, int] = {}
+        for job_id, n in counts.items():
+            if n > 0:
+                by_type[types.get(job_id)] = by_type.get(types.get(job_id), 0) + n
+        sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
+        for t, n in by_type.items():
+            if n > sizes.get(t, 0):
+                raise ProblemError(f"counts exceed the free nodes of type {t!r}")
+        self._args: tuple | None = (problem, counts, types)
+        self._nodes: dict[str, tuple[str, ...]] = {}
+
+    def _made(self) -> dict[str, tuple[str, ...]]:
+        if self._args is not None:
+            self._nodes, self._args = realise(*self._args), None
+        return self._nodes
+
+    def __getitem__(self, job_id: str) -> tuple[str, ...]:
+        return self._made()[job_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())

@@ -17,9 +17,9 @@ from enum import Enum
 import numpy as np
 
 from . import dp, greedy, milp, nodelevel, typed
-from .moves import realise
+from .moves import Assignment
 from .problem import DEFAULT_TYPE, Allocation, Problem
-from .values import ValueTable, exploration_tables, hop_table, value_tables
+from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
 
 
 class Formulation(str, Enum):
@@ -90,21 +90,18 @@ def _dp(problem: Problem) -> Allocation | None:
     if any(len(j.node_types) != 1 for j in problem.jobs):
         return None
     all_tables = value_tables(problem)
-    tables = [ts[0] for ts in all_tables]
     pool = problem.pool.by_type()
-    groups: dict[str, list] = {}
-    for t in tables:
-        groups.setdefault(t.node_type, []).append(t)
     counts: dict[str, int] = {}
     types: dict[str, str | None] = {}
-    for node_type, group in groups.items():
+    for node_type, (members, matrix) in value_matrices(problem).items():  # each job in one type's matrix
         try:
-            ns, _ = dp.solve([t.values for t in group], len(pool.get(node_type, [])))
+            ns, _ = dp.solve(matrix, len(pool.get(node_type, [])))
         except dp.TooLarge:
             return None  # the MILP is faster on what is left
-        for t, n in zip(group, ns):
-            counts[t.job.id] = n
-            types[t.job.id] = node_type if n > 0 else None
+        for i, n in zip(members, ns):
+            job_id = problem.jobs[i].id
+            counts[job_id] = n
+            types[job_id] = node_type if n > 0 else None
     return _finish(problem, counts, types, "dp", True, "OPTIMAL", tables=all_tables)
 
 
@@ -255,10 +252,11 @@ def _greedy(problem: Problem, method: str, optimal: bool, note: str = "") -> All
 
 
 def _finish(problem: Problem, counts, types, method: str, optimal: bool, note: str, assignment=None, tables=None) -> Allocation:
+    counts = dict(counts)
     types = {j: (t if counts.get(j, 0) > 0 else None) for j, t in types.items()}
     if assignment is None:
-        assignment = realise(problem, counts, types)
+        assignment = Assignment(problem, counts, types)  # nodes named when first read
     value = objective_of(problem, counts, types, tables)
     if not np.isfinite(value):  # an incumbent the model should never have produced
         return _greedy(problem, "greedy", optimal=False, note=f"{method} gave an infeasible answer")
-    return Allocation(counts=dict(counts), node_type=types, assignment=assignment, objective=value, method=method, optimal=optimal, note=note)
+    return Allocation(counts=counts, node_type=types, assignment=assignment, objective=value, method=method, optimal=optimal, note=note)

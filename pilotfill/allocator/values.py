@@ -94,15 +94,25 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
     """
     cached = problem.__dict__.get("_value_tables")
     if cached is None:
-        cached = _value_tables(problem)
+        cached, matrices = _value_tables(problem)
         for tables in cached:
             for table in tables:
                 table.values.flags.writeable = False
+        for _, matrix in matrices.values():
+            matrix.flags.writeable = False
         problem.__dict__["_value_tables"] = cached
+        problem.__dict__["_value_matrices"] = matrices
     return cached
 
 
-def _value_tables(problem: Problem) -> list[list[ValueTable]]:
+def value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
+    """The same values per node type, as one matrix of the jobs that can use the type (their indices, and one
+    row each, −inf past a job's cap): what the DP reads, without splitting and stacking rows again."""
+    value_tables(problem)
+    return problem.__dict__["_value_matrices"]
+
+
+def _value_tables(problem: Problem) -> tuple[list[list[ValueTable]], dict[str, tuple[list[int], np.ndarray]]]:
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     held = [problem.held_by_type(job) for job in problem.jobs]
     by_type: dict[str, list[int]] = {}
@@ -110,6 +120,7 @@ def _value_tables(problem: Problem) -> list[list[ValueTable]]:
         for t in job.throughput:
             by_type.setdefault(t, []).append(i)
     rows: dict[tuple[int, str], np.ndarray] = {}
+    matrices: dict[str, tuple[list[int], np.ndarray]] = {}
     for t, members in by_type.items():
         jobs = [problem.jobs[i] for i in members]
         size = pool_sizes.get(t, 0)
@@ -118,6 +129,7 @@ def _value_tables(problem: Problem) -> list[list[ValueTable]]:
         # The rate now: on this type, within its bounds, and on no other type (else it is not running validly).
         rates = [current_rate(job, held[i]) if c else 0.0 for job, i, c in zip(jobs, members, current)]
         matrix = _batch(jobs, t, caps, current, rates, problem.t_fwd)
+        matrices[t] = (members, matrix)
         for i, cap, row in zip(members, caps, matrix):
             rows[(i, t)] = row[: cap + 1]
     out: list[list[ValueTable]] = []
@@ -130,7 +142,7 @@ def _value_tables(problem: Problem) -> list[list[ValueTable]]:
                 _as_a_move(table, job, current_rate(job, h))
             tables.append(table)
         out.append(tables)
-    return out
+    return out, matrices
 
 
 def _as_a_move(table: ValueTable, job: Job, rate_now: float) -> None:
@@ -144,10 +156,10 @@ def _as_a_move(table: ValueTable, job: Job, rate_now: float) -> None:
     values[0] = -loss
 
 
-def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> list[np.ndarray]:
+def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> np.ndarray:
     """What adding k = 0 … ``free`` nodes of ``node_type`` to each job's base count is worth (−inf where
-    base + k is not allowed): by its optimistic curve if it has one, else by its curve. The second stage
-    of :func:`..solve.allocate`."""
+    base + k is not allowed), one row per job: by its optimistic curve if it has one, else by its curve. The
+    second stage of :func:`..solve.allocate`."""
     curves, caps, current, rates = [], [], [], []
     for job, base in zip(jobs, bases):
         held = problem.held_by_type(job)
@@ -161,15 +173,17 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
         # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
         valid = c and job.min_nodes <= c <= job.max_nodes and not any(n and t != node_type for t, n in held.items())
         rates.append(curve.at(c) if valid else 0.0)
-    matrix = _batch(jobs, node_type, caps, current, rates, problem.t_fwd, curves) if jobs else np.zeros((0, 1))
-    out = []
-    for row, base, cap in zip(matrix, bases, caps):
-        if cap <= base:
-            out.append(np.zeros(1))
-            continue
-        t = row[base : cap + 1] - row[base]
-        t[0] = 0.0
-        out.append(t)
+    if not jobs:
+        return np.zeros((0, 1))
+    matrix = _batch(jobs, node_type, caps, current, rates, problem.t_fwd, curves)
+    base = np.asarray(bases)
+    cap = np.asarray(caps)
+    k = np.arange(max(0, int((cap - base).max())) + 1)
+    at = base[:, None] + k[None, :]  # the count each column stands for
+    rows = np.arange(len(jobs))[:, None]
+    out = matrix[rows, np.minimum(at, matrix.shape[1] - 1)] - matrix[rows[:, 0], base][:, None]
+    out[at > cap[:, None]] = INFEASIBLE
+    out[:, 0] = 0.0
     return out
 
 
