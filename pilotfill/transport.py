@@ -34,6 +34,7 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,8 @@ class Server:
         self._answered: OrderedDict[str, bytes] = OrderedDict()
         self._answered_bytes = 0
         self._parked: dict[str, tuple[bytes, bytes, Any, float, Park]] = {}  # key -> identity, nonce, rid, deadline, park
+        self._grouping = False  # inside serve(): requests of one group are being handled
+        self._woken: set[str] = set()  # keys woken during the group before their request was parked
         self._deadlines: list[tuple[float, int, str]] = []  # (deadline, serial, key), a heap: expiry is O(log n)
         self._serial = 0
         self._warned_at = 0.0
@@ -166,11 +169,15 @@ class Server:
         tmp.chmod(0o600)
         tmp.replace(path)
 
-    def serve(self, handler: Callable[[dict[str, Any]], dict[str, Any]], timeout_ms: int, max_batch: int = 256) -> int:
+    def serve(self, handler: Callable[[dict[str, Any]], dict[str, Any]], timeout_ms: int, max_batch: int = 256,
+              together: Callable[[], AbstractContextManager] | None = None) -> int:  # fmt: skip
         """Handle what arrives within ``timeout_ms``, at most ``max_batch`` requests; return how many were handled.
 
         Bounded so that the caller's own work (heartbeat checks, allocation)
-        runs every tick however many clients are talking.
+        runs every tick however many clients are talking. ``together``: a
+        context the requests read at once are handled in (the controller's
+        group commit); their replies are sent when it has ended, so that no
+        reply goes out before what it answers is durable.
         """
         handled = 0
         self._expire_parked()
@@ -188,7 +195,8 @@ class Server:
         if self.socket not in ready:
             self._expire_parked()
             return 0
-        while handled < max_batch:
+        arrived = []
+        while len(arrived) < max_batch:
             try:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
@@ -199,8 +207,19 @@ class Server:
             except AuthError as exc:
                 self._dropped(exc)
                 continue
-            request, reply = self._dispatch(handler, payload)
-            if isinstance(reply, Park):
+            arrived.append((identity, nonce, payload))
+        answers = []
+        self._grouping, self._woken = True, set()
+        try:
+            with together() if together is not None else nullcontext():
+                for identity, nonce, payload in arrived:
+                    answers.append((identity, nonce, *self._dispatch(handler, payload)))
+        finally:
+            self._grouping = False
+        for identity, nonce, request, reply in answers:
+            if isinstance(reply, Park) and reply.key in self._woken:  # news came later in the same group: no wait
+                self._send(identity, nonce, request.get("rid"), reply.reply())
+            elif isinstance(reply, Park):
                 old = self._parked.pop(reply.key, None)
                 if old is not None:  # the same client asked again: its earlier wait is over
                     self._send(*old[:3], old[4].reply())
@@ -242,9 +261,12 @@ class Server:
         self._dropped(AuthError(f"connection refused: {why}"))
 
     def wake(self, key: str) -> bool:
-        """Answer the request parked under ``key`` now (False if none waits)."""
+        """Answer the request parked under ``key`` now (False if none waits). Within a group of requests handled
+        together, a request of that group that asks to be parked under ``key`` is answered at once instead."""
         parked = self._parked.pop(key, None)
         if parked is None:
+            if self._grouping:
+                self._woken.add(key)
             return False
         self._send(*parked[:3], parked[4].reply())
         return True

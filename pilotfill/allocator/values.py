@@ -108,7 +108,9 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
 def value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
     """The same values per node type, as one matrix of the jobs that can use the type (their indices, and one
     row each, −inf past a job's cap): what the DP reads, without splitting and stacking rows again."""
-    value_tables(problem)
+    if "_value_matrices" not in problem.__dict__:
+        problem.__dict__.pop("_value_tables", None)
+        value_tables(problem)
     return problem.__dict__["_value_matrices"]
 
 
@@ -227,11 +229,11 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     if all(c == caps[0] for c in caps):  # the usual case: one width for all
         metric = np.array([m.table(caps[0]) for m, _ in curves]).reshape(J, W)
         thr = np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
-    else:
+    else:  # each row a prefix of its curve's table up to the job's maximum (made once per curve, whatever the room)
         metric, thr = np.zeros((J, W)), np.zeros((J, W))
-        for j, ((m, t), cap) in enumerate(zip(curves, caps)):
-            metric[j, : cap + 1] = m.table(cap)
-            thr[j, : cap + 1] = t.table(cap)
+        for j, ((m, t), cap, job) in enumerate(zip(curves, caps, jobs)):
+            metric[j, : cap + 1] = m.table(max(cap, job.max_nodes))[: cap + 1]
+            thr[j, : cap + 1] = t.table(max(cap, job.max_nodes))[: cap + 1]
     lo, remaining, up, down, restart, weight = np.array(
         [(job.min_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s, job.restart_cost_s, job.weight) for job in jobs], dtype=float
     ).reshape(J, 6).T

@@ -24,7 +24,8 @@ import socket
 import time
 import traceback
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,12 @@ METER_WINDOW_S = 2.0
 """A job's throughput is measured over at least this much time at one size before the profiler sees it."""
 STOP_MARGIN_S = 10.0
 """Stopping waits for ranks this long past the pilots' grace: for an agent's heartbeat to say they are gone."""
+MAX_BATCH = 256
+"""Requests one pass of the loop handles (one group commit) before the controller steps: a flood of messages never
+starves heartbeat checks or the allocation, and no reply waits behind more than this many others."""
+FLOOD_DEFER_S = 1.0
+"""While requests keep arriving in full passes (a burst: a preemption of thousands of nodes), the decision waits for
+the rest of the burst — one decision for all of it, not one per pass — but never longer than this."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -144,6 +151,8 @@ class Controller:
         self._copies: dict[tuple[bool, Hashable], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
+        self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
+        self._deferred_since: float | None = None
         self._last_idle: int | None = None
         self._pruned_at = self.started
         self._account_at = self.started
@@ -341,18 +350,23 @@ class Controller:
             log.error("error handling %s: %s", message.get("type"), traceback.format_exc())
             return {"ok": False, "error": f"internal error: {exc!r}"}
 
-    def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Apply requests that arrived together, committed together (a group commit): every reply still follows
-        the commit of what it changed, and a burst — a thousand pilots told to leave at once — costs one commit,
-        not a thousand. A journal that cannot be written raises before any reply is given."""
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """Requests handled inside commit together (a group commit): every reply still follows the commit of what
+        it changed, and a burst — a thousand pilots told to leave at once — costs one commit, not a thousand. A
+        journal that cannot be written raises before any reply is given. Parked heartbeats with news are woken after."""
         self._batching = True
         try:
             with self.journal.transaction():
-                replies = [self.handle(m) for m in messages]
+                yield
         finally:
             self._batching = False
         self._flush_wakes()
-        return replies
+
+    def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply requests that arrived together (:meth:`together`); their replies, in order."""
+        with self.together():
+            return [self.handle(m) for m in messages]
 
     def _on_job_get(self, message: dict[str, Any], now: float) -> dict[str, Any]:
         job = self._known_job(message["job_id"])
@@ -615,13 +629,16 @@ class Controller:
 
     # ------------------------------------------------------------ polled events
 
-    def step(self, now: float | None = None) -> None:
+    def step(self, now: float | None = None, more: bool = False) -> None:
         """One pass over what is polled rather than messaged, then a decision if anything changed.
 
-        A bug met here is logged and the loop goes on (the journal holds what
-        memory holds); only a journal that cannot be written stops the controller.
+        ``more``: requests are still waiting (the pass read a full batch): the
+        decision waits for them, within :data:`FLOOD_DEFER_S`. A bug met here is
+        logged and the loop goes on (the journal holds what memory holds); only
+        a journal that cannot be written stops the controller.
         """
         now = self.clock() if now is None else now
+        self._more = more
         try:
             self._step(now)
         except (JournalError, SchedulerConfigError):
@@ -657,7 +674,8 @@ class Controller:
             if self.draining:
                 pass  # stopping: no job starts or grows, no pilot is asked for
             elif self.dirty and (self.urgent or not self._settling(now)):
-                self.decide(now, idle)
+                if not self._deferring(now):
+                    self.decide(now, idle)
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
             if self._idle_types is not None:
@@ -757,6 +775,14 @@ class Controller:
         self._heard.pop(pilot_id, None)
         self._heard[pilot_id] = now
 
+    def _deferring(self, now: float) -> bool:
+        """True while a burst of requests is still being read (see :data:`FLOOD_DEFER_S`)."""
+        if not self._more:
+            return False
+        if self._deferred_since is None:
+            self._deferred_since = now
+        return now - self._deferred_since < FLOOD_DEFER_S
+
     def _settling(self, now: float) -> bool:
         """True while pilots asked for moments ago are still arriving (bounded in a row by SETTLE_MAX_S)."""
         if not self.pilots.arriving(now, SETTLE_S):
@@ -795,7 +821,7 @@ class Controller:
         the pilots from the same answer: release what no job will use, ask for what is missing."""
         began = time.perf_counter()
         self.dirty = self.urgent = False
-        self._settle_since = None
+        self._settle_since = self._deferred_since = None
         if idle is None:
             idle = self._last_idle or 0
         answer = None
@@ -1175,4 +1201,4 @@ class Controller:
         gc.unfreeze()  # what this controller froze is the collector's again (a replay or a test goes on in this process)
 
 
-__all__ = ["Controller", "JOB_RETRIES", "Pilot", "ProblemError"]
+__all__ = ["Controller", "JOB_RETRIES", "MAX_BATCH", "Pilot", "ProblemError"]

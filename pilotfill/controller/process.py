@@ -2,9 +2,9 @@
 
     python -m pilotfill.controller --run-dir RUN [--config FILE]
 
-Each tick serves a bounded batch of requests, then steps the controller, so a
-flood of messages can never starve heartbeat checks or the allocation. A
-controller started on a run directory that a dead one left behind kills what
+Each tick serves a bounded batch of requests, committed together, then steps
+the controller, so a flood of messages can never starve heartbeat checks or the
+allocation. A controller started on a run directory that a dead one left behind kills what
 its predecessor ran, requeues the jobs that were running (their committed
 progress kept), keeps finished results, and carries on. When the journal
 cannot be written (a full disk, a read-only file) it stops everything it
@@ -26,12 +26,10 @@ from ..schedulers.base import SchedulerConfigError
 from ..security import private_dir
 from ..state import JournalError, unwritable
 from ..transport import Server
-from .core import Controller
+from .core import MAX_BATCH, Controller
 
 log = logging.getLogger("pilotfill.controller")
 
-MAX_BATCH = 256
-"""Requests handled per tick before the controller steps (heartbeat checks, allocation)."""
 EXIT_CONFIG = 2
 EXIT_JOURNAL = 3
 
@@ -41,13 +39,13 @@ def serve(controller: Controller, server: Server) -> None:
     ranks leave at their commits (their agents must still be heard: they carry the stop and its outcome)."""
     tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
     while not controller.stopping:
-        server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH)
-        controller.step()
+        handled = server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH, together=controller.together)
+        controller.step(more=handled >= MAX_BATCH)
     began = time.monotonic()
     deadline = controller.begin_stop()
     while not controller.ranks_gone() and time.monotonic() < deadline:
-        server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH)
-        controller.step()
+        handled = server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH, together=controller.together)
+        controller.step(more=handled >= MAX_BATCH)
     log.info("stopping: ranks %s after %.1f s", "gone" if controller.ranks_gone() else "still running (their pilots end them)", time.monotonic() - began)
 
 
