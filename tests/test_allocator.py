@@ -868,3 +868,50 @@ def test_dp_core_reaches_the_plain_dp_optimum_with_many_start_or_not_jobs(seed):
         assert value == pytest.approx(sum(float(t[c]) for t, c in zip(tables, counts)))
         _, plain = dp.dense(tables, capacity)
         assert value == pytest.approx(plain, rel=1e-9, abs=1e-9), f"capacity {capacity}: core {value} vs plain DP {plain}"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dp_core_is_exact_on_linear_growth_beside_huge_exploring_values(seed, monkeypatch):
+    """Exploring, a decision weighs measured jobs growing along linear curves (every count as good as the next at the
+    node price: fixing cannot tell them apart) beside jobs never measured, worth ~1e13 each (they are measured first).
+    The core merges the concave tables into one and bounds rounding by the terms' size, not the total's: its value
+    must be the plain DP's, and it must keep far fewer choices than a slack of a share of the total would."""
+    from pilotfill.allocator import dp
+
+    rng = np.random.default_rng(seed)
+    tables = []
+    for _ in range(300):
+        kind = rng.integers(5)
+        width = int(rng.integers(2, 40))
+        if kind == 0:  # never measured: start on m nodes, worth a huge optimistic rate, flat past it
+            m = int(rng.integers(1, 3))
+            t = np.zeros(width + m)
+            t[m:] = 3.6e13 * float(rng.choice([1.0, 1.0, rng.uniform(0.5, 1.0)]))
+        elif kind == 1:  # measured once: linear growth from its size (ties at the node price)
+            t = np.concatenate([[-float(rng.uniform(0, 1e5))], float(rng.uniform(1e4, 2e5)) * np.arange(1, width + 1)])
+        elif kind == 2:  # concave growth
+            t = np.concatenate([[0.0], np.cumsum(np.sort(rng.uniform(0, 1e5, width))[::-1])])
+        elif kind == 3:  # concave, then a kink upward (an optimistic curve past the largest size measured)
+            inc = np.concatenate([np.sort(rng.uniform(1e4, 1e5, width))[::-1], np.full(5, 2e5)])
+            t = np.concatenate([[0.0], np.cumsum(inc)])
+        else:  # min_nodes > 1
+            t = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 1e5, width))])
+            t[1 : int(rng.integers(2, width + 1))] = -np.inf
+        tables.append(t)
+    cores = []
+    real_core = dp._core
+
+    def core(values, keep, capacity):
+        cores.append(int(keep.sum()) - len(keep))  # choices beyond one per job: what the DP weighs
+        return real_core(values, keep, capacity)
+
+    monkeypatch.setattr(dp, "_core", core)
+    choices = sum(int(np.isfinite(t).sum()) for t in tables) - len(tables)
+    for capacity in (5, 60, 250, 700):
+        cores.clear()
+        counts, value = dp.solve(tables, capacity)
+        assert sum(counts) <= capacity
+        assert all(np.isfinite(t[c]) for t, c in zip(tables, counts))
+        _, plain = dp.dense(tables, capacity)
+        assert value == pytest.approx(plain, rel=1e-15, abs=1.0), f"capacity {capacity}: core {value} vs plain DP {plain}"
+        assert not cores or cores[-1] < choices / 4, f"capacity {capacity}: the core kept {cores[-1]} of {choices} choices"

@@ -136,7 +136,11 @@ def _solve_live(values: np.ndarray, capacity: int) -> tuple[list[int], float]:
             incumbent = np.asarray(better)
     lower = float(values[rows, incumbent].sum())
     gap = max(0.0, upper - lower)
-    slack = 1e-9 * max(1.0, abs(upper), abs(lower))
+    # What rounding can hide in the bound, the incumbent and a reduced cost: sums of len(values) terms, each error
+    # at most that many roundings of the largest term's size. Not a share of the objective: jobs never measured are
+    # worth ~1e13 each while exploring, and a share of that total would keep every measured job's every count.
+    magnitude = price * capacity + float(np.abs(np.where(finite, values, 0.0)).max(axis=1).sum())
+    slack = 4.0 * (len(values) + 1) * np.finfo(float).eps * max(1.0, magnitude)
     keep = finite & (reduced <= gap + slack)
     keep[rows, incumbent] = True
     return _core(values, keep, capacity)
@@ -251,25 +255,47 @@ def _round(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarray:
 def _core(values: np.ndarray, keep: np.ndarray, capacity: int) -> tuple[list[int], float]:
     """The exact DP over the choices left after fixing; jobs with one choice left are fixed at it.
 
-    Jobs left with two choices a step of ``w`` nodes apart (start on ``w`` nodes or not, grow by ``w`` or not)
-    are one table per ``w``: the best ``m`` of them are those with the ``m`` largest gains, so the DP weighs
-    ``m`` instead of each job (exact; hundreds of waiting jobs a decision weighs are like that)."""
+    Two kinds of job need no table of their own (exact: a max-plus convolution of such tables is a merge):
+
+    * jobs whose choices left are a run of counts with gains that never grow from one node to the next (concave:
+      measured jobs growing along their curves, linear ones above all, and every "one more node or not") are one
+      table: the best ``m`` nodes for all of them are their ``m`` largest one-node gains, each job's taken in order;
+    * jobs left with two choices a step of ``w`` > 1 nodes apart (start on ``w`` nodes or not) are one table per
+      ``w``: the best ``m`` of them are those with the ``m`` largest gains.
+
+    Hundreds of jobs a decision weighs are like that, and where the Lagrangian bound cannot tell them apart (on
+    linear curves every count is as good at the node price) fixing leaves them all in the core."""
     lowest = keep.argmax(axis=1)  # each job's smallest surviving count
     left = capacity - int(lowest.sum())
     counts = lowest.copy()
+    width = values.shape[1]
+    kept = keep.sum(axis=1)
+    highest = width - 1 - np.argmax(keep[:, ::-1], axis=1)
+    gain = np.diff(np.where(keep, values, 0.0), axis=1)  # gain[:, n] = worth of node n + 1 over n nodes
+    n = np.arange(width - 1)
+    step = (n[None, :] >= lowest[:, None]) & (n[None, :] < highest[:, None])  # the one-node steps within a job's run
+    scale = np.abs(np.where(keep, values, 0.0)).max(axis=1)
+    rises = (gain[:, 1:] - gain[:, :-1] > 1e-12 * np.maximum(scale, 1.0)[:, None]) & step[:, 1:] & step[:, :-1]
+    merged = (kept > 1) & (highest - lowest + 1 == kept) & ~rises.any(axis=1)
     tables: list[np.ndarray] = []
-    owners: list[tuple[int, list[int]]] = []  # (step, jobs): one job (step 0), or a group of two-choice jobs by gain
-    steps: dict[int, list[tuple[float, int]]] = {}
-    for j in np.flatnonzero(keep.sum(axis=1) > 1).tolist():
+    owners: list[tuple[int, object]] = []  # (0, job) a table of its own; (w, jobs by gain) two-choice jobs; (-1, steps by gain) the merged
+    if merged.any() and left > 0:
+        rows, cols = np.nonzero(step & merged[:, None])
+        gains = gain[rows, cols]
+        order = np.lexsort((cols, rows, -gains))[:left]  # largest first; ties: earlier jobs, then smaller counts
+        tables.append(np.concatenate([[0.0], np.cumsum(gains[order])]))
+        owners.append((-1, rows[order]))
+    pairs: dict[int, list[tuple[float, int]]] = {}
+    for j in np.flatnonzero((kept > 1) & ~merged).tolist():
         ks = np.flatnonzero(keep[j])
         if len(ks) == 2:
-            steps.setdefault(int(ks[1] - ks[0]), []).append((float(values[j, ks[1]] - values[j, ks[0]]), j))
+            pairs.setdefault(int(ks[1] - ks[0]), []).append((float(values[j, ks[1]] - values[j, ks[0]]), j))
             continue
         t = np.full(int(ks[-1] - ks[0]) + 1, -np.inf)
         t[ks - ks[0]] = values[j, ks]
         tables.append(t)
-        owners.append((0, [j]))
-    for w, items in sorted(steps.items()):
+        owners.append((0, j))
+    for w, items in sorted(pairs.items()):
         items.sort(key=lambda x: (-x[0], x[1]))
         fit = min(len(items), max(left, 0) // w)
         t = np.full(fit * w + 1, -np.inf)
@@ -280,11 +306,13 @@ def _core(values: np.ndarray, keep: np.ndarray, capacity: int) -> tuple[list[int
         if work(tables, left) > WORK_LIMIT:
             raise TooLarge(f"{len(tables)} jobs keep several choices after fixing: {work(tables, left):,} DP cells")
         extra, _ = dense(tables, left)
-        for (w, js), k in zip(owners, extra):
+        for (w, who), k in zip(owners, extra):
             if w == 0:
-                counts[js[0]] += k
+                counts[who] += k
+            elif w < 0:
+                np.add.at(counts, who[:k], 1)
             else:
-                for j in js[: k // w]:
+                for j in who[: k // w]:
                     counts[j] += w
     total = float(values[np.arange(len(values)), counts].sum())
     return counts.tolist(), total

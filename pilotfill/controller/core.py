@@ -851,14 +851,15 @@ class Controller:
             return None
         return self._idle_types if self._idle_types is not None else (self.types.last_idle or {t: 0 for t in self.types.names})
 
-    def wanted_types(self, extra: dict[str, int], answer: Allocation | None) -> dict[str, int]:
-        """:meth:`wanted` per node type: how many nodes of each type the jobs would use with ``extra`` more of each."""
-        if sum(extra.values()) <= 0 and answer is not None:
+    def wanted_types(self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str, int]:
+        """:meth:`wanted` per node type: how many nodes of each type the jobs would use with ``extra`` more of each
+        (``without``: ready nodes left out, as in :meth:`wanted`)."""
+        if sum(extra.values()) <= 0 and answer is not None and not without:
             return self.types.counts_by_type(answer)
-        active = self._active(len(self.world.ready) + sum(extra.values()))
+        active = self._active(len(self.world.ready) - len(without) + sum(extra.values()))
         if not active:
             return {}
-        potential = allocate(self._problem(active, extra), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+        potential = allocate(self._problem(active, extra, without), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
         return self.types.counts_by_type(potential)
 
     def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:

@@ -162,6 +162,8 @@ class PilotManager:
         if spare:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
+            if due and world.open:
+                due = self._not_wanted_again(due, extra, ready, pending)
             if due:
                 self._give_back(due, now)
         for t in ready:
@@ -171,6 +173,19 @@ class PilotManager:
             missing = want - ready[t] - pending[t]
             if missing > 0 and idle.get(t, 0) > 0:
                 self._submit(min(missing, idle[t]), now, t)
+
+    def _not_wanted_again(self, due: list[str], extra: dict[str, int], ready: dict[str, int], pending: dict[str, int]) -> list[str]:
+        """Of the nodes about to be given back, those the jobs would not ask for again, type by type: given back,
+        they would be idle nodes of their type, valued as a new pilot's (see :meth:`adjust`)."""
+        by_type: dict[str, list[str]] = {}
+        for name in due:
+            by_type.setdefault(self.world.nodes[name].node_type or "", []).append(name)
+        more = {t: extra.get(t, 0) + len(by_type.get(t, ())) for t in extra}
+        again = self.controller.wanted_types(more, None, without=tuple(due))
+        going = []
+        for t, names in by_type.items():
+            going += names[max(0, again.get(t, 0) - (ready.get(t, 0) - len(names)) - pending.get(t, 0)) :]
+        return going
 
     def release_due(self, now: float) -> bool:
         """True when a node kept unused has waited ``release_after_s``: time to decide again whether to give it back."""
