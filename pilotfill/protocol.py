@@ -14,9 +14,10 @@ pilot.heartbeat    pilot[, wait_s, exits [{host, job, code,     release [str]: n
 pilot.leaving      pilot, nodes [str], deadline (POSIX s)      ok — ranks on those nodes are removed now
 job.submit         spec {name, entry, min_nodes, max_nodes,    job_id — the same for a retry (the request id
                    …} (see :func:`check_spec`)                 is journaled with the job: across restarts too)
-job.report         job_id, host, samples, seconds[, first,     progress: the job's counted total (since a stop,
-                   commit] — commit: the rank committed after  it falls back to the last commit)
-                   this work
+job.report         job_id, host, samples, seconds[, pid,       progress: the job's counted total (since a stop,
+                   first, commit] — pid: the reporting rank's  it falls back to the last commit)
+                   process; commit: it committed after this
+                   work
 job.commit         job_id — rank 0 saved the job's state       committed: progress a stop now falls back to
 job.describe       job_id, model {parameters, flops_per_sample, kept: false when the job had a descriptor
                    layers, batch_size, mix} — a rank measured  already (declared, or an earlier rank's)

@@ -45,7 +45,8 @@ def report(samples: float) -> float | None:
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
     reply = client.request(
-        {"type": "job.report", "job_id": job_id, "host": os.environ.get("PILOTFILL_HOST", ""), "samples": float(samples), "seconds": seconds, "first": first}
+        {"type": "job.report", "job_id": job_id, "host": os.environ.get("PILOTFILL_HOST", ""), "pid": os.getpid(), "samples": float(samples), "seconds": seconds,
+         "first": first}  # fmt: skip
     )
     return float(reply["progress"])
 

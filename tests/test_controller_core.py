@@ -289,3 +289,33 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     full = allocate(ctl._problem(everyone, 0))
     assert answer.objective == pytest.approx(full.objective, rel=1e-9)
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
+
+
+def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of_step():
+    """Every rank reports what it did since its own last report, so two ranks' intervals never line up. The meter
+    restarted its window whenever a report began before it: with two ranks 10 ms out of step it measured once (a
+    window that began before either rank trained: 30 samples/s for 40) and never again."""
+    from pilotfill.controller.core import METER_WINDOW_S, Meter
+
+    meter = Meter(2, since=0.0)
+    assert meter.add(0.0, 0.3, 0.3, first=True, rank=("n0", 11)) is None  # ready after 0.3 s of start-up
+    assert meter.add(0.0, 0.31, 0.31, first=True, rank=("n1", 12)) is None
+    measured = []
+    for step in range(1, 41):  # each rank: 10 samples every 0.5 s (20 samples/s each, 40 for the job)
+        t = 0.3 + 0.5 * step
+        measured += [m for m in (meter.add(10.0, 0.5, t, rank=("n0", 11)), meter.add(10.0, 0.5, t + 0.01, rank=("n1", 12))) if m]
+    assert len(measured) >= 8, measured  # one about every window
+    assert all(rate == pytest.approx(40.0) and seconds >= METER_WINDOW_S for rate, seconds in measured)
+
+
+def test_a_report_that_spans_a_change_is_not_counted_and_a_replaced_rank_is_not_waited_for_ever():
+    from pilotfill.controller.core import RANK_SILENT_S, Meter
+
+    meter = Meter(1, since=100.0)
+    assert meter.add(500.0, 10.0, 105.0, rank=("n0", 1)) is None  # began at 95, before this size: not this size's rate
+    assert meter.add(0.0, 1.0, 106.0, first=True, rank=("n0", 2)) is None
+    assert meter.add(0.0, 1.0, 106.0, first=True, rank=("n0", 3)) is None
+    out = [meter.add(5.0, 0.5, 106.0 + 0.5 * k, rank=("n0", 2)) for k in range(1, 200)]  # rank 3 never trains
+    first = next(i for i, m in enumerate(out) if m)
+    assert 0.5 * (first + 1) >= RANK_SILENT_S - 1.0  # waited for rank 3 while it might still report…
+    assert out[first][0] == pytest.approx(10.0)  # …then measured the rank that trains, at its own rate

@@ -57,6 +57,8 @@ SETTLE_MAX_S = 10.0
 """…but never longer than this in a row."""
 METER_WINDOW_S = 2.0
 """A job's throughput is measured over at least this much time at one size before the profiler sees it."""
+RANK_SILENT_S = 30.0
+"""A rank that has not reported for this long is not waited for when measuring its job (see Meter)."""
 STOP_MARGIN_S = 10.0
 """Stopping waits for ranks this long past the pilots' grace: for an agent's heartbeat to say they are gone."""
 MAX_BATCH = 256
@@ -73,33 +75,47 @@ KEEP_ENDED_PILOTS = 2_000
 
 
 class Meter:
-    """Samples a job processed at one size, summed over its ranks: its measured throughput at that size."""
+    """Samples a job processed at one size, summed over its ranks: its measured throughput at that size.
+
+    Each rank reports what it did since its own previous report, so the ranks' intervals are not aligned: one
+    window over all of them would always cut some rank's report in two (and, restarted whenever a report began
+    before it, never closed at all once two ranks reported out of step). So each rank (its host and process) is
+    measured over its own intervals, and the job's rate is the sum of its ranks' rates over a window they all
+    reported in. A rank silent for :data:`RANK_SILENT_S` (its process was replaced) is no longer waited for.
+    """
 
     def __init__(self, nodes: int, since: float):
-        self.nodes, self.began, self.samples = nodes, since, 0.0
+        self.nodes, self.since, self.began = nodes, since, since
+        self._ranks: dict[tuple, list[float]] = {}  # (host, pid) -> [samples, seconds] since the window began, last report
 
-    def add(self, samples: float, seconds: float, now: float, first: bool = False) -> tuple[float, float] | None:
+    def add(self, samples: float, seconds: float, now: float, first: bool = False, rank: tuple = ()) -> tuple[float, float] | None:
         """Add one rank's report of ``samples`` over the last ``seconds``; every window, return (samples/s, seconds).
 
-        A report that began before this size did, or is its rank's first,
-        covers ranks starting or re-forming (imports, rendezvous), not training
-        at this size: it restarts the window instead of counting, or the job
-        would look slower than it is. A first report's ``seconds`` say how long
-        the rank has trained since it was ready (about nothing, for a real
-        rank that reports after its first step), so the window opens then.
+        A rank's first report covers it starting (imports, rendezvous, restoring), not training: it opens a new
+        window, with the rank in it. A report that began before this size did spans a change and is not counted.
         """
         if first:
-            self.began, self.samples = max(self.began, now - seconds), 0.0
+            self.began = max(self.began, now - seconds)
+            self._ranks = {r: [0.0, 0.0, last] for r, (_, _, last) in self._ranks.items()}
+            self._ranks[rank] = [0.0, 0.0, now]
             return None
-        if now - seconds < self.began:
-            self.began, self.samples = now, 0.0
+        if now - seconds < self.since:
             return None
-        self.samples += samples
+        mine = self._ranks.setdefault(rank, [0.0, 0.0, now])  # a rank that kept running through the change (no restart)
+        mine[0] += samples
+        mine[1] += seconds
+        mine[2] = now
         elapsed = now - self.began
-        if elapsed < METER_WINDOW_S or self.samples <= 0:
+        if elapsed < METER_WINDOW_S:
             return None
-        rate = self.samples / elapsed
-        self.began, self.samples = now, 0.0
+        self._ranks = {r: v for r, v in self._ranks.items() if now - v[2] < RANK_SILENT_S}
+        if any(t <= 0 for _, t, _ in self._ranks.values()):
+            return None
+        rate = sum(n / t for n, t, _ in self._ranks.values())
+        if rate <= 0:
+            return None
+        self.began = now
+        self._ranks = {r: [0.0, 0.0, last] for r, (_, _, last) in self._ranks.items()}
         return rate, elapsed
 
 
@@ -460,7 +476,8 @@ class Controller:
                         job.id, job.name, progress, total)  # fmt: skip
         meter = self._meters.get(job.id)
         if job.status == "running" and message.get("host") in job.nodes and meter is not None and meter.nodes == len(job.nodes):
-            measured = meter.add(message["samples"], message["seconds"], now, first=message.get("first") is True)
+            rank = (message.get("host"), message.get("pid"))
+            measured = meter.add(message["samples"], message["seconds"], now, first=message.get("first") is True, rank=rank)
             if measured is not None and not (job.spec.get("curve") or job.spec.get("curves")):
                 rate, seconds = measured
                 node_type = self.types.of_nodes(self.world, job.nodes)
