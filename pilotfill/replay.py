@@ -320,7 +320,7 @@ class Replay:
                 self.result.controller_messages.append(len(batch))
                 spent += wall
                 cpu += used
-            if not messages and not self.scheduler.outbox and not self._starting_now(t):
+            if not messages and not self.scheduler.outbox and not self._starting_now(t) and not ctl.busy:
                 break
         self._snapshot(t)
         self.result.instant_messages.append(handled)

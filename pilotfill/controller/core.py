@@ -23,7 +23,7 @@ import math
 import socket
 import time
 import traceback
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -157,7 +157,8 @@ class Controller:
         self._heard: OrderedDict[str, float] = OrderedDict()  # live pilot -> last message, oldest first
         self._heard_floor = 0.0  # after our own stall, silence is counted from here
         self._last_step: float | None = None
-        self._polled_at = self._polled_before = 0.0  # this and the previous scheduler poll
+        self._polled_at = 0.0  # the last scheduler poll
+        self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
         self._scheduler_backoff: dict[str, tuple[float, float]] = {}  # call -> (not before, last delay)
         self._meters: dict[str, Meter] = {}
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
@@ -678,9 +679,11 @@ class Controller:
 
     def _step_in_transaction(self, now: float) -> None:
         with self.journal.transaction():
-            self._polled_before, self._polled_at = self._polled_at, now
-            for event in self._scheduler_call("poll", self.scheduler.poll, now) or []:
-                self._on_pilot_event(event, now)
+            before, self._polled_at = self._polled_at, now
+            self._backlog.extend((event, before) for event in self._scheduler_call("poll", self.scheduler.poll, now) or [])
+            for _ in range(min(MAX_BATCH, len(self._backlog))):  # a wave of thousands (pilots at their walltime): in passes
+                event, polled_before = self._backlog.popleft()
+                self._on_pilot_event(event, now, polled_before)
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
             self._drain_walltimes(now)
@@ -711,7 +714,13 @@ class Controller:
                 # what is newer. Given back by shutdown().
                 gc.freeze()
 
-    def _on_pilot_event(self, event: PilotEvent, now: float) -> None:
+    @property
+    def busy(self) -> bool:
+        """Batch-system events wait to be handled (a wave larger than one pass): step again without waiting."""
+        return bool(self._backlog)
+
+    def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
+        """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
         world = self.world
         pilot = world.pilot_of(event.pilot)
         if event.kind == "started":
@@ -727,7 +736,7 @@ class Controller:
             # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
             # its next agent registers as it. Unless that agent already did (it ran again between two polls).
             world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
-            if pilot is not None and not (pilot.state == "running" and pilot.registered_at > self._polled_before):
+            if pilot is not None and not (pilot.state == "running" and pilot.registered_at > polled_before):
                 self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
                 world.set_pilot(pilot, state="queued", nodes=[])
                 self._heard.pop(pilot.id, None)
@@ -793,8 +802,8 @@ class Controller:
         self._heard[pilot_id] = now
 
     def _deferring(self, now: float) -> bool:
-        """True while a burst of requests is still being read (see :data:`FLOOD_DEFER_S`)."""
-        if not self._more:
+        """True while a burst of requests or batch-system events is still being read (see :data:`FLOOD_DEFER_S`)."""
+        if not (self._more or self._backlog):
             return False
         if self._deferred_since is None:
             self._deferred_since = now

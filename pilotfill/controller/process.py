@@ -38,14 +38,16 @@ def serve(controller: Controller, server: Server) -> None:
     """The loop: a bounded batch of requests, then one step, until asked to stop; then the same loop while the
     ranks leave at their commits (their agents must still be heard: they carry the stop and its outcome)."""
     tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
-    while not controller.stopping:
-        handled = server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH, together=controller.together)
+    def one_pass() -> None:
+        handled = server.serve(controller.handle, 0 if controller.busy else tick_ms, max_batch=MAX_BATCH, together=controller.together)
         controller.step(more=handled >= MAX_BATCH)
+
+    while not controller.stopping:
+        one_pass()
     began = time.monotonic()
     deadline = controller.begin_stop()
     while not controller.ranks_gone() and time.monotonic() < deadline:
-        handled = server.serve(controller.handle, tick_ms, max_batch=MAX_BATCH, together=controller.together)
-        controller.step(more=handled >= MAX_BATCH)
+        one_pass()
     log.info("stopping: ranks %s after %.1f s", "gone" if controller.ranks_gone() else "still running (their pilots end them)", time.monotonic() - began)
 
 
