@@ -36,7 +36,7 @@ from pathlib import Path
 from pilotfill.allocator import ScalingCurve
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
-from pilotfill.controller.process import MAX_BATCH
+from pilotfill.controller.core import MAX_BATCH
 from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.base import PilotEvent
 from pilotfill.schedulers.replay import ReplayScheduler
@@ -206,9 +206,9 @@ def zmq_load(root: Path, n_nodes: int, period: float, duration: float, clients: 
     steps = {"n": 0}
     real_step = ctl.step
 
-    def counting_step(now=None):
+    def counting_step(now=None, more=False):
         steps["n"] += 1
-        return real_step(time.time())
+        return real_step(time.time(), more=more)
 
     ctl.step = counting_step
     ctl.wake = server.wake  # long polls, as in the controller's process

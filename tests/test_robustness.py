@@ -545,3 +545,64 @@ def test_an_agent_with_no_controller_for_long_ends_its_pilot(tmp_path, monkeypat
     began = time.monotonic()
     code = agent_module.Agent(str(run_dir), "p-orphan", ["n0"], "1", heartbeat_s=0.1, grace_s=1.0, scheduler="local").run()
     assert code == 4 and time.monotonic() - began < 60
+
+
+def test_requests_read_together_are_committed_together_and_a_wait_woken_within_the_group_is_answered_at_once(tmp_path):
+    """One pass of the loop handles the requests it read in one transaction and replies only after it: a heartbeat
+    parked (a long poll) by that group, whose news came from a later request of the same group, must not wait out
+    its poll — the wake came before the park was registered."""
+    import threading
+    from contextlib import contextmanager
+
+    from pilotfill.security import create_secret
+    from pilotfill.transport import Client, Park, Server
+
+    run_dir = tmp_path / "run"
+    key = create_secret(run_dir)
+    server = Server(run_dir, key)
+    server.publish()
+    log: list[str] = []
+
+    @contextmanager
+    def together():
+        log.append("begin")
+        yield
+        log.append("commit")
+
+    def handle(message):
+        log.append(message["type"])
+        if message["type"] == "wait":
+            return Park("a", 20.0, lambda: {"woken": True})
+        if message["type"] == "news":
+            server.wake("a")  # news for the waiting one
+        return {"ok": True}
+
+    clients = {kind: Client(run_dir, timeout_s=60) for kind in ("wait", "news")}
+    took: dict[str, float] = {}
+
+    def ask(kind: str) -> None:
+        clients[kind].request({"type": "hello"}, attempt_s=60)  # connected (its handshake answered) before the test
+        ready.wait(30)
+        began = time.monotonic()
+        clients[kind].request({"type": kind}, attempt_s=60)
+        took[kind] = time.monotonic() - began
+
+    ready = threading.Event()
+    threads = [threading.Thread(target=ask, args=(kind,)) for kind in ("wait", "news")]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while log.count("hello") < 2 and time.monotonic() < deadline:
+        server.serve(handle, 100)
+    log.clear()
+    ready.set()
+    time.sleep(1.0)  # both requests are queued at the server: one group
+    handled = server.serve(handle, 1000, together=together)
+    deadline = time.monotonic() + 30
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        server.serve(handle, 200, together=together)
+    for t in threads:
+        t.join(1)
+    server.close()
+    assert handled == 2 and sorted(log[1:3]) == ["news", "wait"] and log[0] == "begin" and log[3] == "commit", log
+    assert took["wait"] < 10, took  # answered with the group, not after its 20 s poll
