@@ -319,3 +319,28 @@ def test_a_report_that_spans_a_change_is_not_counted_and_a_replaced_rank_is_not_
     first = next(i for i, m in enumerate(out) if m)
     assert 0.5 * (first + 1) >= RANK_SILENT_S - 1.0  # waited for rank 3 while it might still report…
     assert out[first][0] == pytest.approx(10.0)  # …then measured the rank that trains, at its own rate
+
+
+def test_the_pilots_question_on_a_saturated_machine_is_answered_without_a_solve_and_as_the_solve_answers(tmp_path, write, monkeypatch):
+    """With more waiting jobs that gain from one node than nodes could be had, the jobs would use every node: the
+    pilots' question is answered so without a solve of the whole machine (at 4,000 open jobs that solve cost as
+    much as the decision), and the answer is the solve's."""
+    import pilotfill.controller.core as core
+
+    jobs = [linear(f"w{i}", 1, 4, 100 + i) for i in range(12)]
+    m = Machine(tmp_path, write, 3, jobs)
+    for i in range(12):
+        m.submit(f"w{i}")
+    m.at(1)
+    ctl = m.ctl
+    assert len(ctl.world.ready) == 3 and sum(1 for j in ctl.world.open.values() if j.status != "running") >= 6
+    solves = []
+    real = core.allocate
+    monkeypatch.setattr(core, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
+    for extra in (1, 4):
+        ctl._wanted_memo = None
+        solves.clear()
+        shortcut = ctl.wanted(extra, None)
+        assert not solves, "answered with a solve"
+        _, _, solved = ctl._solve(len(ctl.world.ready) + extra, extra)
+        assert shortcut == sum(solved.counts.values()) == len(ctl.world.ready) + extra

@@ -906,9 +906,34 @@ class Controller:
         key = (self.clock(), len(world.ready), extra, tuple((j.id, j.status, len(j.nodes), self.profiler.version(j.id)) for j in world.open.values()))
         if self._wanted_memo is not None and self._wanted_memo[0] == key:
             return self._wanted_memo[1]
-        _, _, potential = self._solve(len(world.ready) + extra, extra)
-        self._wanted_memo = (key, sum(potential.counts.values()))
-        return self._wanted_memo[1]
+        every = self._whole_pool(len(world.ready) + extra)
+        if every is None:
+            _, _, potential = self._solve(len(world.ready) + extra, extra)
+            every = sum(potential.counts.values())
+        self._wanted_memo = (key, every)
+        return every
+
+    def _whole_pool(self, room: int) -> int | None:
+        """The pilots' question answered without a solve where the answer is certain: when at least ``room`` waiting
+        jobs could each start on one node and gain from it, no optimum leaves a node of the pool unused (with one
+        free, one of those jobs would not be running and would gain from it), so the jobs would use the whole pool —
+        the ``room`` nodes less the free ones whose pilot ends too soon to be offered (judged on every job the
+        question weighs, as :meth:`_problem` does). A queue of thousands (a saturated machine) then costs the
+        question no solve. None where it is not certain (several kinds of node; too few jobs that start on one node)."""
+        if self.types.typed:
+            return None
+        views, starters = [], 0
+        for job in self._active(room):
+            try:
+                view = self._allocator_job(job)
+            except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
+                return None
+            views.append(view)
+            if job.status != "running" and job.spec["min_nodes"] == 1 and job.spec["weight"] > 0 and view.metric(next(iter(view.throughput))).at(1) > 0:
+                starters += 1
+        if starters < room:
+            return None
+        return room - len(self._ending_soon(views, self.clock()))
 
     def _solve(self, room: int, extra: int, without: tuple[str, ...] = ()) -> tuple[list[Job], Problem, Allocation]:
         """The jobs a decision weighs, its problem and the allocator's answer.
