@@ -157,3 +157,15 @@ def test_a_model_measured_on_fewer_nodes_says_nothing_of_scaling_past_them():
     assert math.exp(ratio) == pytest.approx(900.0 / 250.0)
     assert confirmed["fast"].at(1) == pytest.approx(100.0 * math.exp(ratio - sigma), rel=1e-6)
     assert optimistic["fast"].at(1) == pytest.approx(100.0 * math.exp(ratio + sigma), rel=1e-6)
+
+
+def test_equally_similar_models_all_count_whatever_the_order_of_the_library():
+    """Five models exactly as similar (a descriptor without a batch size against one family's five batch sizes):
+    the prediction keeps all of them, so it does not depend on which the library happened to list first."""
+    query = Descriptor(parameters=11e6, layers=18)
+    entries = [Measured(f"cnn-bs{b}", Descriptor(parameters=11e6, layers=18, batch_size=b), {"fast": curve(100.0 * k), "slow": curve(100.0)}, "cnn")
+               for k, b in enumerate((16, 32, 64, 128, 256), start=2)]  # fmt: skip
+    forward, backward = Library(entries).predict(query, TYPES, 8), Library(entries[::-1]).predict(query, TYPES, 8)
+    assert len(forward.neighbours) == 5
+    assert forward.relative("fast", "slow") == pytest.approx(backward.relative("fast", "slow"))
+    assert math.exp(forward.relative("fast", "slow")[0]) == pytest.approx(math.exp(np.mean(np.log([2, 3, 4, 5, 6]))))

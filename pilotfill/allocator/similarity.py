@@ -55,7 +55,7 @@ SCALE = 1.0
 PRIOR_SPREAD = math.log(4.0)
 """What nothing measured leaves open: a type's speed relative to another within a factor of 4 either way (1 σ)."""
 NEIGHBOURS = 4
-"""Models a prediction is made from (the most similar)..."""
+"""Models a prediction is made from (the most similar, and any as similar as the last of them)..."""
 NEAR = 0.5
 """...of those at least this similar relative to the most similar; each weighted by its similarity squared."""
 FORMAT = 1
@@ -284,9 +284,12 @@ class Library:
         pool = [e for e in pool if any(e.rate_at_one(t) for t in types)]
         if descriptor.empty or not pool:
             return uninformed(types, max_nodes)
-        scored = sorted(((similarity(descriptor, e.descriptor), e) for e in pool), key=lambda se: -se[0])[:NEIGHBOURS]
-        top = scored[0][0]
-        scored = [(s, e) for s, e in scored if s >= NEAR * top]  # the nearest, not the rest of the library
+        ranked = sorted(((similarity(descriptor, e.descriptor), e) for e in pool), key=lambda se: -se[0])
+        top = ranked[0][0]
+        cut = ranked[min(NEIGHBOURS, len(ranked)) - 1][0]
+        # The nearest, not the rest of the library; models as similar as the last one kept are all kept (which of
+        # equally similar models counts must not depend on the order of the library).
+        scored = [(s, e) for s, e in ranked if s >= max(NEAR * top, cut - 1e-12)]
         n = np.arange(max(1, max_nodes) + 1, dtype=float)
         log_speed, spread, curves = {}, {}, {}
         level_logs, level_w = [], []
