@@ -137,3 +137,35 @@ def test_single_type_jpa_is_unchanged_by_types():
     for n in range(0, 9):
         assert a.confirmed("j", 1, 8).at(n) == b.confirmed("j", 1, 8).at(n)
         assert a.curve("j", 1, 8).at(n) == b.curve("j", 1, 8).at(n)
+
+
+def test_a_model_measured_on_fewer_nodes_says_nothing_of_scaling_past_them():
+    """A neighbour measured on one node (a single-GPU model) must not read as one that does not scale: past the
+    most nodes it was measured on, the shape is the other neighbours' — linear where none was measured that far."""
+    wide = Measured("wide", CNN, {"fast": curve(1000.0), "slow": curve(200.0)}, "a")  # linear up to 8 nodes
+    narrow = Measured("narrow", CNN, {"fast": ScalingCurve((0, 1), (0.0, 900.0)), "slow": ScalingCurve((0, 1), (0.0, 250.0))}, "b")
+    both = Library([wide, narrow]).predict(CNN, TYPES, 8)
+    assert both.shape("fast", np.array([2.0, 8.0])) == pytest.approx([2.0, 8.0])  # the wide model's, not flattened
+    alone = Library([narrow]).predict(CNN, TYPES, 8)
+    assert alone.shape("slow", np.array([1.0, 4.0, 8.0])) == pytest.approx([1.0, 4.0, 8.0])  # nothing known past one node: linear
+    # A job that ran on 8 "slow" nodes at 800/s is predicted on one "fast" node from its rate per node (100/s), times
+    # the neighbour's speed ratio (900/250): not from its 8-node rate as if it did not scale.
+    jpa = Profiler()
+    jpa.observe("j", 8, 800.0, weight=10.0, node_type="slow")
+    confirmed, optimistic = jpa.typed_curves("j", 1, 8, TYPES, alone)
+    ratio, sigma = alone.relative("fast", "slow")
+    assert math.exp(ratio) == pytest.approx(900.0 / 250.0)
+    assert confirmed["fast"].at(1) == pytest.approx(100.0 * math.exp(ratio - sigma), rel=1e-6)
+    assert optimistic["fast"].at(1) == pytest.approx(100.0 * math.exp(ratio + sigma), rel=1e-6)
+
+
+def test_equally_similar_models_all_count_whatever_the_order_of_the_library():
+    """Five models exactly as similar (a descriptor without a batch size against one family's five batch sizes):
+    the prediction keeps all of them, so it does not depend on which the library happened to list first."""
+    query = Descriptor(parameters=11e6, layers=18)
+    entries = [Measured(f"cnn-bs{b}", Descriptor(parameters=11e6, layers=18, batch_size=b), {"fast": curve(100.0 * k), "slow": curve(100.0)}, "cnn")
+               for k, b in enumerate((16, 32, 64, 128, 256), start=2)]  # fmt: skip
+    forward, backward = Library(entries).predict(query, TYPES, 8), Library(entries[::-1]).predict(query, TYPES, 8)
+    assert len(forward.neighbours) == 5
+    assert forward.relative("fast", "slow") == pytest.approx(backward.relative("fast", "slow"))
+    assert math.exp(forward.relative("fast", "slow")[0]) == pytest.approx(math.exp(np.mean(np.log([2, 3, 4, 5, 6]))))

@@ -55,7 +55,7 @@ SCALE = 1.0
 PRIOR_SPREAD = math.log(4.0)
 """What nothing measured leaves open: a type's speed relative to another within a factor of 4 either way (1 σ)."""
 NEIGHBOURS = 4
-"""Models a prediction is made from (the most similar)..."""
+"""Models a prediction is made from (the most similar, and any as similar as the last of them)..."""
 NEAR = 0.5
 """...of those at least this similar relative to the most similar; each weighted by its similarity squared."""
 FORMAT = 1
@@ -226,6 +226,25 @@ class Prediction:
         return f"like {near}: {node_type} predicted at {ratio:.2f} of {best}" if node_type != best else f"like {near}: {best} predicted fastest"
 
 
+def _scaling(measured: list[tuple[float, ScalingCurve]], counts: np.ndarray) -> np.ndarray:
+    """The rate at ``counts`` nodes over the rate at one: at each count, the weighted geometric mean of the curves
+    measured that far (a model measured on one node says nothing of how another scales on eight); past the most
+    nodes any was measured on, linear from there, as with nothing measured."""
+    logs = np.zeros((len(measured), len(counts)))
+    weights = np.zeros_like(logs)
+    for i, (w, c) in enumerate(measured):
+        inside = counts <= c.nodes[-1]
+        logs[i, inside] = np.log(np.maximum(np.interp(counts[inside], c.nodes, c.values) / c.at(1), 1e-9))
+        weights[i, inside] = w
+    total = weights.sum(axis=0)
+    known = total > 0
+    mean = (logs * weights).sum(axis=0) / np.where(known, total, 1.0)
+    last = int(np.flatnonzero(known)[-1]) if known.any() else -1
+    base, at = (mean[last], counts[last]) if last >= 0 else (0.0, 1.0)
+    mean[last + 1 :] = base + np.log(counts[last + 1 :] / at)
+    return np.exp(mean)
+
+
 def uninformed(node_types: Iterable[str], max_nodes: int) -> Prediction:
     """What is known of a model like nothing measured (or with no descriptor): every type alike, wide open."""
     types = list(node_types)
@@ -265,9 +284,12 @@ class Library:
         pool = [e for e in pool if any(e.rate_at_one(t) for t in types)]
         if descriptor.empty or not pool:
             return uninformed(types, max_nodes)
-        scored = sorted(((similarity(descriptor, e.descriptor), e) for e in pool), key=lambda se: -se[0])[:NEIGHBOURS]
-        top = scored[0][0]
-        scored = [(s, e) for s, e in scored if s >= NEAR * top]  # the nearest, not the rest of the library
+        ranked = sorted(((similarity(descriptor, e.descriptor), e) for e in pool), key=lambda se: -se[0])
+        top = ranked[0][0]
+        cut = ranked[min(NEIGHBOURS, len(ranked)) - 1][0]
+        # The nearest, not the rest of the library; models as similar as the last one kept are all kept (which of
+        # equally similar models counts must not depend on the order of the library).
+        scored = [(s, e) for s, e in ranked if s >= max(NEAR * top, cut - 1e-12)]
         n = np.arange(max(1, max_nodes) + 1, dtype=float)
         log_speed, spread, curves = {}, {}, {}
         level_logs, level_w = [], []
@@ -296,17 +318,7 @@ class Library:
                 var = sum(s * (x - mean) ** 2 for s, x in pts) / w
                 log_speed[t] = mean
                 spread[t] = math.sqrt(var + unknown**2)
-            shapes, weights = [], []
-            for s, e, known, _ in per_entry:
-                c = e.curves.get(t)
-                if c is None or not e.rate_at_one(t):
-                    continue
-                shapes.append(np.log(np.maximum(np.interp(n[1:], c.nodes, c.values) / c.at(1), 1e-9)))
-                weights.append(s * s)
-            if shapes:
-                shape = np.exp(np.average(np.array(shapes), axis=0, weights=weights))
-            else:
-                shape = n[1:]  # nothing measured on this type: linear
+            shape = _scaling([(s * s, e.curves[t]) for s, e, _, _ in per_entry if e.rate_at_one(t)], n[1:])
             rate1 = math.exp(level + log_speed[t])
             curves[t] = ScalingCurve.from_table(np.concatenate([[0.0], rate1 * shape]))
         samples = tuple((s * s, dict(known)) for s, _, known, _ in per_entry)
