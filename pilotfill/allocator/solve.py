@@ -118,12 +118,8 @@ def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
     for job_tables in all_tables:
         mine = {t.node_type: t.values for t in job_tables if t.node_type in capacities}
         tables.append(mine or {next(iter(capacities)): job_tables[0].values[:1]})
-    hint = []
-    for job in problem.jobs:
-        held = problem.held_by_type(job)
-        hint.append(next(iter(held)) if len(held) == 1 else None)
     try:
-        choices, _, how = typed.solve(tables, capacities, time_limit_s, hint)
+        choices, _, how = typed.solve(tables, capacities, time_limit_s)
     except dp.TooLarge:
         return None
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
