@@ -125,8 +125,8 @@ class Core:
         return self._layers(theta, width, width)
 
     def _layers(self, theta: float, limit: int, width: int | None) -> Solution | None:
-        if not len(self.order):
-            return self._solution(self.root, np.zeros(len(self.caps), dtype=np.int64), [])
+        if not len(self.order):  # the firm rows alone: the root bound is exact
+            return self._solution(self.root, np.zeros(len(self.caps), dtype=np.int64), []) if self.root >= theta else None
         states = np.zeros(1, dtype=np.int64), self.caps[None, :].astype(np.int64), np.zeros(1)  # key, nodes left, worth
         trail: list[tuple[np.ndarray, np.ndarray]] = []
         for h in range(len(self.order)):
