@@ -44,8 +44,9 @@ class Solution:
     spell: Callable[[], tuple[np.ndarray, np.ndarray]]
 
 
-STATE_LIMIT = 400_000
-"""States per level past which the exact search gives up (:class:`TooManyStates`)."""
+STATE_LIMIT = 40_000
+"""States, all levels together, past which a search gives up (:class:`TooManyStates`): a threshold far below the
+optimum is costly, one nearer costs less (the caller tries one)."""
 
 
 class Core:
@@ -71,7 +72,7 @@ class Core:
         on_one = kinds.sum(axis=1) <= 1
         self.firm = [np.flatnonzero(kinds[:, k] & on_one) for k in range(T)]  # (the others with no choice left stop)
         self.base = float(stop.sum())
-        self.rows = [_row([gain[j, k] for j in self.firm[k]], int(self.caps[k])) for k in range(T)]
+        self.rows = [_row(gain[self.firm[k], k], int(self.caps[k])) for k in range(T)]
 
         hesitant = np.flatnonzero(~on_one)
         charge = np.zeros(J)
@@ -113,8 +114,8 @@ class Core:
         gains = np.where(cc > 0, gain[hesitant[h_of], kk, cc], 0.0)
         taken = np.zeros((len(kk), T), dtype=np.int64)
         taken[np.arange(len(kk)), kk] = cc
-        cuts = np.searchsorted(h_of, np.arange(1, H))
-        self.moves = list(zip(*(np.split(a, cuts) for a in (kk, cc, gains, cc * strides[kk], taken)))) if H else []
+        self.starts = np.searchsorted(h_of, np.arange(H + 1))
+        self.choices = kk, cc, gains, cc * strides[kk], taken
 
     def search(self, theta: float) -> Solution | None:
         """The best solution worth at least ``theta`` (None: there is none); :class:`TooManyStates` past the limit."""
@@ -122,13 +123,14 @@ class Core:
 
     def dive(self, theta: float, width: int) -> Solution | None:
         """A good solution, if the search keeping only the ``width`` states with the best bounds per level finds one."""
-        return self._layers(theta, width, width)
+        return self._layers(theta, 10**12, width)
 
     def _layers(self, theta: float, limit: int, width: int | None) -> Solution | None:
         if not len(self.order):  # the firm rows alone: the root bound is exact
             return self._solution(self.root, np.zeros(len(self.caps), dtype=np.int64), []) if self.root >= theta else None
         states = np.zeros(1, dtype=np.int64), self.caps[None, :].astype(np.int64), np.zeros(1)  # key, nodes left, worth
         trail: list[tuple[np.ndarray, np.ndarray]] = []
+        total = 0
         for h in range(len(self.order)):
             bound = self._expand(h, states)
             if h == len(self.order) - 1:
@@ -140,25 +142,31 @@ class Core:
             if width is not None and len(pick) > width:
                 top = np.argpartition(-bound[s[pick], i[pick]], width)[:width]
                 states, pick = tuple(a[top] for a in states), pick[top]
-            elif len(pick) > limit:
-                raise TooManyStates(f"{len(pick):,} states after {h + 1} of {len(self.order)} hesitant jobs")
+            total += len(pick)
+            if total > limit:
+                raise TooManyStates(f"{total:,} states by {h + 1} of {len(self.order)} hesitant jobs")
             trail.append((s[pick], i[pick]))
         return None
 
+    def _moves(self, h: int) -> tuple[np.ndarray, ...]:
+        """Hesitant job h's choices left (stopping first where allowed): type, count, gain, key step, nodes taken."""
+        a, b = self.starts[h], self.starts[h + 1]
+        return tuple(x[a:b] for x in self.choices)
+
     def _expand(self, h: int, states) -> np.ndarray:
         """Bound of every (state, choice of hesitant job h) pair (−inf where the choice does not fit)."""
-        kind, count, gains, _, _ = self.moves[h]
+        kind, count, gains, _, _ = self._moves(h)
         _, left, worth = states
         rows = self.bound[h + 1]
         at = self.offsets[None, :] + left
-        parts = rows[at]  # each type's best with the nodes left, for the jobs after h
-        without = (worth + parts.sum(axis=1) + (self.charges[h + 1] + self.base))[:, None] - parts
+        parts = rows[at]  # each type's best with the nodes left, for the jobs after h (−inf: their must-runs do not fit)
+        without = (worth + parts.sum(axis=1) + (self.charges[h + 1] + self.base))[:, None] - np.where(parts > -np.inf, parts, 0.0)
         return without[:, kind] + rows[at[:, kind] - count] + gains
 
     def _merge(self, h, states, s, i):
         """The new states (one per key, the best worth), and which (s, i) pair made each."""
         keys, left, worth = states
-        _, _, gains, step, taken = self.moves[h]
+        _, _, gains, step, taken = self._moves(h)
         new_keys, new_worth = keys[s] + step[i], worth[s] + gains[i]
         order = np.lexsort((-new_worth, new_keys))
         first = np.empty(len(order), dtype=bool)
@@ -178,7 +186,7 @@ class Core:
             choices.append(int(move[s]))
             s = int(parent[s])
         choices.reverse()
-        used = sum(move[4][c] for move, c in zip(self.moves, choices))
+        used = sum(self._moves(h)[4][c] for h, c in enumerate(choices))
         return self._solution(value, used, choices)
 
     def _solution(self, value: float, used: np.ndarray, choices: list[int]) -> Solution:
@@ -188,7 +196,8 @@ class Core:
         """The hesitant jobs' choices, and each type's firm jobs on the nodes they leave (exactly, by the DP)."""
         J = len(self.stop)
         types, counts = np.zeros(J, dtype=int), np.zeros(J, dtype=int)
-        for j, (kind, count, _, _, _), c in zip(self.order, self.moves, choices):
+        for h, (j, c) in enumerate(zip(self.order, choices)):
+            kind, count, _, _, _ = self._moves(h)
             types[j], counts[j] = kind[c], count[c]
         for k, firm in enumerate(self.firm):
             if firm.size:
@@ -206,10 +215,17 @@ def _convolve(row: np.ndarray, table: np.ndarray) -> np.ndarray:
     return out
 
 
-def _row(tables: list[np.ndarray], capacity: int) -> np.ndarray:
-    """The best total of ``tables`` (gains over stopping; −inf at 0 when a job must run) on at most c nodes, every c."""
-    row = np.zeros(capacity + 1)
-    for t in tables:
+def _row(tables: np.ndarray, capacity: int) -> np.ndarray:
+    """The best total of ``tables`` (a row per job: gains over stopping, −inf at 0 when it must run) on at most c
+    nodes, every c. Jobs left with one count and no stop — most, once fixing is tight — are one shift together."""
+    allowed = np.isfinite(tables)
+    fixed = allowed.sum(axis=1) == 1
+    at = np.argmax(allowed[fixed], axis=1)
+    shift, worth = int(at.sum()), float(tables[fixed][np.arange(len(at)), at].sum())
+    row = np.full(capacity + 1, -np.inf)
+    if shift <= capacity:
+        row[shift:] = worth
+    for t in tables[~fixed]:
         row = _convolve(row, t)
     return row
 

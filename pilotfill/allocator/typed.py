@@ -9,11 +9,13 @@ stops), and each type has its own capacity:
 2. **A first answer.** Copies of each model are shared among types as the prices share them, and each type's jobs
    are solved exactly by the one-type solver (:func:`.dp.solve`): the incumbent, LB. (The types jobs run on now
    made a worse first answer on every hard decision of the benchmark: not tried.)
-3. **The core, exactly** (:mod:`.typecore`): every choice whose reduced cost exceeds UB − LB is in no optimum and is
-   dropped; jobs left on one type are one DP row per type, and the jobs that still hesitate between types are
-   searched state by state (nodes of each type taken so far), pruned by a bound exact per type. Dives (the search
-   keeping only its best states) raise LB first, so fixing drops more. The search returns the best solution worth
-   at least LB: the optimum.
+3. **The core, exactly, from the bound down** (:mod:`.typecore`). For a threshold θ, every choice whose reduced
+   cost exceeds UB − θ is in no solution worth θ and is dropped; jobs left on one type are one DP row per type, and
+   the jobs that still hesitate between types are searched state by state (nodes of each type taken so far), pruned
+   by a bound exact per type: the best solution worth θ, or none. Near UB the core is small and its search cheap,
+   so θ starts just below UB and steps down, farther each time, until a search finds a solution — the optimum,
+   since nothing is worth the θ before. After each empty search a dive (the search keeping only its best states)
+   on that small core may raise LB; once θ would pass LB, the search at LB finishes.
 
 Were the search ever to grow too large, the core goes to HiGHS (through SciPy) as a MILP, copies of a model counted
 rather than named. :func:`solve_milp` is the whole model solved by HiGHS without the decomposition (one binary per
@@ -33,8 +35,13 @@ from .milp import quiet_solver
 from .typecore import Core, Solution, TooManyStates
 from .typeprices import prices
 
-DIVES = (16, 64)
-"""States kept per level by the dives before the exact search, each from a core fixed at the last one's better value."""
+FIRST_STEP = 256
+"""The first threshold is UB less this share of the gap between UB and the first answer."""
+GROW = 2
+"""Each next threshold is this many times farther below UB (the search at a threshold far below the optimum costs
+more: the steps stay small)."""
+DIVE_WIDTH = 16
+"""States a dive keeps per level."""
 
 
 @dataclass(frozen=True)
@@ -85,24 +92,37 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
 
 def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
            time_limit_s: float) -> tuple[Solution, str]:  # fmt: skip
-    """The optimum from the incumbent ``best``: dives while they find better (each core fixed at the better value),
-    then the exact search over the core (the MILP where that grows too large)."""
-    for width in DIVES:
-        core = Core(values, stop, caps, price, upper, best.value - slack)
-        if core.root <= best.value + slack:  # nothing left can beat the incumbent
-            return best, "dp"
-        better = core.dive(best.value - slack, width)
-        if better is None or better.value <= best.value + slack:
+    """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ is near
+    UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or proves
+    that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
+    incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the
+    best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value)."""
+    step = (upper - best.value) / FIRST_STEP
+    while True:
+        theta = max(upper - step, best.value - slack)
+        step *= GROW
+        core = Core(values, stop, caps, price, upper, theta)
+        try:
+            found = core.search(theta) if core.root >= theta else None
+        except TooManyStates:
             break
-        best = better
-    try:
-        found = core.search(best.value - slack)
-    except TooManyStates:
-        ts, ns, value, proven = _milp(values, stop, caps, core.keep, time_limit_s)
-        if value < best.value:  # the MILP ran out of time with less than the incumbent
-            return best, "dp+milp (time limit)"
-        return Solution(value, lambda: (ts, ns)), "dp+milp" if proven else "dp+milp (time limit)"
-    return (found if found is not None and found.value > best.value else best), "dp"
+        if found is not None:
+            return (found if found.value > best.value else best), "dp"
+        if theta <= best.value:  # nothing beats the incumbent
+            return best, "dp"
+        better = core.dive(best.value - slack, DIVE_WIDTH)
+        if better is not None and better.value > best.value + slack:
+            best = better
+    for keep in (core.keep, None):
+        if keep is None:
+            keep = Core(values, stop, caps, price, upper, best.value - slack).keep
+        ts, ns, value, proven = _milp(values, stop, caps, keep, time_limit_s)
+        if proven and value >= theta:
+            return Solution(value, lambda: (ts, ns)), "dp+milp"
+        theta = best.value - slack
+    if value < best.value:  # the MILP ran out of time with less than the incumbent
+        return best, "dp+milp (time limit)"
+    return Solution(value, lambda: (ts, ns)), "dp+milp" if proven else "dp+milp (time limit)"
 
 
 def _worth(values: np.ndarray, stop: np.ndarray, ts: np.ndarray, ns: np.ndarray) -> float:
