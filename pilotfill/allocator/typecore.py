@@ -126,54 +126,60 @@ class Core:
         return self._layers(theta, 10**12, width)
 
     def _layers(self, theta: float, limit: int, width: int | None) -> Solution | None:
+        if not self.root >= theta:  # nothing worth theta (the firm jobs alone may not even fit)
+            return None
         if not len(self.order):  # the firm rows alone: the root bound is exact
-            return self._solution(self.root, np.zeros(len(self.caps), dtype=np.int64), []) if self.root >= theta else None
+            return self._solution(self.root, np.zeros(len(self.caps), dtype=np.int64), [])
         states = np.zeros(1, dtype=np.int64), self.caps[None, :].astype(np.int64), np.zeros(1)  # key, nodes left, worth
         trail: list[tuple[np.ndarray, np.ndarray]] = []
         total = 0
         for h in range(len(self.order)):
-            bound = self._expand(h, states)
+            moves = tuple(x[self.starts[h] : self.starts[h + 1]] for x in self.choices)
+            bound = self._expand(h, moves, states)
             if h == len(self.order) - 1:
                 return self._finish(bound, trail, theta)
             s, i = np.nonzero(bound >= theta)
             if s.size == 0:
                 return None
-            states, pick = self._merge(h, states, s, i)
-            if width is not None and len(pick) > width:
-                top = np.argpartition(-bound[s[pick], i[pick]], width)[:width]
-                states, pick = tuple(a[top] for a in states), pick[top]
-            total += len(pick)
+            states, s, i = self._merge(moves, states, s, i)
+            if width is not None and len(s) > width:
+                top = np.argpartition(-bound[s, i], width)[:width]
+                states, s, i = tuple(a[top] for a in states), s[top], i[top]
+            total += len(s)
             if total > limit:
                 raise TooManyStates(f"{total:,} states by {h + 1} of {len(self.order)} hesitant jobs")
-            trail.append((s[pick], i[pick]))
+            trail.append((s, i))
         return None
 
     def _moves(self, h: int) -> tuple[np.ndarray, ...]:
         """Hesitant job h's choices left (stopping first where allowed): type, count, gain, key step, nodes taken."""
-        a, b = self.starts[h], self.starts[h + 1]
-        return tuple(x[a:b] for x in self.choices)
+        return tuple(x[self.starts[h] : self.starts[h + 1]] for x in self.choices)
 
-    def _expand(self, h: int, states) -> np.ndarray:
-        """Bound of every (state, choice of hesitant job h) pair (−inf where the choice does not fit)."""
-        kind, count, gains, _, _ = self._moves(h)
+    def _expand(self, h: int, moves, states) -> np.ndarray:
+        """Bound of every (state, choice of hesitant job h) pair (−inf where the choice does not fit). A state
+        that got here had a finite bound, so each type's row is finite where it stands."""
+        kind, count, gains, _, _ = moves
         _, left, worth = states
         rows = self.bound[h + 1]
-        at = self.offsets[None, :] + left
-        parts = rows[at]  # each type's best with the nodes left, for the jobs after h (−inf: their must-runs do not fit)
-        without = (worth + parts.sum(axis=1) + (self.charges[h + 1] + self.base))[:, None] - np.where(parts > -np.inf, parts, 0.0)
+        at = self.offsets + left
+        parts = rows[at]  # each type's best with the nodes left, for the jobs after h
+        without = (worth + parts.sum(axis=1) + (self.charges[h + 1] + self.base))[:, None] - parts
         return without[:, kind] + rows[at[:, kind] - count] + gains
 
-    def _merge(self, h, states, s, i):
-        """The new states (one per key, the best worth), and which (s, i) pair made each."""
+    @staticmethod
+    def _merge(moves, states, s, i):
+        """The new states (one per key, the best worth), and the (state, choice) pair that made each."""
         keys, left, worth = states
-        _, _, gains, step, taken = self._moves(h)
+        _, _, gains, step, taken = moves
         new_keys, new_worth = keys[s] + step[i], worth[s] + gains[i]
         order = np.lexsort((-new_worth, new_keys))
+        sorted_keys = new_keys[order]
         first = np.empty(len(order), dtype=bool)
         first[0] = True
-        np.not_equal(new_keys[order[1:]], new_keys[order[:-1]], out=first[1:])
+        np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
         pick = order[first]
-        return (new_keys[pick], left[s[pick]] - taken[i[pick]], new_worth[pick]), pick
+        s, i = s[pick], i[pick]
+        return (sorted_keys[first], left[s] - taken[i], new_worth[pick]), s, i
 
     def _finish(self, bound, trail, theta: float) -> Solution | None:
         """At the last hesitant job the bound is exact: the best (state, choice), completed with the firm jobs."""
