@@ -651,7 +651,12 @@ def worth_of(tables: list[dict[str, np.ndarray]], caps: dict[str, int], choices)
     return total
 
 
-def test_typed_solver_matches_a_plain_dp_on_small_instances_with_copies_and_torn_jobs():
+@pytest.mark.parametrize("grid", [True, False], ids=["grid DP", "prices and search"])
+def test_typed_solver_matches_a_plain_dp_on_small_instances_with_copies_and_torn_jobs(grid, monkeypatch):
+    from pilotfill.allocator import typegrid
+
+    if not grid:
+        monkeypatch.setattr(typegrid, "CELLS", 0)  # the path of larger machines, on instances the reference can check
     rng = random.Random(7)
     for _ in range(300):
         types = ["k80", "p100", "v100"][: rng.choice([2, 3])]
@@ -721,9 +726,10 @@ def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing
 
 
 def test_typed_solver_falls_back_to_the_milp_on_a_core_too_large_for_the_search(monkeypatch):
-    from pilotfill.allocator import typecore
+    from pilotfill.allocator import typecore, typegrid
 
     monkeypatch.setattr(typecore, "STATE_LIMIT", 0)
+    monkeypatch.setattr(typegrid, "CELLS", 0)
     rng = random.Random(5)
     fell_back = 0
     for _ in range(60):
@@ -735,6 +741,24 @@ def test_typed_solver_falls_back_to_the_milp_on_a_core_too_large_for_the_search(
         assert same(value, reference_optimum(tables, caps), 1e-9)
         assert same(worth_of(tables, caps, choices), value, 1e-9)
     assert fell_back >= 10
+
+
+def test_the_grid_dp_of_a_small_machine_matches_highs_with_hundreds_of_jobs():
+    """A few tens of idle nodes and a hundred jobs from a few models: the DP over the grid of node counts per type
+    (:mod:`pilotfill.allocator.typegrid`) answers, and its answer is HiGHS's proven optimum."""
+    from pilotfill.allocator import typegrid
+
+    rng = random.Random(17)
+    for _ in range(6):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(4, 8), 100, types, widest=8)
+        caps = {t: rng.randint(4, 16) for t in types}
+        assert typegrid.fits(np.array([caps[t] for t in types], dtype=float))
+        choices, value, how = typed_module.solve(tables, caps)
+        _, reference, proven = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
+        assert proven and how == "dp"
+        assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)), f"grid {value} vs HiGHS {reference}"
+        assert same(worth_of(tables, caps, choices), value, 1e-9)
 
 
 def test_copies_tied_between_types_fill_both_types():
