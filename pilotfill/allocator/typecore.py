@@ -16,9 +16,9 @@ the Lagrangian bound with λ alone — the knapsack per type is solved, not rela
 few. At the end each state's firm jobs take the rest of each type, by their rows: the best state is the optimum
 among the solutions worth at least θ.
 
-With θ at the value of a known solution, that is the optimum. A *dive* — the same search keeping only the few
-states with the best bounds per level — finds good solutions fast; one worth more raises θ, so that fixing drops
-more and the bound prunes more, before the exact search.
+With θ at the value of a known solution, that is the optimum; with θ above the optimum, the search proves that
+nothing is worth θ. A *dive* — the same search keeping only the few states with the best bounds per level — finds
+good solutions fast (:func:`.typed.solve` chooses the thresholds and uses the dives).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class Solution:
 
 
 STATE_LIMIT = 40_000
-"""States, all levels together, past which a search gives up (:class:`TooManyStates`): a threshold far below the
-optimum is costly, one nearer costs less (the caller tries one)."""
+"""States, all levels together, past which a search gives up (:class:`TooManyStates`; the caller hands that core to
+the MILP): a few tens of milliseconds of search."""
 
 
 class Core:
@@ -73,49 +73,12 @@ class Core:
         self.firm = [np.flatnonzero(kinds[:, k] & on_one) for k in range(T)]  # (the others with no choice left stop)
         self.base = float(stop.sum())
         self.rows = [_row(gain[self.firm[k], k], int(self.caps[k])) for k in range(T)]
-
-        hesitant = np.flatnonzero(~on_one)
-        charge = np.zeros(J)
-        if hesitant.size:
-            per_type = np.where(keep, gain - price[None, :, None] * n[None, None, :], -np.inf).max(axis=2)
-            second = np.sort(per_type, axis=1)[:, -2]
-            charge = np.where(may_stop, np.maximum(second, 0.0), second)
-            # Valuable jobs torn between types first, fewer choices first among like ones: pruning bites early.
-            choices = keep[hesitant].sum(axis=(1, 2))
-            decade = np.floor(np.log10(np.maximum(charge[hesitant], 1.0)))
-            hesitant = hesitant[np.lexsort((hesitant, choices, -decade))]
+        hesitant, charge = _order(np.flatnonzero(~on_one), keep, may_stop, gain - price[None, :, None] * n[None, None, :])
         self.order = hesitant
-        H = len(hesitant)
-        self.charges = np.concatenate([np.cumsum(charge[hesitant][::-1])[::-1], [0.0]])  # Σ μ over jobs h…
-        # bound[h, t, pad + c]: the best of jobs h… and the firm ones on c nodes of t; the −inf pad on the left makes
-        # "more nodes than are left" −inf without a test (past a type's capacity the rows hold values never read).
-        pad, width = W, int(self.caps.max()) + 1
-        bound = np.full((H + 1, T, pad + width), -np.inf)
-        for k in range(T):
-            bound[H, k, pad : pad + self.caps[k] + 1] = self.rows[k]
-        tables = gain[hesitant] - charge[hesitant][:, None, None]
-        tables[:, :, 0] = 0.0  # not on this type (a type the job cannot use adds nothing)
-        counts = np.isfinite(tables[:, :, 1:]).any(axis=1)
-        for h in range(H - 1, -1, -1):
-            bound[h] = bound[h + 1]
-            for c in np.flatnonzero(counts[h]) + 1:
-                np.maximum(bound[h, :, pad + c :], bound[h + 1, :, pad : pad + width - c] + tables[h, :, c, None], out=bound[h, :, pad + c :])
-        self.bound = bound.reshape(H + 1, -1)
-        self.offsets = np.arange(T) * (pad + width) + pad  # where each type's row starts (0 nodes left)
+        self.charges = np.concatenate([np.cumsum(charge[::-1])[::-1], [0.0]])  # Σ μ over jobs h…
+        self.bound, self.offsets = _bounds(self.rows, gain[hesitant] - charge[:, None, None], self.caps)
         self.root = self.base + self.charges[0] + float(self.bound[0][self.offsets + self.caps].sum())
-        dims = (self.caps + 1).astype(np.int64)
-        strides = np.array([int(np.prod(dims[k + 1 :])) for k in range(T)], dtype=np.int64)
-        # Per hesitant job, each choice left (stopping first where allowed): type, count, gain, key step, nodes taken.
-        h_of, kk, cc = np.nonzero(keep[hesitant])
-        stops = np.flatnonzero(may_stop[hesitant])
-        h_of = np.concatenate([stops, h_of])
-        order = np.argsort(h_of, kind="stable")
-        h_of, kk, cc = h_of[order], np.concatenate([np.zeros(len(stops), dtype=int), kk])[order], np.concatenate([np.zeros(len(stops), dtype=int), cc])[order]
-        gains = np.where(cc > 0, gain[hesitant[h_of], kk, cc], 0.0)
-        taken = np.zeros((len(kk), T), dtype=np.int64)
-        taken[np.arange(len(kk)), kk] = cc
-        self.starts = np.searchsorted(h_of, np.arange(H + 1))
-        self.choices = kk, cc, gains, cc * strides[kk], taken
+        self.starts, self.choices = _choices(keep[hesitant], may_stop[hesitant], gain[hesitant], self.caps)
 
     def search(self, theta: float) -> Solution | None:
         """The best solution worth at least ``theta`` (None: there is none); :class:`TooManyStates` past the limit."""
@@ -134,7 +97,7 @@ class Core:
         trail: list[tuple[np.ndarray, np.ndarray]] = []
         total = 0
         for h in range(len(self.order)):
-            moves = tuple(x[self.starts[h] : self.starts[h + 1]] for x in self.choices)
+            moves = self._moves(h)
             bound = self._expand(h, moves, states)
             if h == len(self.order) - 1:
                 return self._finish(bound, trail, theta)
@@ -210,6 +173,58 @@ class Core:
                 for j, c in zip(firm.tolist(), _knapsack([self.gain[j, k] for j in firm], int(self.caps[k] - used[k]))):
                     types[j], counts[j] = k, c
         return types, counts
+
+
+def _order(hesitant: np.ndarray, keep: np.ndarray, may_stop: np.ndarray, reduced: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The hesitant jobs in search order and their charges μ (each one's reduced gain on its second-best type at the
+    prices, ≥ 0 where it may stop: the decomposition is a valid bound for any such μ). Valuable jobs torn between
+    types first, fewer choices first among like ones: pruning bites early."""
+    if not hesitant.size:
+        return hesitant, np.zeros(0)
+    per_type = np.where(keep[hesitant], reduced[hesitant], -np.inf).max(axis=2)
+    second = np.sort(per_type, axis=1)[:, -2]
+    charge = np.where(may_stop[hesitant], np.maximum(second, 0.0), second)
+    decade = np.floor(np.log10(np.maximum(charge, 1.0)))
+    order = np.lexsort((hesitant, keep[hesitant].sum(axis=(1, 2)), -decade))
+    return hesitant[order], charge[order]
+
+
+def _bounds(rows: list[np.ndarray], tables: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``bound[h]``: per type, the best of the hesitant jobs h… (``tables``: gains less the charge) and the firm jobs
+    (``rows``) on c nodes of it, every c; and where each type's row starts in a flattened level. A −inf pad on the
+    left of each row makes "more nodes than are left" −inf without a test (past a type's capacity the rows hold
+    values never read)."""
+    H, T, W = tables.shape
+    pad, width = W, int(caps.max()) + 1
+    bound = np.full((H + 1, T, pad + width), -np.inf)
+    for k in range(T):
+        bound[H, k, pad : pad + caps[k] + 1] = rows[k]
+    tables = tables.copy()
+    tables[:, :, 0] = 0.0  # not on this type (a type the job cannot use adds nothing)
+    counts = np.isfinite(tables[:, :, 1:]).any(axis=1)
+    for h in range(H - 1, -1, -1):
+        bound[h] = bound[h + 1]
+        for c in np.flatnonzero(counts[h]) + 1:
+            np.maximum(bound[h, :, pad + c :], bound[h + 1, :, pad : pad + width - c] + tables[h, :, c, None], out=bound[h, :, pad + c :])
+    return bound.reshape(H + 1, -1), np.arange(T) * (pad + width) + pad
+
+
+def _choices(keep: np.ndarray, may_stop: np.ndarray, gain: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Each hesitant job's choices left, stopping first where allowed, as flat arrays (type, count, gain, step of the
+    state key, nodes taken per type), and where each job's choices start."""
+    H, T, _ = keep.shape
+    dims = caps + 1
+    strides = np.array([int(np.prod(dims[k + 1 :])) for k in range(T)], dtype=np.int64)
+    job, kind, count = np.nonzero(keep)
+    stops = np.flatnonzero(may_stop)
+    job = np.concatenate([stops, job])
+    order = np.argsort(job, kind="stable")
+    none = np.zeros(len(stops), dtype=int)
+    job, kind, count = job[order], np.concatenate([none, kind])[order], np.concatenate([none, count])[order]
+    gains = np.where(count > 0, gain[job, kind, count], 0.0)
+    taken = np.zeros((len(kind), T), dtype=np.int64)
+    taken[np.arange(len(kind)), kind] = count
+    return np.searchsorted(job, np.arange(H + 1)), (kind, count, gains, count * strides[kind], taken)
 
 
 def _convolve(row: np.ndarray, table: np.ndarray) -> np.ndarray:
