@@ -761,6 +761,33 @@ def test_the_grid_dp_of_a_small_machine_matches_highs_with_hundreds_of_jobs():
         assert same(worth_of(tables, caps, choices), value, 1e-9)
 
 
+def test_the_typed_prices_are_near_the_lp_relaxation():
+    """Any prices bound the optimum, but the search is fast only with prices near the LP relaxation's optimum: the
+    bound at the smoothed-and-polished prices is the LP's value (HiGHS) within 0.1 % (mostly within 1e-10)."""
+    from scipy.optimize import linprog
+
+    from pilotfill.allocator.typeprices import prices
+
+    rng = random.Random(23)
+    for _ in range(10):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(3, 7), rng.randint(40, 80), types, widest=8)
+        demand = sum(max(len(tb) - 1 for tb in job.values()) for job in tables)
+        cap = np.array([rng.randint(demand // 12, demand // 4) for _ in types], dtype=float)
+        values, stop = typed_module._matrix(tables, dict(zip(types, cap.astype(int))), types)
+        J, T, W = values.shape
+        gain = values - stop[:, None, None]
+        price, _ = prices(gain, np.ones(J), cap)
+        n = np.arange(W)
+        upper = float(price @ cap + np.maximum(0.0, np.where(n > 0, gain - price[None, :, None] * n, -np.inf).reshape(J, -1).max(axis=1)).sum())
+        j, k, c = np.nonzero(np.isfinite(gain) & (n > 0))
+        rows = np.zeros((J + T, len(j)))
+        rows[j, np.arange(len(j))] = 1.0
+        rows[J + k, np.arange(len(j))] = c
+        lp = -linprog(-gain[j, k, c], A_ub=rows, b_ub=np.concatenate([np.ones(J), cap]), bounds=(0, None), method="highs").fun
+        assert lp - 1e-9 * abs(lp) <= upper <= lp + 1e-3 * abs(lp), f"bound {upper} at the prices vs LP {lp}"
+
+
 def test_copies_tied_between_types_fill_both_types():
     # 30 copies of a model worth the same per node on both types (every split is an optimum) and 10 of one a little
     # better on v100: the v100 model takes v100 first, the copies take every node left.

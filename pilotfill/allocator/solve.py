@@ -2,8 +2,9 @@
 
 The formulation is chosen as DESIGN says: the exact DP where it applies (one
 node type per job), the exact typed solver where jobs choose among node types
-(a node price per type, reduced-cost fixing and the DP per type on the core:
-:mod:`.typed`), the aggregated MILP where neither can answer; the node-level
+(a node price per type, reduced-cost fixing and an exact search over the jobs
+torn between types: :mod:`.typed`), the aggregated MILP where neither can
+answer; the node-level
 model and the greedy heuristic only on request. A solver that fails or runs out of time
 falls back to its incumbent, else to greedy: the caller is never left without
 an answer and the controller loop never stalls on a solver.
@@ -109,7 +110,8 @@ def _dp(problem: Problem) -> Allocation | None:
 
 
 def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
-    """The exact solver across node types (:mod:`.typed`); None when its core is too large for it (the MILP then)."""
+    """The exact solver across node types (:mod:`.typed`); None when a one-type knapsack inside it is too large for
+    the DP (:class:`.dp.TooLarge`: the MILP then)."""
     all_tables = value_tables(problem)
     capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     if not capacities:
