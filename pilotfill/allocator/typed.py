@@ -123,7 +123,7 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
     for keep in (core.keep, None):
         if keep is None:
             keep = Core(values, stop, caps, price, upper, best.value - slack).keep
-        ts, ns, value, proven = _milp(values, stop, caps, keep, time_limit_s)
+        ts, ns, value, proven = _milp(values, stop, caps, keep, time_limit_s / 2)  # two tries at most: the limit holds
         if proven and value >= theta:
             return Solution(value, lambda: (ts, ns)), "dp+milp"
         theta = best.value - slack
