@@ -577,6 +577,230 @@ def test_typed_solver_is_exact_against_the_milp_on_random_instances():
         assert same(agg.objective, mi.objective), f"typed {agg.objective} ({agg.method}) vs MILP {mi.objective}"
 
 
+# --------------------------------------------------------------------------- the typed solver on its own tables
+
+
+def random_typed_tables(rng: random.Random, n_models: int, n_jobs: int, types: list[str], widest: int = 4) -> list[dict[str, np.ndarray]]:
+    """Tables shaped like the hard decisions of the benchmark: a few models, each with many waiting copies (identical
+    tables), worths that differ by orders of magnitude between models (the weakest worth less than any gap), models
+    torn between types (per-node rates within 3 %), and running jobs with tables of their own (a stop and a move
+    cost, a resize costs)."""
+    models = []
+    for _ in range(n_models):
+        scale = 10 ** rng.uniform(0.0, 5.0)
+        lo = rng.choice([1, 1, 2])
+        hi = rng.choice([lo, lo + 1, max(lo, widest)])
+        base, f = rng.uniform(0.5, 1.5), rng.uniform(0.0, 0.4)
+        torn = rng.random() < 0.6
+        curves = {}
+        for t in types:
+            if rng.random() < 0.15:
+                continue  # it does not run on this type
+            speed = base * (rng.uniform(0.97, 1.03) if torn else rng.uniform(0.3, 2.0))
+            curves[t] = [scale * speed * n / (1.0 + f * (n - 1)) for n in range(hi + 1)]
+        models.append((lo, curves or {types[0]: [scale * n for n in range(hi + 1)]}))
+    tables = []
+    for _ in range(n_jobs):
+        lo, curves = rng.choice(models)
+        running = rng.random() < 0.3
+        on = rng.choice(list(curves)) if running else None
+        size = rng.randint(lo, len(next(iter(curves.values()))) - 1) if running else 0
+        worth = max(max(c) for c in curves.values())
+        stop, resize, move = (-rng.uniform(0.0, 0.3) * worth, rng.uniform(0.0, 0.2) * worth, rng.uniform(0.0, 0.3) * worth) if running else (0.0, 0.0, 0.0)
+        job = {}
+        for t, c in curves.items():
+            tb = np.array([stop] + c[1:])
+            tb[1:] -= resize * (np.arange(1, len(c)) != size) if t == on else move
+            tb[1:lo] = -np.inf
+            job[t] = tb
+        tables.append(job)
+    return tables
+
+
+def reference_optimum(tables: list[dict[str, np.ndarray]], caps: dict[str, int]) -> float:
+    """The optimum by a plain DP over the nodes of each type taken so far, every job and every choice: slow, exact."""
+    types = sorted(caps)
+    states = {(0,) * len(types): 0.0}
+    for job in tables:
+        stop = float(next(iter(job.values()))[0])
+        nxt: dict[tuple[int, ...], float] = {}
+        for used, worth in states.items():
+            options = [(used, worth + stop)]
+            for k, t in enumerate(types):
+                for n, v in enumerate(job.get(t, [])[1:], start=1):
+                    if math.isfinite(v) and used[k] + n <= caps[t]:
+                        options.append((used[:k] + (used[k] + n,) + used[k + 1 :], worth + float(v)))
+            for key, v in options:
+                if v > nxt.get(key, -math.inf):
+                    nxt[key] = v
+        states = nxt
+    return max(states.values())
+
+
+def worth_of(tables: list[dict[str, np.ndarray]], caps: dict[str, int], choices) -> float:
+    """What ``choices`` are worth by the tables, checking that they fit every type."""
+    used = {t: 0 for t in caps}
+    total = 0.0
+    for job, c in zip(tables, choices):
+        if c.count == 0:
+            total += float(next(iter(job.values()))[0])
+        else:
+            total += float(job[c.node_type][c.count])
+            used[c.node_type] += c.count
+    assert all(used[t] <= caps[t] for t in caps), f"{used} on {caps}"
+    return total
+
+
+@pytest.mark.parametrize("grid", [True, False], ids=["grid DP", "prices and search"])
+def test_typed_solver_matches_a_plain_dp_on_small_instances_with_copies_and_torn_jobs(grid, monkeypatch):
+    from pilotfill.allocator import typegrid
+
+    if not grid:
+        monkeypatch.setattr(typegrid, "CELLS", 0)  # the path of larger machines, on instances the reference can check
+    rng = random.Random(7)
+    for _ in range(300):
+        types = ["k80", "p100", "v100"][: rng.choice([2, 3])]
+        tables = random_typed_tables(rng, rng.randint(1, 3), rng.randint(2, 9), types)
+        caps = {t: rng.randint(0, 7) for t in types}
+        choices, value, _ = typed_module.solve(tables, caps)
+        best = reference_optimum(tables, caps)
+        assert same(value, best, 1e-9), f"typed {value} vs plain DP {best} on {caps}"
+        assert same(worth_of(tables, caps, choices), value, 1e-9)
+
+
+def test_typed_solver_reaches_highs_optimum_on_medium_instances_with_many_copies(monkeypatch):
+    """Dozens of jobs from a handful of models, capacity far below demand: the core search decides (counted below),
+    and its answer is HiGHS's proven optimum, never worse."""
+    from pilotfill.allocator import typecore
+
+    searched = []
+    real = typecore.Core.search
+    monkeypatch.setattr(typecore.Core, "search", lambda self, theta: searched.append(len(self.order)) or real(self, theta))
+    rng = random.Random(11)
+    for _ in range(30):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(3, 7), rng.randint(30, 70), types, widest=8)
+        demand = sum(max(len(tb) - 1 for tb in job.values()) for job in tables)
+        caps = {t: rng.randint(demand // 12, demand // 4) for t in types}
+        choices, value, how = typed_module.solve(tables, caps)
+        _, reference, proven = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
+        assert proven and how == "dp"
+        assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)), f"typed {value} vs HiGHS {reference}"
+        assert same(worth_of(tables, caps, choices), value, 1e-9)
+    assert sum(1 for h in searched if h > 0) >= 10  # the search over hesitant jobs ran, not only the first answer
+
+
+def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing_below_it():
+    from pilotfill.allocator import typecore
+    from pilotfill.allocator.typeprices import prices
+
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(150):
+        types = ["k80", "p100", "v100"][: rng.choice([2, 3])]
+        tables = random_typed_tables(rng, rng.randint(1, 3), rng.randint(3, 9), types)
+        caps = {t: rng.randint(1, 7) for t in types}
+        best = reference_optimum(tables, caps)
+        values, stop = typed_module._matrix(tables, caps, types)
+        cap = np.array([caps[t] for t in types], dtype=float)
+        price, _ = prices(values - stop[:, None, None], np.ones(len(tables)), cap)
+        n = np.arange(values.shape[2])
+        reduced = values - price[None, :, None] * n[None, None, :]
+        reduced[:, :, 0] = -np.inf
+        upper = float(price @ cap + np.maximum(stop, reduced.reshape(len(tables), -1).max(axis=1)).sum())
+        assert upper >= best - 1e-9 * max(1.0, abs(best))  # any prices bound the optimum
+        for theta in (best - 0.5 * abs(best) - 1.0, best - 1e-6 * max(1.0, abs(best)), best + 1e-6 * max(1.0, abs(best))):
+            core = typecore.Core(values, stop, cap, price, upper, theta)
+            assert theta > best or core.root >= best - 1e-9 * max(1.0, abs(best))  # the bound never cuts off the optimum
+            found = core.search(theta)
+            if theta > best:
+                assert found is None
+                continue
+            assert found is not None and same(found.value, best, 1e-9), f"search {found and found.value} vs {best}"
+            ts, ns = found.spell()
+            assert same(float(np.where(ns > 0, values[np.arange(len(ns)), ts, ns], stop).sum()), best, 1e-9)
+            dived = core.dive(theta, 2)
+            assert dived is None or dived.value <= best + 1e-9 * max(1.0, abs(best))
+            checked += bool(len(core.order))
+    assert checked >= 50  # cores with jobs torn between types
+
+
+def test_typed_solver_falls_back_to_the_milp_on_a_core_too_large_for_the_search(monkeypatch):
+    from pilotfill.allocator import typecore, typegrid
+
+    monkeypatch.setattr(typecore, "STATE_LIMIT", 0)
+    monkeypatch.setattr(typegrid, "CELLS", 0)
+    rng = random.Random(5)
+    fell_back = 0
+    for _ in range(60):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(2, 4), rng.randint(6, 12), types)
+        caps = {t: rng.randint(1, 6) for t in types}
+        choices, value, how = typed_module.solve(tables, caps, time_limit_s=30.0)
+        fell_back += how == "dp+milp"
+        assert same(value, reference_optimum(tables, caps), 1e-9)
+        assert same(worth_of(tables, caps, choices), value, 1e-9)
+    assert fell_back >= 10
+
+
+def test_the_grid_dp_of_a_small_machine_matches_highs_with_hundreds_of_jobs():
+    """A few tens of idle nodes and a hundred jobs from a few models: the DP over the grid of node counts per type
+    (:mod:`pilotfill.allocator.typegrid`) answers, and its answer is HiGHS's proven optimum."""
+    from pilotfill.allocator import typegrid
+
+    rng = random.Random(17)
+    for _ in range(6):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(4, 8), 100, types, widest=8)
+        caps = {t: rng.randint(4, 16) for t in types}
+        assert typegrid.fits(np.array([caps[t] for t in types], dtype=float))
+        choices, value, how = typed_module.solve(tables, caps)
+        _, reference, proven = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
+        assert proven and how == "dp"
+        assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)), f"grid {value} vs HiGHS {reference}"
+        assert same(worth_of(tables, caps, choices), value, 1e-9)
+
+
+def test_the_typed_prices_are_near_the_lp_relaxation():
+    """Any prices bound the optimum, but the search is fast only with prices near the LP relaxation's optimum: the
+    bound at the smoothed-and-polished prices is the LP's value (HiGHS) within 0.1 % (mostly within 1e-10)."""
+    from scipy.optimize import linprog
+
+    from pilotfill.allocator.typeprices import prices
+
+    rng = random.Random(23)
+    for _ in range(10):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(3, 7), rng.randint(40, 80), types, widest=8)
+        demand = sum(max(len(tb) - 1 for tb in job.values()) for job in tables)
+        cap = np.array([rng.randint(demand // 12, demand // 4) for _ in types], dtype=float)
+        values, stop = typed_module._matrix(tables, dict(zip(types, cap.astype(int))), types)
+        J, T, W = values.shape
+        gain = values - stop[:, None, None]
+        price, _ = prices(gain, np.ones(J), cap)
+        n = np.arange(W)
+        upper = float(price @ cap + np.maximum(0.0, np.where(n > 0, gain - price[None, :, None] * n, -np.inf).reshape(J, -1).max(axis=1)).sum())
+        j, k, c = np.nonzero(np.isfinite(gain) & (n > 0))
+        rows = np.zeros((J + T, len(j)))
+        rows[j, np.arange(len(j))] = 1.0
+        rows[J + k, np.arange(len(j))] = c
+        lp = -linprog(-gain[j, k, c], A_ub=rows, b_ub=np.concatenate([np.ones(J), cap]), bounds=(0, None), method="highs").fun
+        assert lp - 1e-9 * abs(lp) <= upper <= lp + 1e-3 * abs(lp), f"bound {upper} at the prices vs LP {lp}"
+
+
+def test_copies_tied_between_types_fill_both_types():
+    # 30 copies of a model worth the same per node on both types (every split is an optimum) and 10 of one a little
+    # better on v100: the v100 model takes v100 first, the copies take every node left.
+    even = {"p100": np.array([0.0, 100.0, 190.0]), "v100": np.array([0.0, 100.0, 190.0])}
+    keen = {"p100": np.array([0.0, 50.0, 90.0]), "v100": np.array([0.0, 101.0, 192.0])}
+    tables = [even] * 30 + [keen] * 10
+    caps = {"p100": 17, "v100": 13}
+    choices, value, _ = typed_module.solve(tables, caps)
+    assert same(value, reference_optimum(tables, caps), 1e-12)
+    assert same(worth_of(tables, caps, choices), value, 1e-12)
+    assert sum(c.count for c in choices) == 30
+
+
 # --------------------------------------------------------------------------- greedy and fallbacks
 
 

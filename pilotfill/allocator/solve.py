@@ -2,8 +2,9 @@
 
 The formulation is chosen as DESIGN says: the exact DP where it applies (one
 node type per job), the exact typed solver where jobs choose among node types
-(a node price per type, reduced-cost fixing and the DP per type on the core:
-:mod:`.typed`), the aggregated MILP where neither can answer; the node-level
+(a node price per type, reduced-cost fixing and an exact search over the jobs
+torn between types: :mod:`.typed`), the aggregated MILP where neither can
+answer; the node-level
 model and the greedy heuristic only on request. A solver that fails or runs out of time
 falls back to its incumbent, else to greedy: the caller is never left without
 an answer and the controller loop never stalls on a solver.
@@ -106,7 +107,8 @@ def _dp(problem: Problem) -> Allocation | None:
 
 
 def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
-    """The exact solver across node types (:mod:`.typed`); None when its core is too large for it (the MILP then)."""
+    """The exact solver across node types (:mod:`.typed`); None when a one-type knapsack inside it is too large for
+    the DP (:class:`.dp.TooLarge`: the MILP then)."""
     all_tables = value_tables(problem)
     capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     if not capacities:
@@ -115,12 +117,8 @@ def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
     for job_tables in all_tables:
         mine = {t.node_type: t.values for t in job_tables if t.node_type in capacities}
         tables.append(mine or {next(iter(capacities)): job_tables[0].values[:1]})
-    hint = []
-    for job in problem.jobs:
-        held = problem.held_by_type(job)
-        hint.append(next(iter(held)) if len(held) == 1 else None)
     try:
-        choices, _, how = typed.solve(tables, capacities, time_limit_s, hint)
+        choices, _, how = typed.solve(tables, capacities, time_limit_s)
     except dp.TooLarge:
         return None
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}

@@ -117,6 +117,7 @@ def value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
 def _value_tables(problem: Problem) -> tuple[list[list[ValueTable]], dict[str, tuple[list[int], np.ndarray]]]:
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     held = [problem.held_by_type(job) for job in problem.jobs]
+    rate_now = [current_rate(job, h) if h else 0.0 for job, h in zip(problem.jobs, held)]
     by_type: dict[str, list[int]] = {}
     for i, job in enumerate(problem.jobs):
         for t in job.throughput:
@@ -129,33 +130,17 @@ def _value_tables(problem: Problem) -> tuple[list[list[ValueTable]], dict[str, t
         caps = [min(job.max_nodes, size) for job in jobs]
         current = [held[i].get(t, 0) for i in members]
         # The rate now: on this type, within its bounds, and on no other type (else it is not running validly).
-        rates = [current_rate(job, held[i]) if c else 0.0 for job, i, c in zip(jobs, members, current)]
+        rates = [rate_now[i] if c else 0.0 for i, c in zip(members, current)]
         matrix = _batch(jobs, t, caps, current, rates, problem.t_fwd)
+        # A job running on another type gets here by a stop (what stopping loses, at its rate now) and a start: the
+        # row was made as for a job not running anywhere, so the stop is charged on every count, 0 (stopping) included.
+        moving = [k for k, i in enumerate(members) if any(c > 0 and u != t for u, c in held[i].items())]
+        if moving:
+            matrix[moving] -= np.array([jobs[k].weight * (jobs[k].scale_down_cost_s + jobs[k].restart_cost_s) * rate_now[members[k]] for k in moving])[:, None]
         matrices[t] = (members, matrix)
         for i, cap, row in zip(members, caps, matrix):
             rows[(i, t)] = row[: cap + 1]
-    out: list[list[ValueTable]] = []
-    for i, job in enumerate(problem.jobs):
-        h = held[i]
-        tables = []
-        for t in job.throughput:
-            table = ValueTable(job, t, h.get(t, 0), rows[(i, t)])
-            if h and any(c > 0 and u != t for u, c in h.items()):
-                _as_a_move(table, job, current_rate(job, h))
-            tables.append(table)
-        out.append(tables)
-    return out, matrices
-
-
-def _as_a_move(table: ValueTable, job: Job, rate_now: float) -> None:
-    """``table`` is for a type the job does not run on now, though it runs on another: getting there is a stop (what
-    stopping loses, at its rate now) and a start; 0 nodes is stopping, the same value as on its own type."""
-    loss = job.weight * (job.scale_down_cost_s + job.restart_cost_s) * rate_now
-    values = table.values
-    # The row was made as for a job not running here (no penalty); charge the stop on every count, 0 included.
-    finite = np.isfinite(values)
-    values[finite] -= loss
-    values[0] = -loss
+    return [[ValueTable(job, t, held[i].get(t, 0), rows[(i, t)]) for t in job.throughput] for i, job in enumerate(problem.jobs)], matrices
 
 
 def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> np.ndarray:

@@ -1,0 +1,64 @@
+"""The typed problem on a small machine, exactly: a DP over how many nodes of every type the jobs take.
+
+When few nodes are idle (tens of each type) and hundreds of jobs want them, the LP relaxation is loose — a job
+of 8 nodes is worth its fraction there — so the bound-driven search of :mod:`.typecore` has little to prune, while
+the grid of node counts per type is small: a few thousand cells. Then the plain DP over that grid, one shifted
+maximum per job and choice, is exact and cheaper than pricing and searching.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+CELLS = 5_000
+"""Largest grid (∏ (nodes of a type + 1)) the DP takes on."""
+
+
+def fits(caps: np.ndarray) -> bool:
+    """Whether the grid of node counts per type is small enough for :func:`solve`."""
+    return float(np.prod(caps + 1)) <= CELLS
+
+
+def solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A type index and a count per job (count 0: stopped) maximising the total: ``values[j, t, n]`` is job j's worth
+    on n nodes of type t (−inf where not allowed; n = 0 unused), ``stop[j]`` its worth stopped."""
+    J, T, W = values.shape
+    dims = tuple(int(c) + 1 for c in caps)
+    gain = values - stop[:, None, None]
+    allowed = (gain > 0) & (np.arange(W) > 0) & (np.arange(W) < np.array(dims)[:, None])  # a choice worse than stopping never helps
+    j_, t_, n_ = np.nonzero(allowed)
+    cuts = np.searchsorted(j_, np.arange(J + 1))
+    g_ = gain[j_, t_, n_].tolist()
+    t_, n_ = t_.tolist(), n_.tolist()
+    moves = [list(zip(t_[a:b], n_[a:b], g_[a:b])) for a, b in zip(cuts[:-1], cuts[1:])]  # per job: (type, count, gain)
+    shift = {}
+    for t in range(T):
+        for n in range(1, dims[t]):
+            to, frm = [slice(None)] * T, [slice(None)] * T
+            to[t], frm[t] = slice(n, None), slice(None, dims[t] - n)
+            shift[t, n] = tuple(to), tuple(frm)
+    grid = np.full(dims, -np.inf)
+    grid[(0,) * T] = 0.0  # exactly these nodes used
+    grids = [grid]
+    for j in range(J):
+        if moves[j]:
+            new = grid.copy()  # stopped
+            for t, n, g in moves[j]:
+                to, frm = shift[t, n]
+                np.maximum(new[to], grid[frm] + g, out=new[to])
+            grid = new
+        grids.append(grid)
+    # Back from the best cell: each job's choice is one that reaches it from the grid before it.
+    cell = np.array(np.unravel_index(int(np.argmax(grid)), dims))
+    types, counts = np.zeros(J, dtype=int), np.zeros(J, dtype=int)
+    for j in range(J - 1, -1, -1):
+        here = grids[j + 1][tuple(cell)]
+        if grids[j][tuple(cell)] == here:
+            continue  # stopped (on a tie too: the nodes stay free)
+        for t, n, g in moves[j]:
+            before = cell.copy()
+            before[t] -= n
+            if before[t] >= 0 and grids[j][tuple(before)] + g == here:
+                types[j], counts[j], cell = t, n, before
+                break
+    return types, counts
