@@ -177,13 +177,21 @@ def _why(path: Path, exc: OSError) -> str:
     return f"{path} cannot be written: {exc.strerror}"
 
 
-def check_journal_writable(run_dir: Path) -> None:
-    """Raise :class:`JournalError` naming the first file of the journal (or its directory) that cannot be written."""
+def journal_unwritable(run_dir: Path) -> str | None:
+    """Why the first file of the journal (or its directory) that cannot be written cannot be; None when all can."""
     run_dir = Path(run_dir)
     for path in (run_dir, *(run_dir / f"{STATE_FILE}{suffix}" for suffix in ("", "-wal", "-shm"))):
         why = unwritable(path)
         if why is not None:
-            raise JournalError(why)
+            return why
+    return None
+
+
+def check_journal_writable(run_dir: Path) -> None:
+    """Raise :class:`JournalError` naming the first file of the journal (or its directory) that cannot be written."""
+    why = journal_unwritable(run_dir)
+    if why is not None:
+        raise JournalError(why)
 
 
 @dataclass(frozen=True)
@@ -311,7 +319,7 @@ class State:
                     self.db.execute("COMMIT")
                 except sqlite3.Error as exc:
                     self._rollback()
-                    raise JournalError(f"{self.path}: cannot commit: {exc}") from None
+                    raise JournalError(self._failed("commit", exc)) from None
 
     def _write(self, sql: str, args: tuple | list = (), many: bool = False) -> sqlite3.Cursor:
         try:
@@ -323,7 +331,12 @@ class State:
             if self._began:
                 self._began = False
                 self._rollback()
-            raise JournalError(f"{self.path}: cannot write: {exc}") from None
+            raise JournalError(self._failed("write", exc)) from None
+
+    def _failed(self, what: str, exc: sqlite3.Error) -> str:
+        """Why a write or commit failed, naming the file: SQLite says only "disk I/O error" or "readonly database"
+        when a journal file became immutable or its filesystem read-only, so the files are asked."""
+        return journal_unwritable(self.path.parent) or f"{self.path}: cannot {what}: {exc}"
 
     def _rollback(self) -> None:
         self._rows.clear()

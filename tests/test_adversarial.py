@@ -446,6 +446,21 @@ def immutable(tmp_path):
         subprocess.run(["chattr", "-i", str(path)], capture_output=True)
 
 
+def test_a_commit_refused_by_an_immutable_journal_file_names_the_file_not_a_bare_io_error(tmp_path, immutable):
+    """Seen in CI: with the WAL made immutable while the controller ran, SQLite said only 'disk I/O error' at the
+    commit, and the run ended without saying which file or why. The error now asks the files."""
+    from pilotfill.state import JournalError
+
+    state = State(tmp_path)
+    with state.transaction():
+        state.set_meta("before", "1")
+    immutable(tmp_path / "state.sqlite-wal")  # not the mapped -shm: writing it would kill this process (SIGBUS)
+    with pytest.raises(JournalError) as raised:
+        with state.transaction():
+            state.set_meta("after", "1")
+    assert "immutable (chattr +i)" in str(raised.value) and "state.sqlite" in str(raised.value), raised.value
+
+
 def test_state_files_made_immutable_mid_run_end_the_campaign_with_what_and_where(tmp_path, fast, immutable):
     """Seen: the controller died of SIGBUS (SQLite writes its mapped -shm file), was restarted, and the run ended with a
     raw 'Operation not permitted'. Now the campaign ends with one line naming the file and what is wrong with it."""

@@ -71,9 +71,19 @@ class ScalingCurve:
 
     @classmethod
     def from_table(cls, rates: Iterable[float]) -> ScalingCurve:
-        """A curve through the rates at 0, 1, 2, … nodes, keeping only its corners."""
-        rates = [float(r) for r in rates]
-        return cls(*compress_linear(list(range(len(rates))), rates))
+        """A curve through the rates at 0, 1, 2, … nodes, keeping only its corners.
+
+        Checked as one array (JPA makes hundreds of curves in one decision): counts from 0 up, rates finite and
+        non-negative; a table that is not is checked point by point, for the message."""
+        r = np.asarray(rates, dtype=float)
+        if r.ndim != 1 or len(r) < 2 or not np.isfinite(r).all() or (r < 0).any():
+            values = [float(v) for v in np.ravel(r)]
+            return cls(*compress_linear(list(range(len(values))), values))
+        keep = _corners(np.arange(len(r), dtype=float), r)
+        curve = object.__new__(cls)
+        object.__setattr__(curve, "nodes", tuple(np.flatnonzero(keep).tolist()))
+        object.__setattr__(curve, "values", tuple(r[keep].tolist()))
+        return curve
 
     def speedup(self) -> ScalingCurve:
         """This curve divided by its rate at the first positive count (BFTrainer's speedup metric)."""
@@ -87,12 +97,18 @@ def compress_linear(xs: list[int], ys: list[float], rel_tol: float = 1e-12) -> t
     """Drop interior points that lie on the line through their neighbours (vectorised: JPA makes curves often)."""
     if len(xs) <= 2:
         return tuple(int(x) for x in xs), tuple(float(y) for y in ys)
-    x = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
-    predicted = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])
-    scale = np.maximum.reduce([np.ones_like(predicted), np.abs(y[1:-1]), np.abs(y[:-2]), np.abs(y[2:])])
-    keep = np.concatenate([[True], np.abs(predicted - y[1:-1]) > rel_tol * scale, [True]])
+    keep = _corners(np.asarray(xs, dtype=float), y, rel_tol)
     return tuple(int(v) for v in np.asarray(xs)[keep]), tuple(float(v) for v in y[keep])
+
+
+def _corners(x: np.ndarray, y: np.ndarray, rel_tol: float = 1e-12) -> np.ndarray:
+    """Which points are corners: the ends, and every interior point off the line through its neighbours."""
+    if len(x) <= 2:
+        return np.ones(len(x), dtype=bool)
+    predicted = y[:-2] + (y[2:] - y[:-2]) * (x[1:-1] - x[:-2]) / (x[2:] - x[:-2])
+    scale = np.maximum(np.maximum(1.0, np.abs(y[1:-1])), np.maximum(np.abs(y[:-2]), np.abs(y[2:])))
+    return np.concatenate([[True], np.abs(predicted - y[1:-1]) > rel_tol * scale, [True]])
 
 
 def _per_type(curves: ScalingCurve | Mapping[str, ScalingCurve] | None) -> dict[str, ScalingCurve] | None:
