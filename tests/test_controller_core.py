@@ -344,3 +344,30 @@ def test_the_pilots_question_on_a_saturated_machine_is_answered_without_a_solve_
         assert not solves, "answered with a solve"
         _, _, solved = ctl._solve(len(ctl.world.ready) + extra, extra)
         assert shortcut == sum(solved.counts.values()) == len(ctl.world.ready) + extra
+
+
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_large_decision_sizes_the_pilots_in_the_next_pass_with_replies_between(tmp_path, write, monkeypatch, apart):
+    """At machine scale the decision and the pilots' question are two solves of the whole machine: a decision that
+    weighs many jobs leaves the sizing to the loop's next pass (``busy`` says to step again at once), so requests that
+    arrived meanwhile are answered between them. The pilots asked for are the same either way."""
+    from pilotfill.controller import core
+
+    if apart:
+        monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
+    m = Machine(tmp_path, write, 8, [linear("a", 1, 4, 100), linear("b", 1, 4, 100), linear("c", 1, 4, 100)])
+    m.submit("a")
+    m.submit("b")
+    m.ctl.step(m.now)
+    asked = m.events("pilot.submitted")
+    assert m.ctl.busy is apart and (asked == []) is apart
+    m.submit("c")  # a request between the two passes: answered before the sizing
+    m.ctl.step(m.now)
+    assert m.events("pilot.submitted")
+    # Apart, c changed the world after the decision: the sizing asks anew, and the decision c needs is owed to the
+    # pass after, which the loop takes at once.
+    assert m.ctl.busy is apart
+    m.at(0)
+    assert not m.ctl.busy
+    assert sum(e["data"]["nodes"] for e in m.events("pilot.submitted")) == 8
+    assert sum(len(m.job(n).nodes) for n in "abc") == 8 and m.ctl.world.counters["nodes_released"] == 0

@@ -52,12 +52,14 @@ class HoldModel:
     keep: int = KEEP
     _order: deque[float] = field(default_factory=deque)  # arrival order, to forget the oldest
     _sorted: list[float] = field(default_factory=list)
+    _array: np.ndarray | None = field(default=None, repr=False, compare=False)  # _sorted as an array, made again after a change
     
     def observe(self, seconds: float) -> None:
         """A node's hold ended on its own after ``seconds`` (taken back, walltime): not a release of ours."""
         if not (seconds >= 0 and np.isfinite(seconds)):
             return
         self._order.append(seconds)
+        self._array = None
         bisect.insort(self._sorted, seconds)
         if len(self._order) > self.keep:
             old = self._order.popleft()
@@ -72,7 +74,9 @@ class HoldModel:
         a = np.asarray(list(ages), dtype=float)
         if a.size == 0:
             return a
-        d = np.asarray(self._sorted, dtype=float)
+        if self._array is None:  # asked once or twice per decision, of up to KEEP holds: not converted each time
+            self._array = np.asarray(self._sorted, dtype=float)
+        d = self._array
         first = np.searchsorted(d, a, side="right")  # holds longer than each age: d[first:]
         longer = d.size - first
         middle = np.minimum(first + np.maximum(longer - 1, 0) // 2, max(d.size - 1, 0))

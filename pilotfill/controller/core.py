@@ -67,6 +67,10 @@ starves heartbeat checks or the allocation, and no reply waits behind more than 
 FLOOD_DEFER_S = 1.0
 """While requests keep arriving in full passes (a burst: a preemption of thousands of nodes), the decision waits for
 the rest of the burst — one decision for all of it, not one per pass — but never longer than this."""
+SIZE_APART_JOBS = 128
+"""A decision weighing at least this many jobs sizes the pilots in the loop's next pass, not in its own: the two
+are the controller's two solves of the whole machine, and replies to the requests that arrived meanwhile go out
+between them, not after both."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -169,6 +173,8 @@ class Controller:
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
+        self._sizing: tuple[Allocation | None, int] | None = None  # a large decision's pilot sizing, for the next pass
+        self._owed = False  # the sizing pass found the world changed: decide in the pass after it, at once
         self._deferred_since: float | None = None
         self._last_idle: int | None = None
         self._pruned_at = self.started
@@ -691,8 +697,15 @@ class Controller:
             idle, moved = self._idle(), False
             if self.types.typed:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
+            self._owed = False
             if self.draining:
-                pass  # stopping: no job starts or grows, no pilot is asked for
+                self._sizing = None  # stopping: no job starts or grows, no pilot is asked for
+            elif self._sizing is not None:
+                answer, _ = self._sizing
+                self._sizing = None
+                self._owed = self.dirty
+                # Its decision's answer still holds unless something has changed since (then it is asked anew).
+                self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
                 if not self._deferring(now):
                     self.decide(now, idle)
@@ -716,8 +729,9 @@ class Controller:
 
     @property
     def busy(self) -> bool:
-        """Batch-system events wait to be handled (a wave larger than one pass): step again without waiting."""
-        return bool(self._backlog)
+        """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
+        decision's pilot sizing waits for the next pass, or that pass found a decision to take."""
+        return bool(self._backlog) or self._sizing is not None or self._owed
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
@@ -861,6 +875,10 @@ class Controller:
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
+            if len(problem.jobs) >= SIZE_APART_JOBS:
+                self._sizing = (answer, idle)
+                self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
+                return answer
         self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, answer, idle_types=self._idle_types_now())
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
