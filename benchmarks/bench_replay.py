@@ -170,25 +170,32 @@ def main() -> None:
     results = []
     began = time.perf_counter()
     runner = Runner(args.data, args.jobs)
-    cells: list[Pending] = []  # every cell is started before any is gathered (with --jobs they run side by side)
+    specs: list[tuple] = []  # (label, machine, demand, seeds, options), in the order they are printed
     if "bftrainer" in parts:
-        cells.append(runner.cell("64 nodes, BFTrainer's setup (at most 10 jobs, T_fwd 10 s, bftrainer accounting)", "64", "shared", args.seeds,
-                                 max_jobs=10, t_fwd=10.0))  # fmt: skip
+        specs.append(("64 nodes, BFTrainer's setup (at most 10 jobs, T_fwd 10 s, bftrainer accounting)", "64", "shared", args.seeds,
+                      dict(max_jobs=10, t_fwd=10.0)))  # fmt: skip
     for part in ("64", "whole"):
         if part not in parts:
             continue
         for accounting in args.accounting or ("bftrainer", "realistic"):
             for delay in args.queue_delay or (0.0, 30.0):
                 label = f"{'64 nodes' if part == '64' else 'whole machine'}, {accounting} accounting, queue delay {delay:g} s"
-                cells.append(runner.cell(label, part, "shared", args.seeds, accounting=accounting, queue_delay_s=delay))
+                specs.append((label, part, "shared", args.seeds, dict(accounting=accounting, queue_delay_s=delay)))
     if "horizon" in parts:  # the learned horizon (every cell above) against BFTrainer's fixed look-ahead, in the realistic setting
         for machine in args.horizon_machine or ["64", "whole"]:
             label = "64 nodes" if machine == "64" else "whole machine"
-            cells.append(runner.cell(f"{label}, realistic accounting, queue delay 30 s, fixed T_fwd = 10 s (compare with the learned horizon above)", machine,
-                                     "shared", args.seeds, accounting="realistic", queue_delay_s=30.0, t_fwd=10.0))  # fmt: skip
+            specs.append((f"{label}, realistic accounting, queue delay 30 s, fixed T_fwd = 10 s (compare with the learned horizon above)", machine,
+                          "shared", args.seeds, dict(accounting="realistic", queue_delay_s=30.0, t_fwd=10.0)))  # fmt: skip
     if "saturating" in parts:
-        cells.append(runner.cell("whole machine, saturating demand (the job file 8 times over, submitted through the week), realistic accounting, queue delay 30 s",
-                                 "whole", "saturating", args.saturating_seeds, accounting="realistic", queue_delay_s=30.0))  # fmt: skip
+        specs.append(("whole machine, saturating demand (the job file 8 times over, submitted through the week), realistic accounting, queue delay 30 s",
+                      "whole", "saturating", args.saturating_seeds, dict(accounting="realistic", queue_delay_s=30.0)))  # fmt: skip
+    # Every cell is started before any is gathered (with --jobs they run side by side), the longest first: the
+    # saturating demand, then the whole machine, so the last to finish is not the longest.
+    started = {i: None for i in sorted(range(len(specs)), key=lambda i: (specs[i][2] != "saturating", specs[i][1] != "whole"))}
+    for i in started:
+        label, machine, demand, seeds, options = specs[i]
+        started[i] = runner.cell(label, machine, demand, seeds, **options)
+    cells = [started[i] for i in range(len(specs))]
     for pending in cells:
         r = pending.result()
         show(r)

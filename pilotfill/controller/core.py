@@ -68,7 +68,7 @@ FLOOD_DEFER_S = 1.0
 """While requests keep arriving in full passes (a burst: a preemption of thousands of nodes), the decision waits for
 the rest of the burst — one decision for all of it, not one per pass — but never longer than this."""
 SIZE_APART_JOBS = 128
-"""A decision weighing at least this many jobs sizes the pilots in the loop's next pass, not in its own: the two
+"""With at least this many open jobs, a decision sizes the pilots in the loop's next pass, not in its own: the two
 are the controller's two solves of the whole machine, and replies to the requests that arrived meanwhile go out
 between them, not after both."""
 MIN_COPIES = 4
@@ -875,7 +875,7 @@ class Controller:
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
-            if len(problem.jobs) >= SIZE_APART_JOBS:
+            if len(self.world.open) >= SIZE_APART_JOBS:
                 self._sizing = (answer, idle)
                 self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
                 return answer
