@@ -173,7 +173,7 @@ class Controller:
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
-        self._sizing: tuple[Allocation | None, int] | None = None  # a large decision's pilot sizing, for the next pass
+        self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass
         self._owed = False  # the sizing pass found the world changed: decide in the pass after it, at once
         self._deferred_since: float | None = None
         self._last_idle: int | None = None
@@ -701,10 +701,9 @@ class Controller:
             if self.draining:
                 self._sizing = None  # stopping: no job starts or grows, no pilot is asked for
             elif self._sizing is not None:
-                answer, _ = self._sizing
-                self._sizing = None
-                self._owed = self.dirty
-                # Its decision's answer still holds unless something has changed since (then it is asked anew).
+                # The last decision's answer still holds unless something changed since (then it is asked anew, and
+                # the decision that change needs is owed to the pass after).
+                answer, self._sizing, self._owed = self._sizing, None, self.dirty
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
                 if not self._deferring(now):
@@ -858,7 +857,8 @@ class Controller:
 
     def decide(self, now: float, idle: int | None = None) -> Allocation | None:
         """Ask the allocator, apply the difference (one runtime call per job that changed), then size
-        the pilots from the same answer: release what no job will use, ask for what is missing."""
+        the pilots from the same answer: release what no job will use, ask for what is missing (with
+        :data:`SIZE_APART_JOBS` open jobs or more, in the loop's next pass)."""
         began = time.perf_counter()
         self.dirty = self.urgent = False
         self._settle_since = self._deferred_since = None
@@ -875,11 +875,10 @@ class Controller:
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
-            if len(self.world.open) >= SIZE_APART_JOBS:
-                self._sizing = (answer, idle)
-                self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
-                return answer
-        self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, answer, idle_types=self._idle_types_now())
+        if len(self.world.open) >= SIZE_APART_JOBS:
+            self._sizing = answer
+        else:
+            self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
 
