@@ -68,7 +68,7 @@ class Machine:
                 assert self.ctl.handle(m)["ok"]
             self.ctl.step(self.now)
             starting = self.scheduler.free and any(p.start_at <= self.now for p in self.scheduler.queued.values())
-            if not messages and not self.scheduler.outbox and not starting:
+            if not messages and not self.scheduler.outbox and not starting and not self.ctl.busy:
                 return
 
     def job(self, name: str):

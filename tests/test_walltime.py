@@ -75,7 +75,7 @@ class Machine:
             for m in messages:
                 assert self.ctl.handle(m)["ok"]
             self.ctl.step(self.now)
-            if not messages and not self.scheduler.outbox:
+            if not messages and not self.scheduler.outbox and not self.ctl.busy:
                 return
 
     def run_to(self, start: int, end: int) -> None:
