@@ -97,6 +97,7 @@ class ControllerConfig:
     bind: str = "127.0.0.1"
     t_fwd: float = 0.0  # 0: the horizon is the nodes' expected hold, learned (allocator/horizon.py); > 0: a fixed look-ahead (BFTrainer's 10 s)
     max_jobs: int = 0  # at most this many jobs considered at once (BFTrainer's setup: 10); 0: as many as the machine can start
+    weigh_waiting: int = 128  # a decision weighs at most this many stopped, measured waiting jobs, the most promising first (as Slurm's bf_max_job_test); 0: all
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
     max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
@@ -164,7 +165,7 @@ class Config:
 
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
-MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "pilot_walltime_s"}
+MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s"}
 RUNTIMES = ("processes", "horovod", "torch")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker

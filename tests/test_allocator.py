@@ -915,6 +915,21 @@ def test_profiler_is_per_job_and_starts_cold():
     assert prof.scales("seen") == {}
 
 
+def test_a_job_trying_a_size_past_every_one_it_reported_at_is_valued_there_as_exploring_expected_until_it_reports():
+    prof = Profiler()
+    prof.observe("j", 2, 2000.0)
+    flat = prof.confirmed("j", 1, 16)
+    assert flat.at(8) == pytest.approx(2000.0)  # one scale seen: nothing is known past it
+    trying = prof.confirmed("j", 1, 16, trying=8)
+    optimistic = prof.curve("j", 1, 16)
+    assert [trying.at(n) for n in range(9)] == pytest.approx([optimistic.at(n) for n in range(9)])
+    assert trying.at(8) == pytest.approx(8000.0) and trying.at(16) == pytest.approx(8000.0)  # flat past it: no growth on hope
+    assert prof.confirmed("j", 1, 16, trying=2) == flat  # at a size it has reported at: what it reported
+    prof.observe("j", 8, 5000.0)
+    assert prof.confirmed("j", 1, 16, trying=8).at(8) == pytest.approx(5000.0, rel=0.02)  # measured there: the reports
+    assert prof.confirmed("j", 1, 16, trying=8) == prof.confirmed("j", 1, 16)
+
+
 def test_a_never_seen_job_starts_on_free_nodes_at_its_minimum():
     prof = Profiler()
     fresh = Job("fresh", 3, 16, prof.confirmed("fresh", 3, 16))

@@ -219,6 +219,37 @@ def test_an_unmeasured_job_starts_on_free_nodes_and_never_evicts_a_measured_one(
     del spec
 
 
+def test_a_job_grown_to_be_measured_keeps_its_nodes_until_it_reports_at_that_size(tmp_path, write):
+    """A learned job grows onto free nodes to measure a larger size (its optimistic curve); then jobs arrive whose
+    known curves would use those nodes better than what it has confirmed. It is not shrunk before a steady report at
+    the new size (judged by its confirmed curve, the next decision takes the nodes back before the measurement the
+    growth paid for, and the one after grows it again: a shrink and a grow every few seconds, each charged); once
+    measured there, its true curve decides."""
+    m = Machine(tmp_path, write, 8, [linear("cold", 1, 8, 1000.0, up=5, down=5)] + [linear(f"b{i}", 1, 1, 400.0) for i in range(7)])
+    job = {"name": "cold", "entry": "pilotfill.replay:simulated", "min_nodes": 1, "max_nodes": 8, "scale_up_cost_s": 5.0, "scale_down_cost_s": 5.0}
+    reply = m.ctl.handle({"type": "job.submit", "spec": job})  # no curve: the profiler learns it
+    m.ids["cold"] = reply["job_id"]
+    grown_at = None
+    for t in range(0, 600, 5):
+        m.at(t)
+        if len(m.job("cold").nodes) == 8:
+            grown_at = t
+            break
+    assert grown_at is not None, "the learned job never grew to explore"
+    assert 8 not in m.ctl.profiler.scales(m.ids["cold"])
+    for i in range(7):
+        m.submit(f"b{i}")
+    sizes = []
+    for t in range(grown_at, grown_at + 120, 2):
+        m.at(t)
+        sizes.append((t, len(m.job("cold").nodes), 8 in m.ctl.profiler.scales(m.ids["cold"])))
+        if sizes[-1][2]:
+            break
+    assert sizes[-1][2], f"never measured at 8 nodes: {sizes}"
+    assert all(n == 8 for _, n, _ in sizes), f"shrunk before it was measured at 8: {sizes}"
+    assert len([e for e in m.events("job.resized") if e.get("job") == m.ids["cold"]]) <= 2
+
+
 def test_the_journal_stays_bounded_as_pilots_come_and_go(tmp_path, write, monkeypatch):
     from pilotfill.controller import core
 
@@ -289,6 +320,37 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     full = allocate(ctl._problem(everyone, 0))
     assert answer.objective == pytest.approx(full.objective, rel=1e-9)
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
+
+
+def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no_more_than_the_limit(tmp_path, write):
+    """Thirty waiting jobs of one node each, each like no other (each has progress to resume), on twelve nodes,
+    with ``controller.weigh_waiting`` 6: no decision weighs more than six of them; the first weighs the six whose
+    nodes earn most among the twelve the machine admits; later ones start the rest, and no node is given back."""
+    import dataclasses
+
+    rates = [(7 * i) % 30 + 1 for i in range(30)]  # every rate once, not in submission order
+    m = Machine(tmp_path, write, 12, [linear(f"j{i}", 1, 1, float(r)) for i, r in enumerate(rates)])
+    m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=6))
+    for name in list(m.specs):
+        m.submit(name)
+        m.job(name).progress = 1.0  # resumes from a checkpoint: not a copy of any other
+    weighed: list[list[float]] = []
+    solve = m.ctl._solve
+
+    def recording(room, extra, without=()):
+        active, problem, answer = solve(room, extra, without)
+        weighed.append(sorted(float(j.spec["curve"]["samples_per_s"][1]) for j in active if not j.nodes))
+        return active, problem, answer
+
+    m.ctl._solve = recording
+    m.at(0)
+    m.at(60)
+    assert weighed and max(len(w) for w in weighed) <= 6
+    first = next(w for w in weighed if w)
+    admitted = sorted(float(r) for r in rates[:12])
+    assert first == admitted[-6:]  # the six best of the first twelve submitted
+    assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 12
+    assert not [e for e in m.events("node.released")]
 
 
 def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of_step():

@@ -159,8 +159,17 @@ class Profiler:
         """The optimistic estimate of ``job_id``'s throughput at 0…max_nodes nodes (see the module docstring)."""
         return self._cached(job_id, (max_nodes, "optimistic", node_type), lambda: self._estimate(job_id, min_nodes, max_nodes, node_type))
 
-    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
-        """What the reports support, with no optimism (see the module docstring)."""
+    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None, trying: int = 0) -> ScalingCurve:
+        """What the reports support, with no optimism (see the module docstring).
+
+        ``trying``: the count the job runs at now. Past every count it has reported at, it grew there to be
+        measured, and it is valued there as exploring expected (the optimistic curve up to ``trying``, flat
+        beyond) until it reports: it keeps those nodes until it is measured, as a job never measured keeps its
+        first ones. Judged by its confirmed curve instead, the next decision would take them back before the
+        measurement the growth was paid for arrives, and the one after would grow it again."""
+        seen = self._seen.get(job_id, {}).get(node_type)
+        if seen and trying > max(seen):
+            return self._cached(job_id, (max_nodes, "trying", node_type, trying), lambda: self._trying(job_id, min_nodes, max_nodes, node_type, trying))
         return self._cached(job_id, (max_nodes, "confirmed", node_type), lambda: self._confirmed(job_id, min_nodes, max_nodes, node_type))
 
     def typed_curves(self, job_id: str, min_nodes: int, max_nodes: int, node_types: list[str], prediction: Prediction,
@@ -240,6 +249,10 @@ class Profiler:
             (n0, t0), = seen.items()
             return ScalingCurve.from_table(t0 * np.minimum(n, n0) / n0)
         return ScalingCurve.from_table(self._fit(job_id, max_nodes, node_type, seen))
+
+    def _trying(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None, trying: int) -> ScalingCurve:
+        optimistic = self.curve(job_id, min_nodes, max_nodes, node_type).table(max_nodes)
+        return ScalingCurve.from_table(np.minimum(optimistic, optimistic[min(trying, max_nodes)]))
 
     def _estimate(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
         seen = self.scales(job_id, node_type)

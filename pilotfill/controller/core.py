@@ -34,6 +34,7 @@ import numpy as np
 from .. import procs
 from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
 from ..allocator import Job as AllocJob
+from ..allocator.values import worth_per_node
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..pilots.launcher import AgentLauncher
@@ -170,6 +171,7 @@ class Controller:
         self._curves: dict[str, ScalingCurve] = {}
         self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
         self._copies: dict[tuple[bool, Hashable], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
+        self._worth: dict[str, tuple[AllocJob, tuple[float, float]]] = {}  # job -> (the view it was bounded on, its worth per node)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
@@ -963,20 +965,31 @@ class Controller:
         when it uses every one weighed, as many as the room could start are
         weighed and it is asked once more. A queue of thousands costs a decision
         what a handful does.
+
+        Waiting jobs like no other (stopped after they were measured: on a
+        saturated machine, thousands) are weighed the most promising first
+        (the most a node earns them, by :func:`..allocator.values.worth_per_node`),
+        at most ``controller.weigh_waiting`` of them: as Slurm's backfill tests
+        at most ``bf_max_job_test`` jobs, a decision stays as fast with a queue
+        of thousands as with a few hundred.
         """
         admitted = self._active(room)
         others: list[Job] = []
         alike: dict[Hashable, list[Job]] = {}
+        waiting: list[Job] = []
         for job in admitted:
             kind = self._kind(job)
-            if kind is None:
-                others.append(job)
-            else:
+            if kind is not None:
                 alike.setdefault(kind, []).append(job)
+            elif job.status != "running" and not job.nodes:
+                waiting.append(job)
+            else:
+                others.append(job)
         # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
         copies = {kind: self._copies.get((extra > 0, kind), MIN_COPIES) for kind in alike}
+        waiting = self._most_promising(waiting, self.config.controller.weigh_waiting)
         while True:
-            active = others + [j for kind, js in alike.items() for j in js[: copies[kind]]]
+            active = others + waiting + [j for kind, js in alike.items() for j in js[: copies[kind]]]
             active.sort(key=lambda j: j.seq)
             problem = self._problem(active, extra, without)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
@@ -993,6 +1006,27 @@ class Controller:
                     used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
                     self._copies[(extra > 0, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
                 return active, problem, answer
+
+    def _most_promising(self, waiting: list[Job], limit: int) -> list[Job]:
+        """The ``limit`` waiting jobs (all when 0 or fewer) whose nodes would earn most (weight × metric(n)/n at
+        its best, by the curve the allocator confirms, then by the one it explores), earlier submissions first
+        among equals."""
+        if limit <= 0 or len(waiting) <= limit:
+            return waiting
+        worth = []
+        for job in waiting:
+            try:
+                view = self._allocator_job(job)
+            except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
+                worth.append((math.inf, math.inf))
+                continue
+            known = self._worth.get(job.id)
+            if known is None or known[0] is not view:
+                known = self._worth[job.id] = (view, worth_per_node(view))
+            worth.append(known[1])
+        values = np.array(worth, dtype=float).reshape(len(waiting), 2)
+        order = np.lexsort((np.arange(len(waiting)), -values[:, 1], -values[:, 0]))[:limit]
+        return [waiting[i] for i in order]
 
     def _kind(self, job: Job) -> Hashable | None:
         """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
@@ -1039,7 +1073,7 @@ class Controller:
         spec = job.spec
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
-        inputs = (job.status, self.profiler.version(job.id), self.types.version(self.world, job))
+        inputs = (job.status, len(job.nodes), self.profiler.version(job.id), self.types.version(self.world, job))
         cached = self._alloc_jobs.get(job.id)
         if cached is not None and cached[0] == inputs:
             made = cached[1]
@@ -1057,7 +1091,7 @@ class Controller:
                 curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
         else:
             explore = self.profiler.curve(job.id, lo, hi)
-            curve = self.profiler.confirmed(job.id, lo, hi)
+            curve = self.profiler.confirmed(job.id, lo, hi, trying=len(job.nodes) if job.status == "running" else 0)
             if job.status == "running" and not self.profiler.measured(job.id):
                 curve = explore  # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
         objective = None
@@ -1207,6 +1241,7 @@ class Controller:
         self._curves.pop(job.id, None)
         self._curves.pop(job.id + "/objective", None)
         self._alloc_jobs.pop(job.id, None)
+        self._worth.pop(job.id, None)
         job.lost = set()
         self.dirty = True
 
