@@ -126,6 +126,10 @@ def test_jpa_per_type_starts_from_the_prediction_and_gives_way_to_reports():
     confirmed, _ = jpa.typed_curves("j", 1, 8, TYPES, p)
     assert confirmed["fast"].at(1) == pytest.approx(900.0)
     assert jpa.measured_types("j") == ["slow", "fast"] or jpa.measured_types("j") == ["fast", "slow"]
+    # Grown on "fast" past every count it reported at there: valued at that count as exploring expected, until it reports.
+    confirmed, optimistic = jpa.typed_curves("j", 1, 8, TYPES, p, trying=("fast", 4))
+    assert confirmed["fast"].at(4) == pytest.approx(optimistic["fast"].at(4)) and confirmed["fast"].at(4) > 900.0 * 1.5
+    assert confirmed["slow"].at(4) == pytest.approx(300.0)  # the other type: what it reported there
 
 
 def test_single_type_jpa_is_unchanged_by_types():

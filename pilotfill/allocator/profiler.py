@@ -173,18 +173,20 @@ class Profiler:
         return self._cached(job_id, (max_nodes, "confirmed", node_type), lambda: self._confirmed(job_id, min_nodes, max_nodes, node_type))
 
     def typed_curves(self, job_id: str, min_nodes: int, max_nodes: int, node_types: list[str], prediction: Prediction,
-                     running_on: str | None = None) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip
+                     running_on: str | None = None, trying: tuple[str, int] | None = None) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip
         """Confirmed and optimistic curves per node type (see the module docstring): the job's own where it has
         reported, else the prediction anchored on its own level elsewhere, bounded by how sure it is; before any
         report anywhere, a token rate (confirmed) and measuring first on the type predicted best (optimistic).
-        ``running_on``: the type it runs on now, not yet measured there (it keeps its nodes until it is)."""
-        key = (max_nodes, "typed", tuple(node_types), id(prediction), running_on)
+        ``running_on``: the type it runs on now, not yet measured there (it keeps its nodes until it is).
+        ``trying``: the type and count it runs at now, where it has reported (see :meth:`confirmed`)."""
+        key = (max_nodes, "typed", tuple(node_types), id(prediction), running_on, trying)
         cache = self._cache.setdefault(job_id, {})
         if key not in cache:
-            cache[key] = self._typed(job_id, min_nodes, max_nodes, node_types, prediction, running_on)
+            cache[key] = self._typed(job_id, min_nodes, max_nodes, node_types, prediction, running_on, trying)
         return cache[key]
 
-    def _typed(self, job_id: str, lo: int, hi: int, types: list[str], prediction: Prediction, running_on: str | None):
+    def _typed(self, job_id: str, lo: int, hi: int, types: list[str], prediction: Prediction, running_on: str | None,
+               trying: tuple[str, int] | None = None):  # fmt: skip
         confirmed: dict[str, ScalingCurve] = {}
         optimistic: dict[str, ScalingCurve] = {}
         measured = [t for t in self.measured_types(job_id) if t in types]
@@ -201,7 +203,7 @@ class Profiler:
         level = self._level(job_id, lo, hi, anchor, prediction)
         for t in types:
             if t in measured:
-                confirmed[t] = self._confirmed(job_id, lo, hi, t)
+                confirmed[t] = self.confirmed(job_id, lo, hi, t, trying=trying[1] if trying and trying[0] == t else 0)
                 optimistic[t] = self._estimate(job_id, lo, hi, t)
                 continue
             if t == running_on:  # started here to be measured: keeps its nodes until it is

@@ -155,8 +155,10 @@ class NodeTypes:
                 raise ValueError(f"job {job.id}: its curves are for node types this machine does not have ({sorted(job.spec['curves'])})")
             return given, None
         lo, hi = job.spec["min_nodes"], job.spec["max_nodes"]
-        running = self.of_nodes(world, job.nodes) if job.status == "running" and not self.profiler.measured(job.id, self.of_nodes(world, job.nodes)) else None
-        return self.profiler.typed_curves(job.id, lo, hi, self.names, self._prediction(job), running)
+        on = self.of_nodes(world, job.nodes) if job.status == "running" else None
+        running = on if job.status == "running" and not self.profiler.measured(job.id, on) else None
+        trying = (on, len(job.nodes)) if on is not None and running is None else None
+        return self.profiler.typed_curves(job.id, lo, hi, self.names, self._prediction(job), running, trying)
 
     @staticmethod
     def check_descriptor(model: Any) -> dict[str, Any]:
