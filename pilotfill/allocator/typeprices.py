@@ -101,7 +101,9 @@ def _newton(flat, weight, caps, counts, kind, price, tau):
         scale = 1.0
         for _ in range(8):
             trial = np.maximum(0.0, price + scale * step)
-            if _smoothed(flat, weight, caps, counts, kind, trial, tau, derivatives=False)[0] < value:
+            with np.errstate(over="ignore", invalid="ignore"):  # a trial far out overflows: no decrease, a shorter step
+                tried = _smoothed(flat, weight, caps, counts, kind, trial, tau, derivatives=False)[0]
+            if np.isfinite(tried) and tried < value:
                 break
             scale /= 4
         else:
