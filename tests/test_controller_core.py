@@ -250,6 +250,28 @@ def test_a_job_grown_to_be_measured_keeps_its_nodes_until_it_reports_at_that_siz
     assert len([e for e in m.events("job.resized") if e.get("job") == m.ids["cold"]]) <= 2
 
 
+def test_a_spare_node_is_kept_while_a_job_about_to_end_would_make_it_wanted_again(tmp_path, write):
+    """Three nodes: a short job, a job ending in about a minute, and a job that gains only with two more nodes (its
+    curve is flat at two, four times its rate at three). When the short job ends its node is spare; unused past
+    ``release_after_s``, it is not given back while the other job is about to end: that end frees the second node
+    the growth needs, and a release now would be followed by a request for a node within the minute (what a site
+    sees as thrash)."""
+    jobs = [linear("ending", 1, 1, 100.0, total=7000.0), linear("short", 1, 1, 100.0, total=2000.0), f"grower,m,{T0},1,3,1e12,1,1,0;1;2;3,0;100;100;400"]
+    m = Machine(tmp_path, write, 3, jobs, release_after_s=10.0)
+    m.submit("ending", weight=10.0, total_samples=7000.0)  # on a node first, whatever the grower would do with three
+    m.submit("short", weight=10.0, total_samples=2000.0)
+    m.submit("grower")
+    m.at(0)
+    assert [len(m.job(n).nodes) for n in ("ending", "short", "grower")] == [1, 1, 1]
+    for t in range(5, 200, 5):
+        m.at(t)
+        if len(m.job("grower").nodes) == 3:
+            break
+    assert m.job("short").status == m.job("ending").status == "finished"
+    assert len(m.job("grower").nodes) == 3
+    assert not m.events("node.released"), m.events("node.released")
+
+
 def test_the_journal_stays_bounded_as_pilots_come_and_go(tmp_path, write, monkeypatch):
     from pilotfill.controller import core
 
@@ -324,7 +346,8 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
 
 def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no_more_than_the_limit(tmp_path, write):
     """Thirty waiting jobs of one node each, each like no other (each has progress to resume), on twelve nodes,
-    with ``controller.weigh_waiting`` 6: no decision weighs more than six of them; the first weighs the six whose
+    with ``controller.weigh_waiting`` 6: no decision weighs more than six of them (the pilots' questions, which
+    decide what is asked for and given back, weigh them all); the first weighs the six whose
     nodes earn most among the twelve the machine admits; later ones start the rest, and no node is given back."""
     import dataclasses
 
@@ -337,9 +360,10 @@ def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no
     weighed: list[list[float]] = []
     solve = m.ctl._solve
 
-    def recording(room, extra, without=()):
-        active, problem, answer = solve(room, extra, without)
-        weighed.append(sorted(float(j.spec["curve"]["samples_per_s"][1]) for j in active if not j.nodes))
+    def recording(room, extra, without=(), limit=0):
+        active, problem, answer = solve(room, extra, without, limit)
+        if limit:  # a decision (the pilots' questions weigh every waiting job)
+            weighed.append(sorted(float(j.spec["curve"]["samples_per_s"][1]) for j in active if not j.nodes))
         return active, problem, answer
 
     m.ctl._solve = recording

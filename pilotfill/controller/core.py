@@ -175,7 +175,9 @@ class Controller:
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
-        self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass
+        self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass (when _sizing_owed)
+        self._sizing_owed = False
+        self._left_out = 0  # waiting jobs the last solve did not weigh (controller.weigh_waiting)
         self._owed = False  # the sizing pass found the world changed: decide in the pass after it, at once
         self._deferred_since: float | None = None
         self._last_idle: int | None = None
@@ -701,11 +703,11 @@ class Controller:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
             self._owed = False
             if self.draining:
-                self._sizing = None  # stopping: no job starts or grows, no pilot is asked for
-            elif self._sizing is not None:
+                self._sizing, self._sizing_owed = None, False  # stopping: no job starts or grows, no pilot is asked for
+            elif self._sizing_owed:
                 # The last decision's answer still holds unless something changed since (then it is asked anew, and
                 # the decision that change needs is owed to the pass after).
-                answer, self._sizing, self._owed = self._sizing, None, self.dirty
+                answer, self._sizing, self._sizing_owed, self._owed = self._sizing, None, False, self.dirty
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
                 if not self._deferring(now):
@@ -732,7 +734,7 @@ class Controller:
     def busy(self) -> bool:
         """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
         decision's pilot sizing waits for the next pass, or that pass found a decision to take."""
-        return bool(self._backlog) or self._sizing is not None or self._owed
+        return bool(self._backlog) or self._sizing_owed or self._owed
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
@@ -869,7 +871,7 @@ class Controller:
         answer = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
-            active, problem, answer = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), extra=0)
+            active, problem, answer = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, limit=self.config.controller.weigh_waiting)
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
             self.methods[answer.method] += 1
@@ -877,10 +879,12 @@ class Controller:
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
+        # A decision that left waiting jobs out says nothing of the nodes they would use: the pilots ask on all of them.
+        sizing = answer if not self._left_out else None
         if len(self.world.open) >= SIZE_APART_JOBS:
-            self._sizing = answer
+            self._sizing, self._sizing_owed = sizing, answer is not None
         else:
-            self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
+            self.pilots.adjust(now, idle, sizing, idle_types=self._idle_types_now())
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
 
@@ -954,7 +958,7 @@ class Controller:
             return None
         return room - len(self._ending_soon(views, self.clock()))
 
-    def _solve(self, room: int, extra: int, without: tuple[str, ...] = ()) -> tuple[list[Job], Problem, Allocation]:
+    def _solve(self, room: int, extra: int, without: tuple[str, ...] = (), limit: int = 0) -> tuple[list[Job], Problem, Allocation]:
         """The jobs a decision weighs, its problem and the allocator's answer.
 
         Waiting jobs that have never run and that the allocator cannot tell
@@ -969,9 +973,11 @@ class Controller:
         Waiting jobs like no other (stopped after they were measured: on a
         saturated machine, thousands) are weighed the most promising first
         (the most a node earns them, by :func:`..allocator.values.worth_per_node`),
-        at most ``controller.weigh_waiting`` of them: as Slurm's backfill tests
-        at most ``bf_max_job_test`` jobs, a decision stays as fast with a queue
-        of thousands as with a few hundred.
+        at most ``limit`` of them (a decision: ``controller.weigh_waiting``): as
+        Slurm's backfill tests at most ``bf_max_job_test`` jobs, a decision
+        stays as fast with a queue of thousands as with a few hundred. The
+        pilots' questions weigh them all: a job left out there would have its
+        node given back and asked for again.
         """
         admitted = self._active(room)
         others: list[Job] = []
@@ -987,7 +993,8 @@ class Controller:
                 others.append(job)
         # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
         copies = {kind: self._copies.get((extra > 0, kind), MIN_COPIES) for kind in alike}
-        waiting = self._most_promising(waiting, self.config.controller.weigh_waiting)
+        weighed = self._most_promising(waiting, limit)
+        self._left_out, waiting = len(waiting) - len(weighed), weighed
         while True:
             active = others + waiting + [j for kind, js in alike.items() for j in js[: copies[kind]]]
             active.sort(key=lambda j: j.seq)
@@ -1200,6 +1207,23 @@ class Controller:
                 by_end.setdefault(end, []).append(node.name)
         for end, nodes in by_end.items():
             self.remove_nodes(nodes, now, "walltime ending: left at its commit", "leaving", deadline=end, taken=True)
+
+    def job_ending_within(self, seconds: float) -> bool:
+        """Whether a running job should finish its work within ``seconds`` at its current size (its remaining
+        samples at the rate its curve gives there): its nodes, free then, may make a growth worth it that the
+        nodes about to be given back would complete."""
+        for job in self.world.running.values():
+            total = job.spec.get("total_samples")
+            if not total or not job.nodes:
+                continue
+            try:
+                view = self._allocator_job(job)
+            except (ProblemError, KeyError, TypeError, ValueError):
+                continue
+            rate = max((curve.at(len(job.nodes)) for curve in view.throughput.values()), default=0.0)
+            if rate > 0 and view.remaining_samples / rate <= seconds:
+                return True
+        return False
 
     def _ending_soon(self, jobs: list[AllocJob], now: float) -> set[str]:
         """Free nodes whose pilot's drain comes before the costliest rescale among ``jobs`` would pay: not offered."""

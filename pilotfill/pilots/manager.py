@@ -55,6 +55,8 @@ REFUSED_BACKOFF_S = (10.0, 300.0)
 
 RELEASE_RETRY_S = 5.0
 """A release the batch system failed or declined is asked again no sooner than this (never every tick)."""
+REREQUEST_WINDOW_S = 60.0
+"""A node given back and asked for again within this long is thrash a site sees (what the replay counts)."""
 
 
 class PilotManager:
@@ -115,6 +117,8 @@ class PilotManager:
         if spare:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
+            if due and hold > 0 and self.controller.job_ending_within(REREQUEST_WINDOW_S):
+                due = []  # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
             if due and world.open:
                 # Given back, these nodes would be idle, and the jobs would be asked about them as new ones (a new
                 # pilot's, valued over a fresh node's hold): keep those they would ask for again — releasing a node
@@ -162,6 +166,8 @@ class PilotManager:
         if spare:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
+            if due and hold > 0 and self.controller.job_ending_within(REREQUEST_WINDOW_S):
+                due = []  # as in adjust: a job about to end may make these wanted again
             if due and world.open:
                 due = self._not_wanted_again(due, extra, ready, pending)
             if due:
