@@ -344,11 +344,12 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
 
 
-def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no_more_than_the_limit(tmp_path, write):
+def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no_node_is_left_idle_for_the_limit(tmp_path, write):
     """Thirty waiting jobs of one node each, each like no other (each has progress to resume), on twelve nodes,
-    with ``controller.weigh_waiting`` 6: no decision weighs more than six of them (the pilots' questions, which
-    decide what is asked for and given back, weigh them all); the first weighs the six whose
-    nodes earn most among the twelve the machine admits; later ones start the rest, and no node is given back."""
+    with ``controller.weigh_waiting`` 6: a solve first weighs the six whose nodes earn most among the twelve the
+    machine admits; the six nodes that leaves free are not left idle for the limit: the next six most promising are
+    weighed in the same decision (never more than the limit and the free nodes). All twelve start at once and no
+    node is given back. (With a plain cap, as Slurm's ``bf_max_job_test``, six would wait a decision for nothing.)"""
     import dataclasses
 
     rates = [(7 * i) % 30 + 1 for i in range(30)]  # every rate once, not in submission order
@@ -358,21 +359,21 @@ def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no
         m.submit(name)
         m.job(name).progress = 1.0  # resumes from a checkpoint: not a copy of any other
     weighed: list[list[float]] = []
-    solve = m.ctl._solve
+    problem = m.ctl._problem
 
-    def recording(room, extra, without=(), limit=0):
-        active, problem, answer = solve(room, extra, without, limit)
-        if limit:  # a decision (the pilots' questions weigh every waiting job)
-            weighed.append(sorted(float(j.spec["curve"]["samples_per_s"][1]) for j in active if not j.nodes))
-        return active, problem, answer
+    def recording(active, extra, without=()):
+        weighed.append(sorted(float(j.spec["curve"]["samples_per_s"][1]) for j in active if not j.nodes))
+        return problem(active, extra, without)
 
-    m.ctl._solve = recording
+    m.ctl._problem = recording
     m.at(0)
-    m.at(60)
-    assert weighed and max(len(w) for w in weighed) <= 6
-    first = next(w for w in weighed if w)
     admitted = sorted(float(r) for r in rates[:12])
+    first = next(w for w in weighed if w)
     assert first == admitted[-6:]  # the six best of the first twelve submitted
+    assert max(len(w) for w in weighed) > 6  # nodes left free: more were weighed, in the same decision
+    assert max(len(w) for w in weighed) <= 12  # never more than the limit and the free nodes
+    assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 12
+    m.at(60)
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 12
     assert not [e for e in m.events("node.released")]
 

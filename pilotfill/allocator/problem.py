@@ -258,14 +258,23 @@ class Problem:
             seen |= set(held)
 
     def held_by_type(self, job: Job) -> dict[str, int]:
-        """How many nodes of each type ``job`` holds now."""
+        """How many nodes of each type ``job`` holds now (counted once per problem: every stage of a decision asks,
+        for every job; read-only)."""
+        known = self.__dict__.get("_held_by_type")
+        if known is None:
+            known = self.__dict__["_held_by_type"] = {}
+        counts = known.get(job.id)
+        if counts is not None:
+            return counts
         held = self.current.get(job.id, ())
         if not self.pool.types:  # one kind of node: no per-node lookups
-            return {DEFAULT_TYPE: len(held)} if held else {}
-        counts: dict[str, int] = {}
-        for n in held:
-            t = self.pool.type_of(n)
-            counts[t] = counts.get(t, 0) + 1
+            counts = {DEFAULT_TYPE: len(held)} if held else {}
+        else:
+            counts = {}
+            for n in held:
+                t = self.pool.type_of(n)
+                counts[t] = counts.get(t, 0) + 1
+        known[job.id] = counts
         return counts
 
 

@@ -177,7 +177,6 @@ class Controller:
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
         self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass (when _sizing_owed)
         self._sizing_owed = False
-        self._left_out = 0  # waiting jobs the last solve did not weigh (controller.weigh_waiting)
         self._owed = False  # the sizing pass found the world changed: decide in the pass after it, at once
         self._deferred_since: float | None = None
         self._last_idle: int | None = None
@@ -871,7 +870,7 @@ class Controller:
         answer = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
-            active, problem, answer = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, limit=self.config.controller.weigh_waiting)
+            active, problem, answer = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0)
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
             self.methods[answer.method] += 1
@@ -879,12 +878,10 @@ class Controller:
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
-        # A decision that left waiting jobs out says nothing of the nodes they would use: the pilots ask on all of them.
-        sizing = answer if not self._left_out else None
         if len(self.world.open) >= SIZE_APART_JOBS:
-            self._sizing, self._sizing_owed = sizing, answer is not None
+            self._sizing, self._sizing_owed = answer, answer is not None
         else:
-            self.pilots.adjust(now, idle, sizing, idle_types=self._idle_types_now())
+            self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
 
@@ -958,7 +955,7 @@ class Controller:
             return None
         return room - len(self._ending_soon(views, self.clock()))
 
-    def _solve(self, room: int, extra: int, without: tuple[str, ...] = (), limit: int = 0) -> tuple[list[Job], Problem, Allocation]:
+    def _solve(self, room: int, extra: int, without: tuple[str, ...] = ()) -> tuple[list[Job], Problem, Allocation]:
         """The jobs a decision weighs, its problem and the allocator's answer.
 
         Waiting jobs that have never run and that the allocator cannot tell
@@ -973,11 +970,12 @@ class Controller:
         Waiting jobs like no other (stopped after they were measured: on a
         saturated machine, thousands) are weighed the most promising first
         (the most a node earns them, by :func:`..allocator.values.worth_per_node`),
-        at most ``limit`` of them (a decision: ``controller.weigh_waiting``): as
-        Slurm's backfill tests at most ``bf_max_job_test`` jobs, a decision
-        stays as fast with a queue of thousands as with a few hundred. The
-        pilots' questions weigh them all: a job left out there would have its
-        node given back and asked for again.
+        ``controller.weigh_waiting`` of them, as Slurm's backfill tests at most
+        ``bf_max_job_test`` jobs: a decision, and a pilots' question, stays as
+        fast with a queue of thousands as with a few hundred. Unlike a backfill
+        cap, it never leaves a node idle for it: when the answer leaves nodes
+        free that a job left out could start on, as many more as those nodes
+        could start are weighed and it is asked once more (then all of them).
         """
         admitted = self._active(room)
         others: list[Job] = []
@@ -993,13 +991,19 @@ class Controller:
                 others.append(job)
         # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
         copies = {kind: self._copies.get((extra > 0, kind), MIN_COPIES) for kind in alike}
-        weighed = self._most_promising(waiting, limit)
-        self._left_out, waiting = len(waiting) - len(weighed), weighed
+        limit = self.config.controller.weigh_waiting
+        ranked = self._most_promising(waiting) if 0 < limit < len(waiting) else waiting
+        weigh, widened = (limit if 0 < limit < len(waiting) else len(waiting)), 0
         while True:
-            active = others + waiting + [j for kind, js in alike.items() for j in js[: copies[kind]]]
+            active = others + ranked[:weigh] + [j for kind, js in alike.items() for j in js[: copies[kind]]]
             active.sort(key=lambda j: j.seq)
             problem = self._problem(active, extra, without)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
+            free = len(problem.pool.nodes) - sum(answer.counts.values())
+            if weigh < len(ranked) and free > 0 and any(j.spec["min_nodes"] <= free for j in ranked[weigh:]):
+                # Nodes left free that a job left out could start on: as many more as they could start, then all.
+                weigh, widened = (weigh + free if not widened else len(ranked)), widened + 1
+                continue
             grown = False
             for kind, js in alike.items():
                 weighed = js[: copies[kind]]
@@ -1014,12 +1018,9 @@ class Controller:
                     self._copies[(extra > 0, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
                 return active, problem, answer
 
-    def _most_promising(self, waiting: list[Job], limit: int) -> list[Job]:
-        """The ``limit`` waiting jobs (all when 0 or fewer) whose nodes would earn most (weight × metric(n)/n at
-        its best, by the curve the allocator confirms, then by the one it explores), earlier submissions first
-        among equals."""
-        if limit <= 0 or len(waiting) <= limit:
-            return waiting
+    def _most_promising(self, waiting: list[Job]) -> list[Job]:
+        """The waiting jobs, those whose nodes would earn most first (weight × metric(n)/n at its best, by the curve
+        the allocator confirms, then by the one it explores), earlier submissions first among equals."""
         worth = []
         for job in waiting:
             try:
@@ -1032,7 +1033,7 @@ class Controller:
                 known = self._worth[job.id] = (view, worth_per_node(view))
             worth.append(known[1])
         values = np.array(worth, dtype=float).reshape(len(waiting), 2)
-        order = np.lexsort((np.arange(len(waiting)), -values[:, 1], -values[:, 0]))[:limit]
+        order = np.lexsort((np.arange(len(waiting)), -values[:, 1], -values[:, 0]))
         return [waiting[i] for i in order]
 
     def _kind(self, job: Job) -> Hashable | None:
