@@ -993,7 +993,7 @@ class Controller:
         copies = {kind: self._copies.get((extra > 0, kind), MIN_COPIES) for kind in alike}
         limit = self.config.controller.weigh_waiting
         ranked = self._most_promising(waiting) if 0 < limit < len(waiting) else waiting
-        weigh, widened = (limit if 0 < limit < len(waiting) else len(waiting)), 0
+        weigh, widened = (limit if 0 < limit < len(waiting) else len(waiting)), False
         while True:
             active = others + ranked[:weigh] + [j for kind, js in alike.items() for j in js[: copies[kind]]]
             active.sort(key=lambda j: j.seq)
@@ -1002,7 +1002,7 @@ class Controller:
             free = len(problem.pool.nodes) - sum(answer.counts.values())
             if weigh < len(ranked) and free > 0 and any(j.spec["min_nodes"] <= free for j in ranked[weigh:]):
                 # Nodes left free that a job left out could start on: as many more as they could start, then all.
-                weigh, widened = (weigh + free if not widened else len(ranked)), widened + 1
+                weigh, widened = (len(ranked) if widened else weigh + free), True
                 continue
             grown = False
             for kind, js in alike.items():
