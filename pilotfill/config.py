@@ -97,7 +97,7 @@ class ControllerConfig:
     bind: str = "127.0.0.1"
     t_fwd: float = 0.0  # 0: the horizon is the nodes' expected hold, learned (allocator/horizon.py); > 0: a fixed look-ahead (BFTrainer's 10 s)
     max_jobs: int = 0  # at most this many jobs considered at once (BFTrainer's setup: 10); 0: as many as the machine can start
-    weigh_waiting: int = 128  # a decision weighs at most this many stopped, measured waiting jobs, the most promising first (as Slurm's bf_max_job_test); 0: all
+    weigh_waiting: int = 128  # a decision weighs at most this many waiting jobs of each queue (those that ran; those never run), the most promising first (as Slurm's bf_max_job_test), more only for nodes left free; 0: all
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
     max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)

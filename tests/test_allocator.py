@@ -1154,3 +1154,28 @@ def test_dp_core_is_exact_on_linear_growth_beside_huge_exploring_values(seed, mo
         _, plain = dp.dense(tables, capacity)
         assert value == pytest.approx(plain, rel=1e-15, abs=1.0), f"capacity {capacity}: core {value} vs plain DP {plain}"
         assert not cores or cores[-1] < choices / 4, f"capacity {capacity}: the core kept {cores[-1]} of {choices} choices"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_dp_is_the_best_of_every_combination_and_breaks_ties_toward_fewer_nodes(seed):
+    """The core's DP is compiled (numba): on small instances its value is the best over every combination of counts
+    (enumerated), its counts reach that value within the capacity, and a count no better than a smaller one is not
+    taken (nodes nobody gains from stay free)."""
+    import itertools
+
+    from pilotfill.allocator import compiled
+
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        tables = []
+        for _ in range(int(rng.integers(1, 5))):
+            t = np.round(rng.uniform(-3, 10, int(rng.integers(1, 5))), 1)  # rounded: ties happen
+            t[1:][rng.random(len(t) - 1) < 0.25] = -np.inf
+            tables.append(t)
+        capacity = int(rng.integers(0, 9))
+        best = max(sum(t[n] for t, n in zip(tables, ns)) for ns in itertools.product(*(range(len(t)) for t in tables)) if sum(ns) <= capacity)
+        counts, value = compiled.knapsack(tables, capacity)
+        assert value == pytest.approx(best, abs=1e-9)
+        assert sum(counts) <= capacity and sum(t[n] for t, n in zip(tables, counts)) == pytest.approx(best, abs=1e-9)
+    counts, value = compiled.knapsack([np.array([0.0, 5.0, 5.0, 5.0]), np.array([0.0, 2.0, 2.0])], 6)
+    assert (counts, value) == ([1, 1], 7.0)

@@ -344,12 +344,16 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
 
 
-def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no_node_is_left_idle_for_the_limit(tmp_path, write):
-    """Thirty waiting jobs of one node each, each like no other (each has progress to resume), on twelve nodes,
-    with ``controller.weigh_waiting`` 6: a solve first weighs the six whose nodes earn most among the twelve the
-    machine admits; the six nodes that leaves free are not left idle for the limit: the next six most promising are
-    weighed in the same decision (never more than the limit and the free nodes). All twelve start at once and no
-    node is given back. (With a plain cap, as Slurm's ``bf_max_job_test``, six would wait a decision for nothing.)"""
+@pytest.mark.parametrize("resumes", [True, False], ids=["stopped-with-progress", "never-run"])
+def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no_node_is_left_idle_for_the_limit(tmp_path, write, resumes):
+    """Thirty waiting jobs of one node each, each like no other, on twelve nodes, with ``controller.weigh_waiting``
+    6: a solve first weighs the six whose nodes earn most among the twelve the machine admits; the six nodes that
+    leaves free are not left idle for the limit: the next six most promising are weighed in the same decision (never
+    more than the limit and the free nodes). All twelve start at once and no node is given back. (With a plain cap,
+    as Slurm's ``bf_max_job_test``, six would wait a decision for nothing.)
+
+    The same whether they were stopped with progress to resume or never ran: a saturated machine's queue of
+    distinct jobs never run (a kind of its own each) was weighed whole, thousands in every decision."""
     import dataclasses
 
     rates = [(7 * i) % 30 + 1 for i in range(30)]  # every rate once, not in submission order
@@ -357,7 +361,8 @@ def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no
     m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=6))
     for name in list(m.specs):
         m.submit(name)
-        m.job(name).progress = 1.0  # resumes from a checkpoint: not a copy of any other
+        if resumes:
+            m.job(name).progress = 1.0  # resumes from a checkpoint
     weighed: list[list[float]] = []
     problem = m.ctl._problem
 
@@ -376,6 +381,36 @@ def test_a_long_queue_of_stopped_jobs_is_weighed_the_most_promising_first_and_no
     m.at(60)
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 12
     assert not [e for e in m.events("node.released")]
+
+
+def test_stopped_jobs_do_not_crowd_new_ones_out_of_the_waiting_jobs_a_decision_weighs(tmp_path, write):
+    """Waiting jobs are weighed from two queues, ``controller.weigh_waiting`` of each: those that ran (progress to
+    resume) and those that never ran. In one queue ranked by what a node earns, eight stopped jobs that earn more
+    would fill the limit and the new ones would never be weighed: with learned curves a job never measured ranks
+    below every measured one, so on a saturated machine new jobs were never measured (23 % fewer samples)."""
+    import dataclasses
+
+    jobs = [linear(f"s{i}", 1, 1, 10.0) for i in range(8)] + [linear(f"n{i}", 1, 1, 1.0 + i) for i in range(6)]
+    m = Machine(tmp_path, write, 16, jobs)  # room for all fourteen: every one is admitted
+    m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=2))
+    for name in list(m.specs):
+        m.submit(name)
+        if name.startswith("s"):
+            m.job(name).progress = 1.0  # stopped after it ran: resumes from a checkpoint
+    weighed: list[list[str]] = []
+    problem = m.ctl._problem
+
+    def recording(active, extra, without=()):
+        weighed.append(sorted(j.spec["name"] for j in active if not j.nodes))
+        return problem(active, extra, without)
+
+    m.ctl._problem = recording
+    m.at(0)
+    first = next(w for w in weighed if w)
+    assert [n for n in first if n.startswith("s")] == ["s0", "s1"]  # the limit of the stopped ones, earliest first among equals
+    assert [n for n in first if n.startswith("n")] == ["n4", "n5"]  # and the two new ones whose nodes earn most
+    m.at(60)
+    assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 14  # nodes left free: the rest weighed too
 
 
 def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of_step():

@@ -31,12 +31,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import compiled
+
 WORK_LIMIT = 400_000_000
 """Above this many DP cell updates (after fixing) :func:`solve` raises :class:`TooLarge`: the MILP is faster there."""
 CORE_SHARES = (0.1,)
 """Before fixing against the whole gap, the DP over the choices within these shares of it: a better incumbent, fast."""
-GATHER_LIMIT = 200_000
-"""A table with more choices than a few is added to the DP in one gather of (capacity + 1) × choices cells, up to this many."""
 BISECTIONS = 60
 """Bisection steps on the node price (each one vectorised over every job and count)."""
 
@@ -189,8 +189,8 @@ def _contenders(values: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def _choose(values: np.ndarray, price: float) -> np.ndarray:
-    """Each job's best count at node price ``price`` (the smallest on ties)."""
-    return np.argmax(values - price * np.arange(values.shape[1]), axis=1)
+    """Each job's best count at node price ``price`` (the smallest on ties; compiled: sixty of these per decision)."""
+    return compiled.choose(values, price)
 
 
 def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
@@ -233,23 +233,8 @@ def _toward(values: np.ndarray, fits: np.ndarray, over: np.ndarray, capacity: in
 
 
 def _round(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarray:
-    """Improve a feasible answer greedily on the nodes it leaves free: the best gain per node first."""
-    counts = counts.copy()
-    rows = np.arange(len(counts))
-    n = np.arange(values.shape[1])
-    free = capacity - int(counts.sum())
-    while free > 0:
-        now = values[rows, counts]
-        step = n[None, :] - counts[:, None]
-        gain = values - now[:, None]
-        allowed = (step > 0) & (step <= free) & np.isfinite(values) & (gain > 0)
-        if not allowed.any():
-            break
-        rate = np.where(allowed, gain / np.maximum(step, 1), -np.inf)
-        j, k = np.unravel_index(int(np.argmax(rate)), rate.shape)
-        free -= int(k - counts[j])
-        counts[j] = k
-    return counts
+    """Improve a feasible answer greedily on the nodes it leaves free: the best gain per node first (compiled)."""
+    return compiled.round_up(values, counts, capacity)
 
 
 def _core(values: np.ndarray, keep: np.ndarray, capacity: int) -> tuple[list[int], float]:
@@ -319,43 +304,11 @@ def _core(values: np.ndarray, keep: np.ndarray, capacity: int) -> tuple[list[int
 
 
 def dense(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float]:
-    """The plain DP: a max-plus convolution of the tables over the capacity axis (exact, O(N·Σ|choices|))."""
+    """The plain DP: a max-plus convolution of the tables over the capacity axis (exact, O(N·Σ|choices|); compiled,
+    :mod:`.compiled`). Ties go to the smaller count."""
     if capacity < 0:
         raise TooLarge("the fixed choices exceed the capacity")  # cannot happen for a feasible incumbent
     if sum(len(t) - 1 for t in tables) <= capacity:
         counts = [int(np.argmax(t)) for t in tables]
         return counts, float(sum(t[n] for t, n in zip(tables, counts)))
-    choices = [np.flatnonzero(np.isfinite(t)).tolist() for t in tables]
-    # rows[j][c]: the best of the first j jobs on at most c nodes (full length: no padding per row).
-    rows: list[np.ndarray] = [np.zeros(capacity + 1)]
-    scratch = np.empty(capacity + 1)
-    positions = np.arange(capacity + 1)
-    for t, ks in zip(tables, choices):
-        prev = rows[-1]
-        if len(ks) > 8 and (capacity + 1) * len(ks) <= GATHER_LIMIT:  # one array operation for all its choices
-            fit = np.asarray([k for k in ks if k <= capacity])
-            top = int(fit[-1])
-            padded = np.concatenate([np.full(top, -np.inf), prev])
-            rows.append((padded[positions[:, None] + (top - fit)[None, :]] + t[fit]).max(axis=1))
-            continue
-        cur = prev + t[0]
-        for k in ks[1:]:
-            if k > capacity:
-                break
-            shifted = scratch[: capacity + 1 - k]
-            np.add(prev[: capacity + 1 - k], t[k], out=shifted)
-            np.maximum(cur[k:], shifted, out=cur[k:])
-        rows.append(cur)
-
-    counts = [0] * len(tables)
-    c = capacity
-    best = float(rows[-1][c])
-    for j in range(len(tables) - 1, -1, -1):
-        t = tables[j]
-        ks = np.asarray([k for k in choices[j] if k <= c], dtype=int)
-        k = int(ks[np.argmax(rows[j][c - ks] + t[ks])])
-        counts[j] = k
-        c -= k
-    return counts, best
-
-
+    return compiled.knapsack(list(tables), capacity)

@@ -34,6 +34,7 @@ import numpy as np
 from .. import procs
 from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
 from ..allocator import Job as AllocJob
+from ..allocator import compiled
 from ..allocator.values import worth_per_node
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
@@ -148,6 +149,7 @@ class Controller:
         self.world = World(self.journal)
         self.world.load()
         self.started = clock()
+        compiled.warm()  # the allocator's compiled DP is loaded before the loop, not in its first decision
         self.profiler = Profiler()
         self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
         self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
@@ -942,81 +944,101 @@ class Controller:
         question no solve. None where it is not certain (several kinds of node; too few jobs that start on one node)."""
         if self.types.typed:
             return None
-        views, starters = [], 0
-        for job in self._active(room):
-            try:
+        active = self._active(room)
+        could = [job for job in active if job.status != "running" and job.spec["min_nodes"] == 1 and job.spec["weight"] > 0]
+        if len(could) < room:  # too few could start on one node, whatever their curves: the question needs a solve
+            return None
+        try:
+            starters = 0
+            for job in could:
                 view = self._allocator_job(job)
-            except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
+                starters += view.metric(next(iter(view.throughput))).at(1) > 0
+            if starters < room:
                 return None
-            views.append(view)
-            if job.status != "running" and job.spec["min_nodes"] == 1 and job.spec["weight"] > 0 and view.metric(next(iter(view.throughput))).at(1) > 0:
-                starters += 1
-        if starters < room:
+            views = [self._allocator_job(job) for job in active]
+        except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
             return None
         return room - len(self._ending_soon(views, self.clock()))
 
     def _solve(self, room: int, extra: int, without: tuple[str, ...] = ()) -> tuple[list[Job], Problem, Allocation]:
         """The jobs a decision weighs, its problem and the allocator's answer.
 
+        Every running job is weighed. Waiting jobs are weighed from two queues,
+        ``controller.weigh_waiting`` of each, the most promising first (the
+        most a node earns them, by :func:`..allocator.values.worth_per_node`),
+        as Slurm's backfill tests at most ``bf_max_job_test`` jobs: a decision,
+        and a pilots' question, stays as fast with a queue of thousands (a
+        saturated machine) as with a few hundred. One queue holds the jobs that
+        ran (progress to resume, or measured), the other those that never ran,
+        so that neither crowds out the other: resuming the best stopped jobs,
+        and measuring new ones on the nodes they leave (a job JPA has not
+        measured ranks last among measured ones). Unlike a backfill cap it
+        never leaves a node idle for it: when the answer leaves nodes free that
+        a job left out could start on, as many more of each as those nodes
+        could start are weighed and it is asked once more (then all of them).
+
         Waiting jobs that have never run and that the allocator cannot tell
         apart (the same curve, bounds, work and weight: a sweep's copies, or
-        every job JPA has not measured yet) are weighed a few at a time, in
-        submission order: while the answer leaves one of them unused, more of
-        the same could not do better, so the answer is the one with all of them;
-        when it uses every one weighed, as many as the room could start are
-        weighed and it is asked once more. A queue of thousands costs a decision
-        what a handful does.
-
-        Waiting jobs like no other (stopped after they were measured: on a
-        saturated machine, thousands) are weighed the most promising first
-        (the most a node earns them, by :func:`..allocator.values.worth_per_node`),
-        ``controller.weigh_waiting`` of them, as Slurm's backfill tests at most
-        ``bf_max_job_test`` jobs: a decision, and a pilots' question, stays as
-        fast with a queue of thousands as with a few hundred. Unlike a backfill
-        cap, it never leaves a node idle for it: when the answer leaves nodes
-        free that a job left out could start on, as many more as those nodes
-        could start are weighed and it is asked once more (then all of them).
+        every job JPA has not measured yet) join their queue a few at a time,
+        in submission order: while the answer leaves one of them unused, more
+        of the same could not do better, so the answer is the one with all of
+        them; when it uses every one weighed, as many as the room could start
+        join and it is asked once more.
         """
         admitted = self._active(room)
-        others: list[Job] = []
+        running: list[Job] = []
         alike: dict[Hashable, list[Job]] = {}
-        waiting: list[Job] = []
+        resuming: list[Job] = []  # waiting, each like no other
         for job in admitted:
             kind = self._kind(job)
             if kind is not None:
                 alike.setdefault(kind, []).append(job)
             elif job.status != "running" and not job.nodes:
-                waiting.append(job)
+                resuming.append(job)
             else:
-                others.append(job)
+                running.append(job)
         # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
-        copies = {kind: self._copies.get((extra > 0, kind), MIN_COPIES) for kind in alike}
+        question = extra > 0
+        copies = {kind: self._copies.get((question, kind), MIN_COPIES) for kind in alike}
         limit = self.config.controller.weigh_waiting
-        ranked = self._most_promising(waiting) if 0 < limit < len(waiting) else waiting
-        weigh, widened = (limit if 0 < limit < len(waiting) else len(waiting)), False
+
+        def ranked(queue: list[Job]) -> list[Job]:
+            return self._most_promising(sorted(queue, key=lambda j: j.seq)) if 0 < limit < len(queue) else queue
+
+        def fresh() -> list[Job]:
+            return ranked([j for kind, js in alike.items() for j in js[: copies[kind]]])
+
+        queues = [ranked(resuming), fresh()]
+        weigh = [limit if 0 < limit < len(q) else len(q) for q in queues]
+        widened = False
         while True:
-            active = others + ranked[:weigh] + [j for kind, js in alike.items() for j in js[: copies[kind]]]
-            active.sort(key=lambda j: j.seq)
+            weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
+            active = sorted(running + weighed, key=lambda j: j.seq)
             problem = self._problem(active, extra, without)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
             free = len(problem.pool.nodes) - sum(answer.counts.values())
-            if weigh < len(ranked) and free > 0 and any(j.spec["min_nodes"] <= free for j in ranked[weigh:]):
+            if free > 0 and any(j.spec["min_nodes"] <= free for q, w in zip(queues, weigh) for j in q[w:]):
                 # Nodes left free that a job left out could start on: as many more as they could start, then all.
-                weigh, widened = (len(ranked) if widened else weigh + free), True
+                weigh = [len(q) if widened else w + free for q, w in zip(queues, weigh)]
+                widened = True
                 continue
-            grown = False
+            ids = {j.id for j in weighed}
+            added = 0
             for kind, js in alike.items():
-                weighed = js[: copies[kind]]
-                used = sum(1 for j in weighed if answer.counts.get(j.id, 0) > 0)
+                offered = js[: copies[kind]]
                 fit = room // max(1, js[0].spec["min_nodes"])  # no more of them than the room could start
-                if used == len(weighed) < min(len(js), fit):
-                    copies[kind] = min(len(js), max(2 * len(weighed), fit))  # as many as could start, at once
-                    grown = True
-            if not grown:
-                for kind, js in alike.items():
-                    used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
-                    self._copies[(extra > 0, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
-                return active, problem, answer
+                if len(offered) < min(len(js), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
+                    copies[kind] = min(len(js), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
+                    added += copies[kind] - len(offered)
+            if added:
+                queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
+                continue
+            remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
+            for kind, js in alike.items():
+                used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
+                remembered[(question, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
+            self._copies = remembered
+            return active, problem, answer
 
     def _most_promising(self, waiting: list[Job]) -> list[Job]:
         """The waiting jobs, those whose nodes would earn most first (weight × metric(n)/n at its best, by the curve
