@@ -1179,3 +1179,35 @@ def test_the_compiled_dp_is_the_best_of_every_combination_and_breaks_ties_toward
         assert sum(counts) <= capacity and sum(t[n] for t, n in zip(tables, counts)) == pytest.approx(best, abs=1e-9)
     counts, value = compiled.knapsack([np.array([0.0, 5.0, 5.0, 5.0]), np.array([0.0, 2.0, 2.0])], 6)
     assert (counts, value) == ([1, 1], 7.0)
+
+
+def test_the_compiled_price_choice_and_rounding_are_the_numpy_rules_they_replace():
+    """The node-price choice (argmax of value − price·n, the smallest count on ties) and the greedy rounding (the best
+    gain per node first, the first job and smallest count on ties) are compiled; on random tables with ties and
+    counts not allowed they answer what the numpy expressions they replaced answer."""
+    from pilotfill.allocator import compiled
+
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        values = np.round(rng.uniform(-5, 20, (int(rng.integers(1, 30)), int(rng.integers(2, 12)))), 0)
+        values[:, 1:][rng.random((values.shape[0], values.shape[1] - 1)) < 0.2] = -np.inf
+        values[:, 0] = np.round(rng.uniform(-3, 3, values.shape[0]), 0)
+        n = np.arange(values.shape[1])
+        for price in (0.0, 0.5, 1.0, 3.0, 100.0):
+            assert compiled.choose(values, price).tolist() == np.argmax(values - price * n, axis=1).tolist()
+        capacity = int(rng.integers(0, 3 * values.shape[0]))
+        counts = np.zeros(values.shape[0], dtype=int)
+        expected = counts.copy()
+        free = capacity
+        rows = np.arange(len(expected))
+        while free > 0:  # the numpy rounding compiled.round_up replaced
+            step = n[None, :] - expected[:, None]
+            gain = values - values[rows, expected][:, None]
+            allowed = (step > 0) & (step <= free) & np.isfinite(values) & (gain > 0)
+            if not allowed.any():
+                break
+            rate = np.where(allowed, gain / np.maximum(step, 1), -np.inf)
+            j, k = np.unravel_index(int(np.argmax(rate)), rate.shape)
+            free -= int(k - expected[j])
+            expected[j] = k
+        assert compiled.round_up(values, counts, capacity).tolist() == expected.tolist()

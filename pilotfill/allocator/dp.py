@@ -19,7 +19,7 @@ milliseconds, as the exact algorithms for large multiple-choice knapsacks do
    most ``UB − LB``; so every choice whose reduced cost exceeds that gap is in
    no optimum and is dropped. On these tables nearly every job keeps one or two
    choices.
-4. **Solve the core** — the jobs left with several choices — by the plain DP.
+4. **Solve the core** — the jobs left with several choices — by the plain DP (compiled: :mod:`.compiled`).
 
 The answer is the DP's on the whole problem (the same objective; ties go to
 the smaller count, so nodes nobody gains from are left free).
