@@ -24,12 +24,20 @@ from typing import Callable
 import numpy as np
 
 
-@cache
-def _knapsack() -> Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, float]]:
-    """The compiled kernel (numba is imported here, not with the allocator: a CLI that never solves never pays for it)."""
+def _jit(function: Callable) -> Callable:
+    """numba's compiler, caching the machine code where it can (beside this file, else the user's cache); where no
+    place is writable (a read-only install and home), compiled in each process instead of failing."""
     from numba import njit
 
-    @njit(cache=True, nogil=True)
+    try:
+        return njit(cache=True, nogil=True)(function)
+    except RuntimeError:  # numba: "cannot cache function …: no locator available"
+        return njit(nogil=True)(function)
+
+
+@cache
+def _knapsack() -> Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, float]]:
+    """The compiled DP (numba is imported on first use, not with the allocator: a CLI that never solves never pays for it)."""
     def knapsack(flat: np.ndarray, offsets: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
         jobs = len(offsets) - 1
         prev = np.zeros(capacity + 1)
@@ -58,14 +66,11 @@ def _knapsack() -> Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, flo
             c -= counts[j]
         return counts, prev[capacity]
 
-    return knapsack
+    return _jit(knapsack)
 
 
 @cache
 def _choices() -> Callable[[np.ndarray, float, np.ndarray], int]:
-    from numba import njit
-
-    @njit(cache=True, nogil=True)
     def choose(values: np.ndarray, price: float, out: np.ndarray) -> int:
         total = 0
         for j in range(values.shape[0]):
@@ -80,14 +85,11 @@ def _choices() -> Callable[[np.ndarray, float, np.ndarray], int]:
             total += pick
         return total
 
-    return choose
+    return _jit(choose)
 
 
 @cache
 def _rounding() -> Callable[[np.ndarray, np.ndarray, int], None]:
-    from numba import njit
-
-    @njit(cache=True, nogil=True)
     def round_up(values: np.ndarray, counts: np.ndarray, free: int) -> None:
         jobs, width = values.shape
         while free > 0:
@@ -113,7 +115,7 @@ def _rounding() -> Callable[[np.ndarray, np.ndarray, int], None]:
             free -= bk - counts[bj]
             counts[bj] = bk
 
-    return round_up
+    return _jit(round_up)
 
 
 def choose(values: np.ndarray, price: float) -> np.ndarray:
