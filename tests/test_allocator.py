@@ -283,6 +283,42 @@ def test_curve_interpolates_linearly_and_is_flat_past_its_last_point():
 # --------------------------------------------------------------------------- the objective
 
 
+def test_the_objective_read_from_the_value_matrices_is_the_sum_over_the_tables_on_every_kind_of_node():
+    """objective_of on a problem's own tables reads its value matrices (one gather per type); the same answer as
+    summing table by table, feasible or not (a count past a job's cap, inside its gap below min_nodes, on a type it
+    cannot use), with jobs running on one type and valued on others."""
+    from pilotfill.allocator.values import value_tables
+
+    rng = random.Random(5)
+    kinds = ["a", "b", "c"]
+    for _ in range(30):
+        nodes = [f"n{i}" for i in range(rng.randint(2, 24))]
+        node_type = {n: rng.choice(kinds) for n in nodes}
+        free = list(nodes)
+        rng.shuffle(free)
+        jobs, current = [], {}
+        for k in range(rng.randint(1, 7)):
+            lo = rng.randint(1, 3)
+            hi = rng.randint(lo, 8)
+            usable = rng.sample(kinds, rng.randint(1, 3))
+            curves = {t: ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60))) for t in usable}
+            job = Job(f"j{k}", lo, hi, curves, scale_up_cost_s=rng.uniform(0, 5), scale_down_cost_s=rng.uniform(0, 5), restart_cost_s=rng.uniform(0, 9),
+                      remaining_samples=rng.choice([math.inf, rng.uniform(10, 5000)]), weight=rng.uniform(0.5, 2))  # fmt: skip
+            held_type = rng.choice(usable)
+            mine = [n for n in free if node_type[n] == held_type][: rng.randint(0, hi)]
+            if mine:
+                current[job.id] = frozenset(mine)
+                free = [n for n in free if n not in mine]
+            jobs.append(job)
+        p = Problem(tuple(jobs), NodePool(tuple(nodes), node_type), current, t_fwd=rng.uniform(5, 500))
+        for _ in range(10):
+            counts = {j.id: rng.randint(0, j.max_nodes + 2) for j in p.jobs}
+            types = {j.id: (rng.choice(kinds) if counts[j.id] else None) for j in p.jobs}
+            want = objective_of(p, counts, types, list(value_tables(p)))  # a copy: summed table by table
+            got = objective_of(p, counts, types)
+            assert got == want if math.isinf(want) else got == pytest.approx(want, rel=1e-12, abs=1e-9)
+
+
 def test_objective_matches_an_independent_reimplementation():
     """objective_of (the value tables every method optimises) against the formula written out again."""
     rng = random.Random(11)
@@ -1014,6 +1050,24 @@ def test_profiler_estimate_changes_when_a_report_arrives():
     after = prof.curve("j", 1, 16)
     assert after.at(8) < before.at(8)
     assert after.at(8) == pytest.approx(4000.0, rel=0.05)
+
+
+def test_a_cost_measured_again_unchanged_leaves_the_job_as_it_was_and_a_moved_one_is_charged_anew():
+    """Each commit measures the interval since the last one: at machine scale a thousand running jobs commit every
+    minute, and a steady interval measured again must not remake every job's view (the version callers cache on)."""
+    prof = Profiler()
+    assert prof.cost("j", "commit", prior=7.0) == 7.0 and prof.restart_cost("j", prior=30.0) == 30.0
+    prof.observe_cost("j", "commit", 60.0)
+    first = prof.version("j")
+    assert prof.cost("j", "commit", prior=7.0) == 60.0
+    for seconds in (60.02, 59.99, 60.01):  # jitter of a steady interval: within the tolerances
+        prof.observe_cost("j", "commit", seconds)
+    assert prof.version("j") == first and prof.cost("j", "commit", prior=0.0) == 60.0
+    prof.observe_cost("j", "commit", 120.0)  # the interval doubled once: the mean moves by 15 s
+    assert prof.version("j") > first
+    assert prof.cost("j", "commit", prior=0.0) == pytest.approx((60.0 + 60.02 + 59.99 + 60.01 + 120.0) / 5)
+    prof.observe_cost("j", "start", 20.0)  # a kind never measured before is charged at once
+    assert prof.restart_cost("j", prior=30.0) == pytest.approx(20.0 + prof.cost("j", "commit", 0.0) / 2)
 
 
 # --------------------------------------------------------------------------- at machine scale

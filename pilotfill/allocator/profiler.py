@@ -48,7 +48,9 @@ A job's curves are refitted only when what it reported moves: a new scale,
 or a scale's mean rate moving more than ``REFIT_TOLERANCE`` from the mean the
 curves were fitted to. Hundreds of running jobs report on every event; their
 curves would change by far less than their own noise, and refitting them all
-was most of a decision's time at machine scale.
+was most of a decision's time at machine scale. Costs likewise: a job is
+charged anew only when a kind's mean moves by more than ``REFIT_TOLERANCE``
+of itself and ``COST_TOLERANCE_S`` (each commit measures the interval again).
 
 Pure: observations in, curves out; the caller decides when reports arrive.
 """
@@ -69,6 +71,10 @@ EXPLORE_RATE = 1e12
 """Optimistic rate of a job never measured: on nodes nobody holds, measuring it comes first."""
 REFIT_TOLERANCE = 0.01
 """A scale's mean rate must move by more than this share of the rate its curves were fitted to before they are fitted anew."""
+COST_TOLERANCE_S = 0.1
+"""…and a measured cost must move by more than this many seconds (and ``REFIT_TOLERANCE`` of itself) before the job's
+curves and costs are given anew: a job commits every minute or so, and each interval measured again (a few
+milliseconds apart) would otherwise remake every running job's view in every decision."""
 PROBE_RATE = 1e-3
 """Rate assumed for a job never measured: more than nothing (so it starts on a free node and is
 measured), far less than any real job (so it never takes a node a measured job uses)."""
@@ -94,6 +100,7 @@ class Profiler:
     _costs: dict[str, dict[str, _Scale]] = field(default_factory=dict)  # per job, per kind of change: seconds
     _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped when its curves or costs change (callers cache on it)
     _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)  # per job and type: the means its curves rest on
+    _charged: dict[str, dict[str, float]] = field(default_factory=dict)  # per job and kind of change: the mean cost callers are given
 
     def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0, node_type: str | None = None) -> None:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds measured)."""
@@ -120,6 +127,7 @@ class Profiler:
         self._seen.pop(job_id, None)
         self._cache.pop(job_id, None)
         self._costs.pop(job_id, None)
+        self._charged.pop(job_id, None)
 
     def observe_cost(self, job_id: str, kind: str, seconds: float) -> None:
         """A change of ``kind`` (``start``, ``up``, ``down``, ``commit``: the interval between commits) took ``seconds``."""
@@ -128,16 +136,21 @@ class Profiler:
         scale = self._costs.setdefault(job_id, {}).setdefault(kind, _Scale())
         scale.total += seconds
         scale.weight += 1.0
+        charged = self._charged.setdefault(job_id, {})
+        before = charged.get(kind)
+        if before is not None and abs(scale.mean - before) <= max(REFIT_TOLERANCE * abs(before), COST_TOLERANCE_S):
+            return  # what the job is charged stands: a steady commit interval measured again, every minute, changes nothing
+        charged[kind] = scale.mean
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
 
     def cost(self, job_id: str, kind: str, prior: float) -> float:
-        """The mean measured cost of ``kind`` for the job, or ``prior`` before one was measured."""
-        scale = self._costs.get(job_id, {}).get(kind)
-        return scale.mean if scale is not None and scale.weight > 0 else prior
+        """The mean measured cost of ``kind`` for the job (as of the last time it moved by more than the
+        tolerances: what the caller's views were made from), or ``prior`` before one was measured."""
+        return self._charged.get(job_id, {}).get(kind, prior)
 
     def restart_cost(self, job_id: str, prior: float) -> float:
         """What stopping the job costs: a start, plus the work since its last commit (half an interval on average)."""
-        costs = self._costs.get(job_id, {})
+        costs = self._charged.get(job_id, {})
         if "start" not in costs and "commit" not in costs:
             return prior
         return self.cost(job_id, "start", 0.0) + self.cost(job_id, "commit", 0.0) / 2

@@ -75,6 +75,8 @@ def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float) -
 
 def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None], tables: list[list[ValueTable]] | None = None) -> float:
     """The model's value of a count vector, from the same tables every method uses."""
+    if tables is None or tables is problem.__dict__.get("_value_tables"):
+        return _objective(problem, counts, types)
     total = 0.0
     for job, job_tables in zip(problem.jobs, tables or value_tables(problem)):
         n = counts.get(job.id, 0)
@@ -84,6 +86,25 @@ def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str
         table = next((t for t in job_tables if t.node_type == types.get(job.id)), None)
         total += float(table.values[n]) if table is not None and n <= table.cap else -np.inf
     return total
+
+
+def _objective(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None]) -> float:
+    """:func:`objective_of` on the problem's own tables, read from its value matrices (one gather per node type, not one
+    lookup per job: every answer of a whole-machine decision is valued, over a thousand jobs)."""
+    jobs = problem.jobs
+    if not jobs:
+        return 0.0
+    n = np.fromiter((counts.get(j.id, 0) for j in jobs), dtype=np.int64, count=len(jobs))
+    value = np.full(len(jobs), -np.inf)
+    for node_type, (members, matrix) in value_matrices(problem).items():
+        rows = np.asarray(members, dtype=np.int64)
+        at = n[rows]
+        mine = np.fromiter((types.get(jobs[i].id) == node_type for i in members), dtype=bool, count=len(members)) & (at > 0)
+        stopped = at == 0  # the same value on every type: whichever matrix holds the job says it
+        value[rows[stopped]] = matrix[stopped.nonzero()[0], 0]
+        inside = mine & (at < matrix.shape[1])
+        value[rows[inside]] = matrix[inside.nonzero()[0], at[inside]]
+    return float(value.sum())
 
 
 def _dp(problem: Problem) -> Allocation | None:
