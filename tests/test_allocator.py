@@ -319,6 +319,32 @@ def test_the_objective_read_from_the_value_matrices_is_the_sum_over_the_tables_o
             assert got == want if math.isinf(want) else got == pytest.approx(want, rel=1e-12, abs=1e-9)
 
 
+def test_what_one_node_earns_at_best_is_the_largest_rate_per_node_of_the_curve():
+    """How a long queue is ranked (worth_per_node): max over 1…upto of rate(n)/n, remembered per curve and size."""
+    sublinear = ScalingCurve((0, 1, 4), (0.0, 10.0, 30.0))
+    assert sublinear.best_per_node(4) == pytest.approx(10.0)  # 10, 8.33, 7.78, 7.5
+    superlinear = ScalingCurve((0, 1, 4, 8), (0.0, 1.0, 8.0, 12.0))
+    assert superlinear.best_per_node(8) == pytest.approx(2.0)  # 8/4 at 4 nodes; 12/8 = 1.5 at 8
+    assert superlinear.best_per_node(2) == pytest.approx(max(1.0, (1.0 + 7.0 / 3) / 2))
+    assert superlinear.best_per_node(8) is superlinear.best_per_node(8)
+
+
+def test_an_answer_joined_with_one_for_the_nodes_it_left_free_is_both():
+    """The controller offers the nodes a decision leaves free to the waiting jobs it left out, in a problem of their
+    own: the two answers, joined, are one allocation of every job, on disjoint nodes, worth what both are worth."""
+    curve = ScalingCurve((0, 1, 4), (0.0, 10.0, 30.0))
+    first = Problem((Job("a", 1, 4, curve), Job("b", 1, 4, curve)), NodePool(tuple(f"n{i}" for i in range(10))), {"a": frozenset({"n0"})}, t_fwd=100.0)
+    one = allocate(first)
+    free = tuple(n for n in first.pool.nodes if n not in {v for nodes in one.assignment.values() for v in nodes})
+    assert len(free) == 2
+    rest = allocate(Problem((Job("c", 1, 4, curve),), NodePool(free), {}, t_fwd=100.0))
+    both = one.joined(rest)
+    assert dict(both.counts) == {"a": 4, "b": 4, "c": 2}
+    assert sorted(n for nodes in both.assignment.values() for n in nodes) == sorted(first.pool.nodes)
+    assert set(both.assignment["a"]) >= {"n0"} and set(both.assignment["c"]) == set(free)
+    assert both.objective == pytest.approx(one.objective + rest.objective) and both.method == one.method
+
+
 def test_objective_matches_an_independent_reimplementation():
     """objective_of (the value tables every method optimises) against the formula written out again."""
     rng = random.Random(11)

@@ -13,6 +13,7 @@ import json
 import pytest
 from conftest import JOB_HEADER
 
+from pilotfill.allocator import DEFAULT_TYPE
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
 from pilotfill.elastic.simulated import SimulatedRuntime
@@ -345,12 +346,12 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
 
 
 @pytest.mark.parametrize("resumes", [True, False], ids=["stopped-with-progress", "never-run"])
-def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no_node_is_left_idle_for_the_limit(tmp_path, write, resumes):
+def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no_node_is_left_idle_for_the_limit(tmp_path, write, resumes, monkeypatch):
     """Thirty waiting jobs of one node each, each like no other, on twelve nodes, with ``controller.weigh_waiting``
     6: a solve first weighs the six whose nodes earn most among the twelve the machine admits; the six nodes that
-    leaves free are not left idle for the limit: the next six most promising are weighed in the same decision (never
-    more than the limit and the free nodes). All twelve start at once and no node is given back. (With a plain cap,
-    as Slurm's ``bf_max_job_test``, six would wait a decision for nothing.)
+    leaves free are not left idle for the limit: they are offered to the next six most promising in the same
+    decision, alone (the running and weighed jobs are not solved again). All twelve start at once and no node is
+    given back. (With a plain cap, as Slurm's ``bf_max_job_test``, six would wait a decision for nothing.)
 
     The same whether they were stopped with progress to resume or never ran: a saturated machine's queue of
     distinct jobs never run (a kind of its own each) was weighed whole, thousands in every decision."""
@@ -363,20 +364,24 @@ def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no
         m.submit(name)
         if resumes:
             m.job(name).progress = 1.0  # resumes from a checkpoint
-    weighed: list[list[float]] = []
-    problem = m.ctl._problem
+    import pilotfill.controller.core as core
 
-    def recording(active, extra, without=()):
-        weighed.append(sorted(float(j.spec["curve"]["samples_per_s"][1]) for j in active if not j.nodes))
-        return problem(active, extra, without)
+    solves: list[tuple[int, int, list[float]]] = []  # per solve: (nodes, jobs holding nodes, the waiting jobs' rates)
+    real = core.allocate
 
-    m.ctl._problem = recording
+    def recording(problem, *args, **kwargs):
+        waiting = sorted(j.throughput[DEFAULT_TYPE].at(1) for j in problem.jobs if j.id not in problem.current)
+        solves.append((len(problem.pool.nodes), len(problem.current), waiting))
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(core, "allocate", recording)
     m.at(0)
     admitted = sorted(float(r) for r in rates[:12])
-    first = next(w for w in weighed if w)
-    assert first == admitted[-6:]  # the six best of the first twelve submitted
-    assert max(len(w) for w in weighed) > 6  # nodes left free: more were weighed, in the same decision
-    assert max(len(w) for w in weighed) <= 12  # never more than the limit and the free nodes
+    first = next(i for i, (nodes, _, _) in enumerate(solves) if nodes > 6)  # the first decision with nodes to spare
+    assert solves[first][2] == admitted[-6:]  # the six best of the first twelve submitted
+    left_free = solves[first][0] - 6
+    # The nodes left free, offered to as many of the next most promising, alone: no job holds a node in that solve.
+    assert solves[first + 1] == (left_free, 0, admitted[:6][-left_free:])
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 12
     m.at(60)
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 12
@@ -493,3 +498,29 @@ def test_a_large_decision_sizes_the_pilots_in_the_next_pass_with_replies_between
     assert not m.ctl.busy
     assert sum(e["data"]["nodes"] for e in m.events("pilot.submitted")) == 8
     assert sum(len(m.job(n).nodes) for n in "abc") == 8 and m.ctl.world.counters["nodes_released"] == 0
+
+
+def test_a_wave_of_idle_nodes_is_asked_for_in_passes_and_every_node_is_asked_for_once(tmp_path, write):
+    """300 nodes turn idle at once, with jobs for all of them: one pass of the controller's loop submits at most
+    SUBMIT_BATCH pilots (no reply or decision waits behind hundreds of submissions), the loop steps again at once
+    while more are owed, and every idle node is asked for exactly once."""
+    from pilotfill.pilots.manager import SUBMIT_BATCH
+
+    assert SUBMIT_BATCH < 300
+    m = Machine(tmp_path, write, 300, [linear(f"j{i}", 1, 1, 10.0 + i) for i in range(300)], max_queued_pilots=1000, max_submits_per_minute=1000)
+    for name in list(m.specs):
+        m.submit(name)
+    submitted = []
+    for _ in range(10):
+        m.scheduler.advance(m.now)
+        m.ctl.step(m.now)
+        submitted.append(m.ctl.world.counters.get("pilots_submitted", 0))
+        if not m.ctl.busy:
+            break
+    steps = [b - a for a, b in zip([0] + submitted, submitted)]
+    assert max(steps) <= SUBMIT_BATCH and submitted[-1] == 300, steps
+    assert sum(1 for s in steps if s) >= 3  # 128, 128, 44: in passes
+    assert not m.ctl.busy
+    m.at(30)
+    assert m.ctl.world.counters.get("pilots_submitted", 0) == 300  # none asked for twice
+    assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300

@@ -71,7 +71,7 @@ class HoldModel:
 
     def expected(self, ages: Iterable[float], bounds: Iterable[float] | None = None) -> np.ndarray:
         """Expected remaining hold of nodes that have stayed ``ages`` seconds, each within its ``bounds``."""
-        a = np.asarray(list(ages), dtype=float)
+        a = ages if isinstance(ages, np.ndarray) else np.asarray(list(ages), dtype=float)
         if a.size == 0:
             return a
         if self._array is None:  # asked once or twice per decision, of up to KEEP holds: not converted each time
@@ -84,7 +84,7 @@ class HoldModel:
         lindy = np.maximum(a, self.prior_s)
         out = np.where(longer >= self.min_samples, learned, lindy)
         if bounds is not None:
-            out = np.minimum(out, np.asarray(list(bounds), dtype=float))
+            out = np.minimum(out, bounds if isinstance(bounds, np.ndarray) else np.asarray(list(bounds), dtype=float))
         return np.maximum(out, FLOOR_S)
 
     def horizon(self, ages: Iterable[float], bounds: Iterable[float] | None = None) -> float:

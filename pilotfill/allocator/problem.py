@@ -69,6 +69,15 @@ class ScalingCurve:
             cache[upto] = out
         return out
 
+    def best_per_node(self, upto: int) -> float:
+        """The most one node earns at 1 … ``upto`` nodes: max of rate(n)/n (remembered: how a queue of thousands is
+        ranked in every decision, while a curve changes only when its job reports)."""
+        cache = self.__dict__.setdefault("_per_node", {})
+        out = cache.get(upto)
+        if out is None:
+            out = cache[upto] = float((self.table(upto)[1:] / np.arange(1, upto + 1)).max()) if upto >= 1 else 0.0
+        return out
+
     @classmethod
     def from_table(cls, rates: Iterable[float]) -> ScalingCurve:
         """A curve through the rates at 0, 1, 2, … nodes, keeping only its corners.
@@ -83,6 +92,19 @@ class ScalingCurve:
         curve = object.__new__(cls)
         object.__setattr__(curve, "nodes", tuple(np.flatnonzero(keep).tolist()))
         object.__setattr__(curve, "values", tuple(r[keep].tolist()))
+        return curve
+
+    @classmethod
+    def dense(cls, rates: np.ndarray) -> ScalingCurve:
+        """A curve through the rates at 0, 1, 2, … nodes, every count a point: a fitted curve bends at every count, so
+        looking for the points that are not corners (:meth:`from_table`) costs more than it saves — and JPA refits
+        a hundred curves in one decision at machine scale."""
+        r = np.asarray(rates, dtype=float)
+        if r.ndim != 1 or len(r) < 2 or not r.min() >= 0 or not math.isfinite(r.sum()):
+            return cls.from_table(r)  # checked point by point, for the message
+        curve = object.__new__(cls)
+        object.__setattr__(curve, "nodes", tuple(range(len(r))))
+        object.__setattr__(curve, "values", tuple(r.tolist()))
         return curve
 
     def speedup(self) -> ScalingCurve:
@@ -294,6 +316,14 @@ class Allocation:
     method: str
     optimal: bool
     note: str = ""
+
+    def joined(self, other: Allocation) -> Allocation:
+        """This answer and ``other`` — other jobs, on nodes this one leaves free — as one (the objectives add up)."""
+        assignment = dict(self.assignment)
+        assignment.update(other.assignment)
+        return Allocation(counts={**self.counts, **other.counts}, node_type={**self.node_type, **other.node_type}, assignment=assignment,
+                          objective=self.objective + other.objective, method=self.method, optimal=self.optimal and other.optimal,
+                          note=self.note or other.note)  # fmt: skip
 
     def added(self, current: Mapping[str, frozenset[str]]) -> dict[str, tuple[str, ...]]:
         """Nodes each job gains relative to ``current``."""

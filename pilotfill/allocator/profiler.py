@@ -58,7 +58,9 @@ Pure: observations in, curves out; the caller decides when reports arrive.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -102,6 +104,9 @@ class Profiler:
     _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)  # per job and type: the means its curves rest on
     _charged: dict[str, dict[str, float]] = field(default_factory=dict)  # per job and kind of change: the mean cost callers are given
 
+    def __post_init__(self) -> None:
+        self._versions_view = MappingProxyType(self._versions)
+
     def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0, node_type: str | None = None) -> None:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds measured)."""
         if nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0 or not (math.isfinite(weight) and weight > 0):
@@ -120,6 +125,11 @@ class Profiler:
     def version(self, job_id: str) -> int:
         """Bumped whenever the job's curves or costs change: callers may keep what they made from them until it moves."""
         return self._versions.get(job_id, 0)
+
+    @property
+    def versions(self) -> Mapping[str, int]:
+        """Every job's :meth:`version` (0 where absent), read-only: for callers that check thousands of jobs at once."""
+        return self._versions_view
 
     def forget(self, job_id: str) -> None:
         self._versions.pop(job_id, None)
@@ -243,7 +253,7 @@ class Profiler:
     def _fit(self, job_id: str, max_nodes: int, node_type: str | None, seen: dict[int, float]) -> np.ndarray:
         """Amdahl's law fitted to the job's scales, at 0…max_nodes (one fit for its confirmed and optimistic curves)."""
         def fit() -> np.ndarray:
-            out = _amdahl(np.array(list(seen), dtype=float), np.array(list(seen.values()), dtype=float), np.arange(max_nodes + 1, dtype=float))
+            out = _amdahl([float(x) for x in seen], list(seen.values()), np.arange(max_nodes + 1, dtype=float))
             out.flags.writeable = False
             return out
 
@@ -259,35 +269,39 @@ class Profiler:
         seen = self.scales(job_id, node_type)
         if not seen:
             return _probe(min_nodes, max_nodes)
-        n = np.arange(max_nodes + 1, dtype=float)
         if len(seen) == 1:
             (n0, t0), = seen.items()
-            return ScalingCurve.from_table(t0 * np.minimum(n, n0) / n0)
-        return ScalingCurve.from_table(self._fit(job_id, max_nodes, node_type, seen))
+            return _linear(t0, n0, max_nodes, flat=True)
+        return ScalingCurve.dense(self._fit(job_id, max_nodes, node_type, seen))
 
     def _trying(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None, trying: int) -> ScalingCurve:
         optimistic = self.curve(job_id, min_nodes, max_nodes, node_type).table(max_nodes)
-        return ScalingCurve.from_table(np.minimum(optimistic, optimistic[min(trying, max_nodes)]))
+        return ScalingCurve.dense(np.minimum(optimistic, optimistic[min(trying, max_nodes)]))
 
     def _estimate(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
         seen = self.scales(job_id, node_type)
         if not seen:
             return _probe(min_nodes, max_nodes, EXPLORE_RATE)
-        n = np.arange(max_nodes + 1, dtype=float)
         if len(seen) == 1:
             (n0, t0), = seen.items()
-            return ScalingCurve.from_table(t0 * n / n0)
-        xs = np.array(list(seen), dtype=float)
-        ts = np.array(list(seen.values()), dtype=float)
+            return _linear(t0, n0, max_nodes, flat=False)
         fitted = self._fit(job_id, max_nodes, node_type, seen)
         # Upper-confidence: linear scaling from the largest scale seen, trusted less as scales accumulate.
-        top = xs.argmax()
-        linear = ts[top] * n / xs[top]
-        bonus = self.optimism / (len(seen) - 1)
-        beyond = n > xs[top]
+        top = max(seen)
         est = fitted.copy()
-        est[beyond] = fitted[beyond] + bonus * np.maximum(linear[beyond] - fitted[beyond], 0.0)
-        return ScalingCurve.from_table(est)
+        if top < max_nodes:
+            beyond = fitted[top + 1 :]
+            linear = seen[top] * np.arange(top + 1, max_nodes + 1, dtype=float) / top
+            est[top + 1 :] = beyond + self.optimism / (len(seen) - 1) * np.maximum(linear - beyond, 0.0)
+        return ScalingCurve.dense(est)
+
+
+def _linear(t0: float, n0: int, max_nodes: int, flat: bool) -> ScalingCurve:
+    """One scale seen, ``t0`` at ``n0`` nodes: linear scaling through it up to ``max_nodes`` (``flat``: only up to it,
+    flat beyond), as its corners — the values ``t0 · n / n0`` gives at those counts, without tabulating every count."""
+    if n0 >= max_nodes or not flat:
+        return ScalingCurve((0, max_nodes), (0.0, t0 * max_nodes / n0))
+    return ScalingCurve((0, n0, max_nodes), (0.0, t0 * n0 / n0, t0 * n0 / n0))
 
 
 def _probe(min_nodes: int, max_nodes: int, rate: float = None) -> ScalingCurve:
@@ -295,27 +309,28 @@ def _probe(min_nodes: int, max_nodes: int, rate: float = None) -> ScalingCurve:
     return ScalingCurve((0, min_nodes, max(max_nodes, min_nodes + 1)), (0.0, rate, rate))
 
 
-def _amdahl(xs: np.ndarray, ts: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """Fit n/T = a + b·n (a, b ≥ 0) to the points and evaluate T at ``at``."""
-    positive = ts > 0
-    if not positive.any():
+def _amdahl(xs: list[float], ts: list[float], at: np.ndarray) -> np.ndarray:
+    """Fit n/T = a + b·n (a, b ≥ 0) to the points (a job's few scales, in plain floats: numpy's per-call cost is
+    most of a fit this small) and evaluate T at ``at``."""
+    points = [(x, t) for x, t in zip(xs, ts) if t > 0]
+    if not points:
         return np.zeros_like(at)
-    xs, ts = xs[positive], ts[positive]
-    y = xs / ts
+    y = [x / t for x, t in points]
     # Relative errors matter, not absolute ones: weight each row by 1/y.
-    a, b = _nnls2(1.0 / y, xs / y)
+    a, b = _nnls2([1.0 / yi for yi in y], [x / yi for (x, _), yi in zip(points, y)])
     if a + b <= 0:
-        return ts.mean() / xs.mean() * at
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(at > 0, at / (a + b * at), 0.0)
-    return out
+        return sum(t for _, t in points) / sum(x for x, _ in points) * at
+    if a > 0:
+        return at / (a + b * at)
+    return np.divide(at, b * at, out=np.zeros_like(at), where=at > 0)  # T(0) = 0, not 0/0
 
 
-def _nnls2(u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
+def _nnls2(u: list[float], v: list[float]) -> tuple[float, float]:
     """min ‖a·u + b·v − 1‖² over a, b ≥ 0, exactly: the unconstrained least squares where both are positive, else
-    the better of the two one-variable fits (with two unknowns the optimum is inside or on one axis). Two dot
-    products instead of a general solver: JPA fits every job whose rates moved, hundreds in one decision."""
-    uu, vv, uv, u1, v1 = float(u @ u), float(v @ v), float(u @ v), float(u.sum()), float(v.sum())
+    the better of the two one-variable fits (with two unknowns the optimum is inside or on one axis). Five sums
+    instead of a general solver: JPA fits every job whose rates moved, a hundred in one decision."""
+    uu, vv, uv = math.fsum(x * x for x in u), math.fsum(x * x for x in v), math.fsum(x * y for x, y in zip(u, v))
+    u1, v1 = math.fsum(u), math.fsum(v)
     det = uu * vv - uv * uv
     if det > 1e-12 * uu * vv:
         a, b = (vv * u1 - uv * v1) / det, (uu * v1 - uv * u1) / det
@@ -325,7 +340,6 @@ def _nnls2(u: np.ndarray, v: np.ndarray) -> tuple[float, float]:
     only_b = (0.0, max(v1 / vv, 0.0)) if vv > 0 else (0.0, 0.0)
 
     def residual(ab: tuple[float, float]) -> float:
-        r = ab[0] * u + ab[1] * v - 1.0
-        return float(r @ r)
+        return math.fsum((ab[0] * x + ab[1] * y - 1.0) ** 2 for x, y in zip(u, v))
 
     return min(only_a, only_b, key=residual)

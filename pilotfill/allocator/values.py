@@ -89,13 +89,12 @@ def worth_per_node(job: Job) -> tuple[float, float]:
     """Upper bounds on what a job holding no nodes gains per node per second of horizon, over every count it may run
     on and every node type: by the curve the first stage values (weight × metric(n) / n), and by the one exploring
     values (its optimistic curve where it has one): how the controller ranks a long queue of waiting jobs."""
-    n = np.arange(1, job.max_nodes + 1)
     confirmed = explored = 0.0
     for t in job.throughput:
-        metric = job.metric(t).table(job.max_nodes)[1:] / n
-        confirmed = max(confirmed, float(metric.max()))
+        metric = job.metric(t).best_per_node(job.max_nodes)
+        confirmed = max(confirmed, metric)
         explore = job.explore.get(t) if job.explore is not None else None
-        explored = max(explored, float((explore.table(job.max_nodes)[1:] / n).max()) if explore is not None else float(metric.max()))
+        explored = max(explored, explore.best_per_node(job.max_nodes) if explore is not None else metric)
     return job.weight * confirmed, job.weight * explored
 
 

@@ -242,11 +242,11 @@ class Controller:
         world = self.world
         key = (now, len(world.ready), self.holds.samples)
         if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
-            ages, bounds = [], []
-            for node in world.ready_nodes():
-                pilot = world.pilots.get(node.pilot) if node.pilot else None
-                ages.append(now - node.since)
-                bounds.append(pilot.walltime_end - now if pilot is not None and pilot.walltime_end else math.inf)
+            nodes = list(world.ready_nodes())  # thousands at machine scale: one pass each, then arrays
+            pilots = world.pilots
+            ends = [pilots[n.pilot].walltime_end if n.pilot in pilots else None for n in nodes]
+            ages = now - np.fromiter((n.since for n in nodes), dtype=float, count=len(nodes))
+            bounds = np.fromiter((end - now if end else math.inf for end in ends), dtype=float, count=len(nodes))
             self._pool_holds = (key, self.holds.expected(ages, bounds))
         held = self._pool_holds[1]
         fresh = self.holds.expected([0.0]) if extra else held[:0]
@@ -705,6 +705,7 @@ class Controller:
             self._owed = False
             if self.draining:
                 self._sizing, self._sizing_owed = None, False  # stopping: no job starts or grows, no pilot is asked for
+                self.pilots.forget_owed()
             elif self._sizing_owed:
                 # The last decision's answer still holds unless something changed since (then it is asked anew, and
                 # the decision that change needs is owed to the pass after).
@@ -715,6 +716,8 @@ class Controller:
                     self.decide(now, idle)
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
+            elif self.pilots.owed:
+                self.pilots.submit_owed(now)  # a wave of idle nodes, asked for in passes
             if self._idle_types is not None:
                 self.types.last_idle = self._idle_types
             if idle is not None:
@@ -734,8 +737,9 @@ class Controller:
     @property
     def busy(self) -> bool:
         """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
-        decision's pilot sizing waits for the next pass, or that pass found a decision to take."""
-        return bool(self._backlog) or self._sizing_owed or self._owed
+        decision's pilot sizing waits for the next pass, that pass found a decision to take, or pilots the last sizing
+        asked for wait to be submitted (more than one pass submits)."""
+        return bool(self._backlog) or self._sizing_owed or self._owed or (self.pilots.owed and not self.draining)
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
@@ -973,9 +977,8 @@ class Controller:
         so that neither crowds out the other: resuming the best stopped jobs,
         and measuring new ones on the nodes they leave (a job JPA has not
         measured ranks last among measured ones). Unlike a backfill cap it
-        never leaves a node idle for it: when the answer leaves nodes free that
-        a job left out could start on, as many more of each as those nodes
-        could start are weighed and it is asked once more (then all of them).
+        never leaves a node idle for it: nodes the answer leaves free are
+        offered to the jobs left out (:meth:`_offer_left_free`).
 
         Waiting jobs that have never run and that the allocator cannot tell
         apart (the same curve, bounds, work and weight: a sweep's copies, or
@@ -1010,18 +1013,15 @@ class Controller:
 
         queues = [ranked(resuming), fresh()]
         weigh = [limit if 0 < limit < len(q) else len(q) for q in queues]
-        widened = False
         while True:
             weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
             active = sorted(running + weighed, key=lambda j: j.seq)
             problem = self._problem(active, extra, without)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
-            free = len(problem.pool.nodes) - sum(answer.counts.values())
-            if free > 0 and any(j.spec["min_nodes"] <= free for q, w in zip(queues, weigh) for j in q[w:]):
-                # Nodes left free that a job left out could start on: as many more as they could start, then all.
-                weigh = [len(q) if widened else w + free for q, w in zip(queues, weigh)]
-                widened = True
-                continue
+            answer, offered = self._offer_left_free(problem, answer, [q[w:] for q, w in zip(queues, weigh)])
+            if offered:
+                weighed += offered
+                active = sorted(running + weighed, key=lambda j: j.seq)
             ids = {j.id for j in weighed}
             added = 0
             for kind, js in alike.items():
@@ -1039,6 +1039,36 @@ class Controller:
                 remembered[(question, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
             self._copies = remembered
             return active, problem, answer
+
+    def _offer_left_free(self, problem: Problem, answer: Allocation, left: list[list[Job]]) -> tuple[Allocation, list[Job]]:
+        """Nodes ``answer`` leaves free, offered to the waiting jobs a decision left out (``left``: each queue's rest,
+        the most promising first): as many of each as the free nodes could start, then all of them. Those jobs are
+        allocated the free nodes alone — what the weighed jobs were given stands — so a wave of new nodes (or the
+        pilots' question, with every idle node) costs a solve of the jobs that could take them, not a second solve of
+        the whole machine. Returns the answer with theirs joined, and the jobs offered."""
+        offered: list[Job] = []
+        rounds = 0
+        while rounds < 2:
+            free = len(problem.pool.nodes) - sum(answer.counts.values())
+            if free <= 0:
+                break
+            more = []
+            for i, queue in enumerate(left):
+                take = len(queue) if rounds else free  # first as many as the free nodes could start, then all
+                more += [j for j in queue[:take] if j.spec["min_nodes"] <= free]
+                left[i] = queue[take:]
+            rounds += 1
+            views = self._views(more)
+            if not views:
+                continue
+            used = {n for nodes in answer.assignment.values() for n in nodes}
+            nodes = tuple(n for n in problem.pool.nodes if n not in used)
+            types = {n: problem.pool.types[n] for n in nodes if n in problem.pool.types}
+            rest = allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd), self.config.controller.formulation,
+                            self.config.controller.solver_time_limit_s)  # fmt: skip
+            answer = answer.joined(rest)
+            offered += [j for j in more if j.status not in TERMINAL]
+        return answer, offered
 
     def _most_promising(self, waiting: list[Job]) -> list[Job]:
         """The waiting jobs, those whose nodes would earn most first (weight × metric(n)/n at its best, by the curve
@@ -1077,16 +1107,8 @@ class Controller:
     def _problem(self, active: list[Job], extra: int | dict[str, int], without: tuple[str, ...] = ()) -> Problem:
         """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
         machine with several kinds of node); ``without`` leaves ready nodes out."""
-        jobs = []
-        current = {}
-        for job in active:
-            try:
-                jobs.append(self._allocator_job(job))
-            except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
-                self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
-                continue
-            if job.nodes:
-                current[job.id] = frozenset(job.nodes)
+        jobs = self._views(active)
+        current = {job.id: frozenset(job.nodes) for job in active if job.nodes}  # a job that failed in _views holds none
         now = self.clock()
         ending = self._ending_soon(jobs, now)
         ready = tuple(n for n in self.world.ready if n not in ending and n not in without)
@@ -1096,6 +1118,16 @@ class Controller:
         pool = ready + tuple(f"+{i}" for i in range(extra))
         return Problem(tuple(jobs), NodePool(pool), current, self.horizon(now, extra))
 
+    def _views(self, jobs: list[Job]) -> list[AllocJob]:
+        """The allocator's views of ``jobs``; a job the allocator cannot use fails, with the reason."""
+        views = []
+        for job in jobs:
+            try:
+                views.append(self._allocator_job(job))
+            except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
+                self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
+        return views
+
     def _allocator_job(self, job: Job) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
         measured). Made anew only when its curves or costs changed; a running job's work left changes every report
@@ -1103,7 +1135,8 @@ class Controller:
         spec = job.spec
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
-        inputs = (job.status, len(job.nodes), self.profiler.version(job.id), self.types.version(self.world, job))
+        # Asked of every open job in every decision (thousands on a saturated machine): the check is kept cheap.
+        inputs = (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else ())
         cached = self._alloc_jobs.get(job.id)
         if cached is not None and cached[0] == inputs:
             made = cached[1]

@@ -53,6 +53,10 @@ REFUSED_BACKOFF_S = (10.0, 300.0)
 """After the batch system refuses a submission: wait this long before asking again, doubling up to the second value."""
 
 
+SUBMIT_BATCH = 128
+"""Pilots one pass of the controller's loop submits: a wave of thousands of idle nodes is asked for in passes, so no
+reply or decision waits behind a thousand submissions (the rest follow in the next passes, unless a decision sizes
+the pilots anew first)."""
 RELEASE_RETRY_S = 5.0
 """A release the batch system failed or declined is asked again no sooner than this (never every tick)."""
 REREQUEST_WINDOW_S = 60.0
@@ -75,6 +79,7 @@ class PilotManager:
         self.problem: dict | None = None  # the last submission's refusal or failure, until one succeeds (shown to the user)
         self.fatal: SchedulerConfigError | None = None  # a refusal no retry can change: the controller stops
         self._pilot_seq = int(self.world.journal.get_meta("pilot_seq", "0") or 0)
+        self._owed: dict[str | None, int] = {}  # node type (None: one kind) -> nodes the last sizing asks for, not yet submitted
 
     # ------------------------------------------------------------ what the controller asks
 
@@ -95,9 +100,25 @@ class PilotManager:
     def has_release(self, pilot: str) -> bool:
         return bool(self._release.get(pilot))
 
+    @property
+    def owed(self) -> bool:
+        """Whether the last sizing asked for more pilots than one pass submits (:data:`SUBMIT_BATCH`)."""
+        return bool(self._owed)
+
+    def submit_owed(self, now: float) -> None:
+        """Submit the next :data:`SUBMIT_BATCH` pilots the last sizing asked for (within the site's limits)."""
+        owed, self._owed = self._owed, {}
+        for node_type, nodes in owed.items():
+            self._submit(nodes, now, node_type)
+
+    def forget_owed(self) -> None:
+        """Nothing more is submitted (the controller is stopping)."""
+        self._owed = {}
+
     def adjust(self, now: float, idle: int, answer: Allocation | None = None, idle_types: dict[str, int] | None = None) -> None:
         """Release, cancel or submit so that what we hold and ask for matches what the jobs would use
         (``idle_types``: a machine with several kinds of node, sized per type)."""
+        self._owed = {}  # sized anew: what an earlier sizing still owed is asked again below, if still wanted
         if idle_types is not None:
             return self._adjust_types(now, idle_types, answer)
         world = self.world
@@ -264,8 +285,12 @@ class PilotManager:
         cfg = self.config
         while self._submits and now - self._submits[0] >= 60.0:
             self._submits.popleft()
-        asked = 0
+        asked = submitted = 0
         while asked < nodes:
+            if submitted >= SUBMIT_BATCH:
+                self._owed[node_type] = nodes - asked  # the next pass submits the rest
+                break
+            submitted += 1
             if len(self.world.queued) >= cfg.max_queued_pilots:
                 break  # a queued pilot's start or end is an event: sized again then
             if len(self._submits) >= cfg.max_submits_per_minute:
