@@ -57,6 +57,7 @@ SUBMIT_BATCH = 128
 """Pilots one pass of the controller's loop submits: a wave of thousands of idle nodes is asked for in passes, so no
 reply or decision waits behind a thousand submissions (the rest follow in the next passes, unless a decision sizes
 the pilots anew first)."""
+
 RELEASE_RETRY_S = 5.0
 """A release the batch system failed or declined is asked again no sooner than this (never every tick)."""
 REREQUEST_WINDOW_S = 60.0
