@@ -275,7 +275,7 @@ class Controller:
 
             local = self.config.scheduler == "local" or rt.local_hosts
             return HorovodRuntime(self.run_dir, launcher=self.launcher, local=local, network_interface=rt.network_interface, on_spawn=record,
-                                  ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node)  # fmt: skip
+                                  ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
         if kind == "torch":
             from ..elastic.torch import TorchRuntime
 
@@ -1204,6 +1204,13 @@ class Controller:
                 self.runtime.stop(job.id)
                 world.update_job(job, status="pending", nodes=[])
                 world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), cause="moved to another node type")
+                running = False
+            if running and new and old and (lost or not set(old) <= set(new)) and job.id in self._changed and not self.runtime.shrinks_while_forming(job.id):
+                # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
+                self.runtime.stop(job.id)
+                world.update_job(job, status="pending", nodes=[])
+                world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job),
+                          cause=f"{cause or 'shrunk'} while its ranks were forming the group")  # fmt: skip
                 running = False
             try:
                 if running and new:

@@ -54,6 +54,11 @@ class Runtime(ABC):
         """
         return False
 
+    def shrinks_while_forming(self, job_id: str | None = None) -> bool:
+        """Whether a job (``job_id``) can lose ranks while the others are still forming the group, before they have
+        trained since its last start or resize. Where it cannot, the controller restarts it on the nodes it keeps."""
+        return True
+
     @abstractmethod
     def stop(self, job_id: str) -> None:
         """Stop every rank of the job (not an error: it may be restarted later)."""
