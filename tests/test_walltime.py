@@ -325,3 +325,63 @@ def test_a_job_is_not_grown_onto_a_slurm_pilot_whose_drain_comes_before_the_grow
     finally:
         run.stop()
         run.wait_for(lambda: not run.leftover_processes(), 60, "no leftover processes")
+
+
+def test_the_pools_horizon_follows_nodes_that_join_and_leave_and_the_walltimes_they_are_held_within(tmp_path, write):
+    """The horizon reads each ready node's age and walltime left; the controller keeps those in arrays between
+    decisions and reads the nodes again only when they change. At every second of a trace where nodes join, leave and
+    come back under new pilots, it is what the nodes themselves say."""
+    import math
+
+    import numpy as np
+
+    rows = [(t, f"n{i}", s) for t, i, s in [(5, 1, "idle"), (12, 2, "idle"), (20, 1, "busy"), (33, 3, "idle"), (41, 1, "idle"), (52, 2, "busy"),
+                                            (70, 0, "busy"), (84, 0, "idle")]]  # fmt: skip
+    m = Machine(tmp_path, write, {"n0": True, "n1": False, "n2": False, "n3": False}, rows, [linear("a", 1, 4, 100, up=1, down=1)], walltime_s=40.0)
+    m.submit("a")
+    sizes = set()
+    for t in range(0, 120):
+        m.at(t)
+        world, ctl = m.ctl.world, m.ctl
+        nodes = list(world.ready_nodes())
+        ends = [world.pilots[n.pilot].walltime_end if n.pilot in world.pilots else None for n in nodes]
+        expected = ctl.holds.expected([m.now - n.since for n in nodes], [e - m.now if e else math.inf for e in ends])
+        want = float(np.median(expected)) if len(nodes) else ctl.holds.horizon([])
+        if ctl.lifetimes.samples >= ctl.lifetimes.min_samples:
+            want = min(want, float(ctl.lifetimes.expected([0.0])[0]))
+        assert ctl.horizon(m.now) == pytest.approx(want), f"at {t} s"
+        sizes.add(len(nodes))
+    assert len(sizes) >= 3  # the pool did change
+
+
+def test_what_the_ready_nodes_are_held_within_has_a_version_that_moves_with_every_change(tmp_path):
+    """The controller reads the ready nodes again only when this version moves: a node joining, a ready node leaving
+    or gone, a walltime told; not a node changing hands between jobs, nor a node that was not ready going."""
+    from pilotfill.controller.world import World
+    from pilotfill.state import State
+
+    (tmp_path / "run").mkdir()
+    world = World(State(tmp_path / "run"))
+    pilot = world.add_pilot("p1", "1", 2, 0.0, 1)
+    seen = [world.ready_version]
+
+    def moved() -> bool:
+        seen.append(world.ready_version)
+        return seen[-1] != seen[-2]
+
+    world.node_joins("n0", pilot, 1.0)
+    assert moved()
+    world.node_joins("n1", pilot, 1.0)
+    assert moved()
+    world.assign(world.nodes["n0"], "job")
+    assert not moved()
+    world.set_pilot(pilot, state="running")
+    assert not moved()
+    world.set_pilot(pilot, walltime_end=100.0)
+    assert moved()
+    world.set_node_state(world.nodes["n0"], "leaving", 2.0)
+    assert moved()
+    world.set_node_state(world.nodes["n0"], "gone", 3.0)  # it was not ready any more
+    assert not moved()
+    world.set_node_state(world.nodes["n1"], "gone", 3.0)
+    assert moved() and not world.ready

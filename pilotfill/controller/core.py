@@ -154,6 +154,7 @@ class Controller:
         self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
         self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
+        self._pool_arrays: tuple[int, np.ndarray, np.ndarray] | None = None  # the ready nodes' since and walltime ends
         self._pool_holds: tuple[tuple, Any] | None = None  # (when, pool, samples) -> expected hold of each ready node
         self._seed_holds()
         self.dirty = True
@@ -240,14 +241,18 @@ class Controller:
         if fixed > 0:
             return fixed
         world = self.world
-        key = (now, len(world.ready), self.holds.samples)
+        key = (now, world.ready_version, self.holds.samples)
         if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
-            nodes = list(world.ready_nodes())  # thousands at machine scale: one pass each, then arrays
-            pilots = world.pilots
-            ends = [pilots[n.pilot].walltime_end if n.pilot in pilots else None for n in nodes]
-            ages = now - np.fromiter((n.since for n in nodes), dtype=float, count=len(nodes))
-            bounds = np.fromiter((end - now if end else math.inf for end in ends), dtype=float, count=len(nodes))
-            self._pool_holds = (key, self.holds.expected(ages, bounds))
+            if self._pool_arrays is None or self._pool_arrays[0] != world.ready_version:
+                # Thousands of nodes at machine scale, read one by one only when the ready nodes changed.
+                nodes = list(world.ready_nodes())
+                pilots = world.pilots
+                ends = (pilots[n.pilot].walltime_end if n.pilot in pilots else None for n in nodes)
+                since = np.fromiter((n.since for n in nodes), dtype=float, count=len(nodes))
+                ending = np.fromiter((end if end else math.inf for end in ends), dtype=float, count=len(nodes))
+                self._pool_arrays = (world.ready_version, since, ending)
+            _, since, ending = self._pool_arrays
+            self._pool_holds = (key, self.holds.expected(now - since, ending - now))
         held = self._pool_holds[1]
         fresh = self.holds.expected([0.0]) if extra else held[:0]
         expected = np.concatenate([held, np.repeat(fresh, extra)]) if extra else held

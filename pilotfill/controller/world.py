@@ -91,6 +91,7 @@ class World:
         self.journal = journal
         self.nodes: dict[str, Node] = {}
         self.ready: dict[str, None] = {}  # ready nodes, an ordered set
+        self.ready_version = 0  # moves whenever the ready nodes, or a walltime they are held within, change
         self.pilots: dict[str, Pilot] = {}  # live pilots only
         self.queued: dict[str, Pilot] = {}  # the live pilots not yet registered
         self.ended_pilots: OrderedDict[str, str] = OrderedDict()  # recently ended pilot -> its last state
@@ -127,6 +128,7 @@ class World:
             self.nodes[node.name] = node
             if node.state == "ready":
                 self.ready[node.name] = None
+        self.ready_version += 1
 
     # ---------------------------------------------------------------- counters and events
 
@@ -261,6 +263,8 @@ class World:
         self.journal.upsert_pilot(pilot.id, **journaled)
         for k, v in fields.items():
             setattr(pilot, k, dict.fromkeys(v) if k == "nodes" else v)
+        if "walltime_end" in fields:
+            self.ready_version += 1
         if pilot.state == "queued":
             self.queued[pilot.id] = pilot
         else:
@@ -299,13 +303,15 @@ class World:
         self.journal.set_node(name, pilot=pilot.id, state="ready", job=None, since=now, deadline=None, **typed)
         self.nodes[name] = Node(name, pilot.id, "ready", now, node_type=pilot.node_type)
         self.ready[name] = None
+        self.ready_version += 1
         pilot.nodes[name] = None
 
     def set_node_state(self, node: Node, state: str, now: float, deadline: float | None = None) -> None:
         """``leaving`` (its pilot got SIGTERM) or ``gone``; a gone node leaves its pilot too."""
         self.journal.set_node(node.name, state=state, job=None, since=now, deadline=deadline)
         node.state, node.job, node.since, node.deadline = state, None, now, deadline
-        self.ready.pop(node.name, None)
+        if self.ready.pop(node.name, 0) is None:
+            self.ready_version += 1
         if state == "gone" and node.pilot in self.pilots:
             self.pilots[node.pilot].nodes.pop(node.name, None)
 
