@@ -27,7 +27,8 @@ T0 = "2021-02-10T00:00:00Z"
 class Machine:
     """A controller, its batch system and runtime, and a clock the test moves."""
 
-    def __init__(self, tmp_path, write, nodes: int, jobs: list[str], busy: list[tuple[int, str, str]] = (), nodes_per_pilot: int = 1, **pilots):
+    def __init__(self, tmp_path, write, nodes: int, jobs: list[str], busy: list[tuple[int, str, str]] = (), nodes_per_pilot: int = 1,
+                 runtime=SimulatedRuntime, **pilots):  # fmt: skip
         lines = ["time,node,state"] + [f"{T0},n{i},idle" for i in range(nodes)]
         lines += [f"2021-02-10T00:{t // 60:02d}:{t % 60:02d}Z,{n},{s}" for t, n, s in busy]
         lines.append("2021-02-10T01:00:00Z,,end")
@@ -35,7 +36,7 @@ class Machine:
         self.specs = {j.name: j for j in read_jobs(write("jobs.csv", "\n".join([JOB_HEADER, *jobs]) + "\n"))}
         self.now = self.trace.start
         self.scheduler = ReplayScheduler(self.trace, queue_delay_s=0.0, grace_s=5.0)
-        self.runtime = SimulatedRuntime(self.specs, now=self.now)
+        self.runtime = runtime(self.specs, now=self.now)
         config = Config(
             scheduler="replay",
             pilots=PilotConfig(heartbeat_s=3600.0, heartbeat_deadline_s=7200.0, nodes_per_pilot=nodes_per_pilot, **pilots),
@@ -524,3 +525,33 @@ def test_a_wave_of_idle_nodes_is_asked_for_in_passes_and_every_node_is_asked_for
     m.at(30)
     assert m.ctl.world.counters.get("pilots_submitted", 0) == 300  # none asked for twice
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300
+
+
+class _FormingRuntime(SimulatedRuntime):
+    """The simulated runtime with realistic costs (a start takes 30 s before its ranks report), as a runtime whose ranks
+    cannot lose a peer while they form the group (Elastic Horovod in hvd.init)."""
+
+    def __init__(self, specs, now):
+        super().__init__(specs, accounting="realistic", now=now)
+
+    def shrinks_while_forming(self, job_id=None) -> bool:
+        return False
+
+
+def test_a_job_whose_ranks_cannot_lose_a_peer_while_forming_starts_again_on_the_rest_and_shrinks_once_training(tmp_path, write):
+    m = Machine(tmp_path, write, 3, [linear("a", 1, 3, 100)], busy=[(10, "n2", "busy"), (100, "n1", "busy")], runtime=_FormingRuntime)
+    m.submit("a")
+    m.at(0)
+    assert len(m.job("a").nodes) == 3
+    for t in range(1, 11):
+        m.at(t)  # n2 is taken back at 10 s, 20 s before the ranks' first report
+    stopped = m.events("job.stopped")
+    assert len(stopped) == 1 and stopped[0]["data"]["cause"] == "n2 leaving while its ranks were forming the group"
+    started = m.events("job.started")
+    assert len(started) == 2 and sorted(started[1]["data"]["nodes"]) == ["n0", "n1"]
+    assert not m.events("job.resized")
+    for t in range(11, 101):
+        m.at(t)  # trained since 40 s: n1 taken back at 100 s is a shrink
+    assert m.events("job.cost") and len(m.events("job.started")) == 2 and len(m.events("job.stopped")) == 1
+    shrunk = [e for e in m.events("job.resized") if "n1 leaving" in e["data"].get("cause", "")]
+    assert shrunk and shrunk[0]["data"]["after"] == 1 and m.job("a").status == "running"

@@ -1210,7 +1210,7 @@ class Controller:
                 world.update_job(job, status="pending", nodes=[])
                 world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), cause="moved to another node type")
                 running = False
-            if running and new and old and (lost or not set(old) <= set(new)) and job.id in self._changed and not self.runtime.shrinks_while_forming(job.id):
+            if running and new and old and (lost or not set(old) <= set(new)) and self._forming(job) and not self.runtime.shrinks_while_forming(job.id):
                 # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
                 self.runtime.stop(job.id)
                 world.update_job(job, status="pending", nodes=[])
@@ -1253,6 +1253,12 @@ class Controller:
             else:
                 self._sized_at.pop(job.id, None)
         return moved
+
+    def _forming(self, job: Job) -> bool:
+        """Whether a job's ranks have neither reported training nor committed since it started: still starting up and
+        forming their group (a survivor of a shrink is not: its process reports on, never "first" again)."""
+        changed = self._changed.get(job.id)
+        return changed is not None and changed[1] == "start" and self._committed_at.get(job.id, math.inf) <= changed[0]
 
     def _keeps_its_nodes(self, job: Job, answer: Allocation) -> bool:
         """Whether ``answer`` leaves a running job exactly as it is: the same count on the same type, nothing lost."""
