@@ -85,7 +85,7 @@ class Bench:
         self.pilots = [p.id for p in self.ctl.world.pilots.values()]
 
     def settle(self) -> None:
-        for _ in range(50):
+        for _ in range(1000):  # pilots are asked for SUBMIT_BATCH a pass: thousands of nodes take tens of passes
             self.scheduler.advance(self.now)
             messages, self.scheduler.outbox = self.scheduler.outbox, []
             for m in messages:
