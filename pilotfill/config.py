@@ -110,7 +110,7 @@ class RuntimeConfig:
     gpus_per_node: int = 0  # GPUs each node has: rank i of a node sees only GPU i (CUDA_VISIBLE_DEVICES); 0: no binding
     local_hosts: bool = False  # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
     network_interface: str = "lo"  # what Gloo uses between ranks (e.g. "hsn0" on a Slingshot machine)
-    collective_timeout_s: float = 120.0  # a collective or rendezvous (NCCL, gloo; torch and Horovod runtimes) waiting this long for a peer fails; its rank restarts
+    collective_timeout_s: float = 120.0  # a collective or rendezvous (NCCL, gloo; torch, Horovod) waiting this long for a peer fails; its rank restarts
 
 
 @dataclass(frozen=True)
