@@ -1206,17 +1206,10 @@ class Controller:
                 running = False
             if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
                 # Another kind of node: a stop (it resumes from its last commit) and a start there.
-                self.runtime.stop(job.id)
-                world.update_job(job, status="pending", nodes=[])
-                world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), cause="moved to another node type")
-                running = False
+                running = self._stop_for_a_start(job, old, lost, now, "moved to another node type")
             if running and new and old and (lost or not set(old) <= set(new)) and self._forming(job) and not self.runtime.shrinks_while_forming(job.id):
                 # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
-                self.runtime.stop(job.id)
-                world.update_job(job, status="pending", nodes=[])
-                world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job),
-                          cause=f"{cause or 'shrunk'} while its ranks were forming the group")  # fmt: skip
-                running = False
+                running = self._stop_for_a_start(job, old, lost, now, f"{cause or 'shrunk'} while its ranks were forming the group")
             try:
                 if running and new:
                     if set(new) == set(old) and not lost:
@@ -1253,6 +1246,13 @@ class Controller:
             else:
                 self._sized_at.pop(job.id, None)
         return moved
+
+    def _stop_for_a_start(self, job: Job, old: list[str], lost: set[str], now: float, cause: str) -> bool:
+        """Stop a running job so that :meth:`_apply` starts it on its new nodes (from its last commit); False: not running."""
+        self.runtime.stop(job.id)
+        self.world.update_job(job, status="pending", nodes=[])
+        self.world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=self.world.roll_back(job), cause=cause)
+        return False
 
     def _forming(self, job: Job) -> bool:
         """Whether a job's ranks have neither reported training nor committed since it started: still starting up and

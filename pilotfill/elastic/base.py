@@ -56,7 +56,7 @@ class Runtime(ABC):
 
     def shrinks_while_forming(self, job_id: str | None = None) -> bool:
         """Whether a job (``job_id``) can lose ranks while the others are still forming the group, before they have
-        trained since its last start or resize. Where it cannot, the controller restarts it on the nodes it keeps."""
+        reported or committed since the job started. Where it cannot, the controller restarts it on the nodes it keeps."""
         return True
 
     @abstractmethod

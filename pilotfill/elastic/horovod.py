@@ -98,8 +98,8 @@ class HorovodRuntime(Runtime):
             horovodrun, "-np", str(len(hosts) * slots), "--min-np", str(spec["min_nodes"] * slots), "--max-np", str(spec["max_nodes"] * slots),
             "--host-discovery-script", shlex.quote(str(script)), "--gloo", "--elastic-timeout", "600",  # Horovod runs it in a shell
             "--blacklist-cooldown-range", str(self.cooldown_s[0]), str(self.cooldown_s[1]),
-            # Gloo's rendezvous and collectives wait this long (Horovod's default, 30 s, is shorter than a new rank's
-            # start on a busy node: the survivors of a grow gave up waiting for its address and the job started over).
+            # Gloo's rendezvous and collectives wait this long (Horovod's default, 30 s, is shorter than a rank's start
+            # on a busy node).
             "--gloo-timeout-seconds", str(max(1, round(self.collective_timeout_s))),
         ]  # fmt: skip
         if self.network_interface:
@@ -130,9 +130,9 @@ class HorovodRuntime(Runtime):
         return grow_only  # Horovod grows at a commit; a shrink ends ranks and the survivors restore the last commit
 
     def shrinks_while_forming(self, job_id: str | None = None) -> bool:
-        # Ranks in hvd.init (a start, or the re-init of a reset) wait in Gloo's rendezvous for every peer's address: one
-        # that is ended there leaves the others waiting out the Gloo timeout, then failing. Restarting on the nodes
-        # kept costs nothing a Horovod shrink would keep (it resumes from the last commit too).
+        # Ranks in hvd.init wait in Gloo's rendezvous for every peer's address: one ended there leaves the others
+        # waiting out the Gloo timeout, then failing. Restarting on the nodes kept costs nothing a Horovod shrink would
+        # keep (it resumes from the last commit too).
         return False
 
     def stop(self, job_id: str) -> None:
