@@ -39,9 +39,17 @@ def main_job(slurm, tmp: Path, nodes: int, tag: str, detail=lambda: "") -> tuple
 
 
 def preempted_for(slurm, job_id: str, detail=lambda: "") -> float:
-    """When slurmctld last preempted a job to make room for ``job_id`` (epoch seconds, from its log's local time)."""
+    """When slurmctld last preempted a job to make room for ``job_id`` (epoch seconds, from its log's local time).
+
+    Read between the job's submission and its allocation. slurmctld names the job it preempts for, except when the
+    preemption comes from a scheduling pass that has no job record at hand: then it prints ``for JobId=Invalid``
+    (seen in CI on Debian's slurm-wlm). Between those two lines only the main job can be the cause: pilots are the
+    only other jobs and they never preempt."""
     log = (slurm.root / "log" / "slurmctld.log").read_text().splitlines()
-    lines = [line for line in log if "preempted JobId=" in line and line.rstrip().endswith(f"for JobId={job_id}")]
+    submitted = next(i for i, line in enumerate(log) if f"_slurm_rpc_submit_batch_job: JobId={job_id} " in line)
+    allocated = next((i for i, line in enumerate(log) if f"Allocate JobId={job_id} " in line), len(log))
+    lines = [line for line in log[submitted:allocated + 1]
+             if "preempted JobId=" in line and line.rstrip().endswith((f"for JobId={job_id}", "for JobId=Invalid"))]  # fmt: skip
     assert lines, f"slurmctld never preempted for main job {job_id}: its nodes were free.\nslurmctld:\n" + "\n".join(log[-40:]) + detail()
     when = datetime.strptime(lines[-1][1 : lines[-1].index("]")], "%Y-%m-%dT%H:%M:%S.%f")
     return time.mktime(when.timetuple()) + when.microsecond / 1e6
