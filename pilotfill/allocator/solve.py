@@ -164,22 +164,24 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
         return _explore_typed(problem, answer)
     counts, types = dict(answer.counts), dict(answer.node_type)
     changed = False
+    held_all = [problem.held_by_type(j) for j in problem.jobs]  # each job's {type: count}, only counts > 0
     for node_type, nodes in problem.pool.by_type().items():
-        kept = sum(min(counts.get(j.id, 0), problem.held_by_type(j).get(node_type, 0)) for j in problem.jobs if types.get(j.id) == node_type)
-        room = len(nodes) - kept
-        if room <= 0:
-            continue
+        kept = 0
         candidates, bases = [], []
-        for job in problem.jobs:
-            held = problem.held_by_type(job).get(node_type, 0)
-            if types.get(job.id) not in (None, node_type) or node_type not in job.throughput:
+        for job, held_types in zip(problem.jobs, held_all):
+            t, n = types.get(job.id), counts.get(job.id, 0)
+            held = held_types.get(node_type, 0)
+            if t == node_type:
+                kept += min(n, held)
+            elif t is not None or node_type not in job.throughput:
                 continue
-            base = min(counts.get(job.id, 0), held) if types.get(job.id) == node_type else 0
-            if (held and base < held) or any(c and t != node_type for t, c in problem.held_by_type(job).items()):
+            base = min(n, held) if t == node_type else 0
+            if (held and base < held) or len(held_types) > (1 if held else 0):
                 continue  # shrunk or stopped by the first stage, or running on another type: no growth here
             candidates.append(job)
             bases.append(base)
-        if not candidates:
+        room = len(nodes) - kept
+        if room <= 0 or not candidates:
             continue
         tables = exploration_tables(problem, candidates, node_type, bases, room)
         try:
