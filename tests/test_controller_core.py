@@ -337,7 +337,7 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     m.at(1)
     ctl = m.ctl
     room = len(ctl.world.ready)
-    active, problem, answer = ctl._solve(room, extra=0)
+    active, problem, answer = ctl._solve(room, extra=0)[:3]
     assert len(active) < 40, f"{len(active)} jobs weighed for {room} nodes"
     everyone = ctl._active(room)
     assert len(everyone) >= room  # the machine admits as many as could start
@@ -470,7 +470,7 @@ def test_the_pilots_question_on_a_saturated_machine_is_answered_without_a_solve_
         solves.clear()
         shortcut = ctl.wanted(extra, None)
         assert not solves, "answered with a solve"
-        _, _, solved = ctl._solve(len(ctl.world.ready) + extra, extra)
+        solved = ctl._solve(len(ctl.world.ready) + extra, extra).answer
         assert shortcut == sum(solved.counts.values()) == len(ctl.world.ready) + extra
 
 
@@ -555,3 +555,155 @@ def test_a_job_whose_ranks_cannot_lose_a_peer_while_forming_starts_again_on_the_
     assert m.events("job.cost") and len(m.events("job.started")) == 2 and len(m.events("job.stopped")) == 1
     shrunk = [e for e in m.events("job.resized") if "n1 leaving" in e["data"].get("cause", "")]
     assert shrunk and shrunk[0]["data"]["after"] == 1 and m.job("a").status == "running"
+
+
+def _weigh(m: Machine, n: int) -> None:
+    import dataclasses
+
+    m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=n))
+
+
+@pytest.mark.parametrize("changed_between", [False, True], ids=["quiet", "a-submission-between"])
+def test_a_large_decision_offers_the_nodes_it_leaves_free_in_the_next_pass(tmp_path, write, monkeypatch, changed_between):
+    """At machine scale one pass solves the machine once: a decision whose weighed jobs leave nodes free starts
+    them, and the loop's next pass (at once: ``busy``) offers those nodes to the jobs it left out (the same solve
+    of them alone as inside a small decision). The pilots are sized after both, on both answers: no node is given
+    back or asked for twice. Something that changes the world in between (a submission) is decided anew instead."""
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
+    rates = [(7 * i) % 30 + 1 for i in range(30)]
+    m = Machine(tmp_path, write, 12, [linear(f"j{i}", 1, 1, float(r)) for i, r in enumerate(rates)] + [linear("late", 1, 1, 99.0)])
+    _weigh(m, 6)
+    for name in list(m.specs)[:30]:
+        m.submit(name)
+    running = lambda: sum(len(j.nodes) for j in m.ctl.world.jobs.values())  # noqa: E731
+    passes = []  # after each pass: (nodes in use, an offer owed, busy, nodes ready)
+    step = m.ctl.step
+
+    def recording(now=None, more=False):
+        step(now, more)
+        passes.append((running(), m.ctl._offer is not None, m.ctl.busy, len(m.ctl.world.ready)))
+        if changed_between and m.ctl._offer is not None and "late" not in m.ids:
+            m.submit("late")  # a request between the decision and the offer
+
+    m.ctl.step = recording
+    m.at(0)
+    owed = next(i for i, p in enumerate(passes) if p[1])
+    assert passes[owed][:3] == (6, True, True) and passes[owed][3] > 6  # the six weighed started; the free nodes offered in the next pass, at once
+    if changed_between:
+        assert passes[owed + 1][:2] == (6, False)  # dropped: decided anew
+        assert not any("offered" in e["data"] for e in m.events("allocation"))  # the decision anew offered the nodes itself
+    else:
+        assert passes[owed + 1][:2] == (passes[owed][3], False)  # offered and started
+        assert any(e["data"].get("offered") for e in m.events("allocation"))
+    assert running() == 12 and not m.ctl.busy
+    m.at(60)
+    assert running() == 12 and not m.events("node.released")
+    assert m.ctl.world.counters["pilots_submitted"] == 12
+
+
+def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tmp_path, write, monkeypatch):
+    """A pass that handled DECIDE_APART_MESSAGES requests or more leaves a large decision to the loop's next pass
+    (at once: ``busy``), so a thousand reports and a whole-machine solve never add up in one pass; once in a row, so
+    requests arriving in every pass cannot hold it back. With fewer requests it is taken in the pass that read them."""
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
+    n = core.DECIDE_APART_MESSAGES
+    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 2, 10.0 + i) for i in range(2 * n + 4)])
+
+    def submission(name):
+        spec = m.specs[name]
+        return {"type": "job.submit", "spec": {"name": name, "entry": "pilotfill.replay:simulated", "min_nodes": 1, "max_nodes": 2,
+                "scale_up_cost_s": 1.0, "scale_down_cost_s": 1.0, "curve": {"nodes": list(spec.throughput.nodes),
+                "samples_per_s": list(spec.throughput.values)}}}  # fmt: skip
+
+    names = list(m.specs)
+    for name in names[:2]:
+        m.submit(name)
+    m.at(0)
+    m.at(10)  # the machine's four nodes run the first two jobs; nothing owed, no pilot arriving
+    assert not m.ctl.busy and sum(len(j.nodes) for j in m.ctl.world.open.values()) == 4
+    decided = []
+    decide = m.ctl.decide
+    m.ctl.decide = lambda *a, **k: decided.append(1) or decide(*a, **k)
+
+    def one_pass(batch):
+        assert all(r["ok"] for r in m.ctl.handle_batch(batch))
+        m.ctl.step(m.now)
+        return len(decided)
+
+    assert one_pass([submission(x) for x in names[2 : 2 + n]]) == 0 and m.ctl.busy and m.ctl.dirty  # put off
+    assert one_pass([submission(x) for x in names[2 + n : 2 + 2 * n]]) == 1  # not put off twice in a row
+    while m.ctl.busy:
+        m.ctl.step(m.now)
+    decided.clear()
+    assert one_pass([submission(x) for x in names[2 + 2 * n :]]) == 1  # a few requests: decided in the pass that read them
+
+
+def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_without_solving_them(tmp_path, write, monkeypatch):
+    """The pilots' question at machine scale weighs the most promising waiting jobs; the nodes they leave free go to
+    the jobs left out. Where enough of those would each gain from one node, every free node is used: the question
+    counts them without a second solve, and says what the second solve says. Where too few could, it solves them."""
+    import pilotfill.controller.core as core
+
+    # Ten jobs that start on one node, then eight that start on two and earn most (weighed first). The question: with
+    # sixteen nodes, which admit the ten and three of the eight (their minimums fill the sixteen).
+    jobs = [linear(f"one{i}", 1, 1, 5.0 + i) for i in range(10)] + [linear(f"big{i}", 2, 2, 50.0 + i) for i in range(8)]
+    m = Machine(tmp_path, write, 16, jobs)  # no pilot yet: no node ready
+    _weigh(m, 6)
+    for name in list(m.specs):
+        m.submit(name)
+    ctl = m.ctl
+    solves = []
+    real = core.allocate
+    monkeypatch.setattr(core, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
+    assert ctl._whole_pool(16) is None  # ten start on one node: fewer than the sixteen nodes
+    counted = ctl.wanted(16, None)
+    assert len(solves) == 1, "the free nodes were solved for"
+    full = ctl._solve(16, 16).answer  # the free nodes offered to the jobs left out, by a solve of them
+    assert len(solves) == 3
+    assert counted == sum(full.counts.values()) == 16
+    # Two jobs that start on one node, eight on two: too few to say the free nodes are all used: they are solved for.
+    m2 = Machine(tmp_path / "2", write, 16, jobs[8:])
+    _weigh(m2, 3)
+    for name in list(m2.specs):
+        m2.submit(name)
+    solves.clear()
+    counted = m2.ctl.wanted(16, None)
+    assert len(solves) == 2
+    assert counted == sum(m2.ctl._solve(16, 16).answer.counts.values())
+
+
+def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_next_pass(tmp_path, write, monkeypatch):
+    """A large decision that used every copy weighed of a sweep's job does not apply that answer and solve the
+    machine again in the same pass: the next pass (at once) decides with as many copies as could start, and reaches
+    the answer that weighs them all."""
+    from pilotfill.allocator import allocate
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
+    jobs = [f"c{i},m,{T0},1,4,1e9,10,5,0;1;4,0;200;350" for i in range(40)] + [f"odd,m,{T0},2,8,1e9,10,5,0;2;8,0;300;1000"]
+    m = Machine(tmp_path, write, 10, jobs)  # one node earns a copy most: the first copies weighed are all used
+    for name in list(m.specs):
+        m.submit(name)
+    ctl = m.ctl
+    passes = []  # per pass: (a solve of it said "again", allocations logged so far, nodes in use)
+    solve, step = ctl._solve, ctl.step
+    said = []
+    ctl._solve = lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k))
+
+    def recording(now=None, more=False):
+        said.clear()
+        step(now, more)
+        passes.append((any(said), len(m.events("allocation")), sum(len(j.nodes) for j in ctl.world.open.values())))
+
+    ctl.step = recording
+    m.at(0)
+    again = next(i for i, p in enumerate(passes) if p[0])
+    assert passes[again][1:] == passes[again - 1][1:] == (1, 0)  # not applied: nothing logged, nothing started
+    assert passes[again + 1][1:] == (2, 10)  # the next pass decides, with the copies that could start, at once
+    full = allocate(ctl._problem(ctl._active(10), 0))
+    assert sum(len(j.nodes) for j in ctl.world.open.values()) == sum(full.counts.values()) == 10
+    assert not m.job("odd").nodes  # ten copies on one node each earn more than any answer with the odd job

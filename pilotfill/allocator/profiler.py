@@ -103,6 +103,7 @@ class Profiler:
     _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped when its curves or costs change (callers cache on it)
     _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)  # per job and type: the means its curves rest on
     _charged: dict[str, dict[str, float]] = field(default_factory=dict)  # per job and kind of change: the mean cost callers are given
+    changes: int = 0  # moves with every job's version (and when a job is forgotten): a check of thousands of jobs in one
 
     def __post_init__(self) -> None:
         self._versions_view = MappingProxyType(self._versions)
@@ -121,6 +122,7 @@ class Profiler:
         fitted[int(nodes)] = scale.mean
         self._cache.pop(job_id, None)
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
+        self.changes += 1
 
     def version(self, job_id: str) -> int:
         """Bumped whenever the job's curves or costs change: callers may keep what they made from them until it moves."""
@@ -132,6 +134,7 @@ class Profiler:
         return self._versions_view
 
     def forget(self, job_id: str) -> None:
+        self.changes += 1
         self._versions.pop(job_id, None)
         self._fitted.pop(job_id, None)
         self._seen.pop(job_id, None)
@@ -152,6 +155,7 @@ class Profiler:
             return  # what the job is charged stands: a steady commit interval measured again, every minute, changes nothing
         charged[kind] = scale.mean
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
+        self.changes += 1
 
     def cost(self, job_id: str, kind: str, prior: float) -> float:
         """The mean measured cost of ``kind`` for the job (as of the last time it moved by more than the

@@ -27,7 +27,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -73,6 +73,10 @@ SIZE_APART_JOBS = 128
 """With at least this many open jobs, a decision sizes the pilots in the loop's next pass, not in its own: the two
 are the controller's two solves of the whole machine, and replies to the requests that arrived meanwhile go out
 between them, not after both."""
+DECIDE_APART_MESSAGES = 16
+"""With at least :data:`SIZE_APART_JOBS` open jobs, a decision due in a pass that handled this many requests is taken in
+the loop's next pass instead (at once: the loop does not wait in between), once in a row: a thousand reports and a
+whole-machine decision are two passes, not one, and neither the replies nor the decision waits for both."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -123,6 +127,16 @@ class Meter:
         self.began = now
         self._ranks = {r: [0.0, 0.0, last] for r, (_, _, last) in self._ranks.items()}
         return rate, elapsed
+
+
+class Solved(NamedTuple):
+    """What :meth:`Controller._solve` weighed and answered."""
+
+    active: list[Job]  # the jobs weighed (running, and waiting ones by rank)
+    problem: Problem
+    answer: Allocation
+    left: list[list[Job]]  # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
+    again: bool = False  # a large decision that weighs more copies of a kind in the next pass: not to be applied
 
 
 class Controller:
@@ -176,11 +190,15 @@ class Controller:
         self._copies: dict[tuple[bool, Hashable], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
         self._worth: dict[str, tuple[AllocJob, tuple[float, float]]] = {}  # job -> (the view it was bounded on, its worth per node)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
+        self._kinds: dict[str, tuple[dict, Hashable]] = {}  # job -> (its spec, what in it tells the job apart from other waiting jobs: see _kind)
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
         self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass (when _sizing_owed)
         self._sizing_owed = False
-        self._owed = False  # the sizing pass found the world changed: decide in the pass after it, at once
+        self._owed = False  # a decision is owed to the next pass, at once (the sizing pass found the world changed, or one was put off)
+        self._handled = 0  # requests handled since the last step (see DECIDE_APART_MESSAGES)
+        self._put_off = False  # the decision due was put off to the next pass (once in a row)
+        self._offer: tuple[Problem, Allocation, list[list[Job]]] | None = None  # a large decision's free nodes, offered in the next pass
         self._deferred_since: float | None = None
         self._last_idle: int | None = None
         self._pruned_at = self.started
@@ -398,6 +416,7 @@ class Controller:
 
     def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Apply requests that arrived together (:meth:`together`); their replies, in order."""
+        self._handled += len(messages)
         with self.together():
             return [self.handle(m) for m in messages]
 
@@ -683,6 +702,7 @@ class Controller:
                 log.error("error in the controller's step (%d so far): %s", self._errors, traceback.format_exc())
             self.dirty = False  # do not retry the same failing decision every tick; the next event will
         self._last_step = now
+        self._handled = 0
 
     def _step(self, now: float) -> None:
         self._account(now)
@@ -709,15 +729,24 @@ class Controller:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
             self._owed = False
             if self.draining:
-                self._sizing, self._sizing_owed = None, False  # stopping: no job starts or grows, no pilot is asked for
+                self._sizing, self._sizing_owed, self._offer = None, False, None  # stopping: no job starts or grows, no pilot is asked for
                 self.pilots.forget_owed()
+            elif self._offer is not None:
+                offer, self._offer = self._offer, None
+                if not self.dirty:  # else what changed is decided anew (the pass after the sizing's, if one is owed)
+                    self._offer_free(offer, now)
             elif self._sizing_owed:
                 # The last decision's answer still holds unless something changed since (then it is asked anew, and
                 # the decision that change needs is owed to the pass after).
                 answer, self._sizing, self._sizing_owed, self._owed = self._sizing, None, False, self.dirty
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
-                if not self._deferring(now):
+                if self._deferring(now):
+                    pass
+                elif self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS and not self._put_off:
+                    self._put_off = self._owed = self.urgent = True  # this pass read many requests: the decision is the next pass's
+                else:
+                    self._put_off = False
                     self.decide(now, idle)
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
@@ -744,7 +773,7 @@ class Controller:
         """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
         decision's pilot sizing waits for the next pass, that pass found a decision to take, or pilots the last sizing
         asked for wait to be submitted (more than one pass submits)."""
-        return bool(self._backlog) or self._sizing_owed or self._owed or (self.pilots.owed and not self.draining)
+        return bool(self._backlog) or self._sizing_owed or self._owed or self._offer is not None or (self.pilots.owed and not self.draining)
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
@@ -879,17 +908,25 @@ class Controller:
         if idle is None:
             idle = self._last_idle or 0
         answer = None
+        apart = len(self.world.open) >= SIZE_APART_JOBS
+        self._offer = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
-            active, problem, answer = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0)
+            solved = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, apart=apart)
+            active, problem, answer, left = solved.active, solved.problem, solved.answer, solved.left
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
             self.methods[answer.method] += 1
             self.last_method = answer.method
+            if solved.again:  # more copies of a kind are weighed: by the decision of the next pass, at once
+                self.dirty = self.urgent = self._owed = True  # due now: not held back while pilots arrive
+                return None
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
-        if len(self.world.open) >= SIZE_APART_JOBS:
+            if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
+                self._offer = (problem, answer, left)  # the nodes it leaves free: to the jobs it left out, in the next pass
+        if apart:
             self._sizing, self._sizing_owed = answer, answer is not None
         else:
             self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
@@ -925,8 +962,7 @@ class Controller:
         if without:
             if not self.world.open:
                 return 0
-            _, _, potential = self._solve(len(self.world.ready) - len(without) + extra, extra, without)
-            return sum(potential.counts.values())
+            return self._used(lambda: self._solve(len(self.world.ready) - len(without) + extra, extra, without, apart=True))
         if extra <= 0 and answer is not None:
             return sum(answer.counts.values())
         if not self.world.open:
@@ -934,13 +970,12 @@ class Controller:
         # Asked again at the same instant with nothing the answer rests on changed (a second step of one tick, or
         # of one replayed event): the same answer, not a second solve of the whole machine.
         world = self.world
-        key = (self.clock(), len(world.ready), extra, tuple((j.id, j.status, len(j.nodes), self.profiler.version(j.id)) for j in world.open.values()))
+        key = (self.clock(), len(world.ready), extra, world.jobs_version, self.profiler.changes)
         if self._wanted_memo is not None and self._wanted_memo[0] == key:
             return self._wanted_memo[1]
         every = self._whole_pool(len(world.ready) + extra)
         if every is None:
-            _, _, potential = self._solve(len(world.ready) + extra, extra)
-            every = sum(potential.counts.values())
+            every = self._used(lambda: self._solve(len(world.ready) + extra, extra, apart=True))
         self._wanted_memo = (key, every)
         return every
 
@@ -954,23 +989,52 @@ class Controller:
         if self.types.typed:
             return None
         active = self._active(room)
-        could = [job for job in active if job.status != "running" and job.spec["min_nodes"] == 1 and job.spec["weight"] > 0]
-        if len(could) < room:  # too few could start on one node, whatever their curves: the question needs a solve
+        if self._starters([job for job in active if job.status != "running"], room) < room:
             return None
         try:
-            starters = 0
-            for job in could:
-                view = self._allocator_job(job)
-                starters += view.metric(next(iter(view.throughput))).at(1) > 0
-            if starters < room:
-                return None
             views = [self._allocator_job(job) for job in active]
         except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
             return None
         return room - len(self._ending_soon(views, self.clock()))
 
-    def _solve(self, room: int, extra: int, without: tuple[str, ...] = ()) -> tuple[list[Job], Problem, Allocation]:
-        """The jobs a decision weighs, its problem and the allocator's answer.
+    def _starters(self, waiting: list[Job], enough: int) -> int:
+        """How many of ``waiting`` would gain from one node alone (counted up to ``enough``; 0 where one cannot be
+        told: several kinds of node, a job the allocator cannot use). With that many for as many free nodes, no
+        optimum leaves one of them unused."""
+        if self.types.typed:
+            return 0
+        could = [job for job in waiting if job.spec["min_nodes"] == 1 and job.spec["weight"] > 0]
+        if len(could) < enough:  # too few could start on one node, whatever their curves
+            return 0
+        starters = 0
+        try:
+            for job in could:
+                view = self._allocator_job(job)
+                starters += view.metric(next(iter(view.throughput))).at(1) > 0
+                if starters >= enough:
+                    break
+        except (ProblemError, KeyError, TypeError, ValueError):
+            return 0
+        return starters
+
+    def _used(self, ask: Callable[[], Solved]) -> int:
+        """How many nodes the answer to a pilots' question uses (``ask``: :meth:`_solve` ``apart``): those it gives the jobs it weighed,
+        and those of the nodes it leaves free that the jobs it left out would take (:meth:`_offer_left_free`) — all of
+        them, without a second solve, where enough of those jobs would each gain from one node."""
+        solved = ask()
+        while solved.again:  # more copies of a kind weighed: asked once more, now (a question is answered in its pass)
+            solved = ask()
+        used = sum(solved.answer.counts.values())
+        free = len(solved.problem.pool.nodes) - used
+        if free <= 0 or not any(solved.left):
+            return used
+        if self._starters([job for queue in solved.left for job in queue], free) >= free:
+            return used + free
+        answer, _ = self._offer_left_free(solved.problem, solved.answer, solved.left)
+        return sum(answer.counts.values())
+
+    def _solve(self, room: int, extra: int, without: tuple[str, ...] = (), apart: bool = False) -> Solved:
+        """The jobs a decision weighs, its problem, the allocator's answer and the waiting jobs left out (:class:`Solved`).
 
         Every running job is weighed. Waiting jobs are weighed from two queues,
         ``controller.weigh_waiting`` of each, the most promising first (the
@@ -985,13 +1049,17 @@ class Controller:
         never leaves a node idle for it: nodes the answer leaves free are
         offered to the jobs left out (:meth:`_offer_left_free`).
 
+        ``apart``: a large decision, one solve of the machine per pass of the loop. The nodes left free are offered
+        by the caller, in the next pass; and copies added to what is weighed (below) are weighed by the next pass's
+        decision: the answer is ``again``, not to be applied.
+
         Waiting jobs that have never run and that the allocator cannot tell
         apart (the same curve, bounds, work and weight: a sweep's copies, or
         every job JPA has not measured yet) join their queue a few at a time,
         in submission order: while the answer leaves one of them unused, more
         of the same could not do better, so the answer is the one with all of
         them; when it uses every one weighed, as many as the room could start
-        join and it is asked once more.
+        join and it is asked once more (``apart``: in the next pass).
         """
         admitted = self._active(room)
         running: list[Job] = []
@@ -1023,10 +1091,13 @@ class Controller:
             active = sorted(running + weighed, key=lambda j: j.seq)
             problem = self._problem(active, extra, without)
             answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
-            answer, offered = self._offer_left_free(problem, answer, [q[w:] for q, w in zip(queues, weigh)])
-            if offered:
-                weighed += offered
-                active = sorted(running + weighed, key=lambda j: j.seq)
+            left = [q[w:] for q, w in zip(queues, weigh)]
+            if not apart:
+                answer, offered = self._offer_left_free(problem, answer, left)
+                left = []
+                if offered:
+                    weighed += offered
+                    active = sorted(running + weighed, key=lambda j: j.seq)
             ids = {j.id for j in weighed}
             added = 0
             for kind, js in alike.items():
@@ -1035,15 +1106,18 @@ class Controller:
                 if len(offered) < min(len(js), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
                     copies[kind] = min(len(js), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
                     added += copies[kind] - len(offered)
+            remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
+            if added and apart:
+                self._copies = remembered | {(question, kind): n for kind, n in copies.items()}
+                return Solved(active, problem, answer, left, again=True)
             if added:
                 queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
                 continue
-            remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
             for kind, js in alike.items():
                 used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
                 remembered[(question, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
             self._copies = remembered
-            return active, problem, answer
+            return Solved(active, problem, answer, left)
 
     def _offer_left_free(self, problem: Problem, answer: Allocation, left: list[list[Job]]) -> tuple[Allocation, list[Job]]:
         """Nodes ``answer`` leaves free, offered to the waiting jobs a decision left out (``left``: each queue's rest,
@@ -1075,6 +1149,23 @@ class Controller:
             offered += [j for j in more if j.status not in TERMINAL]
         return answer, offered
 
+    def _offer_free(self, offer: tuple[Problem, Allocation, list[list[Job]]], now: float) -> None:
+        """The pass after a large decision: the nodes its answer left free, offered to the waiting jobs it left out
+        (:meth:`_offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
+        taken anew), so its problem still holds; the pilots are sized on both answers together, in the pass after."""
+        problem, answer, left = offer
+        t0 = time.perf_counter()
+        left = [[j for j in queue if j.status == "pending" and not j.nodes] for queue in left]
+        joined, offered = self._offer_left_free(problem, answer, left)
+        if not offered:
+            return
+        solve_ms = (time.perf_counter() - t0) * 1000
+        moved = self._apply(offered, joined, now)
+        self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method, counts={j: n for j, n in joined.counts.items() if n},
+                       moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3), offered=len(offered))  # fmt: skip
+        if self._sizing is not None:
+            self._sizing = joined
+
     def _most_promising(self, waiting: list[Job]) -> list[Job]:
         """The waiting jobs, those whose nodes would earn most first (weight × metric(n)/n at its best, by the curve
         the allocator confirms, then by the one it explores), earlier submissions first among equals."""
@@ -1099,6 +1190,13 @@ class Controller:
         spec = job.spec
         if job.status == "running" or job.nodes or job.progress > 0 or (not spec.get("curve") and self.profiler.measured(job.id)):
             return None
+        known = self._kinds.get(job.id)  # made once per spec (thousands wait on a saturated machine, weighed every decision)
+        if known is None or known[0] is not spec:
+            known = self._kinds[job.id] = (spec, self._spec_kind(spec))
+        return known[1]
+
+    @staticmethod
+    def _spec_kind(spec: dict[str, Any]) -> Hashable:
         curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
         objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
         return (curve, objective, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"], spec["scale_up_cost_s"],
@@ -1349,6 +1447,7 @@ class Controller:
         self._curves.pop(job.id + "/objective", None)
         self._alloc_jobs.pop(job.id, None)
         self._worth.pop(job.id, None)
+        self._kinds.pop(job.id, None)
         job.lost = set()
         self.dirty = True
 

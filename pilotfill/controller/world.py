@@ -92,6 +92,7 @@ class World:
         self.nodes: dict[str, Node] = {}
         self.ready: dict[str, None] = {}  # ready nodes, an ordered set
         self.ready_version = 0  # moves whenever the ready nodes, or a walltime they are held within, change
+        self.jobs_version = 0  # moves whenever a job is added, changes status or nodes, or is held or claimed
         self.pilots: dict[str, Pilot] = {}  # live pilots only
         self.queued: dict[str, Pilot] = {}  # the live pilots not yet registered
         self.ended_pilots: OrderedDict[str, str] = OrderedDict()  # recently ended pilot -> its last state
@@ -117,6 +118,7 @@ class World:
                 self.running[job.id] = job
             if job.key:
                 self.by_key[job.key] = job.id
+        self.jobs_version += 1
         for row in self.journal.pilots(LIVE_PILOT_STATES):
             pilot = Pilot(row["id"], row["scheduler_id"], row["state"], row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
                           row["walltime_end"], row["controller"], node_type=row.get("node_type"))  # fmt: skip
@@ -148,6 +150,7 @@ class World:
         job = Job(job_id, seq, name, spec, "pending", now, key=key)
         self.jobs[job_id] = job
         self.open[job_id] = job
+        self.jobs_version += 1
         if key:
             self.by_key[key] = job_id
         return job
@@ -160,6 +163,7 @@ class World:
         self.journal.set_job(job.id, **fields)
         for k, v in fields.items():
             setattr(job, k, v)
+        self.jobs_version += 1
         if job.status == "running":
             self.running[job.id] = job
         else:
@@ -179,6 +183,7 @@ class World:
         job.held = True
         self.open.pop(job.id, None)
         self.held[job.id] = job
+        self.jobs_version += 1
 
     def claim(self, job: Job) -> None:
         """A held job is wanted again: it rejoins the open jobs (in submission order)."""
@@ -187,6 +192,7 @@ class World:
         self.held.pop(job.id, None)
         self.open[job.id] = job
         self.open = dict(sorted(self.open.items(), key=lambda kv: kv[1].seq))
+        self.jobs_version += 1
 
     def add_progress(self, job: Job, samples: float) -> float:
         """Count ``samples`` the job's ranks report: progress since its last commit is provisional."""
