@@ -741,11 +741,9 @@ class Controller:
                 answer, self._sizing, self._sizing_owed, self._owed = self._sizing, None, False, self.dirty
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
-                if self._deferring(now):
-                    pass
-                elif self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS and not self._put_off:
+                if self._puts_off_the_decision():
                     self._put_off = self._owed = self.urgent = True  # this pass read many requests: the decision is the next pass's
-                else:
+                elif not self._deferring(now):
                     self._put_off = False
                     self.decide(now, idle)
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
@@ -856,6 +854,11 @@ class Controller:
     def _hear(self, pilot_id: str, now: float) -> None:
         self._heard.pop(pilot_id, None)
         self._heard[pilot_id] = now
+
+    def _puts_off_the_decision(self) -> bool:
+        """True when a large decision due now goes to the next pass: this one handled many requests (see
+        :data:`DECIDE_APART_MESSAGES`), and the last decision due was not put off already."""
+        return self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS and not self._put_off
 
     def _deferring(self, now: float) -> bool:
         """True while a burst of requests or batch-system events is still being read (see :data:`FLOOD_DEFER_S`)."""
