@@ -173,7 +173,9 @@ local_hosts = true
         # The main job ends after 8 s; pilots refill the nodes and the training grows back.
         regrown = wait_for(lambda: [e for e in events("job.resized") if e["job"] == job and e["seq"] > shrunk[-1]["seq"] and e["data"]["after"] > e["data"]["before"]], 90, "training to grow back")
         assert regrown
-        assert not events("job.crashed") and client.job(job)["status"] == "running"
+        launcher_log = run_dir / "logs" / f"{job}.horovodrun.log"
+        assert not events("job.crashed") and client.job(job)["status"] == "running", story() + "\nhorovodrun's log:\n" + (
+            launcher_log.read_text(errors="replace")[-6000:] if launcher_log.exists() else "(none)")
         client.cancel(job)
     finally:
         ctl.send_signal(signal.SIGTERM)
