@@ -52,6 +52,9 @@ from .traces import JobSpec, Trace
 
 MAX_ROUNDS = 64
 """Message/step rounds at one simulated time (pilots that start at once, jobs that finish at once)."""
+SOLVES_IN_A_ROW = 4
+"""Passes without requests the replay gives the controller before a batch, while it says it solves next (a decision
+put off, the pilots' sizing, more copies weighed): bounded so that a bug there cannot hold the messages forever."""
 FEW_MESSAGES = 100
 """A pass with at most this many messages is an ordinary one (the report's maximum over those is a decision's cost)."""
 
@@ -298,7 +301,7 @@ class Replay:
         decision waits for), and the instant's total is returned."""
         ctl = self.controller
         assert ctl is not None
-        spent = cpu = 0.0
+        first = len(self.result.controller_ms)
         handled = 0
         for _ in range(MAX_ROUNDS):
             self.scheduler.advance(t)
@@ -309,22 +312,30 @@ class Replay:
             handled += len(messages)
             passes = [messages[i : i + MAX_BATCH] for i in range(0, len(messages), MAX_BATCH)] or [[]]
             for k, batch in enumerate(passes):
-                began, began_cpu = time.perf_counter(), time.process_time()
-                for m, reply in zip(batch, ctl.handle_batch(batch)):
-                    if m["type"] == "job.submit" and reply.get("ok"):
-                        self._names[reply["job_id"]] = m["spec"]["name"]
-                ctl.step(t, more=k < len(passes) - 1)
-                wall, used = (time.perf_counter() - began) * 1000, (time.process_time() - began_cpu) * 1000
-                self.result.controller_ms.append(wall)
-                self.result.controller_cpu_ms.append(used)
-                self.result.controller_messages.append(len(batch))
-                spent += wall
-                cpu += used
+                for _ in range(SOLVES_IN_A_ROW):  # as the process's loop: a pass that solves the machine reads no request
+                    if not ctl.solves_next:
+                        break
+                    self._pass(t, [], False)
+                self._pass(t, batch, k < len(passes) - 1)
             if not messages and not self.scheduler.outbox and not self._starting_now(t) and not ctl.busy:
                 break
         self._snapshot(t)
         self.result.instant_messages.append(handled)
-        return spent, cpu
+        return sum(self.result.controller_ms[first:]), sum(self.result.controller_cpu_ms[first:])
+
+    def _pass(self, t: float, batch: list[dict], more: bool) -> None:
+        """One pass of the controller's loop at ``t``: ``batch`` handled, then a step; its wall and CPU time recorded."""
+        ctl = self.controller
+        assert ctl is not None
+        began, began_cpu = time.perf_counter(), time.process_time()
+        for m, reply in zip(batch, ctl.handle_batch(batch)):
+            if m["type"] == "job.submit" and reply.get("ok"):
+                self._names[reply["job_id"]] = m["spec"]["name"]
+        ctl.step(t, more=more)
+        wall, used = (time.perf_counter() - began) * 1000, (time.process_time() - began_cpu) * 1000
+        self.result.controller_ms.append(wall)
+        self.result.controller_cpu_ms.append(used)
+        self.result.controller_messages.append(len(batch))
 
     def jobs_done(self) -> int:
         """Jobs finished so far (for progress displays)."""

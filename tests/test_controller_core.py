@@ -605,8 +605,9 @@ def test_a_large_decision_offers_the_nodes_it_leaves_free_in_the_next_pass(tmp_p
 
 def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tmp_path, write, monkeypatch):
     """A pass that handled DECIDE_APART_MESSAGES requests or more leaves a large decision to the loop's next pass
-    (at once: ``busy``), so a thousand reports and a whole-machine solve never add up in one pass; once in a row, so
-    requests arriving in every pass cannot hold it back. With fewer requests it is taken in the pass that read them."""
+    (at once: ``busy``), so a thousand reports and a whole-machine solve never add up in one pass. That pass, and the
+    pilots' sizing after it, read no request (``solves_next``), so requests arriving all the time cannot hold the
+    decision back. With fewer requests it is taken in the pass that read them."""
     from pilotfill.controller import core
 
     monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
@@ -634,8 +635,20 @@ def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tm
         m.ctl.step(m.now)
         return len(decided)
 
+    assert not m.ctl.solves_next
     assert one_pass([submission(x) for x in names[2 : 2 + n]]) == 0 and m.ctl.busy and m.ctl.dirty  # put off
-    assert one_pass([submission(x) for x in names[2 + n : 2 + 2 * n]]) == 1  # not put off twice in a row
+    assert m.ctl.solves_next  # the next pass reads no request: it decides
+    assert one_pass([]) == 1 and m.ctl.busy
+    assert m.ctl.solves_next  # and the pass after it sizes the pilots, reading none either
+    adjusted = []
+    adjust = m.ctl.pilots.adjust
+    m.ctl.pilots.adjust = lambda *a, **k: adjusted.append(1) or adjust(*a, **k)
+    assert one_pass([]) == 1 and adjusted == [1]
+    while m.ctl.busy:
+        m.ctl.step(m.now)
+    assert not m.ctl.solves_next  # nothing owed: the loop reads requests again
+    assert one_pass([submission(x) for x in names[2 + n : 2 + 2 * n]]) == 1 and m.ctl.solves_next  # put off again: not once in a row only
+    assert one_pass([]) == 2
     while m.ctl.busy:
         m.ctl.step(m.now)
     decided.clear()
@@ -707,3 +720,59 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     full = allocate(ctl._problem(ctl._active(10), 0))
     assert sum(len(j.nodes) for j in ctl.world.open.values()) == sum(full.counts.values()) == 10
     assert not m.job("odd").nodes  # ten copies on one node each earn more than any answer with the odd job
+
+
+def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp_path, write, monkeypatch):
+    """The process's loop (``one_pass``, a real ZeroMQ server and client): after a pass of many requests at scale, the
+    next pass takes the decision and leaves a waiting request unread; the pass after sizes the pilots, also without
+    reading; then the request is answered."""
+    import threading
+
+    from pilotfill.controller import core
+    from pilotfill.controller.process import one_pass
+    from pilotfill.transport import Client, Server
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
+    n = core.DECIDE_APART_MESSAGES
+    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 2, 10.0 + i) for i in range(n + 2)])
+    names = list(m.specs)
+    for name in names[:2]:
+        m.submit(name)
+    m.at(0)
+    m.at(10)
+    ctl = m.ctl
+    assert not ctl.busy
+    spec = m.specs[names[2]]
+    submissions = [{"type": "job.submit", "spec": {"name": x, "entry": "pilotfill.replay:simulated", "min_nodes": 1, "max_nodes": 2,
+                    "scale_up_cost_s": 1.0, "scale_down_cost_s": 1.0, "curve": {"nodes": list(spec.throughput.nodes),
+                    "samples_per_s": list(spec.throughput.values)}}} for x in names[2:]]  # fmt: skip
+    assert all(r["ok"] for r in ctl.handle_batch(submissions))
+    ctl.step(m.now)
+    assert ctl.solves_next  # the decision was put off
+
+    decided, adjusted = [], []
+    decide, adjust = ctl.decide, ctl.pilots.adjust
+    ctl.decide = lambda *a, **k: decided.append(1) or decide(*a, **k)
+    ctl.pilots.adjust = lambda *a, **k: adjusted.append(1) or adjust(*a, **k)
+    server = Server(m.run_dir, ctl.key)
+    server.publish()
+    replies: list[dict] = []
+    client = Client(m.run_dir, timeout_s=300.0)
+    asker = threading.Thread(target=lambda: replies.append(client.request({"type": "state.snapshot"}, attempt_s=300.0)), daemon=True)
+    try:
+        asker.start()
+        # Until the request is there to be read: the server answers the client's handshake meanwhile (reading nothing).
+        while not server.socket.poll(0):
+            server.serve(lambda message: pytest.fail(f"read {message}"), 100, max_batch=0)
+            assert asker.is_alive(), "the client gave up"
+        assert one_pass(ctl, server) == 0 and decided == [1] and not replies  # the decision; the request waits
+        assert ctl.solves_next
+        assert one_pass(ctl, server) == 0 and adjusted == [1] and not replies  # the pilots' sizing; it still waits
+        handled = 0
+        while not handled:
+            handled = one_pass(ctl, server)
+        asker.join(600)
+        assert handled == 1 and replies and replies[0]["ok"]
+    finally:
+        client.close()
+        server.close()

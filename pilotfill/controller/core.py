@@ -75,8 +75,9 @@ are the controller's two solves of the whole machine, and replies to the request
 between them, not after both."""
 DECIDE_APART_MESSAGES = 16
 """With at least :data:`SIZE_APART_JOBS` open jobs, a decision due in a pass that handled this many requests is taken in
-the loop's next pass instead (at once: the loop does not wait in between), once in a row: a thousand reports and a
-whole-machine decision are two passes, not one, and neither the replies nor the decision waits for both."""
+the loop's next pass instead (at once: the loop does not wait in between), a pass that reads no request
+(:attr:`Controller.solves_next`): a thousand reports and a whole-machine decision are two passes, not one, and neither
+the replies nor the decision waits for both."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -197,7 +198,6 @@ class Controller:
         self._sizing_owed = False
         self._owed = False  # a decision is owed to the next pass, at once (the sizing pass found the world changed, or one was put off)
         self._handled = 0  # requests handled since the last step (see DECIDE_APART_MESSAGES)
-        self._put_off = False  # the decision due was put off to the next pass (once in a row)
         self._offer: tuple[Problem, Allocation, list[list[Job]]] | None = None  # a large decision's free nodes, offered in the next pass
         self._deferred_since: float | None = None
         self._last_idle: int | None = None
@@ -741,11 +741,7 @@ class Controller:
                 answer, self._sizing, self._sizing_owed, self._owed = self._sizing, None, False, self.dirty
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
-                if self._puts_off_the_decision():
-                    self._put_off = self._owed = self.urgent = True  # this pass read many requests: the decision is the next pass's
-                elif not self._deferring(now):
-                    self._put_off = False
-                    self.decide(now, idle)
+                self._decide_when_due(now, idle)
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
             elif self.pilots.owed:
@@ -855,10 +851,30 @@ class Controller:
         self._heard.pop(pilot_id, None)
         self._heard[pilot_id] = now
 
+    def _decide_when_due(self, now: float, idle: int | None) -> None:
+        """Decide now, unless a burst of requests is still being read (:meth:`_deferring`) or this pass read many
+        requests at scale (:meth:`_puts_off_the_decision`: the next pass, which reads none, decides)."""
+        if self._deferring(now):
+            return
+        if self._puts_off_the_decision():
+            self._owed = self.urgent = True
+            return
+        self.decide(now, idle)
+
     def _puts_off_the_decision(self) -> bool:
         """True when a large decision due now goes to the next pass: this one handled many requests (see
-        :data:`DECIDE_APART_MESSAGES`), and the last decision due was not put off already."""
-        return self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS and not self._put_off
+        :data:`DECIDE_APART_MESSAGES`). The next pass reads none (:attr:`solves_next`), so it is put off once."""
+        return self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS
+
+    @property
+    def solves_next(self) -> bool:
+        """Whether the loop's next pass solves the whole machine at scale — a decision put off or owed at once, or the
+        pilots' sizing after one — and so reads no request: a pass is either the replies to a batch of requests or one
+        solve, never both (the requests wait one pass, as they wait for any pass). Not while a burst of batch-system
+        events is read in passes, nor while stopping."""
+        if len(self.world.open) < SIZE_APART_JOBS or self.draining or self._offer is not None or self._backlog:
+            return False
+        return self._sizing_owed or (self._owed and self.dirty and self.urgent)
 
     def _deferring(self, now: float) -> bool:
         """True while a burst of requests or batch-system events is still being read (see :data:`FLOOD_DEFER_S`)."""

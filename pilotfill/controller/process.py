@@ -34,20 +34,25 @@ EXIT_CONFIG = 2
 EXIT_JOURNAL = 3
 
 
+def one_pass(controller: Controller, server: Server) -> int:
+    """One pass of the loop: the requests that arrive within a tick (none while the controller is busy; at most
+    :data:`MAX_BATCH`; none at all when the pass solves the whole machine), then one step. Returns the requests handled."""
+    tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
+    reads = 0 if controller.solves_next else MAX_BATCH  # a pass is the replies to a batch or one solve, never both
+    handled = server.serve(controller.handle, 0 if controller.busy else tick_ms, max_batch=reads, together=controller.together)
+    controller.step(more=handled >= MAX_BATCH)
+    return handled
+
+
 def serve(controller: Controller, server: Server) -> None:
     """The loop: a bounded batch of requests, then one step, until asked to stop; then the same loop while the
     ranks leave at their commits (their agents must still be heard: they carry the stop and its outcome)."""
-    tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
-    def one_pass() -> None:
-        handled = server.serve(controller.handle, 0 if controller.busy else tick_ms, max_batch=MAX_BATCH, together=controller.together)
-        controller.step(more=handled >= MAX_BATCH)
-
     while not controller.stopping:
-        one_pass()
+        one_pass(controller, server)
     began = time.monotonic()
     deadline = controller.begin_stop()
     while not controller.ranks_gone() and time.monotonic() < deadline:
-        one_pass()
+        one_pass(controller, server)
     log.info("stopping: ranks %s after %.1f s", "gone" if controller.ranks_gone() else "still running (their pilots end them)", time.monotonic() - began)
 
 
