@@ -722,6 +722,33 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     assert not m.job("odd").nodes  # ten copies on one node each earn more than any answer with the odd job
 
 
+def test_the_pilots_question_that_would_weigh_more_copies_counts_the_nodes_they_would_take_without_a_second_solve(tmp_path, write, monkeypatch):
+    """The pilots' question used every copy of a sweep's job it weighed. Where the copies not weighed (and the jobs
+    left out) would each gain from one of the nodes left free, the answer with more copies uses every node: counted
+    without asking again, and what the solve weighing every job says."""
+    from pilotfill.allocator import allocate
+    from pilotfill.controller import core
+
+    # A job that starts on four nodes, then six copies that each earn on one node: with ten nodes to come, the four
+    # copies first weighed are all used (again), six nodes are left free... of which two the copies not weighed take.
+    jobs = [f"big,m,{T0},4,4,1e9,10,5,0;4,0;400"] + [f"c{i},m,{T0},1,1,1e9,10,5,0;1,0;200" for i in range(6)]
+    m = Machine(tmp_path, write, 10, jobs)  # no pilot yet: no node ready
+    for name in list(m.specs):
+        m.submit(name)
+    ctl = m.ctl
+    assert ctl._whole_pool(10) is None  # six could start on one node: fewer than the ten nodes
+    said = []
+    solve = ctl._solve
+    monkeypatch.setattr(ctl, "_solve", lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k)))
+    solves = []
+    monkeypatch.setattr(core, "allocate", lambda *a, **k: solves.append(1) or allocate(*a, **k))
+    counted = ctl.wanted(10, None)
+    assert said == [True] and len(solves) == 1  # every copy weighed was used; not asked again
+    monkeypatch.setattr(core, "allocate", allocate)
+    full = allocate(ctl._problem(ctl._active(10), 10))
+    assert counted == sum(full.counts.values()) == 10
+
+
 def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp_path, write, monkeypatch):
     """The process's loop (``one_pass``, a real ZeroMQ server and client): after a pass of many requests at scale, the
     next pass takes the decision and leaves a waiting request unread; the pass after sizes the pilots, also without

@@ -138,6 +138,7 @@ class Solved(NamedTuple):
     answer: Allocation
     left: list[list[Job]]  # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
     again: bool = False  # a large decision that weighs more copies of a kind in the next pass: not to be applied
+    unweighed: list[Job] = []  # with ``again``: the copies of those kinds not weighed yet
 
 
 class Controller:
@@ -1041,8 +1042,13 @@ class Controller:
         and those of the nodes it leaves free that the jobs it left out would take (:meth:`_offer_left_free`) — all of
         them, without a second solve, where enough of those jobs would each gain from one node."""
         solved = ask()
-        while solved.again:  # more copies of a kind weighed: asked once more, now (a question is answered in its pass)
-            solved = ask()
+        while solved.again:  # every copy of a kind weighed was used
+            used = sum(solved.answer.counts.values())
+            free = len(solved.problem.pool.nodes) - used
+            waiting = [job for queue in solved.left for job in queue] + solved.unweighed
+            if free <= 0 or self._starters(waiting, free) >= free:
+                return used + max(free, 0)  # with more copies too, every node is used: no second solve
+            solved = ask()  # asked once more, now, with more copies (a question is answered in its pass)
         used = sum(solved.answer.counts.values())
         free = len(solved.problem.pool.nodes) - used
         if free <= 0 or not any(solved.left):
@@ -1119,16 +1125,18 @@ class Controller:
                     active = sorted(running + weighed, key=lambda j: j.seq)
             ids = {j.id for j in weighed}
             added = 0
+            unweighed: list[Job] = []
             for kind, js in alike.items():
                 offered = js[: copies[kind]]
                 fit = room // max(1, js[0].spec["min_nodes"])  # no more of them than the room could start
                 if len(offered) < min(len(js), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
                     copies[kind] = min(len(js), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
                     added += copies[kind] - len(offered)
+                    unweighed += js[len(offered) :]
             remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
             if added and apart:
                 self._copies = remembered | {(question, kind): n for kind, n in copies.items()}
-                return Solved(active, problem, answer, left, again=True)
+                return Solved(active, problem, answer, left, again=True, unweighed=unweighed)
             if added:
                 queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
                 continue
