@@ -354,6 +354,44 @@ def test_the_pools_horizon_follows_nodes_that_join_and_leave_and_the_walltimes_t
     assert len(sizes) >= 3  # the pool did change
 
 
+def test_at_machine_scale_the_pools_horizon_reads_the_nodes_again_when_a_hundredth_changed_or_after_a_while(tmp_path, write, monkeypatch):
+    """With thousands of ready nodes (here: any number, by the threshold), reading every node at each change costs a
+    decision milliseconds; the median they give moves little with a few nodes. The pool is read again when its size
+    moved by a hundredth (here every join or leave) or HORIZON_REFRESH_S after the last read; in between, a change
+    that keeps the count (a walltime told) waits. The ages always move with the clock."""
+    import math
+
+    import numpy as np
+
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "HORIZON_EXACT_NODES", 0)
+    rows = [(t, f"n{i}", s) for t, i, s in [(5, 1, "idle"), (12, 2, "idle"), (20, 1, "busy"), (33, 3, "idle"), (41, 1, "idle"), (52, 2, "busy"),
+                                            (70, 0, "busy"), (84, 0, "idle")]]  # fmt: skip
+    m = Machine(tmp_path, write, {"n0": True, "n1": False, "n2": False, "n3": False}, rows, [linear("a", 1, 4, 100, up=1, down=1)], walltime_s=40.0)
+    m.submit("a")
+    read = None  # (version, nodes' since, walltime ends, when read): what the controller should hold
+    for t in range(0, 120):
+        m.at(t)
+        world, ctl = m.ctl.world, m.ctl
+        nodes = list(world.ready_nodes())
+        now_read = [(n.since, world.pilots[n.pilot].walltime_end if n.pilot in world.pilots else None) for n in nodes]
+        if read is None or (read[0] != world.ready_version and (len(nodes) != len(read[1]) or m.now - read[2] >= core.HORIZON_REFRESH_S)):
+            read = (world.ready_version, now_read, m.now)
+        expected = ctl.holds.expected([m.now - since for since, _ in read[1]], [e - m.now if e else math.inf for _, e in read[1]])
+        want = float(np.median(expected)) if len(read[1]) else ctl.holds.horizon([])
+        if ctl.lifetimes.samples >= ctl.lifetimes.min_samples:
+            want = min(want, float(ctl.lifetimes.expected([0.0])[0]))
+        assert ctl.horizon(m.now) == pytest.approx(want), f"at {t} s"
+    # A change that keeps the count: every ready node's pilot told it ends in 3 s. It waits for the refresh.
+    before = ctl.horizon(m.now)
+    assert world.ready and before > 3.0
+    for pilot in {n.pilot for n in world.ready_nodes()}:
+        world.set_pilot(world.pilots[pilot], walltime_end=m.now + 3.0)
+    assert ctl.horizon(m.now) == before
+    assert ctl.horizon(m.now + core.HORIZON_REFRESH_S) <= 3.0  # read again: bounded by the walltimes
+
+
 def test_what_the_ready_nodes_are_held_within_has_a_version_that_moves_with_every_change(tmp_path):
     """The controller reads the ready nodes again only when this version moves: a node joining, a ready node leaving
     or gone, a walltime told; not a node changing hands between jobs, nor a node that was not ready going."""

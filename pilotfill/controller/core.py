@@ -78,6 +78,11 @@ DECIDE_APART_MESSAGES = 16
 the loop's next pass instead (at once: the loop does not wait in between), a pass that reads no request
 (:attr:`Controller.solves_next`): a thousand reports and a whole-machine decision are two passes, not one, and neither
 the replies nor the decision waits for both."""
+HORIZON_EXACT_NODES = 1000
+"""Below this many ready nodes the horizon reads every node's age and walltime whenever the ready nodes change."""
+HORIZON_REFRESH_S = 5.0
+"""Above :data:`HORIZON_EXACT_NODES`, the longest the horizon goes on a read of the pool made before a few nodes
+joined or left (see :meth:`Controller._pool_changed`): reading thousands costs a decision milliseconds."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -170,7 +175,7 @@ class Controller:
         self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
         self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
-        self._pool_arrays: tuple[int, np.ndarray, np.ndarray] | None = None  # the ready nodes' since and walltime ends
+        self._pool_arrays: tuple[int, np.ndarray, np.ndarray, float] | None = None  # the ready nodes' since and walltime ends, read when
         self._pool_holds: tuple[tuple, Any] | None = None  # (when, pool, samples) -> expected hold of each ready node
         self._seed_holds()
         self.dirty = True
@@ -262,15 +267,15 @@ class Controller:
         world = self.world
         key = (now, world.ready_version, self.holds.samples)
         if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
-            if self._pool_arrays is None or self._pool_arrays[0] != world.ready_version:
+            if self._pool_arrays is None or (self._pool_arrays[0] != world.ready_version and self._pool_changed(now)):
                 # Thousands of nodes at machine scale, read one by one only when the ready nodes changed.
                 nodes = list(world.ready_nodes())
                 pilots = world.pilots
                 ends = (pilots[n.pilot].walltime_end if n.pilot in pilots else None for n in nodes)
                 since = np.fromiter((n.since for n in nodes), dtype=float, count=len(nodes))
                 ending = np.fromiter((end if end else math.inf for end in ends), dtype=float, count=len(nodes))
-                self._pool_arrays = (world.ready_version, since, ending)
-            _, since, ending = self._pool_arrays
+                self._pool_arrays = (world.ready_version, since, ending, now)
+            _, since, ending, _ = self._pool_arrays
             self._pool_holds = (key, self.holds.expected(now - since, ending - now))
         held = self._pool_holds[1]
         fresh = self.holds.expected([0.0]) if extra else held[:0]
@@ -281,6 +286,14 @@ class Controller:
             # moves some job): what a change gains lasts until the next change to that job, not as long as the nodes.
             horizon = min(horizon, float(self.lifetimes.expected([0.0])[0]))
         return horizon
+
+    def _pool_changed(self, now: float) -> bool:
+        """Whether the ready nodes changed enough since the pool's ages and walltimes were read to read them again:
+        always below :data:`HORIZON_EXACT_NODES`; above, once a hundredth of them joined or left, or after
+        :data:`HORIZON_REFRESH_S` (the horizon is a median over thousands of nodes, which a few do not move)."""
+        _, since, _, read_at = self._pool_arrays
+        ready = len(self.world.ready)
+        return ready < HORIZON_EXACT_NODES or abs(ready - since.size) * 100 >= since.size or now - read_at >= HORIZON_REFRESH_S
 
     def _make_runtime(self) -> Runtime:
         """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`)."""
