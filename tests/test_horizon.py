@@ -31,6 +31,32 @@ def stamp(seconds: float) -> str:
     return f"2021-02-10T{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}Z"
 
 
+def test_the_hold_model_keeps_exactly_the_newest_holds_sorted_however_often_it_is_read():
+    """Holds observed and forgotten (beyond ``keep``) are merged into the sorted array when it is read, equal holds
+    counted each: whatever the pattern of reads, it is the newest ``keep`` holds, sorted."""
+    import random
+
+    from pilotfill.allocator import horizon
+
+    rng = random.Random(7)
+    for keep, read_every in [(5, 1), (50, 7), (50, 1000), (300, 3)]:
+        m = HoldModel(keep=keep)
+        seen: list[float] = []
+        for i in range(2000):
+            value = float(rng.choice([1, 2, 2, 3, 10, 60])) if rng.random() < 0.5 else rng.uniform(0, 100)
+            m.observe(value)
+            seen.append(value)
+            if i % read_every == 0:
+                assert list(m.holds()) == sorted(seen[-keep:])
+        m.observe(float("nan"))  # not a hold
+        m.observe(-1.0)
+        assert list(m.holds()) == sorted(seen[-keep:]) and m.samples == keep
+    m = HoldModel()
+    for i in range(horizon.MERGE_EVERY + 1):  # never read: what waits to be merged stays bounded
+        m.observe(float(i))
+    assert len(m._added) <= horizon.MERGE_EVERY
+
+
 def test_the_hold_model_learns_median_residual_holds_and_falls_back_to_lindy():
     m = HoldModel()
     assert m.horizon([]) == PRIOR_S

@@ -26,7 +26,6 @@ The decision's horizon is the median over the pool of each node's expectation
 
 from __future__ import annotations
 
-import bisect
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -39,6 +38,8 @@ MIN_SAMPLES = 20
 """Ended holds longer than a node's age needed before their mean residual is trusted for it."""
 KEEP = 20_000
 """Ended holds remembered (the newest): the machine's recent behaviour, in bounded memory."""
+MERGE_EVERY = 4096
+"""Observations kept aside before they are merged into the sorted holds even if nothing reads them."""
 FLOOR_S = 1.0
 """No horizon is shorter than this (a zero horizon would value nothing)."""
 
@@ -51,32 +52,53 @@ class HoldModel:
     min_samples: int = MIN_SAMPLES
     keep: int = KEEP
     _order: deque[float] = field(default_factory=deque)  # arrival order, to forget the oldest
-    _sorted: list[float] = field(default_factory=list)
-    _array: np.ndarray | None = field(default=None, repr=False, compare=False)  # _sorted as an array, made again after a change
-    
+    # The holds remembered, sorted, as an array — with what was observed and forgotten since, merged in when read: at
+    # machine scale holds end in every pass and a decision reads them once, so a change costs an append, and a read
+    # one vectorised merge, not a conversion of every hold.
+    _sorted: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    _added: list[float] = field(default_factory=list, repr=False, compare=False)
+    _dropped: list[float] = field(default_factory=list, repr=False, compare=False)
+
     def observe(self, seconds: float) -> None:
         """A node's hold ended on its own after ``seconds`` (taken back, walltime): not a release of ours."""
         if not (seconds >= 0 and np.isfinite(seconds)):
             return
-        self._order.append(seconds)
-        self._array = None
-        bisect.insort(self._sorted, seconds)
+        self._order.append(float(seconds))
+        self._added.append(float(seconds))
         if len(self._order) > self.keep:
-            old = self._order.popleft()
-            del self._sorted[bisect.bisect_left(self._sorted, old)]
+            self._dropped.append(self._order.popleft())
+        if len(self._added) > MERGE_EVERY:  # never read (a controller deciding nothing): bounded all the same
+            self._merge()
 
     @property
     def samples(self) -> int:
-        return len(self._sorted)
+        return len(self._order)
+
+    def holds(self) -> np.ndarray:
+        """The holds remembered, sorted (read-only)."""
+        if self._added or self._dropped:
+            self._merge()
+        return self._sorted
+
+    def _merge(self) -> None:
+        """What was observed and forgotten since the last read, into the sorted array (multiset: equal holds count)."""
+        merged = self._sorted
+        if self._added:
+            added = np.sort(np.asarray(self._added, dtype=float))
+            merged = np.insert(merged, np.searchsorted(merged, added), added)
+        if self._dropped:
+            dropped = np.sort(np.asarray(self._dropped, dtype=float))
+            nth = np.arange(dropped.size) - np.searchsorted(dropped, dropped, side="left")  # the k-th of equal holds
+            merged = np.delete(merged, np.searchsorted(merged, dropped, side="left") + nth)
+        merged.flags.writeable = False
+        self._sorted, self._added, self._dropped = merged, [], []
 
     def expected(self, ages: Iterable[float], bounds: Iterable[float] | None = None) -> np.ndarray:
         """Expected remaining hold of nodes that have stayed ``ages`` seconds, each within its ``bounds``."""
         a = ages if isinstance(ages, np.ndarray) else np.asarray(list(ages), dtype=float)
         if a.size == 0:
             return a
-        if self._array is None:  # asked once or twice per decision, of up to KEEP holds: not converted each time
-            self._array = np.asarray(self._sorted, dtype=float)
-        d = self._array
+        d = self.holds()
         first = np.searchsorted(d, a, side="right")  # holds longer than each age: d[first:]
         longer = d.size - first
         middle = np.minimum(first + np.maximum(longer - 1, 0) // 2, max(d.size - 1, 0))

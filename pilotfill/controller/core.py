@@ -457,7 +457,7 @@ class Controller:
         dt = now - self._account_at
         if dt > 0:
             self._held_s += len(self.world.ready) * dt
-            self._used_s += sum(len(j.nodes) for j in self.world.open.values() if j.status == "running") * dt
+            self._used_s += sum(len(j.nodes) for j in self.world.running.values()) * dt
         self._account_at = now
 
     def _journal_accounts(self) -> None:
