@@ -143,7 +143,7 @@ class Solved(NamedTuple):
     answer: Allocation
     left: list[list[Job]]  # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
     again: bool = False  # a large decision that weighs more copies of a kind in the next pass: not to be applied
-    unweighed: list[Job] = []  # with ``again``: the copies of those kinds not weighed yet
+    unweighed: tuple[Job, ...] = ()  # with ``again``: the copies of those kinds not weighed yet
 
 
 class Controller:
@@ -1058,7 +1058,7 @@ class Controller:
         while solved.again:  # every copy of a kind weighed was used
             used = sum(solved.answer.counts.values())
             free = len(solved.problem.pool.nodes) - used
-            waiting = [job for queue in solved.left for job in queue] + solved.unweighed
+            waiting = [*(job for queue in solved.left for job in queue), *solved.unweighed]
             if free <= 0 or self._starters(waiting, free) >= free:
                 return used + max(free, 0)  # with more copies too, every node is used: no second solve
             solved = ask()  # asked once more, now, with more copies (a question is answered in its pass)
@@ -1149,7 +1149,7 @@ class Controller:
             remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
             if added and apart:
                 self._copies = remembered | {(question, kind): n for kind, n in copies.items()}
-                return Solved(active, problem, answer, left, again=True, unweighed=unweighed)
+                return Solved(active, problem, answer, left, again=True, unweighed=tuple(unweighed))
             if added:
                 queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
                 continue
