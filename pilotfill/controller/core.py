@@ -1254,7 +1254,8 @@ class Controller:
         current = {job.id: frozenset(job.nodes) for job in active if job.nodes}  # a job that failed in _views holds none
         now = self.clock()
         ending = self._ending_soon(jobs, now)
-        ready = tuple(n for n in self.world.ready if n not in ending and n not in without)
+        left_out = ending.union(without)  # a set: ``without`` may be thousands of nodes (all of them, to give back)
+        ready = tuple(n for n in self.world.ready if n not in left_out)
         if self.types.typed:
             pool, types = self.types.pool(self.world, ready, extra if isinstance(extra, dict) else {})
             return Problem(tuple(jobs), NodePool(pool, types), current, self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra))
