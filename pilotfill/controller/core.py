@@ -175,7 +175,7 @@ class Controller:
         self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
         self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
-        self._pool_arrays: tuple[int, np.ndarray, np.ndarray, float] | None = None  # the ready nodes' since and walltime ends, read when
+        self._pool_arrays: tuple[int, np.ndarray, np.ndarray, float] | None = None  # (version, ready nodes' since, walltime ends, when read)
         self._pool_holds: tuple[tuple, Any] | None = None  # (when, pool, samples) -> expected hold of each ready node
         self._seed_holds()
         self.dirty = True
