@@ -1061,6 +1061,40 @@ def test_one_scale_seen_extrapolates_linearly_but_confirms_nothing_beyond_it():
         assert confirmed.at(n) == pytest.approx(4200.0 * min(n, 4) / 4)
 
 
+def test_jpa_fitting_many_jobs_at_once_gives_exactly_the_curves_it_gives_one_by_one():
+    """After a decision resized hundreds of jobs, the next one refits them all: :meth:`Profiler.prepare` does it in one
+    array operation per width, and what the allocator is given must not change by a bit."""
+    rng = np.random.default_rng(7)
+    alone, together = Profiler(), Profiler()
+    jobs = []
+    for i in range(60):
+        truth = amdahl_truth(t1=rng.uniform(500, 6000), serial=rng.uniform(0.0, 0.3))
+        scales = sorted(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 32, 64], size=int(rng.integers(0, 5)), replace=False).tolist())
+        if i % 7 == 0:
+            scales = [1, 2, 4, 64]  # measured at its maximum: nothing beyond to be optimistic about
+        if i % 11 == 0:
+            scales = [2, 4]
+            rates = [1000.0, 400.0]  # slower on more nodes: a fit that leans on one term
+        else:
+            rates = [truth(n) * (1 + 0.03 * rng.standard_normal()) for n in scales]
+        for prof in (alone, together):
+            for n, rate in zip(scales, rates):
+                prof.observe(f"j{i}", n, rate)
+        jobs.append((f"j{i}", int(rng.choice([16, 64])) if i % 5 else 8))
+    together.prepare(jobs)
+    fitted = sum(1 for job_id, hi in jobs if (hi, "optimistic", None) in together._cache.get(job_id, {}))
+    assert fitted >= 30  # most of them were fitted together, not left to be made one by one
+    for job_id, hi in jobs:
+        for trying in (0, 5, hi):
+            assert together.confirmed(job_id, 1, hi, trying=trying) == alone.confirmed(job_id, 1, hi, trying=trying), job_id
+        assert together.curve(job_id, 1, hi) == alone.curve(job_id, 1, hi), job_id
+        assert together.curve(job_id, 1, hi).table(hi).tolist() == alone.curve(job_id, 1, hi).table(hi).tolist()
+    together.observe("j1", 48, 1.0)  # a report moves the curve: what was prepared is dropped with the rest
+    alone.observe("j1", 48, 1.0)
+    together.prepare(jobs)
+    assert together.curve("j1", 1, 64 if dict(jobs)["j1"] == 64 else dict(jobs)["j1"]) == alone.curve("j1", 1, dict(jobs)["j1"])
+
+
 def test_profiler_ignores_meaningless_reports():
     prof = Profiler()
     for nodes, rate, weight in ((0, 100.0, 1.0), (2, math.nan, 1.0), (2, -5.0, 1.0), (2, 100.0, 0.0)):

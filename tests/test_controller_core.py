@@ -527,6 +527,36 @@ def test_a_wave_of_idle_nodes_is_asked_for_in_passes_and_every_node_is_asked_for
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300
 
 
+def test_the_nodes_of_hundreds_of_pilots_no_job_needs_are_released_in_passes_each_once(tmp_path, write):
+    """A campaign of 300 one-node jobs ends: the nodes of its 300 one-node pilots are given back, RELEASE_BATCH pilots
+    in one pass of the loop (each release is a batch-system call: no reply or decision waits behind hundreds), the loop
+    steps again at once while more are owed, and every node is released exactly once."""
+    from pilotfill.pilots.manager import RELEASE_BATCH
+
+    assert RELEASE_BATCH < 300
+    m = Machine(tmp_path, write, 300, [linear(f"j{i}", 1, 1, 10.0 + i) for i in range(300)], max_queued_pilots=1000, max_submits_per_minute=1000)
+    for name in list(m.specs):
+        m.submit(name)
+    m.at(0)
+    m.at(30)
+    assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300
+    for name in list(m.specs):
+        assert m.ctl.handle({"type": "job.result", "job_id": m.ids[name], "value": 1})["ok"]
+    released = []
+    for _ in range(10):
+        m.ctl.step(m.now)
+        released.append(m.ctl.world.counters.get("nodes_released", 0))
+        if not m.ctl.busy:
+            break
+    steps = [b - a for a, b in zip([0] + released, released)]
+    assert max(steps) <= RELEASE_BATCH and released[-1] == 300, steps
+    assert sum(1 for s in steps if s) >= 3  # 128, 128, 44: in passes
+    assert not m.ctl.busy
+    m.at(90)
+    gone = [e["node"] for e in m.events("node.released")]
+    assert len(gone) == 300 and len(set(gone)) == 300 and m.ctl.world.counters["nodes_released"] == 300  # none twice
+
+
 class _FormingRuntime(SimulatedRuntime):
     """The simulated runtime with realistic costs (a start takes 30 s before its ranks report), as a runtime whose ranks
     cannot lose a peer while they form the group (Elastic Horovod in hvd.init)."""

@@ -107,6 +107,21 @@ class ScalingCurve:
         object.__setattr__(curve, "values", tuple(r.tolist()))
         return curve
 
+    @classmethod
+    def dense_rows(cls, rates: np.ndarray) -> list[ScalingCurve]:
+        """:meth:`dense` for every row of a matrix, checked as one array (JPA fits hundreds of curves at once)."""
+        r = np.asarray(rates, dtype=float)
+        if r.ndim != 2 or r.shape[1] < 2 or not (r.size == 0 or (r.min() >= 0 and math.isfinite(r.sum()))):
+            return [cls.dense(row) for row in r]  # checked row by row, for the message
+        nodes = tuple(range(r.shape[1]))
+        out = []
+        for values in r.tolist():
+            curve = object.__new__(cls)
+            object.__setattr__(curve, "nodes", nodes)
+            object.__setattr__(curve, "values", tuple(values))
+            out.append(curve)
+        return out
+
     def speedup(self) -> ScalingCurve:
         """This curve divided by its rate at the first positive count (BFTrainer's speedup metric)."""
         base = next((v for n, v in zip(self.nodes, self.values) if n > 0 and v > 0), 0.0)

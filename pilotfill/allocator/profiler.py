@@ -58,7 +58,7 @@ Pure: observations in, curves out; the caller decides when reports arrive.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -198,6 +198,48 @@ class Profiler:
         if seen and trying > max(seen):
             return self._cached(job_id, (max_nodes, "trying", node_type, trying), lambda: self._trying(job_id, min_nodes, max_nodes, node_type, trying))
         return self._cached(job_id, (max_nodes, "confirmed", node_type), lambda: self._confirmed(job_id, min_nodes, max_nodes, node_type))
+
+    def prepare(self, jobs: Iterable[tuple[str, int]]) -> None:
+        """Fit, in one array operation per width, the curves of every job in ``jobs`` (``(job_id, max_nodes)``, one
+        node type) that has two scales or more and none made since it last moved: :meth:`curve` and :meth:`confirmed`
+        then give them from the cache, the very numbers each would have made alone. After a decision that resized
+        hundreds of jobs, each reports at a new scale and is fitted again; one by one, a fit and its two tables
+        cost ~85 µs of numpy calls on arrays of a few dozen counts, 20-35 ms of the next decision."""
+        groups: dict[int, list[tuple[str, dict[int, float], float, float]]] = {}
+        for job_id, max_nodes in jobs:
+            cache = self._cache.get(job_id)
+            if cache is not None and (max_nodes, "optimistic", None) in cache and (max_nodes, "confirmed", None) in cache:
+                continue
+            seen = self.scales(job_id)
+            if len(seen) < 2 or any(t <= 0 for t in seen.values()):
+                continue  # no fit (a token or linear curve: cheap), or a fit with a point left out: made one by one
+            xs = [float(x) for x in seen]
+            y = [x / t for x, t in zip(xs, seen.values())]
+            a, b = _nnls2([1.0 / yi for yi in y], [x / yi for x, yi in zip(xs, y)])
+            if a > 0:  # the usual case; the others (a + b ≤ 0, a = 0) are made one by one, as :func:`_amdahl` makes them
+                groups.setdefault(max_nodes, []).append((job_id, seen, a, b))
+        for max_nodes, members in groups.items():
+            if len(members) < 2:
+                continue
+            at = np.arange(max_nodes + 1, dtype=float)
+            a = np.array([m[2] for m in members])
+            b = np.array([m[3] for m in members])
+            fitted = at[None, :] / (a[:, None] + b[:, None] * at[None, :])
+            fitted.flags.writeable = False
+            top = np.array([max(m[1]) for m in members])
+            rate = np.array([m[1][max(m[1])] for m in members])
+            share = np.array([self.optimism / (len(m[1]) - 1) for m in members])
+            beyond = at[None, :] > top[:, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                linear = rate[:, None] * at[None, :] / top[:, None]
+            est = np.where(beyond, fitted + share[:, None] * np.maximum(linear - fitted, 0.0), fitted)
+            confirmed = ScalingCurve.dense_rows(fitted)
+            optimistic = ScalingCurve.dense_rows(est)
+            for (job_id, _, _, _), fit, low, high in zip(members, fitted, confirmed, optimistic):
+                cache = self._cache.setdefault(job_id, {})
+                cache[(max_nodes, "fit", None)] = fit
+                cache[(max_nodes, "confirmed", None)] = low
+                cache[(max_nodes, "optimistic", None)] = high
 
     def typed_curves(self, job_id: str, min_nodes: int, max_nodes: int, node_types: list[str], prediction: Prediction,
                      running_on: str | None = None, trying: tuple[str, int] | None = None) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip

@@ -759,7 +759,7 @@ class Controller:
             elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
             elif self.pilots.owed:
-                self.pilots.submit_owed(now)  # a wave of idle nodes, asked for in passes
+                self.pilots.settle_owed(now)  # a wave of idle nodes asked for, or of unused nodes given back, in passes
             if self._idle_types is not None:
                 self.types.last_idle = self._idle_types
             if idle is not None:
@@ -780,7 +780,7 @@ class Controller:
     def busy(self) -> bool:
         """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
         decision's pilot sizing waits for the next pass, that pass found a decision to take, or pilots the last sizing
-        asked for wait to be submitted (more than one pass submits)."""
+        asked for wait to be submitted, or nodes it gave back to be released (more than one pass submits or releases)."""
         return bool(self._backlog) or self._sizing_owed or self._owed or self._offer is not None or (self.pilots.owed and not self.draining)
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
@@ -1024,6 +1024,7 @@ class Controller:
         active = self._active(room)
         if self._starters([job for job in active if job.status != "running"], room) < room:
             return None
+        self._prepare_views(active)
         try:
             views = [self._allocator_job(job) for job in active]
         except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
@@ -1264,6 +1265,7 @@ class Controller:
 
     def _views(self, jobs: list[Job]) -> list[AllocJob]:
         """The allocator's views of ``jobs``; a job the allocator cannot use fails, with the reason."""
+        self._prepare_views(jobs)
         views = []
         for job in jobs:
             try:
@@ -1271,6 +1273,23 @@ class Controller:
             except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
                 self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
         return views
+
+    def _prepare_views(self, jobs: list[Job]) -> None:
+        """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
+        after a decision that resized hundreds of jobs, each has reported at a new scale."""
+        if self.types.typed:
+            return  # per node type, with predictions: made one by one (:mod:`.types`)
+        stale = [(job.id, job.spec["max_nodes"]) for job in jobs if not job.spec.get("curve") and not self._view_holds(job)]
+        if len(stale) > 1:
+            self.profiler.prepare(stale)
+
+    def _view_inputs(self, job: Job) -> tuple:
+        """What a job's view is made from, besides its work left: it is made anew when this changes."""
+        return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else ())
+
+    def _view_holds(self, job: Job) -> bool:
+        cached = self._alloc_jobs.get(job.id)
+        return cached is not None and cached[0] == self._view_inputs(job)
 
     def _allocator_job(self, job: Job) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
@@ -1280,7 +1299,7 @@ class Controller:
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
         # Asked of every open job in every decision (thousands on a saturated machine): the check is kept cheap.
-        inputs = (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else ())
+        inputs = self._view_inputs(job)
         cached = self._alloc_jobs.get(job.id)
         if cached is not None and cached[0] == inputs:
             made = cached[1]

@@ -58,6 +58,11 @@ SUBMIT_BATCH = 128
 reply or decision waits behind a thousand submissions (the rest follow in the next passes, unless a decision sizes
 the pilots anew first)."""
 
+RELEASE_BATCH = 128
+"""Pilots one pass of the loop gives nodes back from: the nodes of thousands of one-node pilots that no job needs any more
+(the jobs of a campaign done) are released in passes, as pilots are submitted (the rest follow in the next passes,
+unless a sizing decides anew first). Each release is a batch-system call and the nodes' removal, ~60 µs a pilot."""
+
 RELEASE_RETRY_S = 5.0
 """A release the batch system failed or declined is asked again no sooner than this (never every tick)."""
 REREQUEST_WINDOW_S = 60.0
@@ -81,6 +86,7 @@ class PilotManager:
         self.fatal: SchedulerConfigError | None = None  # a refusal no retry can change: the controller stops
         self._pilot_seq = int(self.world.journal.get_meta("pilot_seq", "0") or 0)
         self._owed: dict[str | None, int] = {}  # node type (None: one kind) -> nodes the last sizing asks for, not yet submitted
+        self._owed_release: list[str] = []  # nodes the last sizing gives back, not yet released (past RELEASE_BATCH pilots)
 
     # ------------------------------------------------------------ what the controller asks
 
@@ -103,23 +109,30 @@ class PilotManager:
 
     @property
     def owed(self) -> bool:
-        """Whether the last sizing asked for more pilots than one pass submits (:data:`SUBMIT_BATCH`)."""
-        return bool(self._owed)
+        """Whether the last sizing asked for more pilots than one pass submits (:data:`SUBMIT_BATCH`), or gave back the
+        nodes of more pilots than one pass releases (:data:`RELEASE_BATCH`)."""
+        return bool(self._owed or self._owed_release)
 
-    def submit_owed(self, now: float) -> None:
-        """Submit the next :data:`SUBMIT_BATCH` pilots the last sizing asked for (within the site's limits)."""
+    def settle_owed(self, now: float) -> None:
+        """Submit the next :data:`SUBMIT_BATCH` pilots the last sizing asked for (within the site's limits), and release
+        the nodes of the next :data:`RELEASE_BATCH` pilots it gave back that are still unused."""
         owed, self._owed = self._owed, {}
         for node_type, nodes in owed.items():
             self._submit(nodes, now, node_type)
+        release, self._owed_release = self._owed_release, []
+        world = self.world
+        release = [n for n in release if n in world.ready and world.nodes[n].job is None]
+        if release:
+            self._give_back(release, now)
 
     def forget_owed(self) -> None:
-        """Nothing more is submitted (the controller is stopping)."""
-        self._owed = {}
+        """Nothing more is submitted or released in passes (the controller is stopping: every pilot ends)."""
+        self._owed, self._owed_release = {}, []
 
     def adjust(self, now: float, idle: int, answer: Allocation | None = None, idle_types: dict[str, int] | None = None) -> None:
         """Release, cancel or submit so that what we hold and ask for matches what the jobs would use
         (``idle_types``: a machine with several kinds of node, sized per type)."""
-        self._owed = {}  # sized anew: what an earlier sizing still owed is asked again below, if still wanted
+        self._owed, self._owed_release = {}, []  # sized anew: what an earlier sizing still owed is asked again below, if still wanted
         if idle_types is not None:
             return self._adjust_types(now, idle_types, answer)
         world = self.world
@@ -218,7 +231,8 @@ class PilotManager:
     def release_due(self, now: float) -> bool:
         """True when a node kept unused has waited ``release_after_s``: time to decide again whether to give it back."""
         wait = max(self.config.release_after_s, RELEASE_RETRY_S)
-        return any(now - t >= wait for t in self._unused_since.values())
+        owed = set(self._owed_release)  # given back already, released in the next passes: not a reason to size again
+        return any(now - t >= wait for n, t in self._unused_since.items() if n not in owed)
 
     def retry_due(self, now: float) -> bool:
         """True once when a refused or failed submission's back-off has passed: time to size the pilots again."""
@@ -242,12 +256,16 @@ class PilotManager:
     # ------------------------------------------------------------ acting
 
     def _give_back(self, nodes: list[str], now: float) -> None:
-        """Release ``nodes`` (ready, unused), grouped by pilot; what the batch system keeps stays held."""
+        """Release ``nodes`` (ready, unused), grouped by pilot, those of :data:`RELEASE_BATCH` pilots now and the rest in
+        the next passes (:meth:`settle_owed`); what the batch system keeps stays held."""
         by_pilot: dict[str, list[str]] = {}
         for name in nodes:
             pilot = self.world.nodes[name].pilot
             if pilot is not None:
                 by_pilot.setdefault(pilot, []).append(name)
+        if len(by_pilot) > RELEASE_BATCH:
+            later = list(by_pilot)[RELEASE_BATCH:]
+            self._owed_release += [name for pilot in later for name in by_pilot.pop(pilot)]
         for pilot, names in by_pilot.items():
             given = self.controller._scheduler_call("release", self.controller.scheduler.release, pilot, names)
             given = [n for n in given if n in names] if given is not None else []
