@@ -685,6 +685,37 @@ def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tm
     assert one_pass([submission(x) for x in names[2 + 2 * n :]]) == 1  # a few requests: decided in the pass that read them
 
 
+def test_a_large_decision_due_after_a_wave_of_batch_system_events_is_taken_in_the_next_pass(tmp_path, write, monkeypatch):
+    """The main workload takes back DECIDE_APART_MESSAGES nodes or more at one instant: the pass that handles those
+    events leaves the large decision they make due to the loop's next pass (at once: ``busy``), which reads no
+    request and decides whatever it polls; a wave of events and a whole-machine solve never add up in one pass."""
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
+    n = core.DECIDE_APART_MESSAGES
+    taken = [(20, f"n{i}", "busy") for i in range(n + 2)]
+    m = Machine(tmp_path, write, n + 6, [linear(f"j{i}", 1, 2, 10.0 + i) for i in range(n // 2 + 3)], busy=taken,
+                max_queued_pilots=1000, max_submits_per_minute=1000)  # fmt: skip
+    for name in m.specs:
+        m.submit(name)
+    for t in range(15):
+        m.at(t)
+    assert not m.ctl.busy and sum(len(j.nodes) for j in m.ctl.world.open.values()) == n + 6
+    decided = []
+    decide = m.ctl.decide
+    m.ctl.decide = lambda *a, **k: decided.append(1) or decide(*a, **k)
+    m.now = m.trace.start + 20
+    m.runtime.advance(m.now)
+    m.scheduler.advance(m.now)
+    m.ctl.step(m.now)
+    leaving = [e for e in m.events("pilot.preempted")]
+    assert len(leaving) == n + 2 and decided == [] and m.ctl.busy and m.ctl.solves_next  # put off: the next pass decides
+    m.ctl.step(m.now)
+    assert decided == [1]
+    held = {node for j in m.ctl.world.open.values() for node in j.nodes}
+    assert not held & {name for _, name, _ in taken}  # the decision moved every job off the nodes taken back
+
+
 def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_without_solving_them(tmp_path, write, monkeypatch):
     """The pilots' question at machine scale weighs the most promising waiting jobs; the nodes they leave free go to
     the jobs left out. Where enough of those would each gain from one node, every free node is used: the question

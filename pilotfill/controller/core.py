@@ -731,9 +731,11 @@ class Controller:
         with self.journal.transaction():
             before, self._polled_at = self._polled_at, now
             self._backlog.extend((event, before) for event in self._scheduler_call("poll", self.scheduler.poll, now) or [])
+            put_off = self._owed  # a decision the last pass put off is taken in this one, whatever this one polls
             for _ in range(min(MAX_BATCH, len(self._backlog))):  # a wave of thousands (pilots at their walltime): in passes
                 event, polled_before = self._backlog.popleft()
                 self._on_pilot_event(event, now, polled_before)
+                self._handled += not put_off  # counted as requests are: a wave of events and a large decision, not in one pass
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
             self._drain_walltimes(now)
@@ -876,8 +878,9 @@ class Controller:
         self.decide(now, idle)
 
     def _puts_off_the_decision(self) -> bool:
-        """True when a large decision due now goes to the next pass: this one handled many requests (see
-        :data:`DECIDE_APART_MESSAGES`). The next pass reads none (:attr:`solves_next`), so it is put off once."""
+        """True when a large decision due now goes to the next pass: this one handled many requests or batch-system
+        events (see :data:`DECIDE_APART_MESSAGES`). The next pass reads no request (:attr:`solves_next`) and does not
+        count what it polls, so it is put off once."""
         return self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS
 
     @property
