@@ -111,7 +111,6 @@ def _dp(problem: Problem) -> Allocation | None:
     """The exact DP, per node type, when every job can use exactly one type."""
     if any(len(j.node_types) != 1 for j in problem.jobs):
         return None
-    all_tables = value_tables(problem)
     pool = problem.pool.by_type()
     counts: dict[str, int] = {}
     types: dict[str, str | None] = {}
@@ -124,7 +123,7 @@ def _dp(problem: Problem) -> Allocation | None:
             job_id = problem.jobs[i].id
             counts[job_id] = n
             types[job_id] = node_type if n > 0 else None
-    return _finish(problem, counts, types, "dp", True, "OPTIMAL", tables=all_tables)
+    return _finish(problem, counts, types, "dp", True, "OPTIMAL")
 
 
 def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:

@@ -99,35 +99,37 @@ def worth_per_node(job: Job) -> tuple[float, float]:
 
 
 def value_tables(problem: Problem) -> list[list[ValueTable]]:
-    """One list of tables per job (one table per node type it can use), in job order.
-
-    Computed per node type for all jobs at once (one array operation per term,
-    not one per job): at whole-machine scale a decision weighs hundreds of jobs.
-    Made once per problem (a problem is immutable; the stages of one decision share them), read-only.
-    """
+    """One list of tables per job (one table per node type it can use), in job order: views of the rows of
+    :func:`value_matrices`, made once per problem (a problem is immutable; the stages of one decision share them),
+    read-only. The DP reads the matrices alone and never makes these (a thousand jobs' worth of small objects)."""
     cached = problem.__dict__.get("_value_tables")
     if cached is None:
-        cached, matrices = _value_tables(problem)
-        for tables in cached:
-            for table in tables:
-                table.values.flags.writeable = False
-        for _, matrix in matrices.values():
-            matrix.flags.writeable = False
-        problem.__dict__["_value_tables"] = cached
-        problem.__dict__["_value_matrices"] = matrices
+        matrices = value_matrices(problem)
+        pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
+        rows: dict[tuple[int, str], np.ndarray] = {}
+        for t, (members, matrix) in matrices.items():
+            size = pool_sizes.get(t, 0)
+            for i, row in zip(members, matrix):
+                rows[(i, t)] = row[: min(problem.jobs[i].max_nodes, size) + 1]
+        cached = problem.__dict__["_value_tables"] = [
+            [ValueTable(job, t, problem.held_by_type(job).get(t, 0), rows[(i, t)]) for t in job.throughput] for i, job in enumerate(problem.jobs)
+        ]
     return cached
 
 
 def value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
-    """The same values per node type, as one matrix of the jobs that can use the type (their indices, and one
-    row each, −inf past a job's cap): what the DP reads, without splitting and stacking rows again."""
-    if "_value_matrices" not in problem.__dict__:
-        problem.__dict__.pop("_value_tables", None)
-        value_tables(problem)
-    return problem.__dict__["_value_matrices"]
+    """What each count is worth to each job, per node type, as one matrix of the jobs that can use the type (their
+    indices, and one row each, −inf past a job's cap; computed for all jobs at once, one array operation per term,
+    not one per job: at whole-machine scale a decision weighs hundreds of jobs). Made once per problem, read-only."""
+    cached = problem.__dict__.get("_value_matrices")
+    if cached is None:
+        cached = problem.__dict__["_value_matrices"] = _value_matrices(problem)
+        for _, matrix in cached.values():
+            matrix.flags.writeable = False
+    return cached
 
 
-def _value_tables(problem: Problem) -> tuple[list[list[ValueTable]], dict[str, tuple[list[int], np.ndarray]]]:
+def _value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     held = [problem.held_by_type(job) for job in problem.jobs]
     rate_now = [current_rate(job, h) if h else 0.0 for job, h in zip(problem.jobs, held)]
@@ -135,7 +137,6 @@ def _value_tables(problem: Problem) -> tuple[list[list[ValueTable]], dict[str, t
     for i, job in enumerate(problem.jobs):
         for t in job.throughput:
             by_type.setdefault(t, []).append(i)
-    rows: dict[tuple[int, str], np.ndarray] = {}
     matrices: dict[str, tuple[list[int], np.ndarray]] = {}
     for t, members in by_type.items():
         jobs = [problem.jobs[i] for i in members]
@@ -147,13 +148,11 @@ def _value_tables(problem: Problem) -> tuple[list[list[ValueTable]], dict[str, t
         matrix = _batch(jobs, t, caps, current, rates, problem.t_fwd)
         # A job running on another type gets here by a stop (what stopping loses, at its rate now) and a start: the
         # row was made as for a job not running anywhere, so the stop is charged on every count, 0 (stopping) included.
-        moving = [k for k, i in enumerate(members) if any(c > 0 and u != t for u, c in held[i].items())]
+        moving = [k for k, i in enumerate(members) if held[i] and (len(held[i]) > 1 or t not in held[i])]
         if moving:
             matrix[moving] -= np.array([jobs[k].weight * (jobs[k].scale_down_cost_s + jobs[k].restart_cost_s) * rate_now[members[k]] for k in moving])[:, None]
         matrices[t] = (members, matrix)
-        for i, cap, row in zip(members, caps, matrix):
-            rows[(i, t)] = row[: cap + 1]
-    return [[ValueTable(job, t, held[i].get(t, 0), rows[(i, t)]) for t in job.throughput] for i, job in enumerate(problem.jobs)], matrices
+    return matrices
 
 
 def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> np.ndarray:
