@@ -511,20 +511,27 @@ def test_a_wave_of_idle_nodes_is_asked_for_in_passes_and_every_node_is_asked_for
     m = Machine(tmp_path, write, 300, [linear(f"j{i}", 1, 1, 10.0 + i) for i in range(300)], max_queued_pilots=1000, max_submits_per_minute=1000)
     for name in list(m.specs):
         m.submit(name)
-    submitted = []
-    for _ in range(10):
-        m.scheduler.advance(m.now)
-        m.ctl.step(m.now)
-        submitted.append(m.ctl.world.counters.get("pilots_submitted", 0))
-        if not m.ctl.busy:
-            break
-    steps = [b - a for a, b in zip([0] + submitted, submitted)]
-    assert max(steps) <= SUBMIT_BATCH and submitted[-1] == 300, steps
+    steps = _per_pass(m, "pilots_submitted", advance=True)
+    assert max(steps) <= SUBMIT_BATCH and sum(steps) == 300, steps
     assert sum(1 for s in steps if s) >= 3  # 128, 128, 44: in passes
     assert not m.ctl.busy
     m.at(30)
     assert m.ctl.world.counters.get("pilots_submitted", 0) == 300  # none asked for twice
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300
+
+
+def _per_pass(m, counter: str, advance: bool = False) -> list[int]:
+    """Step the controller's loop while it is busy (at most 10 passes), at one instant: how much ``counter`` grew in
+    each pass (``advance``: the batch system moves on before each pass)."""
+    seen = [m.ctl.world.counters.get(counter, 0)]
+    for _ in range(10):
+        if advance:
+            m.scheduler.advance(m.now)
+        m.ctl.step(m.now)
+        seen.append(m.ctl.world.counters.get(counter, 0))
+        if not m.ctl.busy:
+            break
+    return [b - a for a, b in zip(seen, seen[1:])]
 
 
 def test_the_nodes_of_hundreds_of_pilots_no_job_needs_are_released_in_passes_each_once(tmp_path, write):
@@ -542,14 +549,8 @@ def test_the_nodes_of_hundreds_of_pilots_no_job_needs_are_released_in_passes_eac
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300
     for name in list(m.specs):
         assert m.ctl.handle({"type": "job.result", "job_id": m.ids[name], "value": 1})["ok"]
-    released = []
-    for _ in range(10):
-        m.ctl.step(m.now)
-        released.append(m.ctl.world.counters.get("nodes_released", 0))
-        if not m.ctl.busy:
-            break
-    steps = [b - a for a, b in zip([0] + released, released)]
-    assert max(steps) <= RELEASE_BATCH and released[-1] == 300, steps
+    steps = _per_pass(m, "nodes_released")
+    assert max(steps) <= RELEASE_BATCH and sum(steps) == 300, steps
     assert sum(1 for s in steps if s) >= 3  # 128, 128, 44: in passes
     assert not m.ctl.busy
     m.at(90)
