@@ -50,12 +50,16 @@ class ScalingCurve:
             raise ProblemError(f"curve values must be finite and non-negative: {values}")
 
     def at(self, n: float) -> float:
-        """The rate at ``n`` nodes (linear interpolation, clamped past the ends; remembered for whole counts)."""
+        """The rate at ``n`` nodes (linear interpolation, clamped past the ends; remembered for whole counts, read
+        from the table up to the last point: JPA makes hundreds of curves in one decision, each read at a count or two
+        and tabulated whole by the allocator — one interpolation of every count, the same numbers, not one per call)."""
         if isinstance(n, int):
             cache = self.__dict__.setdefault("_at", {})
             out = cache.get(n)
             if out is None:
-                out = cache[n] = float(np.interp(n, self.nodes, self.values))
+                last = self.nodes[-1]
+                tabulate = 0 <= n <= last <= 65_536  # a curve drawn to a million nodes is not tabulated for one read
+                out = cache[n] = float(self.table(last)[n]) if tabulate else float(np.interp(n, self.nodes, self.values))
             return out
         return float(np.interp(n, self.nodes, self.values))
 

@@ -170,7 +170,7 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
         current.append(c)
         # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
         # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
-        valid = c and job.min_nodes <= c <= job.max_nodes and not any(n and t != node_type for t, n in held.items())
+        valid = c and job.min_nodes <= c <= job.max_nodes and len(held) == 1  # held: the types it holds nodes of
         rates.append(curve.at(c) if valid else 0.0)
     if not jobs:
         return np.zeros((0, 1))
@@ -226,6 +226,12 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     if all(c == caps[0] for c in caps):  # the usual case: one width for all
         metric = np.array([m.table(caps[0]) for m, _ in curves]).reshape(J, W)
         thr = np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
+    elif all(job.max_nodes == jobs[0].max_nodes for job in jobs) and jobs[0].max_nodes >= W - 1:
+        # exploring (each job's cap its base plus the room): every curve's table up to the jobs' one maximum (made once
+        # per curve, whatever the room), cut to the widest cap; what lies past a job's cap is never read (made −inf)
+        top = jobs[0].max_nodes
+        metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
+        thr = np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
     else:  # each row a prefix of its curve's table up to the job's maximum (made once per curve, whatever the room)
         metric, thr = np.zeros((J, W)), np.zeros((J, W))
         for j, ((m, t), cap, job) in enumerate(zip(curves, caps, jobs)):
