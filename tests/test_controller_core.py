@@ -489,16 +489,72 @@ def test_a_large_decision_sizes_the_pilots_in_the_next_pass_with_replies_between
     m.ctl.step(m.now)
     asked = m.events("pilot.submitted")
     assert m.ctl.busy is apart and (asked == []) is apart
-    m.submit("c")  # a request between the two passes: answered before the sizing
+    m.submit("c")  # a request between the passes: answered before the sizing
     m.ctl.step(m.now)
+    if apart:
+        # c changed the world after the decision was taken, before its answer was applied: the decision is taken
+        # again with c and applied in this pass; the pilots are sized in the next one, which the loop takes at once.
+        assert m.ctl.busy and m.ctl.solves_next and not m.events("pilot.submitted")
+        assert m.events("allocation")
+        m.ctl.step(m.now)
     assert m.events("pilot.submitted")
-    # Apart, c changed the world after the decision: the sizing asks anew, and the decision c needs is owed to the
-    # pass after, which the loop takes at once.
-    assert m.ctl.busy is apart
     m.at(0)
     assert not m.ctl.busy
     assert sum(e["data"]["nodes"] for e in m.events("pilot.submitted")) == 8
     assert sum(len(m.job(n).nodes) for n in "abc") == 8 and m.ctl.world.counters["nodes_released"] == 0
+
+
+def test_a_large_decision_is_applied_in_the_next_pass_which_reads_no_request(tmp_path, write, monkeypatch):
+    """At machine scale solving the machine and changing hundreds of jobs are two passes: the loop's decision is
+    applied in the pass after it is taken (``solves_next``: that pass reads no request), offers and the pilots'
+    sizing in the passes after that, and the jobs end up as a decision applied at once leaves them."""
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
+    m = Machine(tmp_path, write, 4, [linear("a", 1, 4, 100), linear("b", 1, 4, 100), linear("c", 1, 4, 1000)])
+    m.submit("a")
+    m.submit("b")
+    m.at(0)  # pilots asked for and started: four ready nodes, each job on some
+    assert sum(len(m.job(n).nodes) for n in "ab") == 4
+    m.submit("c")  # far the best per node: the decision takes nodes for it
+    allocations = len(m.events("allocation"))
+    m.ctl.step(m.now)
+    assert m.ctl._decided is not None and m.ctl.busy and m.ctl.solves_next  # decided, not applied
+    assert len(m.events("allocation")) == allocations and m.job("c").status != "running"
+    m.ctl.step(m.now)
+    assert len(m.events("allocation")) == allocations + 1 and m.job("c").status == "running"
+    m.at(0)
+    assert not m.ctl.busy and m.ctl._decided is None
+    assert sum(len(m.job(n).nodes) for n in "abc") == 4 and m.ctl.world.counters.get("nodes_released", 0) == 0
+
+
+def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_the_next(tmp_path, write, monkeypatch):
+    """The pilots' question weighs the machine as a decision does: when the main workload moves in a pass that handled
+    DECIDE_APART_MESSAGES requests or more, the question goes to the loop's next pass (at once: ``busy``; that pass
+    reads no request), asked once there, and the idle node is asked for."""
+    from pilotfill.controller import core
+
+    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
+    n = core.DECIDE_APART_MESSAGES
+    m = Machine(tmp_path, write, 5, [linear("a", 1, 2, 100), linear("b", 1, 2, 90), linear("c", 1, 2, 80, up=1)], busy=[(0, "n5", "busy"), (60, "n5", "idle")])
+    for name in "abc":
+        m.submit(name)
+    m.at(0)
+    m.at(30)
+    assert not m.ctl.busy and sum(len(m.job(x).nodes) for x in "abc") == 5
+    adjusted = []
+    adjust = m.ctl.pilots.adjust
+    m.ctl.pilots.adjust = lambda *a, **k: adjusted.append(1) or adjust(*a, **k)
+    m.now = m.trace.start + 60
+    m.scheduler.advance(m.now)  # n5 turns idle: the pilots' question is due
+    assert all(r["ok"] for r in m.ctl.handle_batch([{"type": "state.snapshot"}] * n))
+    m.ctl.step(m.now)
+    assert adjusted == [] and m.ctl.busy and m.ctl.solves_next  # put off, not dropped
+    asked = len(m.events("pilot.submitted"))
+    m.ctl.step(m.now)
+    assert adjusted == [1] and not m.ctl.solves_next and len(m.events("pilot.submitted")) == asked + 1  # n5, asked for once
+    m.at(60)
+    assert sum(len(m.job(x).nodes) for x in "abc") == 6 and len(m.events("pilot.submitted")) == asked + 1
 
 
 def test_a_wave_of_idle_nodes_is_asked_for_in_passes_and_every_node_is_asked_for_once(tmp_path, write):
@@ -636,8 +692,8 @@ def test_a_large_decision_offers_the_nodes_it_leaves_free_in_the_next_pass(tmp_p
 
 def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tmp_path, write, monkeypatch):
     """A pass that handled DECIDE_APART_MESSAGES requests or more leaves a large decision to the loop's next pass
-    (at once: ``busy``), so a thousand reports and a whole-machine solve never add up in one pass. That pass, and the
-    pilots' sizing after it, read no request (``solves_next``), so requests arriving all the time cannot hold the
+    (at once: ``busy``), so a thousand reports and a whole-machine solve never add up in one pass. That pass, the
+    pass that applies its answer and the pilots' sizing after it read no request (``solves_next``), so requests arriving all the time cannot hold the
     decision back. With fewer requests it is taken in the pass that read them."""
     from pilotfill.controller import core
 
@@ -670,7 +726,9 @@ def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tm
     assert one_pass([submission(x) for x in names[2 : 2 + n]]) == 0 and m.ctl.busy and m.ctl.dirty  # put off
     assert m.ctl.solves_next  # the next pass reads no request: it decides
     assert one_pass([]) == 1 and m.ctl.busy
-    assert m.ctl.solves_next  # and the pass after it sizes the pilots, reading none either
+    assert m.ctl.solves_next  # the pass after it applies the answer, reading no request either…
+    assert one_pass([]) == 1 and m.ctl._decided is None and m.ctl.busy
+    assert m.ctl.solves_next  # …and the pass after that sizes the pilots, reading none either
     adjusted = []
     adjust = m.ctl.pilots.adjust
     m.ctl.pilots.adjust = lambda *a, **k: adjusted.append(1) or adjust(*a, **k)
@@ -754,7 +812,7 @@ def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_
 def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_next_pass(tmp_path, write, monkeypatch):
     """A large decision that used every copy weighed of a sweep's job does not apply that answer and solve the
     machine again in the same pass: the next pass (at once) decides with as many copies as could start, and reaches
-    the answer that weighs them all."""
+    the answer that weighs them all (applied in the pass after, as every large decision of the loop is)."""
     from pilotfill.allocator import allocate
     from pilotfill.controller import core
 
@@ -778,7 +836,8 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     m.at(0)
     again = next(i for i, p in enumerate(passes) if p[0])
     assert passes[again][1:] == passes[again - 1][1:] == (1, 0)  # not applied: nothing logged, nothing started
-    assert passes[again + 1][1:] == (2, 10)  # the next pass decides, with the copies that could start, at once
+    assert passes[again + 1][1:] == (1, 0)  # the next pass decides, with the copies that could start, at once…
+    assert passes[again + 2][1:] == (2, 10)  # …and the pass after applies it
     full = allocate(ctl._problem(ctl._active(10), 0))
     assert sum(len(j.nodes) for j in ctl.world.open.values()) == sum(full.counts.values()) == 10
     assert not m.job("odd").nodes  # ten copies on one node each earn more than any answer with the odd job
@@ -813,8 +872,8 @@ def test_the_pilots_question_that_would_weigh_more_copies_counts_the_nodes_they_
 
 def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp_path, write, monkeypatch):
     """The process's loop (``one_pass``, a real ZeroMQ server and client): after a pass of many requests at scale, the
-    next pass takes the decision and leaves a waiting request unread; the pass after sizes the pilots, also without
-    reading; then the request is answered."""
+    next pass takes the decision and leaves a waiting request unread; the pass after applies it and the one after that
+    sizes the pilots, also without reading; then the request is answered."""
     import threading
 
     from pilotfill.controller import core
@@ -855,6 +914,8 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
             server.serve(lambda message: pytest.fail(f"read {message}"), 100, max_batch=0)
             assert asker.is_alive(), "the client gave up"
         assert one_pass(ctl, server) == 0 and decided == [1] and not replies  # the decision; the request waits
+        assert ctl.solves_next and ctl._decided is not None
+        assert one_pass(ctl, server) == 0 and ctl._decided is None and not replies  # its answer applied; it still waits
         assert ctl.solves_next
         assert one_pass(ctl, server) == 0 and adjusted == [1] and not replies  # the pilots' sizing; it still waits
         handled = 0

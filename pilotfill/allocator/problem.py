@@ -255,6 +255,11 @@ class NodePool:
     def type_of(self, node: str) -> str:
         return self.types.get(node, DEFAULT_TYPE)
 
+    @cached_property
+    def members(self) -> frozenset[str]:
+        """The pool's nodes as a set (made once: every problem checks the nodes its jobs hold against it)."""
+        return frozenset(self.nodes)
+
     def by_type(self) -> dict[str, list[str]]:
         """Nodes grouped by type, each group in pool order (a fresh dict of fresh lists: callers may change them)."""
         return {t: list(ns) for t, ns in self._groups.items()}
@@ -281,12 +286,21 @@ class Problem:
     def __post_init__(self) -> None:
         object.__setattr__(self, "jobs", tuple(self.jobs))
         ids = [j.id for j in self.jobs]
-        if len(set(ids)) != len(ids):
+        known = set(ids)
+        if len(known) != len(ids):
             raise ProblemError("two jobs share an id")
         if not math.isfinite(self.t_fwd) or self.t_fwd <= 0:
             raise ProblemError(f"t_fwd must be finite and > 0, got {self.t_fwd}")
-        known = set(ids)
-        pool = set(self.pool.nodes)
+        # Checked all at once (a whole-machine decision holds a thousand jobs' nodes); job by job only to say which.
+        held = [n for nodes in self.current.values() for n in nodes]
+        distinct = set(held)
+        if not known.issuperset(self.current) or len(distinct) != len(held) or not distinct <= self.pool.members:
+            self._say_what_is_wrong(known)
+
+    def _say_what_is_wrong(self, known: set[str]) -> None:
+        """The first fault of the current map, named (:meth:`__post_init__` found one, or a job's list of its nodes
+        names one twice: not a fault)."""
+        pool = self.pool.members
         seen: set[str] = set()
         for job_id, held in self.current.items():
             if job_id not in known:

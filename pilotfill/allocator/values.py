@@ -232,6 +232,13 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
         top = jobs[0].max_nodes
         metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
         thr = np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
+    elif W - 1 <= (top := max(job.max_nodes for job in jobs)) < 2 * W + 64:
+        # jobs of different maxima (the usual mix): every curve's table up to the largest maximum, cut to the widest cap,
+        # one array for all (what lies past a job's cap is never read: made −inf below). Rows are not copied one by one
+        # into a matrix, and a curve's table is made once whatever the room; bounded, so a job that may take the whole
+        # machine does not tabulate every other curve that far.
+        metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
+        thr = np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
     else:  # each row a prefix of its curve's table up to the job's maximum (made once per curve, whatever the room)
         metric, thr = np.zeros((J, W)), np.zeros((J, W))
         for j, ((m, t), cap, job) in enumerate(zip(curves, caps, jobs)):

@@ -146,6 +146,15 @@ class Solved(NamedTuple):
     unweighed: tuple[Job, ...] = ()  # with ``again``: the copies of those kinds not weighed yet
 
 
+class Decided(NamedTuple):
+    """A large decision taken in one pass, to be applied in the next (:meth:`Controller.decide` ``late``)."""
+
+    solved: Solved
+    solve_ms: float
+    idle: int  # the idle nodes it was taken with: the pilots are sized on them
+    apart: bool  # taken with SIZE_APART_JOBS open jobs or more: offers and the pilots' sizing in the passes after
+
+
 class Controller:
     """The decision loop over a batch system (pilots), a runtime (ranks) and the journal."""
 
@@ -195,13 +204,16 @@ class Controller:
         self._curves: dict[str, ScalingCurve] = {}
         self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
         self._copies: dict[tuple[bool, Hashable], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
-        self._worth: dict[str, tuple[AllocJob, tuple[float, float]]] = {}  # job -> (the view it was bounded on, its worth per node)
+        self._worth: dict[str, tuple[tuple, dict, tuple[float, float]]] = {}  # job -> (its view inputs, its spec, its worth per node)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._kinds: dict[str, tuple[dict, Hashable]] = {}  # job -> (its spec, what in it tells the job apart from other waiting jobs: see _kind)
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
         self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass (when _sizing_owed)
         self._sizing_owed = False
+        self._decided: Decided | None = None  # a large decision's answer, applied in the next pass
+        self._retaking = False  # that answer no longer held: the decision taken again is applied in its own pass
+        self._adjust_owed = False  # the pilots' question, put off to the next pass after a pass of many requests
         self._owed = False  # a decision is owed to the next pass, at once (the sizing pass found the world changed, or one was put off)
         self._handled = 0  # requests handled since the last step (see DECIDE_APART_MESSAGES)
         self._offer: tuple[Problem, Allocation, list[list[Job]]] | None = None  # a large decision's free nodes, offered in the next pass
@@ -746,7 +758,10 @@ class Controller:
             self._owed = False
             if self.draining:
                 self._sizing, self._sizing_owed, self._offer = None, False, None  # stopping: no job starts or grows, no pilot is asked for
+                self._decided, self._adjust_owed = None, False
                 self.pilots.forget_owed()
+            elif self._decided is not None:
+                self._apply_decided(now, idle)
             elif self._offer is not None:
                 offer, self._offer = self._offer, None
                 if not self.dirty:  # else what changed is decided anew (the pass after the sizing's, if one is owed)
@@ -758,8 +773,12 @@ class Controller:
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
                 self._decide_when_due(now, idle)
-            elif (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
-                self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())  # the main workload moved, or a kept node's time is up
+            elif self._adjust_owed or (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
+                if not self._adjust_owed and self._puts_off_the_decision():  # the pilots' question weighs the machine too: put off once, as a decision
+                    self._adjust_owed = True
+                else:  # the main workload moved, or a kept node's time is up
+                    self._adjust_owed = False
+                    self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())
             elif self.pilots.owed:
                 self.pilots.settle_owed(now)  # a wave of idle nodes asked for, or of unused nodes given back, in passes
             if self._idle_types is not None:
@@ -783,7 +802,8 @@ class Controller:
         """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
         decision's pilot sizing waits for the next pass, that pass found a decision to take, or pilots the last sizing
         asked for wait to be submitted, or nodes it gave back to be released (more than one pass submits or releases)."""
-        return bool(self._backlog) or self._sizing_owed or self._owed or self._offer is not None or (self.pilots.owed and not self.draining)
+        return (bool(self._backlog) or self._sizing_owed or self._owed or self._offer is not None or self._decided is not None or self._adjust_owed
+                or (self.pilots.owed and not self.draining))  # fmt: skip
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
@@ -875,7 +895,7 @@ class Controller:
         if self._puts_off_the_decision():
             self._owed = self.urgent = True
             return
-        self.decide(now, idle)
+        self.decide(now, idle, late=True)
 
     def _puts_off_the_decision(self) -> bool:
         """True when a large decision due now goes to the next pass: this one handled many requests or batch-system
@@ -891,7 +911,7 @@ class Controller:
         events is read in passes, nor while stopping."""
         if len(self.world.open) < SIZE_APART_JOBS or self.draining or self._offer is not None or self._backlog:
             return False
-        return self._sizing_owed or (self._owed and self.dirty and self.urgent)
+        return self._sizing_owed or self._decided is not None or self._adjust_owed or (self._owed and self.dirty and self.urgent)
 
     def _deferring(self, now: float) -> bool:
         """True while a burst of requests or batch-system events is still being read (see :data:`FLOOD_DEFER_S`)."""
@@ -934,31 +954,51 @@ class Controller:
 
     # ------------------------------------------------------------ the decision
 
-    def decide(self, now: float, idle: int | None = None) -> Allocation | None:
+    def decide(self, now: float, idle: int | None = None, late: bool = False) -> Allocation | None:
         """Ask the allocator, apply the difference (one runtime call per job that changed), then size
         the pilots from the same answer: release what no job will use, ask for what is missing (with
-        :data:`SIZE_APART_JOBS` open jobs or more, in the loop's next pass)."""
+        :data:`SIZE_APART_JOBS` open jobs or more, in the loop's next pass).
+
+        ``late`` (the loop's decisions): with :data:`SIZE_APART_JOBS` open jobs or more the answer is applied in
+        the next pass, which reads no request (:meth:`_apply_decided`): solving the machine and changing hundreds
+        of jobs are two passes, not one. If anything changed in between, the answer no longer holds; the decision
+        is taken again and applied in the pass that takes it."""
         began = time.perf_counter()
         self.dirty = self.urgent = False
         self._settle_since = self._deferred_since = None
         if idle is None:
             idle = self._last_idle or 0
-        answer = None
         apart = len(self.world.open) >= SIZE_APART_JOBS
         self._offer = None
+        decided = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
             solved = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, apart=apart)
-            active, problem, answer, left = solved.active, solved.problem, solved.answer, solved.left
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
-            self.methods[answer.method] += 1
-            self.last_method = answer.method
+            self.methods[solved.answer.method] += 1
+            self.last_method = solved.answer.method
             if solved.again:  # more copies of a kind are weighed: by the decision of the next pass, at once
                 self.dirty = self.urgent = self._owed = True  # due now: not held back while pilots arrive
                 return None
+            decided = Decided(solved, solve_ms, idle, apart)
+            if late and apart and not self._retaking:
+                self._decided = decided
+                self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
+                return solved.answer
+        self._retaking = False
+        answer = self._carry_out(decided, now, idle, apart)
+        self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
+        return answer
+
+    def _carry_out(self, decided: Decided | None, now: float, idle: int, apart: bool) -> Allocation | None:
+        """Apply a decision's answer and log it; then the pilots are sized on it (with ``apart``, in the next pass,
+        after the nodes it leaves free are offered to the jobs it left out)."""
+        answer = None
+        if decided is not None:
+            active, problem, answer, left = decided.solved.active, decided.solved.problem, decided.solved.answer, decided.solved.left
             moved = self._apply(active, answer, now)
-            self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
+            self.world.log("allocation", now, solve_ms=round(decided.solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
             if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
                 self._offer = (problem, answer, left)  # the nodes it leaves free: to the jobs it left out, in the next pass
@@ -966,8 +1006,18 @@ class Controller:
             self._sizing, self._sizing_owed = answer, answer is not None
         else:
             self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
-        self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
+
+    def _apply_decided(self, now: float, idle: int | None) -> None:
+        """The pass after a large decision: its answer applied, unless something changed since it was taken (then it
+        is taken again, in this pass, and applied at once)."""
+        decided, self._decided = self._decided, None
+        assert decided is not None
+        if self.dirty:
+            self._retaking = True
+            self._decide_when_due(now, idle if idle is not None else decided.idle)
+            return
+        self._carry_out(decided, now, decided.idle, decided.apart)
 
     def _idle(self) -> int | None:
         """Idle nodes the batch system has for us now (on a typed machine, asked per type: ``_idle_types``)."""
@@ -1215,15 +1265,18 @@ class Controller:
         the allocator confirms, then by the one it explores), earlier submissions first among equals."""
         worth = []
         for job in waiting:
-            try:
-                view = self._allocator_job(job)
-            except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
-                worth.append((math.inf, math.inf))
-                continue
+            # What a node earns a job holding none depends on its curves and bounds, not its work left: a waiting job's
+            # worth is kept until what its view is made from changes (thousands wait on a saturated machine).
+            inputs = self._view_inputs(job)
             known = self._worth.get(job.id)
-            if known is None or known[0] is not view:
-                known = self._worth[job.id] = (view, worth_per_node(view))
-            worth.append(known[1])
+            if known is None or known[0] != inputs or known[1] is not job.spec:
+                try:
+                    view = self._allocator_job(job)
+                except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
+                    worth.append((math.inf, math.inf))
+                    continue
+                known = self._worth[job.id] = (inputs, job.spec, worth_per_node(view))
+            worth.append(known[2])
         values = np.array(worth, dtype=float).reshape(len(waiting), 2)
         order = np.lexsort((np.arange(len(waiting)), -values[:, 1], -values[:, 0]))
         return [waiting[i] for i in order]
