@@ -45,6 +45,7 @@ import numpy as np
 from .allocator.similarity import Library
 from .config import Config, ControllerConfig, NodeTypeConfig, PilotConfig, SimilarityConfig
 from .controller import Controller
+from .controller.collection import collecting_rarely
 from .controller.core import MAX_BATCH
 from .elastic.simulated import SimulatedRuntime
 from .schedulers.replay import ReplayScheduler
@@ -269,7 +270,8 @@ class Replay:
             if not self.library_learns:
                 self.controller.types.freeze()
             try:
-                self._loop(on_event)
+                with collecting_rarely():  # as in a controller's process
+                    self._loop(on_event)
             finally:
                 self._close()
         self.result.wall_s = time.perf_counter() - began

@@ -88,8 +88,17 @@ class LocalRun:
         self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
+        """SIGTERM, as an operator would; a controller that does not go within a minute is killed with its group,
+        so a failing test leaves nothing running for the next one."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            raise
 
     def state(self) -> State:
         return State(self.run_dir, readonly=True)

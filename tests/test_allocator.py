@@ -319,6 +319,57 @@ def test_the_objective_read_from_the_value_matrices_is_the_sum_over_the_tables_o
             assert got == want if math.isinf(want) else got == pytest.approx(want, rel=1e-12, abs=1e-9)
 
 
+def test_each_row_of_the_value_matrices_is_the_jobs_table_made_alone_at_its_rate_now():
+    """The matrices are made for all jobs at once, each job's rate now read from its own row: every row is the table
+    made for that job alone (``_table``) at :func:`current_rate` (0 below its minimum, above its maximum, or across
+    two types), and a job running on another type is charged its stop on every count."""
+    from pilotfill.allocator.values import _table, current_rate, value_matrices
+
+    rng = random.Random(11)
+    kinds = ["a", "b"]
+    checked = {"valid": 0, "below": 0, "above": 0, "moving": 0}
+    for _ in range(60):
+        nodes = [f"n{i}" for i in range(rng.randint(4, 30))]
+        node_type = {n: rng.choice(kinds) for n in nodes} if rng.random() < 0.6 else {}
+        free = list(nodes)
+        rng.shuffle(free)
+        jobs, current = [], {}
+        for k in range(rng.randint(1, 8)):
+            lo = rng.randint(1, 3)
+            hi = rng.randint(lo, 8)
+            usable = rng.sample(kinds, rng.randint(1, 2)) if node_type else ["default"]
+            curves = {t: ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60))) for t in usable} if node_type else ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60)))
+            job = Job(f"j{k}", lo, hi, curves, scale_up_cost_s=rng.uniform(0, 5), scale_down_cost_s=rng.uniform(0, 5), restart_cost_s=rng.uniform(0, 9),
+                      remaining_samples=rng.choice([math.inf, rng.uniform(10, 5000)]), weight=rng.uniform(0.5, 2))  # fmt: skip
+            mine = [n for n in free if not node_type or rng.random() < 0.7][: rng.randint(0, hi + 1)]
+            if mine:
+                current[job.id] = frozenset(mine)
+                free = [n for n in free if n not in mine]
+            jobs.append(job)
+        p = Problem(tuple(jobs), NodePool(tuple(nodes), node_type), current, t_fwd=rng.uniform(5, 500))
+        sizes = {t: len(ns) for t, ns in p.pool.by_type().items()}
+        for t, (members, matrix) in value_matrices(p).items():
+            for i, row in zip(members, matrix):
+                job = p.jobs[i]
+                held = p.held_by_type(job)
+                c = held.get(t, 0)
+                cap = min(job.max_nodes, sizes.get(t, 0))
+                moving = bool(held) and (len(held) > 1 or t not in held)
+                rate = current_rate(job, held)
+                want = _table(job, t, cap, c, rate if c and not moving else 0.0, p.t_fwd).values
+                if moving:
+                    want = want - job.weight * (job.scale_down_cost_s + job.restart_cost_s) * rate
+                    checked["moving"] += 1
+                elif c:
+                    checked["valid" if job.min_nodes <= c <= job.max_nodes else ("below" if c < job.min_nodes else "above")] += 1
+                assert len(row) >= len(want) and np.isneginf(row[len(want) :]).all()  # one width for all: −inf past its cap
+                row = row[: len(want)]
+                finite = np.isfinite(want)
+                assert (np.isfinite(row) == finite).all()
+                assert row[finite] == pytest.approx(want[finite], rel=1e-12, abs=1e-9)
+    assert min(checked.values()) > 0, checked  # every case was met
+
+
 def test_what_one_node_earns_at_best_is_the_largest_rate_per_node_of_the_curve():
     """How a long queue is ranked (worth_per_node): max over 1…upto of rate(n)/n, remembered per curve and size."""
     sublinear = ScalingCurve((0, 1, 4), (0.0, 10.0, 30.0))
@@ -1293,6 +1344,36 @@ def test_the_compiled_dp_is_the_best_of_every_combination_and_breaks_ties_toward
         assert sum(counts) <= capacity and sum(t[n] for t, n in zip(tables, counts)) == pytest.approx(best, abs=1e-9)
     counts, value = compiled.knapsack([np.array([0.0, 5.0, 5.0, 5.0]), np.array([0.0, 2.0, 2.0])], 6)
     assert (counts, value) == ([1, 1], 7.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_node_price_read_from_the_hulls_is_the_one_bisection_finds(seed):
+    """The price at which the jobs' own choices fit is read from the slopes of their concave hulls, not bisected: on
+    random tables (ties, counts not allowed, many copies of one job) it is the bisection's price, its choices fit,
+    and the choices just below it do not."""
+    from pilotfill.allocator import dp
+
+    rng = np.random.default_rng(seed)
+    compared = 0
+    for _ in range(150):
+        jobs, width = int(rng.integers(1, 40)), int(rng.integers(2, 14))
+        values = np.cumsum(rng.uniform(-1, 5, (jobs, width)), axis=1)
+        values[:, 0] = 0.0
+        if rng.random() < 0.5:
+            values = np.round(values)  # ties between counts and between jobs
+        values[:, 1:][rng.random((jobs, width - 1)) < 0.2] = -np.inf
+        if rng.random() < 0.3:
+            values = np.repeat(values[:1], jobs, axis=0)  # copies: they change their minds at one price
+        capacity = int(rng.integers(0, jobs * width))
+        if dp._choose(values, 0.0).sum() <= capacity:
+            continue  # every job's own best fits: no price is asked for
+        price, fits, over = dp._price(values, capacity)
+        bisected, _, _ = dp._bisect_price(values, capacity)
+        assert price == pytest.approx(bisected, rel=1e-9, abs=1e-9)
+        assert fits.sum() <= capacity < over.sum()
+        assert fits.tolist() == dp._choose(values, price).tolist()
+        compared += 1
+    assert compared > 60
 
 
 def test_the_compiled_price_choice_and_rounding_are_the_numpy_rules_they_replace():

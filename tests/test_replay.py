@@ -56,6 +56,21 @@ def test_preemption_then_regrowth_accounts_by_hand(write):
     assert (r.pilots_submitted, r.nodes_released, r.nodes_rerequested_within_60s, r.job_starts, r.job_stops) == (3, 0, 0, 1, 0)
 
 
+def test_the_replay_decides_with_the_collector_of_a_controllers_process_and_gives_the_callers_back(write):
+    """A replay runs the controller as its process does, collecting rarely (:mod:`pilotfill.controller.collection`),
+    and leaves the caller's collector as it found it."""
+    import gc
+
+    from pilotfill.controller.collection import OLDER, YOUNG
+
+    tr = trace_file(write, {"n0": True, "n1": True}, [(100, "n1", "busy")], end=300)
+    before = gc.get_threshold()
+    seen = []
+    replay(tr, jobs_file(write, [linear_job("a")]), on_event=lambda *_: seen.append(gc.get_threshold()))
+    assert seen and set(seen) == {(YOUNG, OLDER, OLDER)}
+    assert gc.get_threshold() == before != (YOUNG, OLDER, OLDER)
+
+
 def test_losing_several_nodes_at_once_costs_one_shrink(write):
     tr = trace_file(write, {"n0": True, "n1": True, "n2": True}, [(100, "n1", "busy"), (100, "n2", "busy")], end=200)
     jobs = jobs_file(write, [linear_job("a", hi=3)])

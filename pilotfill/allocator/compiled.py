@@ -7,9 +7,10 @@ whole-machine scale under saturating demand the core holds a thousand running
 jobs of ten counts each over hundreds of nodes: ten thousand numpy calls, 50–75
 ms per decision. The same loop compiled does the same arithmetic (the same
 additions and comparisons, in the same order: bit-identical answers) in a tenth
-of that. Two more loops of the same solver are here for the same reason: the
-bisection on the node price (sixty passes over every job and count) and the
-greedy rounding (one pass per node it places).
+of that. More loops of the same solver are here for the same reason: the
+jobs' concave hulls, from which the node price is read (it was sixty passes of
+a bisection over every job and count, 7–15 ms of a whole-machine decision), the
+choice at a price and the greedy rounding (one pass per node it places).
 
 Compiled once per machine (numba caches the machine code beside this file, or
 in the user's cache when the install is read-only): :func:`warm` loads it
@@ -118,6 +119,51 @@ def _rounding() -> Callable[[np.ndarray, np.ndarray, int], None]:
     return _jit(round_up)
 
 
+@cache
+def _hull_edges() -> Callable[[np.ndarray, np.ndarray, np.ndarray], int]:
+    def edges(values: np.ndarray, slopes: np.ndarray, steps: np.ndarray) -> int:
+        jobs, width = values.shape
+        stack = np.empty(width, np.int64)
+        m = 0
+        for j in range(jobs):
+            top = 0
+            for k in range(width):
+                v = values[j, k]
+                if not np.isfinite(v):
+                    continue
+                # pop the last vertex while it is not strictly above the chord: slopes must fall strictly
+                while top >= 2:
+                    a, b = stack[top - 2], stack[top - 1]
+                    if (values[j, b] - values[j, a]) / (b - a) <= (v - values[j, b]) / (k - b):
+                        top -= 1
+                    else:
+                        break
+                stack[top] = k
+                top += 1
+            for i in range(top - 1):
+                a, b = stack[i], stack[i + 1]
+                s = (values[j, b] - values[j, a]) / (b - a)
+                if s > 0:
+                    slopes[m] = s
+                    steps[m] = b - a
+                    m += 1
+        return m
+
+    return _jit(edges)
+
+
+def hull_edges(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every job's upper concave hull of (count, value) from 0 nodes, as its edges of positive slope: (slopes, steps in
+    count). At node price λ a job takes the hull vertex past every edge steeper than λ (the smaller on ties), so the
+    nodes the jobs ask for at λ are the steps of the edges steeper than λ: the price at which they fit is one of these
+    slopes, found by one sort instead of sixty passes over every job and count."""
+    values = np.ascontiguousarray(values, dtype=float)
+    slopes = np.empty(values.size, dtype=float)
+    steps = np.empty(values.size, dtype=np.int64)
+    m = _hull_edges()(values, slopes, steps)
+    return slopes[:m], steps[:m]
+
+
 def choose(values: np.ndarray, price: float) -> np.ndarray:
     """Each job's best count at node price ``price``: argmax_n values[j, n] − price·n, the smallest on ties."""
     out = np.empty(values.shape[0], dtype=np.int64)
@@ -149,3 +195,4 @@ def warm() -> None:
     knapsack([np.array([0.0, 1.0, 1.5])], 1)
     values = np.array([[0.0, 1.0, 1.5], [0.0, 2.0, -np.inf]])
     round_up(values, choose(values, 10.0), 2)
+    hull_edges(values)

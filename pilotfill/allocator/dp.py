@@ -11,7 +11,9 @@ milliseconds, as the exact algorithms for large multiple-choice knapsacks do
 1. **Relax.** For a node price λ ≥ 0 every job alone picks
    ``argmax_n t_j(n) − λ·n``; the price at which the jobs together ask for at
    most N nodes gives the Lagrangian bound ``UB(λ) = λN + Σ_j max_n (t_j(n) − λn)``
-   and a feasible answer (found by bisection on λ, vectorised over all jobs).
+   and a feasible answer. λ is read from the slopes of the jobs' concave hulls
+   (the nodes the jobs ask for at λ are the steps of the hull edges steeper
+   than λ), one pass over every job and count, compiled, and one sort.
 2. **Round.** The feasible answer is improved greedily on the nodes left
    over: a lower bound ``LB``.
 3. **Fix.** Any optimum pays, job by job, a non-negative *reduced cost*
@@ -38,7 +40,8 @@ WORK_LIMIT = 400_000_000
 CORE_SHARES = (0.1,)
 """Before fixing against the whole gap, the DP over the choices within these shares of it: a better incumbent, fast."""
 BISECTIONS = 60
-"""Bisection steps on the node price (each one vectorised over every job and count)."""
+"""Bisection steps on the node price where the hulls' slopes, rounded, do not give it (each step one pass over every job
+and count)."""
 
 
 class TooLarge(ValueError):
@@ -194,8 +197,31 @@ def _choose(values: np.ndarray, price: float) -> np.ndarray:
 
 
 def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """The smallest node price (to bisection precision) at which the jobs' own choices fit, those choices, and
-    the choices just below that price (which do not fit)."""
+    """The smallest node price at which the jobs' own choices fit, those choices, and the choices just below that
+    price (which do not fit).
+
+    The price is read from the slopes of the jobs' concave hulls (:func:`.compiled.hull_edges`): the nodes asked for
+    at a price are the steps of the edges steeper than it, so the price is the slope at which their sum, steepest
+    first, reaches what is too many. Where rounding makes the choices there not fit after all, bisection finds it."""
+    slopes, steps = compiled.hull_edges(values)
+    if len(slopes):
+        order = np.argsort(slopes, kind="stable")
+        slopes, asked = slopes[order], np.cumsum(steps[order])  # asked[i]: nodes of the edges no steeper than slopes[i]
+        total = int(asked[-1])
+        i = int(np.searchsorted(asked, total - capacity, side="left"))  # the first slope past which the rest fit
+        if i < len(slopes):
+            price = float(slopes[i])
+            for hi in (price, price * (1 + 1e-12), price * (1 + 1e-9)):
+                choice = _choose(values, hi)
+                if int(choice.sum()) <= capacity:
+                    first = int(np.searchsorted(slopes, price, side="left"))  # the next price below: every edge it crosses asks
+                    lo = (float(slopes[first - 1]) + price) / 2 if first > 0 else price / 2
+                    return hi, choice, _choose(values, lo)
+    return _bisect_price(values, capacity)
+
+
+def _bisect_price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """:func:`_price` by bisection (to its precision): where the hulls' slopes, rounded, do not give it."""
     finite = np.where(np.isfinite(values), values, np.nan)
     spread = np.nanmax(finite, axis=1) - np.nanmin(finite, axis=1)
     hi = float(np.nanmax(spread)) + 1.0  # above any job's gain per node: every job takes its smallest count

@@ -316,21 +316,21 @@ class Problem:
         """How many nodes of each type ``job`` holds now (counted once per problem: every stage of a decision asks,
         for every job; read-only)."""
         known = self.__dict__.get("_held_by_type")
-        if known is None:
-            known = self.__dict__["_held_by_type"] = {}
+        if known is None:  # every job's at once
+            if not self.pool.types:  # one kind of node: no per-node lookups
+                known = {job_id: {DEFAULT_TYPE: len(held)} for job_id, held in self.current.items() if held}
+            else:
+                known = {}
+                for job_id, held in self.current.items():
+                    counts: dict[str, int] = {}
+                    for n in held:
+                        t = self.pool.type_of(n)
+                        counts[t] = counts.get(t, 0) + 1
+                    if counts:
+                        known[job_id] = counts
+            self.__dict__["_held_by_type"] = known
         counts = known.get(job.id)
-        if counts is not None:
-            return counts
-        held = self.current.get(job.id, ())
-        if not self.pool.types:  # one kind of node: no per-node lookups
-            counts = {DEFAULT_TYPE: len(held)} if held else {}
-        else:
-            counts = {}
-            for n in held:
-                t = self.pool.type_of(n)
-                counts[t] = counts.get(t, 0) + 1
-        known[job.id] = counts
-        return counts
+        return counts if counts is not None else {}
 
 
 @dataclass(frozen=True)

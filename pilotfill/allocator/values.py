@@ -132,7 +132,6 @@ def value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
 def _value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
     held = [problem.held_by_type(job) for job in problem.jobs]
-    rate_now = [current_rate(job, h) if h else 0.0 for job, h in zip(problem.jobs, held)]
     by_type: dict[str, list[int]] = {}
     for i, job in enumerate(problem.jobs):
         for t in job.throughput:
@@ -143,14 +142,16 @@ def _value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]
         size = pool_sizes.get(t, 0)
         caps = [min(job.max_nodes, size) for job in jobs]
         current = [held[i].get(t, 0) for i in members]
-        # The rate now: on this type, within its bounds, and on no other type (else it is not running validly).
-        rates = [rate_now[i] if c else 0.0 for i, c in zip(members, current)]
-        matrix = _batch(jobs, t, caps, current, rates, problem.t_fwd)
+        # The rate now (:func:`current_rate`): by its metric on this type, within its bounds, and on no other type
+        # (else it is not running validly): read from the row's own table by :func:`_batch`, not job by job.
+        only_here = [c > 0 and len(held[i]) == 1 for i, c in zip(members, current)]
+        matrix = _batch(jobs, t, caps, current, None, problem.t_fwd, only_here=only_here)
         # A job running on another type gets here by a stop (what stopping loses, at its rate now) and a start: the
         # row was made as for a job not running anywhere, so the stop is charged on every count, 0 (stopping) included.
         moving = [k for k, i in enumerate(members) if held[i] and (len(held[i]) > 1 or t not in held[i])]
         if moving:
-            matrix[moving] -= np.array([jobs[k].weight * (jobs[k].scale_down_cost_s + jobs[k].restart_cost_s) * rate_now[members[k]] for k in moving])[:, None]
+            loss = [jobs[k].weight * (jobs[k].scale_down_cost_s + jobs[k].restart_cost_s) * current_rate(jobs[k], held[members[k]]) for k in moving]
+            matrix[moving] -= np.array(loss)[:, None]
         matrices[t] = (members, matrix)
     return matrices
 
@@ -207,11 +208,13 @@ def exploration_table(problem: Problem, job: Job, node_type: str, base: int, fre
     return exploration_tables(problem, [job], node_type, [base], free)[0]
 
 
-def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float], t_fwd: float,
-           curves: list[tuple[ScalingCurve, ScalingCurve]] | None = None) -> np.ndarray:  # fmt: skip
+def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float] | None, t_fwd: float,
+           curves: list[tuple[ScalingCurve, ScalingCurve]] | None = None, only_here: list[bool] | None = None) -> np.ndarray:  # fmt: skip
     """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each; −inf past a job's cap).
 
     ``curves``: (metric, throughput) per job instead of the job's own (exploring values growth by the optimistic curve).
+    ``rate_now`` None: each job's rate now is its metric at its current count, where it holds nodes of this type only
+    (``only_here``) within its bounds, else 0 (:func:`current_rate`), read from the metric's rows made here.
 
     Row j is w_j·(gain_j(n) − penalty_j(n)) with gain the metric over the time
     the job still runs (its remaining work at n nodes, or at its current size
@@ -257,7 +260,11 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     with np.errstate(divide="ignore", invalid="ignore"):
         busy = np.where(ref > 0, np.minimum(t_fwd, remaining[:, None] / ref), t_fwd)
     gain = metric * busy
-    rate = np.asarray(rate_now, dtype=float)
+    if rate_now is None:
+        valid = np.asarray(only_here, dtype=bool) & (cur >= lo) & (cur <= cap_a)  # cap: its maximum (held nodes are in the pool)
+        rate = np.where(valid, metric[rows, np.minimum(cur, cap_a)], 0.0)
+    else:
+        rate = np.asarray(rate_now, dtype=float)
     penalty = np.where(n[None, :] > cur[:, None], (up * rate)[:, None], np.where(n[None, :] < cur[:, None], (down * rate)[:, None], 0.0))
     penalty[:, 0] += np.where(cur > 0, restart * rate, 0.0)  # stopping loses work since the last commit and a restart
     gain[:, 0] = 0.0  # not running earns nothing, whatever the curve says at 0

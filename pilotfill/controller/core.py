@@ -1308,7 +1308,8 @@ class Controller:
         """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
         machine with several kinds of node); ``without`` leaves ready nodes out."""
         jobs = self._views(active)
-        current = {job.id: frozenset(job.nodes) for job in active if job.nodes}  # a job that failed in _views holds none
+        holding = self.world.holding
+        current = {job.id: holding(job) for job in active if job.nodes}  # a job that failed in _views holds none
         now = self.clock()
         ending = self._ending_soon(jobs, now)
         left_out = ending.union(without)  # a set: ``without`` may be thousands of nodes (all of them, to give back)

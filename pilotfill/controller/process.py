@@ -26,6 +26,7 @@ from ..schedulers.base import SchedulerConfigError
 from ..security import private_dir
 from ..state import JournalError, unwritable
 from ..transport import Server
+from .collection import collecting_rarely
 from .core import MAX_BATCH, Controller
 
 log = logging.getLogger("pilotfill.controller")
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             server.publish(incarnation=controller.incarnation)
             log.info("controller %d on %s at %s", controller.incarnation, args.run_dir, server.endpoint)
             try:
-                serve(controller, server)
+                with collecting_rarely():
+                    serve(controller, server)
             finally:
                 server.close()
         except SchedulerConfigError as exc:

@@ -102,6 +102,7 @@ class World:
         self.running: dict[str, Job] = {}  # the open jobs with ranks now
         self.held: dict[str, Job] = {}  # pending jobs of an earlier campaign, not yet claimed
         self.by_key: dict[str, str] = {}  # app-call key -> newest job for it
+        self._holding: dict[str, frozenset[str]] = {}  # job -> its nodes as a set, until they change (:meth:`holding`)
         self.counters: Counter[str] = Counter(journal.counters())
         self._seq = journal.max_job_seq()
 
@@ -163,6 +164,8 @@ class World:
         self.journal.set_job(job.id, **fields)
         for k, v in fields.items():
             setattr(job, k, v)
+        if "nodes" in fields:
+            self._holding.pop(job.id, None)
         self.jobs_version += 1
         if job.status == "running":
             self.running[job.id] = job
@@ -171,6 +174,15 @@ class World:
         if job.status in TERMINAL:
             self.open.pop(job.id, None)
             self.held.pop(job.id, None)
+            self._holding.pop(job.id, None)
+
+    def holding(self, job: Job) -> frozenset[str]:
+        """The nodes ``job`` holds, as a set: made when they change, not in every decision (a decision at machine scale
+        maps a thousand running jobs to their nodes). A job's nodes change only through :meth:`update_job`."""
+        out = self._holding.get(job.id)
+        if out is None:
+            out = self._holding[job.id] = frozenset(job.nodes)
+        return out
 
     def set_spec(self, job: Job, spec: dict[str, Any]) -> None:
         """Replace a job's spec (a model descriptor learned from its ranks)."""
