@@ -283,6 +283,33 @@ def test_curve_interpolates_linearly_and_is_flat_past_its_last_point():
 # --------------------------------------------------------------------------- the objective
 
 
+def random_running_problem(rng: random.Random, kinds: list[str], most_nodes: int, most_jobs: int, typed: bool = True, torn: bool = False) -> Problem:
+    """A small problem of jobs with random curves, costs and work, some holding nodes: each on one type it can use, or
+    (``torn``) on nodes of any type, up to one past its maximum. ``typed`` False: one kind of node."""
+    nodes = [f"n{i}" for i in range(rng.randint(2, most_nodes))]
+    node_type = {n: rng.choice(kinds) for n in nodes} if typed else {}
+    free = list(nodes)
+    rng.shuffle(free)
+    jobs, current = [], {}
+    for k in range(rng.randint(1, most_jobs)):
+        lo = rng.randint(1, 3)
+        hi = rng.randint(lo, 8)
+        usable = rng.sample(kinds, rng.randint(1, len(kinds))) if typed else [DEFAULT_TYPE]
+        curves = {t: ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60))) for t in usable}
+        job = Job(f"j{k}", lo, hi, curves, scale_up_cost_s=rng.uniform(0, 5), scale_down_cost_s=rng.uniform(0, 5), restart_cost_s=rng.uniform(0, 9),
+                  remaining_samples=rng.choice([math.inf, rng.uniform(10, 5000)]), weight=rng.uniform(0.5, 2))  # fmt: skip
+        if torn:
+            mine = [n for n in free if rng.random() < 0.7][: rng.randint(0, hi + 1)]
+        else:
+            held_type = rng.choice(usable)
+            mine = [n for n in free if node_type.get(n, DEFAULT_TYPE) == held_type][: rng.randint(0, hi)]
+        if mine:
+            current[job.id] = frozenset(mine)
+            free = [n for n in free if n not in mine]
+        jobs.append(job)
+    return Problem(tuple(jobs), NodePool(tuple(nodes), node_type), current, t_fwd=rng.uniform(5, 500))
+
+
 def test_the_objective_read_from_the_value_matrices_is_the_sum_over_the_tables_on_every_kind_of_node():
     """objective_of on a problem's own tables reads its value matrices (one gather per type); the same answer as
     summing table by table, feasible or not (a count past a job's cap, inside its gap below min_nodes, on a type it
@@ -292,25 +319,7 @@ def test_the_objective_read_from_the_value_matrices_is_the_sum_over_the_tables_o
     rng = random.Random(5)
     kinds = ["a", "b", "c"]
     for _ in range(30):
-        nodes = [f"n{i}" for i in range(rng.randint(2, 24))]
-        node_type = {n: rng.choice(kinds) for n in nodes}
-        free = list(nodes)
-        rng.shuffle(free)
-        jobs, current = [], {}
-        for k in range(rng.randint(1, 7)):
-            lo = rng.randint(1, 3)
-            hi = rng.randint(lo, 8)
-            usable = rng.sample(kinds, rng.randint(1, 3))
-            curves = {t: ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60))) for t in usable}
-            job = Job(f"j{k}", lo, hi, curves, scale_up_cost_s=rng.uniform(0, 5), scale_down_cost_s=rng.uniform(0, 5), restart_cost_s=rng.uniform(0, 9),
-                      remaining_samples=rng.choice([math.inf, rng.uniform(10, 5000)]), weight=rng.uniform(0.5, 2))  # fmt: skip
-            held_type = rng.choice(usable)
-            mine = [n for n in free if node_type[n] == held_type][: rng.randint(0, hi)]
-            if mine:
-                current[job.id] = frozenset(mine)
-                free = [n for n in free if n not in mine]
-            jobs.append(job)
-        p = Problem(tuple(jobs), NodePool(tuple(nodes), node_type), current, t_fwd=rng.uniform(5, 500))
+        p = random_running_problem(rng, kinds, most_nodes=24, most_jobs=7)
         for _ in range(10):
             counts = {j.id: rng.randint(0, j.max_nodes + 2) for j in p.jobs}
             types = {j.id: (rng.choice(kinds) if counts[j.id] else None) for j in p.jobs}
@@ -326,27 +335,9 @@ def test_each_row_of_the_value_matrices_is_the_jobs_table_made_alone_at_its_rate
     from pilotfill.allocator.values import _table, current_rate, value_matrices
 
     rng = random.Random(11)
-    kinds = ["a", "b"]
     checked = {"valid": 0, "below": 0, "above": 0, "moving": 0}
     for _ in range(60):
-        nodes = [f"n{i}" for i in range(rng.randint(4, 30))]
-        node_type = {n: rng.choice(kinds) for n in nodes} if rng.random() < 0.6 else {}
-        free = list(nodes)
-        rng.shuffle(free)
-        jobs, current = [], {}
-        for k in range(rng.randint(1, 8)):
-            lo = rng.randint(1, 3)
-            hi = rng.randint(lo, 8)
-            usable = rng.sample(kinds, rng.randint(1, 2)) if node_type else ["default"]
-            curves = {t: ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60))) for t in usable} if node_type else ScalingCurve((0, 1, hi + 1), (0.0, rng.uniform(1, 10), rng.uniform(10, 60)))
-            job = Job(f"j{k}", lo, hi, curves, scale_up_cost_s=rng.uniform(0, 5), scale_down_cost_s=rng.uniform(0, 5), restart_cost_s=rng.uniform(0, 9),
-                      remaining_samples=rng.choice([math.inf, rng.uniform(10, 5000)]), weight=rng.uniform(0.5, 2))  # fmt: skip
-            mine = [n for n in free if not node_type or rng.random() < 0.7][: rng.randint(0, hi + 1)]
-            if mine:
-                current[job.id] = frozenset(mine)
-                free = [n for n in free if n not in mine]
-            jobs.append(job)
-        p = Problem(tuple(jobs), NodePool(tuple(nodes), node_type), current, t_fwd=rng.uniform(5, 500))
+        p = random_running_problem(rng, ["a", "b"], most_nodes=30, most_jobs=8, typed=rng.random() < 0.6, torn=True)
         sizes = {t: len(ns) for t, ns in p.pool.by_type().items()}
         for t, (members, matrix) in value_matrices(p).items():
             for i, row in zip(members, matrix):

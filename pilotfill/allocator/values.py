@@ -229,17 +229,11 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     if all(c == caps[0] for c in caps):  # the usual case: one width for all
         metric = np.array([m.table(caps[0]) for m, _ in curves]).reshape(J, W)
         thr = np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
-    elif all(job.max_nodes == jobs[0].max_nodes for job in jobs) and jobs[0].max_nodes >= W - 1:
-        # exploring (each job's cap its base plus the room): every curve's table up to the jobs' one maximum (made once
-        # per curve, whatever the room), cut to the widest cap; what lies past a job's cap is never read (made −inf)
-        top = jobs[0].max_nodes
-        metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
-        thr = np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
-    elif W - 1 <= (top := max(job.max_nodes for job in jobs)) < 2 * W + 64:
-        # jobs of different maxima (the usual mix): every curve's table up to the largest maximum, cut to the widest cap,
-        # one array for all (what lies past a job's cap is never read: made −inf below). Rows are not copied one by one
-        # into a matrix, and a curve's table is made once whatever the room; bounded, so a job that may take the whole
-        # machine does not tabulate every other curve that far.
+    elif W - 1 <= (top := max(job.max_nodes for job in jobs)) and (top < 2 * W + 64 or all(job.max_nodes == top for job in jobs)):
+        # every curve's table up to the jobs' largest maximum, cut to the widest cap, one array for all (what lies past a
+        # job's cap is never read: made −inf below). Rows are not copied one by one into a matrix, and a curve's table is
+        # made once whatever the room (exploring: each job's cap its base plus the room). Of jobs of different maxima only
+        # when bounded, so that a job that may take the whole machine does not tabulate every other curve that far.
         metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
         thr = np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
     else:  # each row a prefix of its curve's table up to the job's maximum (made once per curve, whatever the room)
