@@ -10,6 +10,7 @@ answer follows from the arithmetic written next to it.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -358,6 +359,48 @@ def test_each_row_of_the_value_matrices_is_the_jobs_table_made_alone_at_its_rate
                 finite = np.isfinite(want)
                 assert (np.isfinite(row) == finite).all()
                 assert row[finite] == pytest.approx(want[finite], rel=1e-12, abs=1e-9)
+    assert min(checked.values()) > 0, checked  # every case was met
+
+
+def test_each_row_of_the_exploration_tables_is_the_jobs_growth_made_alone_at_its_rate_by_the_curve_it_explores():
+    """The second stage's tables, made for all jobs at once: each row is what adding 0 … k nodes to the job's base is
+    worth in its table made alone (``_table``, by the optimistic curve it explores), at its rate now by that curve —
+    0 below its minimum, above its maximum or across two types, and read off the curve where it holds more than the
+    row reaches (a base below what it holds)."""
+    from pilotfill.allocator.values import _table, exploration_tables
+
+    rng = random.Random(12)
+    checked = {"valid": 0, "past the row": 0, "not valid": 0}
+    for _ in range(80):
+        p = random_running_problem(rng, ["a", "b"], most_nodes=30, most_jobs=8, typed=rng.random() < 0.5, torn=rng.random() < 0.3)
+        kinds = sorted({t for j in p.jobs for t in j.node_types})
+        t = rng.choice(kinds)
+        jobs = [j for j in p.jobs if t in j.node_types]
+        if not jobs:
+            continue
+        jobs = [dataclasses.replace(j, explore={k: ScalingCurve(c.nodes, tuple(v * rng.uniform(1, 2) for v in c.values)) for k, c in j.throughput.items()})
+                if rng.random() < 0.6 else j for j in jobs]  # fmt: skip
+        p = dataclasses.replace(p, jobs=tuple(jobs) + tuple(j for j in p.jobs if t not in j.node_types))
+        bases = [rng.choice([0, rng.randint(j.min_nodes, j.max_nodes)]) for j in jobs]  # what the first stage could give
+        free = rng.randint(0, 6)
+        got = exploration_tables(p, jobs, t, bases, free)
+        for job, base, row in zip(jobs, bases, got):
+            held = p.held_by_type(job)
+            c = held.get(t, 0)
+            curve = job.explore[t] if job.explore else job.metric(t)
+            cap = max(base, min(job.max_nodes, base + free))
+            valid = c and job.min_nodes <= c <= job.max_nodes and len(held) == 1
+            checked["not valid" if c and not valid else "past the row" if valid and c > cap else "valid" if valid else "not valid"] += bool(c)
+            alone = dataclasses.replace(job, throughput={t: job.explore[t] if job.explore else job.throughput[t]}, objective=None,
+                                        explore=None) if job.explore else job  # fmt: skip
+            want = _table(alone, t, cap, c, curve.at(c) if valid else 0.0, p.t_fwd).values
+            want = want[base : cap + 1] - want[base]
+            want[0] = 0.0
+            assert np.isneginf(row[len(want) :]).all()
+            row = row[: len(want)]
+            finite = np.isfinite(want)
+            assert (np.isfinite(row) == finite).all()
+            assert row[finite] == pytest.approx(want[finite], rel=1e-12, abs=1e-9)
     assert min(checked.values()) > 0, checked  # every case was met
 
 

@@ -346,6 +346,48 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
 
 
+def test_what_tells_waiting_jobs_apart_is_remembered_while_a_job_of_that_kind_is_open_and_forgotten_after(tmp_path, write):
+    """Waiting jobs alike share a kind (a small number, hashed many times per decision); a kind no open job has any
+    more is forgotten when the controller prunes, with the copies remembered of it, so a campaign of ever new specs
+    does not grow the controller's memory."""
+    from pilotfill.controller import core
+
+    jobs = [f"a{i},m,{T0},1,4,1e9,10,5,0;1;4,0;100;350" for i in range(3)] + [f"b{i},m,{T0},1,4,1e9,10,5,0;1;4,0;90;300" for i in range(3)]
+    m = Machine(tmp_path, write, 2, jobs)
+    for name in m.specs:
+        m.submit(name)
+    m.at(0)
+    ctl = m.ctl
+    kinds = {name: ctl._kind(m.job(name)) for name in m.specs if m.job(name).status != "running" and not m.job(name).nodes}
+    assert len(set(kinds.values())) == 2 and len(kinds) >= 4  # 2 run (2 nodes), the rest wait: of two kinds
+    assert {kinds[n] for n in kinds if n[0] == "a"} != {kinds[n] for n in kinds if n[0] == "b"}
+    b = next(number for name, number in kinds.items() if name[0] == "b")
+    ctl._copies[(False, b)] = 8
+    for name in m.specs:
+        if name[0] == "b":
+            assert ctl.handle({"type": "job.cancel", "job_id": m.ids[name]})["ok"]
+    m.at(core.PRUNE_EVERY_S + 1)
+    assert b not in ctl._kind_ids.values() and (False, b) not in ctl._copies
+    assert len(ctl._kind_ids) == 1
+    waiting = [n for n in m.specs if n[0] == "a" and m.job(n).status not in ("running", "finished") and not m.job(n).nodes]
+    assert all(ctl._kind(m.job(n)) in ctl._kind_ids.values() for n in waiting)
+
+
+def test_waiting_jobs_of_different_models_or_per_type_curves_are_not_alike():
+    """Copies are weighed a few at a time only where the allocator cannot tell them apart: jobs that differ only in
+    their model (what the similarity policy predicts from) or in their curve per node type are different kinds."""
+    from pilotfill.controller.core import Controller
+
+    base = {"min_nodes": 1, "max_nodes": 4, "total_samples": 1e9, "weight": 1.0, "scale_up_cost_s": 10.0, "scale_down_cost_s": 5.0}
+    kind = Controller._spec_kind
+    assert kind(dict(base)) == kind(dict(base))
+    assert kind({**base, "model": {"mix": {"lstm": 1.0}}}) != kind({**base, "model": {"mix": {"resnet": 1.0}}})
+    assert kind({**base, "model": {"a": 1, "b": 2}}) == kind({**base, "model": {"b": 2, "a": 1}})
+    v100 = {"v100": {"nodes": [0, 1], "samples_per_s": [0.0, 10.0]}}
+    assert kind({**base, "curves": v100}) != kind({**base, "curves": {"v100": {"nodes": [0, 1], "samples_per_s": [0.0, 20.0]}}})
+    assert kind({**base, "curves": v100}) != kind(dict(base))
+
+
 @pytest.mark.parametrize("resumes", [True, False], ids=["stopped-with-progress", "never-run"])
 def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no_node_is_left_idle_for_the_limit(tmp_path, write, resumes, monkeypatch):
     """Thirty waiting jobs of one node each, each like no other, on twelve nodes, with ``controller.weigh_waiting``
@@ -528,10 +570,12 @@ def test_a_large_decision_is_applied_in_the_next_pass_which_reads_no_request(tmp
     assert sum(len(m.job(n).nodes) for n in "abc") == 4 and m.ctl.world.counters.get("nodes_released", 0) == 0
 
 
-def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_the_next(tmp_path, write, monkeypatch):
+@pytest.mark.parametrize("wave", [None, "read", "endless"])
+def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_the_next(tmp_path, write, monkeypatch, wave):
     """The pilots' question weighs the machine as a decision does: when the main workload moves in a pass that handled
     DECIDE_APART_MESSAGES requests or more, the question goes to the loop's next pass (at once: ``busy``; that pass
-    reads no request), asked once there, and the idle node is asked for."""
+    reads no request), asked once there, and the idle node is asked for. Owed, it waits while a wave of requests is
+    still read (``wave``), as a decision does, within FLOOD_DEFER_S: a wave and a question never add up in one pass."""
     from pilotfill.controller import core
 
     monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
@@ -551,9 +595,20 @@ def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_
     m.ctl.step(m.now)
     assert adjusted == [] and m.ctl.busy and m.ctl.solves_next  # put off, not dropped
     asked = len(m.events("pilot.submitted"))
-    m.ctl.step(m.now)
-    assert adjusted == [1] and not m.ctl.solves_next and len(m.events("pilot.submitted")) == asked + 1  # n5, asked for once
-    m.at(60)
+    if wave:  # the owed question's pass reads a wave (a full batch, more waiting): owed still, asked after the wave
+        assert all(r["ok"] for r in m.ctl.handle_batch([{"type": "state.snapshot"}] * n))
+        m.ctl.step(m.now, more=True)
+        assert adjusted == [] and m.ctl.busy
+        if wave == "endless":  # but not for ever: within FLOOD_DEFER_S of the first pass it waited
+            m.ctl.step(m.now + core.FLOOD_DEFER_S / 2, more=True)
+            assert adjusted == []
+            m.now += core.FLOOD_DEFER_S
+            m.ctl.step(m.now, more=True)
+            assert adjusted == [1] and len(m.events("pilot.submitted")) == asked + 1
+    if wave != "endless":
+        m.ctl.step(m.now)
+        assert adjusted == [1] and not m.ctl.solves_next and len(m.events("pilot.submitted")) == asked + 1  # n5, asked for once
+    m.at(m.now - m.trace.start)
     assert sum(len(m.job(x).nodes) for x in "abc") == 6 and len(m.events("pilot.submitted")) == asked + 1
 
 

@@ -190,6 +190,12 @@ def knapsack(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]
     return counts.tolist(), float(best)
 
 
+def knapsack_flat(flat: np.ndarray, offsets: np.ndarray, capacity: int) -> np.ndarray:
+    """:func:`knapsack` over tables laid end to end in ``flat`` (table j is ``flat[offsets[j]:offsets[j + 1]]``): the counts."""
+    counts, _ = _knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity))
+    return counts
+
+
 def warm() -> None:
     """Compile (or load from numba's cache) the kernel now, not in the first decision."""
     knapsack([np.array([0.0, 1.0, 1.5])], 1)

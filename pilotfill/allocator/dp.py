@@ -288,45 +288,63 @@ def _core(values: np.ndarray, keep: np.ndarray, capacity: int) -> tuple[list[int
     scale = np.abs(np.where(keep, values, 0.0)).max(axis=1)
     rises = (gain[:, 1:] - gain[:, :-1] > 1e-12 * np.maximum(scale, 1.0)[:, None]) & step[:, 1:] & step[:, :-1]
     merged = (kept > 1) & (highest - lowest + 1 == kept) & ~rises.any(axis=1)
-    tables: list[np.ndarray] = []
-    owners: list[tuple[int, object]] = []  # (0, job) a table of its own; (w, jobs by gain) two-choice jobs; (-1, steps by gain) the merged
+    pieces: list[np.ndarray] = []  # the core's tables, end to end: the merged one, each job's own, one per step w
+    lengths: list[np.ndarray] = []
     if merged.any() and left > 0:
         rows, cols = np.nonzero(step & merged[:, None])
         gains = gain[rows, cols]
         order = np.lexsort((cols, rows, -gains))[:left]  # largest first; ties: earlier jobs, then smaller counts
-        tables.append(np.concatenate([[0.0], np.cumsum(gains[order])]))
-        owners.append((-1, rows[order]))
-    pairs: dict[int, list[tuple[float, int]]] = {}
-    for j in np.flatnonzero((kept > 1) & ~merged).tolist():
-        ks = np.flatnonzero(keep[j])
-        if len(ks) == 2:
-            pairs.setdefault(int(ks[1] - ks[0]), []).append((float(values[j, ks[1]] - values[j, ks[0]]), j))
-            continue
-        t = np.full(int(ks[-1] - ks[0]) + 1, -np.inf)
-        t[ks - ks[0]] = values[j, ks]
-        tables.append(t)
-        owners.append((0, j))
-    for w, items in sorted(pairs.items()):
-        items.sort(key=lambda x: (-x[0], x[1]))
-        fit = min(len(items), max(left, 0) // w)
+        by_gain = rows[order]
+        pieces.append(np.concatenate([[0.0], np.cumsum(gains[order])]))
+        lengths.append(np.array([len(order) + 1]))
+    several = (kept > 1) & ~merged
+    own = np.flatnonzero(several & (kept > 2))  # a table of its own each, in job order: the counts from its lowest to highest kept
+    if own.size:
+        span = np.arange(width)
+        inside = (span >= lowest[own, None]) & (span <= highest[own, None])
+        pieces.append(np.where(keep[own], values[own], -np.inf)[inside])  # row by row: each job's table in turn
+        lengths.append(highest[own] - lowest[own] + 1)
+    two = np.flatnonzero(several & (kept == 2))  # start on w more nodes or not: one table per w, the largest gains first
+    steps = highest[two] - lowest[two]
+    pair_gain = values[two, highest[two]] - values[two, lowest[two]]
+    order = np.lexsort((two, -pair_gain, steps))
+    groups = []
+    for w in np.unique(steps).tolist():
+        group = order[steps[order] == w]
+        fit = min(len(group), max(left, 0) // w)
         t = np.full(fit * w + 1, -np.inf)
-        t[0::w] = np.concatenate([[0.0], np.cumsum([g for g, _ in items[:fit]])])
-        tables.append(t)
-        owners.append((w, [j for _, j in items]))
-    if tables:
-        if work(tables, left) > WORK_LIMIT:
-            raise TooLarge(f"{len(tables)} jobs keep several choices after fixing: {work(tables, left):,} DP cells")
-        extra, _ = dense(tables, left)
-        for (w, who), k in zip(owners, extra):
-            if w == 0:
-                counts[who] += k
-            elif w < 0:
-                np.add.at(counts, who[:k], 1)
-            else:
-                for j in who[: k // w]:
-                    counts[j] += w
+        t[0::w] = np.concatenate([[0.0], np.cumsum(pair_gain[group[:fit]])])
+        pieces.append(t)
+        lengths.append(np.array([len(t)]))
+        groups.append((w, two[group]))
+    if pieces:
+        flat, sizes = np.concatenate(pieces), np.concatenate(lengths)
+        if int((sizes - 1).sum()) > left and int(np.isfinite(flat).sum()) * (left + 1) > WORK_LIMIT:
+            raise TooLarge(f"{len(sizes)} jobs keep several choices after fixing: {int(np.isfinite(flat).sum()) * (left + 1):,} DP cells")
+        extra = dense_flat(flat, sizes, left)
+        at = 0
+        if merged.any() and left > 0:
+            np.add.at(counts, by_gain[: extra[0]], 1)
+            at = 1
+        counts[own] += extra[at : at + own.size]
+        at += own.size
+        for (w, who), k in zip(groups, extra[at:].tolist()):
+            counts[who[: k // w]] += w
     total = float(values[np.arange(len(values)), counts].sum())
     return counts.tolist(), total
+
+
+def dense_flat(flat: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray:
+    """:func:`dense` over tables laid end to end (``sizes``: their lengths): each table's count (ties: the smaller)."""
+    if capacity < 0:
+        raise TooLarge("the fixed choices exceed the capacity")  # cannot happen for a feasible incumbent
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if int((sizes - 1).sum()) <= capacity:  # every table's best fits at once: each one's first best count
+        best = np.maximum.reduceat(flat, offsets[:-1])
+        at = np.flatnonzero(flat == np.repeat(best, sizes))
+        return at[np.searchsorted(at, offsets[:-1])] - offsets[:-1]
+    return compiled.knapsack_flat(flat, offsets, capacity)
 
 
 def dense(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float]:

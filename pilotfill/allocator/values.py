@@ -160,7 +160,7 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
     """What adding k = 0 … ``free`` nodes of ``node_type`` to each job's base count is worth (−inf where
     base + k is not allowed), one row per job: by its optimistic curve if it has one, else by its curve. The
     second stage of :func:`..solve.allocate`."""
-    curves, caps, current, rates = [], [], [], []
+    curves, caps, current, only_here = [], [], [], []
     for job, base in zip(jobs, bases):
         held = problem.held_by_type(job)
         explore = job.explore.get(node_type) if job.explore is not None else None
@@ -169,13 +169,13 @@ def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases:
         caps.append(max(base, min(job.max_nodes, base + free)))
         c = held.get(node_type, 0)
         current.append(c)
-        # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
-        # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap).
-        valid = c and job.min_nodes <= c <= job.max_nodes and len(held) == 1  # held: the types it holds nodes of
-        rates.append(curve.at(c) if valid else 0.0)
+        only_here.append(c > 0 and len(held) == 1)  # held: the types it holds nodes of
     if not jobs:
         return np.zeros((0, 1))
-    matrix = _batch(jobs, node_type, caps, current, rates, problem.t_fwd, curves)
+    # A rescale costs time at the rate the job has now: by the same curve that values the growth (the confirmed
+    # one is flat past the sizes measured, and would make growing from an unmeasured size look cheap): read from
+    # the rows :func:`_batch` makes of that curve.
+    matrix = _batch(jobs, node_type, caps, current, None, problem.t_fwd, curves, only_here=only_here)
     base = np.asarray(bases)
     cap = np.asarray(caps)
     k = np.arange(max(0, int((cap - base).max())) + 1)
@@ -241,9 +241,10 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
         for j, ((m, t), cap, job) in enumerate(zip(curves, caps, jobs)):
             metric[j, : cap + 1] = m.table(max(cap, job.max_nodes))[: cap + 1]
             thr[j, : cap + 1] = t.table(max(cap, job.max_nodes))[: cap + 1]
-    lo, remaining, up, down, restart, weight = np.array(
-        [(job.min_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s, job.restart_cost_s, job.weight) for job in jobs], dtype=float
-    ).reshape(J, 6).T
+    lo, hi, remaining, up, down, restart, weight = np.array(
+        [(job.min_nodes, job.max_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s, job.restart_cost_s, job.weight) for job in jobs],
+        dtype=float,
+    ).reshape(J, 7).T
     lo = lo.astype(int)
     cur = np.asarray(current)
     rows = np.arange(J)
@@ -255,8 +256,10 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
         busy = np.where(ref > 0, np.minimum(t_fwd, remaining[:, None] / ref), t_fwd)
     gain = metric * busy
     if rate_now is None:
-        valid = np.asarray(only_here, dtype=bool) & (cur >= lo) & (cur <= cap_a)  # cap: its maximum (held nodes are in the pool)
-        rate = np.where(valid, metric[rows, np.minimum(cur, cap_a)], 0.0)
+        valid = np.asarray(only_here, dtype=bool) & (cur >= lo) & (cur <= hi)
+        rate = np.where(valid & (cur <= cap_a), metric[rows, np.minimum(cur, cap_a)], 0.0)
+        for j in np.flatnonzero(valid & (cur > cap_a)).tolist():  # held past the row (exploring a smaller base): off the curve
+            rate[j] = curves[j][0].at(int(cur[j]))
     else:
         rate = np.asarray(rate_now, dtype=float)
     penalty = np.where(n[None, :] > cur[:, None], (up * rate)[:, None], np.where(n[None, :] < cur[:, None], (down * rate)[:, None], 0.0))

@@ -18,6 +18,8 @@ system and a simulated runtime — the same code, measured.
 from __future__ import annotations
 
 import gc
+import itertools
+import json
 import logging
 import math
 import socket
@@ -203,10 +205,12 @@ class Controller:
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._curves: dict[str, ScalingCurve] = {}
         self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
-        self._copies: dict[tuple[bool, Hashable], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
+        self._copies: dict[tuple[bool, int], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
         self._worth: dict[str, tuple[tuple, dict, tuple[float, float]]] = {}  # job -> (its view inputs, its spec, its worth per node)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
-        self._kinds: dict[str, tuple[dict, Hashable]] = {}  # job -> (its spec, what in it tells the job apart from other waiting jobs: see _kind)
+        self._kinds: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of what in it tells the job apart from other waiting jobs: see _kind)
+        self._kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
+        self._kind_numbers = itertools.count()
         self._settle_since: float | None = None
         self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
         self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass (when _sizing_owed)
@@ -774,10 +778,12 @@ class Controller:
             elif self.dirty and (self.urgent or not self._settling(now)):
                 self._decide_when_due(now, idle)
             elif self._adjust_owed or (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
-                if not self._adjust_owed and self._puts_off_the_decision():  # the pilots' question weighs the machine too: put off once, as a decision
+                if self._adjust_owed and self._deferring(now):
+                    pass  # owed, and a wave of requests or batch-system events is still read: asked after it, as a decision
+                elif not self._adjust_owed and self._puts_off_the_decision():  # the pilots' question weighs the machine too: put off once, as a decision
                     self._adjust_owed = True
                 else:  # the main workload moved, or a kept node's time is up
-                    self._adjust_owed = False
+                    self._adjust_owed, self._deferred_since = False, None
                     self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())
             elif self.pilots.owed:
                 self.pilots.settle_owed(now)  # a wave of idle nodes asked for, or of unused nodes given back, in passes
@@ -790,6 +796,7 @@ class Controller:
                 self._journal_accounts()
                 self.world.prune(KEEP_EVENTS, KEEP_ENDED_PILOTS)
                 self._forget_dead_processes()
+                self._forget_kinds()
                 # Python's full collections scan every object alive, and at whole-machine scale the controller's memory
                 # (nodes, jobs, curves, the modules it imported) made one cost 20-40 ms in the middle of a decision while
                 # finding nothing to free: what it holds has no cycles to break. What has lived this long is frozen
@@ -1155,7 +1162,7 @@ class Controller:
         """
         admitted = self._active(room)
         running: list[Job] = []
-        alike: dict[Hashable, list[Job]] = {}
+        alike: dict[int, list[Job]] = {}
         resuming: list[Job] = []  # waiting, each like no other
         for job in admitted:
             kind = self._kind(job)
@@ -1209,7 +1216,8 @@ class Controller:
                 continue
             for kind, js in alike.items():
                 used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
-                remembered[(question, kind)] = max(MIN_COPIES, 2 * used)  # next time: about what this answer used
+                if 2 * used > MIN_COPIES:  # next time: about what this answer used (MIN_COPIES, unless remembered)
+                    remembered[(question, kind)] = 2 * used
             self._copies = remembered
             return Solved(active, problem, answer, left)
 
@@ -1281,7 +1289,7 @@ class Controller:
         order = np.lexsort((np.arange(len(waiting)), -values[:, 1], -values[:, 0]))
         return [waiting[i] for i in order]
 
-    def _kind(self, job: Job) -> Hashable | None:
+    def _kind(self, job: Job) -> int | None:
         """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
         holding nodes, with progress, or measured by JPA)."""
         spec = job.spec
@@ -1289,15 +1297,31 @@ class Controller:
             return None
         known = self._kinds.get(job.id)  # made once per spec (thousands wait on a saturated machine, weighed every decision)
         if known is None or known[0] is not spec:
-            known = self._kinds[job.id] = (spec, self._spec_kind(spec))
+            kind = self._spec_kind(spec)
+            number = self._kind_ids.get(kind)
+            if number is None:
+                number = self._kind_ids[kind] = next(self._kind_numbers)
+            known = self._kinds[job.id] = (spec, number)
         return known[1]
+
+    def _forget_kinds(self) -> None:
+        """Kinds no waiting job has any more are forgotten (with what was remembered of them: :attr:`_copies`)."""
+        used = {number for _, number in self._kinds.values()}
+        if len(used) < len(self._kind_ids):
+            self._kind_ids = {kind: number for kind, number in self._kind_ids.items() if number in used}
+            self._copies = {key: n for key, n in self._copies.items() if key[1] in used}
 
     @staticmethod
     def _spec_kind(spec: dict[str, Any]) -> Hashable:
+        """Everything in a spec the allocator's view of a waiting job is made from: its curve (or one per node type),
+        objective, model (what the similarity policy predicts from on a machine of several kinds of node), bounds,
+        work, weight and costs."""
         curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
+        curves = tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items())) if spec.get("curves") else None
         objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
-        return (curve, objective, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"], spec["scale_up_cost_s"],
-                spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")))  # fmt: skip
+        model = json.dumps(spec["model"], sort_keys=True) if spec.get("model") else None
+        return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"],
+                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")))  # fmt: skip
 
     def _active(self, room: int) -> list[Job]:
         """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while
