@@ -285,11 +285,10 @@ class Controller:
         if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
             if self._pool_arrays is None or (self._pool_arrays[0] != world.ready_version and self._pool_changed(now)):
                 # Thousands of nodes at machine scale, read one by one only when the ready nodes changed.
-                nodes = list(world.ready_nodes())
-                pilots = world.pilots
-                ends = (pilots[n.pilot].walltime_end if n.pilot in pilots else None for n in nodes)
-                since = np.fromiter((n.since for n in nodes), dtype=float, count=len(nodes))
-                ending = np.fromiter((end if end else math.inf for end in ends), dtype=float, count=len(nodes))
+                nodes = [world.nodes[name] for name in world.ready]
+                ends = {pilot_id: pilot.walltime_end or math.inf for pilot_id, pilot in world.pilots.items()}  # per pilot, not per node
+                since = np.fromiter([n.since for n in nodes], dtype=float, count=len(nodes))
+                ending = np.fromiter([ends.get(n.pilot, math.inf) for n in nodes], dtype=float, count=len(nodes))
                 self._pool_arrays = (world.ready_version, since, ending, now)
             _, since, ending, _ = self._pool_arrays
             self._pool_holds = (key, self.holds.expected(now - since, ending - now))
