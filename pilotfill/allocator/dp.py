@@ -349,10 +349,9 @@ def dense_flat(flat: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray
 
 def dense(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float]:
     """The plain DP: a max-plus convolution of the tables over the capacity axis (exact, O(N·Σ|choices|); compiled,
-    :mod:`.compiled`). Ties go to the smaller count."""
-    if capacity < 0:
-        raise TooLarge("the fixed choices exceed the capacity")  # cannot happen for a feasible incumbent
-    if sum(len(t) - 1 for t in tables) <= capacity:
-        counts = [int(np.argmax(t)) for t in tables]
-        return counts, float(sum(t[n] for t, n in zip(tables, counts)))
-    return compiled.knapsack(list(tables), capacity)
+    :mod:`.compiled`). Ties go to the smaller count. :func:`dense_flat` on the tables laid end to end."""
+    if not tables:
+        return [], 0.0
+    sizes = np.fromiter((len(t) for t in tables), dtype=np.int64, count=len(tables))
+    counts = dense_flat(np.concatenate([np.asarray(t, dtype=float) for t in tables]), sizes, capacity).tolist()
+    return counts, float(sum(t[n] for t, n in zip(tables, counts)))
