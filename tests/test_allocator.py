@@ -1197,6 +1197,23 @@ def test_profiler_estimate_changes_when_a_report_arrives():
     assert after.at(8) == pytest.approx(4000.0, rel=0.05)
 
 
+def test_the_jobs_whose_version_moved_are_told_once_each_and_a_forgotten_job_is_not():
+    """The controller describes again only the waiting jobs JPA's news changed (:meth:`Profiler.take_touched`)."""
+    prof = Profiler()
+    prof.observe("a", 2, 100.0)
+    prof.observe("b", 4, 150.0)
+    prof.observe_cost("c", "start", 20.0)
+    assert prof.take_touched() == {"a", "b", "c"}
+    assert prof.take_touched() == set()
+    prof.observe("a", 2, 100.0)  # the same rate again: the curves stand, the version does not move
+    prof.observe_cost("c", "start", 20.0)
+    assert prof.take_touched() == set()
+    prof.observe("a", 8, 300.0)
+    prof.observe("b", 8, 200.0)
+    prof.forget("b")
+    assert prof.take_touched() == {"a"}
+
+
 def test_a_cost_measured_again_unchanged_leaves_the_job_as_it_was_and_a_moved_one_is_charged_anew():
     """Each commit measures the interval since the last one: at machine scale a thousand running jobs commit every
     minute, and a steady interval measured again must not remake every job's view (the version callers cache on)."""
@@ -1440,3 +1457,19 @@ def test_the_compiled_price_choice_and_rounding_are_the_numpy_rules_they_replace
             free -= int(k - expected[j])
             expected[j] = k
         assert compiled.round_up(values, counts, capacity).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_curve_through_every_count_is_tabulated_as_its_rates_the_same_numbers_as_interpolating(seed):
+    """JPA's fits are curves through every count (:meth:`ScalingCurve.dense`, :meth:`ScalingCurve.dense_rows`): their
+    tables are their rates, read without interpolating, and must be the very numbers interpolation gives."""
+    rng = np.random.default_rng(seed)
+    rows = np.cumsum(rng.random((4, 1 + int(rng.integers(1, 40)))), axis=1) * 10.0 ** rng.integers(-3, 12)
+    rows[:, 0] = 0.0
+    for curve in [ScalingCurve.dense(rows[0]), *ScalingCurve.dense_rows(rows)]:
+        assert curve.__dict__.get("_dense") is not None  # read as its rates, not interpolated
+        last = len(curve.nodes) - 1
+        for upto in (0, 1, last // 2, last, last + 1, 2 * last + 7):
+            expected = np.interp(np.arange(upto + 1), curve.nodes, curve.values)
+            table = curve.table(upto)
+            assert np.array_equal(table, expected) and not table.flags.writeable

@@ -981,3 +981,48 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
     finally:
         client.close()
         server.close()
+
+
+def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_decision(tmp_path, write, monkeypatch):
+    """A saturated machine's queue is thousands of waiting jobs, and a decision comes every few seconds: what a decision
+    asks of each (its kind, its worth per node) is made when the job changes, not in every decision (:class:`.WaitingJobs`).
+    Forty jobs wait for four nodes; decisions taken while the running ones report describe no waiting job again; a job
+    stopped joins the queue and is described, once."""
+    from pilotfill.controller import Controller
+
+    described: list[str] = []
+    real = Controller._describe_waiting
+
+    def counting(self, job):
+        described.append(job.id)
+        return real(self, job)
+
+    monkeypatch.setattr(Controller, "_describe_waiting", counting)
+    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])  # none gains from taking a node from another
+    for name in list(m.specs):
+        m.submit(name)
+    m.at(0)
+    m.at(30)
+    running = [j for j in m.ctl.world.jobs.values() if j.status == "running"]
+    assert len(running) == 4 and len(set(described)) == 44 and len(described) == 44  # each once
+    import pilotfill.controller.core as core
+
+    solves: list[int] = []
+    real_allocate = core.allocate
+
+    def recording(problem, *args, **kwargs):
+        solves.append(len(problem.jobs))
+        return real_allocate(problem, *args, **kwargs)
+
+    monkeypatch.setattr(core, "allocate", recording)
+    described.clear()
+    for t in (60, 90, 120):
+        m.ctl.dirty = True  # a decision in each of these passes
+        m.at(t)
+    assert len(solves) >= 3 and min(solves) > 4  # decisions that weighed waiting jobs
+    assert described == []
+    stopped = running[0]
+    m.ctl._stop_for_a_start(stopped, list(stopped.nodes), set(), m.now, "test")  # back to the queue, with its progress
+    m.ctl.dirty = True
+    m.at(150)
+    assert stopped.id in described and described.count(stopped.id) == 1

@@ -205,17 +205,23 @@ def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.nda
     first, reaches what is too many. Where rounding makes the choices there not fit after all, bisection finds it."""
     slopes, steps = compiled.hull_edges(values)
     if len(slopes):
-        order = np.argsort(slopes, kind="stable")
-        slopes, asked = slopes[order], np.cumsum(steps[order])  # asked[i]: nodes of the edges no steeper than slopes[i]
-        total = int(asked[-1])
-        i = int(np.searchsorted(asked, total - capacity, side="left"))  # the first slope past which the rest fit
-        if i < len(slopes):
-            price = float(slopes[i])
+        # Only the steepest edges can hold the price: every edge asks one node at least, so those past which the rest
+        # fit are among the ``capacity + 1`` steepest. They are picked in one pass and sorted alone (exploring a few
+        # free nodes among a thousand jobs' edges sorts a few dozen, not tens of thousands).
+        total = int(steps.sum())
+        top = np.argpartition(slopes, len(slopes) - capacity - 1)[len(slopes) - capacity - 1 :] if capacity + 1 < len(slopes) else None
+        steepest = slopes if top is None else slopes[top]
+        order = np.argsort(steepest, kind="stable")
+        ranked = steepest[order]
+        asked = total - int((steps if top is None else steps[top]).sum()) + np.cumsum((steps if top is None else steps[top])[order])
+        i = int(np.searchsorted(asked, total - capacity, side="left"))  # asked[i]: nodes of the edges no steeper than ranked[i]
+        if i < len(ranked):
+            price = float(ranked[i])
             for hi in (price, price * (1 + 1e-12), price * (1 + 1e-9)):
                 choice = _choose(values, hi)
                 if int(choice.sum()) <= capacity:
-                    first = int(np.searchsorted(slopes, price, side="left"))  # the next price below: every edge it crosses asks
-                    lo = (float(slopes[first - 1]) + price) / 2 if first > 0 else price / 2
+                    below = slopes[slopes < price]  # the next price below: every edge it crosses asks
+                    lo = (float(below.max()) + price) / 2 if below.size else price / 2
                     return hi, choice, _choose(values, lo)
     return _bisect_price(values, capacity)
 

@@ -68,7 +68,13 @@ class ScalingCurve:
         cache = self.__dict__.setdefault("_tables", {})
         out = cache.get(upto)
         if out is None:
-            out = np.interp(np.arange(upto + 1), self.nodes, self.values)
+            dense = self.__dict__.get("_dense")  # a curve through every count (JPA's fits): its rates are the table
+            if dense is not None and upto < len(dense):
+                out = dense[: upto + 1]
+            elif dense is not None:  # constant past the last point
+                out = np.concatenate([dense, np.full(upto + 1 - len(dense), dense[-1])])
+            else:
+                out = np.interp(np.arange(upto + 1), self.nodes, self.values)
             out.flags.writeable = False
             cache[upto] = out
         return out
@@ -109,6 +115,9 @@ class ScalingCurve:
         curve = object.__new__(cls)
         object.__setattr__(curve, "nodes", tuple(range(len(r))))
         object.__setattr__(curve, "values", tuple(r.tolist()))
+        dense = r.copy()
+        dense.flags.writeable = False
+        curve.__dict__["_dense"] = dense  # what table() reads: the rates at every count, no interpolation
         return curve
 
     @classmethod
@@ -118,11 +127,14 @@ class ScalingCurve:
         if r.ndim != 2 or r.shape[1] < 2 or not (r.size == 0 or (r.min() >= 0 and math.isfinite(r.sum()))):
             return [cls.dense(row) for row in r]  # checked row by row, for the message
         nodes = tuple(range(r.shape[1]))
+        rows = r.copy()
+        rows.flags.writeable = False
         out = []
-        for values in r.tolist():
+        for values, row in zip(r.tolist(), rows):
             curve = object.__new__(cls)
             object.__setattr__(curve, "nodes", nodes)
             object.__setattr__(curve, "values", tuple(values))
+            curve.__dict__["_dense"] = row  # what table() reads (see dense)
             out.append(curve)
         return out
 
@@ -331,6 +343,11 @@ class Problem:
             self.__dict__["_held_by_type"] = known
         counts = known.get(job.id)
         return counts if counts is not None else {}
+
+    @cached_property
+    def held_counts(self) -> list[dict[str, int]]:
+        """:meth:`held_by_type` of every job, in job order (read once per stage, not once per job and stage)."""
+        return [self.held_by_type(job) for job in self.jobs]
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,7 @@ class Profiler:
     _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)  # per job and type: the means its curves rest on
     _charged: dict[str, dict[str, float]] = field(default_factory=dict)  # per job and kind of change: the mean cost callers are given
     changes: int = 0  # moves with every job's version (and when a job is forgotten): a check of thousands of jobs in one
+    _touched: set[str] = field(default_factory=set)  # jobs whose version moved since the caller last took them
 
     def __post_init__(self) -> None:
         self._versions_view = MappingProxyType(self._versions)
@@ -122,6 +123,7 @@ class Profiler:
         fitted[int(nodes)] = scale.mean
         self._cache.pop(job_id, None)
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
+        self._touched.add(job_id)
         self.changes += 1
 
     def version(self, job_id: str) -> int:
@@ -133,8 +135,15 @@ class Profiler:
         """Every job's :meth:`version` (0 where absent), read-only: for callers that check thousands of jobs at once."""
         return self._versions_view
 
+    def take_touched(self) -> set[str]:
+        """The jobs whose :meth:`version` moved since this was last asked (what a caller keeping something made from
+        thousands of jobs' curves makes again, and nothing else)."""
+        touched, self._touched = self._touched, set()
+        return touched
+
     def forget(self, job_id: str) -> None:
         self.changes += 1
+        self._touched.discard(job_id)
         self._versions.pop(job_id, None)
         self._fitted.pop(job_id, None)
         self._seen.pop(job_id, None)
@@ -155,6 +164,7 @@ class Profiler:
             return  # what the job is charged stands: a steady commit interval measured again, every minute, changes nothing
         charged[kind] = scale.mean
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
+        self._touched.add(job_id)
         self.changes += 1
 
     def cost(self, job_id: str, kind: str, prior: float) -> float:

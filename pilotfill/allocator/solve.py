@@ -163,10 +163,10 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
         return _explore_typed(problem, answer)
     counts, types = dict(answer.counts), dict(answer.node_type)
     changed = False
-    held_all = [problem.held_by_type(j) for j in problem.jobs]  # each job's {type: count}, only counts > 0
+    held_all = problem.held_counts  # each job's {type: count}, only counts > 0
     for node_type, nodes in problem.pool.by_type().items():
         kept = 0
-        candidates, bases = [], []
+        candidates, bases, helds = [], [], []
         for job, held_types in zip(problem.jobs, held_all):
             t, n = types.get(job.id), counts.get(job.id, 0)
             held = held_types.get(node_type, 0)
@@ -179,10 +179,11 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
                 continue  # shrunk or stopped by the first stage, or running on another type: no growth here
             candidates.append(job)
             bases.append(base)
+            helds.append(held_types)
         room = len(nodes) - kept
         if room <= 0 or not candidates:
             continue
-        tables = exploration_tables(problem, candidates, node_type, bases, room)
+        tables = exploration_tables(problem, candidates, node_type, bases, room, helds)
         try:
             extra, _ = dp.solve(tables, room)
         except dp.TooLarge:

@@ -131,7 +131,7 @@ def value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
 
 def _value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]:
     pool_sizes = {t: len(ns) for t, ns in problem.pool.by_type().items()}
-    held = [problem.held_by_type(job) for job in problem.jobs]
+    held = problem.held_counts
     by_type: dict[str, list[int]] = {}
     for i, job in enumerate(problem.jobs):
         for t in job.throughput:
@@ -156,13 +156,16 @@ def _value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]
     return matrices
 
 
-def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int) -> np.ndarray:
+def exploration_tables(problem: Problem, jobs: list[Job], node_type: str, bases: list[int], free: int,
+                       held_of: list[dict[str, int]] | None = None) -> np.ndarray:  # fmt: skip
     """What adding k = 0 … ``free`` nodes of ``node_type`` to each job's base count is worth (−inf where
     base + k is not allowed), one row per job: by its optimistic curve if it has one, else by its curve. The
-    second stage of :func:`..solve.allocate`."""
+    second stage of :func:`..solve.allocate`. ``held_of``: each job's :meth:`.Problem.held_by_type`, where the caller
+    has them."""
     curves, caps, current, only_here = [], [], [], []
-    for job, base in zip(jobs, bases):
-        held = problem.held_by_type(job)
+    if held_of is None:
+        held_of = [problem.held_by_type(job) for job in jobs]
+    for job, base, held in zip(jobs, bases, held_of):
         explore = job.explore.get(node_type) if job.explore is not None else None
         curve = explore if explore is not None else job.metric(node_type)
         curves.append((curve, explore if explore is not None else job.throughput[node_type]))
@@ -226,16 +229,17 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     cap_a = np.asarray(caps)
     if curves is None:
         curves = [(job.metric(node_type), job.throughput[node_type]) for job in jobs]
+    same = all(m is t for m, t in curves)  # the metric is the throughput (no objective): one table per job, not two
     if all(c == caps[0] for c in caps):  # the usual case: one width for all
         metric = np.array([m.table(caps[0]) for m, _ in curves]).reshape(J, W)
-        thr = np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
+        thr = metric if same else np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
     elif W - 1 <= (top := max(job.max_nodes for job in jobs)) and (top < 2 * W + 64 or all(job.max_nodes == top for job in jobs)):
         # every curve's table up to the jobs' largest maximum, cut to the widest cap, one array for all (what lies past a
         # job's cap is never read: made −inf below). Rows are not copied one by one into a matrix, and a curve's table is
         # made once whatever the room (exploring: each job's cap its base plus the room). Of jobs of different maxima only
         # when bounded, so that a job that may take the whole machine does not tabulate every other curve that far.
         metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
-        thr = np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
+        thr = metric if same else np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
     else:  # each row a prefix of its curve's table up to the job's maximum (made once per curve, whatever the room)
         metric, thr = np.zeros((J, W)), np.zeros((J, W))
         for j, ((m, t), cap, job) in enumerate(zip(curves, caps, jobs)):

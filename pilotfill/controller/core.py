@@ -48,6 +48,7 @@ from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
 from .types import NodeTypes, local_node_types
+from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, Description, WaitingJobs, most_promising
 from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
 
@@ -206,7 +207,6 @@ class Controller:
         self._curves: dict[str, ScalingCurve] = {}
         self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
         self._copies: dict[tuple[bool, int], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
-        self._worth: dict[str, tuple[tuple, dict, tuple[float, float]]] = {}  # job -> (its view inputs, its spec, its worth per node)
         self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._kinds: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of what in it tells the job apart from other waiting jobs: see _kind)
         self._kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
@@ -237,6 +237,7 @@ class Controller:
         self.scheduler = scheduler or self._make_scheduler()
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
+        self.waiting = WaitingJobs(self._describe_waiting, self._waiting_version)  # kinds and worth, made when a job changes
         self._idle_types: dict[str, int] | None = None
         self.pilots = PilotManager(self)
         self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
@@ -1083,9 +1084,10 @@ class Controller:
         active = self._active(room)
         if self._starters([job for job in active if job.status != "running"], room) < room:
             return None
-        self._prepare_views(active)
+        made_of = [self._view_inputs(job) for job in active]
+        self._prepare_views(active, made_of)
         try:
-            views = [self._allocator_job(job) for job in active]
+            views = [self._allocator_job(job, inputs) for job, inputs in zip(active, made_of)]
         except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
             return None
         return room - len(self._ending_soon(views, self.clock()))
@@ -1159,30 +1161,27 @@ class Controller:
         them; when it uses every one weighed, as many as the room could start
         join and it is asked once more (``apart``: in the next pass).
         """
-        admitted = self._active(room)
-        running: list[Job] = []
-        alike: dict[int, list[Job]] = {}
-        resuming: list[Job] = []  # waiting, each like no other
-        for job in admitted:
-            kind = self._kind(job)
-            if kind is not None:
-                alike.setdefault(kind, []).append(job)
-            elif job.status != "running" and not job.nodes:
-                resuming.append(job)
-            else:
-                running.append(job)
+        admitted = self._admitted(room)
+        jobs, kinds = admitted.jobs, admitted.kinds
+        running = list(self.world.running.values())
+        running += [jobs[i] for i in np.flatnonzero(kinds == HOLDS_NODES).tolist()]
+        alike: dict[int, list[int]] = {}  # kind -> the positions among ``jobs`` of the waiting jobs alike, in submission order
+        for i, kind in zip(np.flatnonzero(kinds >= 0).tolist(), kinds[kinds >= 0].tolist()):
+            alike.setdefault(kind, []).append(i)
         # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
         question = extra > 0
         copies = {kind: self._copies.get((question, kind), MIN_COPIES) for kind in alike}
         limit = self.config.controller.weigh_waiting
 
-        def ranked(queue: list[Job]) -> list[Job]:
-            return self._most_promising(sorted(queue, key=lambda j: j.seq)) if 0 < limit < len(queue) else queue
+        def ranked(at: np.ndarray) -> list[Job]:  # positions in submission order -> those jobs, the most promising first
+            if 0 < limit < len(at):
+                at = most_promising(at, admitted.worth)
+            return [jobs[i] for i in at.tolist()]
 
         def fresh() -> list[Job]:
-            return ranked([j for kind, js in alike.items() for j in js[: copies[kind]]])
+            return ranked(np.sort(np.fromiter((i for kind, at in alike.items() for i in at[: copies[kind]]), dtype=np.int64)))
 
-        queues = [ranked(resuming), fresh()]
+        queues = [ranked(np.flatnonzero(kinds == LIKE_NO_OTHER)), fresh()]
         weigh = [limit if 0 < limit < len(q) else len(q) for q in queues]
         while True:
             weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
@@ -1199,13 +1198,13 @@ class Controller:
             ids = {j.id for j in weighed}
             added = 0
             unweighed: list[Job] = []
-            for kind, js in alike.items():
-                offered = js[: copies[kind]]
-                fit = room // max(1, js[0].spec["min_nodes"])  # no more of them than the room could start
-                if len(offered) < min(len(js), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
-                    copies[kind] = min(len(js), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
+            for kind, at in alike.items():
+                offered = [jobs[i] for i in at[: copies[kind]]]
+                fit = room // max(1, jobs[at[0]].spec["min_nodes"])  # no more of them than the room could start
+                if len(offered) < min(len(at), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
+                    copies[kind] = min(len(at), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
                     added += copies[kind] - len(offered)
-                    unweighed += js[len(offered) :]
+                    unweighed += [jobs[i] for i in at[len(offered) :]]
             remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
             if added and apart:
                 self._copies = remembered | {(question, kind): n for kind, n in copies.items()}
@@ -1213,8 +1212,8 @@ class Controller:
             if added:
                 queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
                 continue
-            for kind, js in alike.items():
-                used = sum(1 for j in js[: copies[kind]] if answer.counts.get(j.id, 0) > 0)
+            for kind, at in alike.items():
+                used = sum(1 for i in at[: copies[kind]] if answer.counts.get(jobs[i].id, 0) > 0)
                 if 2 * used > MIN_COPIES:  # next time: about what this answer used (MIN_COPIES, unless remembered)
                     remembered[(question, kind)] = 2 * used
             self._copies = remembered
@@ -1267,26 +1266,30 @@ class Controller:
         if self._sizing is not None:
             self._sizing = joined
 
-    def _most_promising(self, waiting: list[Job]) -> list[Job]:
-        """The waiting jobs, those whose nodes would earn most first (weight × metric(n)/n at its best, by the curve
-        the allocator confirms, then by the one it explores), earlier submissions first among equals."""
-        worth = []
-        for job in waiting:
-            # What a node earns a job holding none depends on its curves and bounds, not its work left: a waiting job's
-            # worth is kept until what its view is made from changes (thousands wait on a saturated machine).
-            inputs = self._view_inputs(job)
-            known = self._worth.get(job.id)
-            if known is None or known[0] != inputs or known[1] is not job.spec:
-                try:
-                    view = self._allocator_job(job)
-                except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
-                    worth.append((math.inf, math.inf))
-                    continue
-                known = self._worth[job.id] = (inputs, job.spec, worth_per_node(view))
-            worth.append(known[2])
-        values = np.array(worth, dtype=float).reshape(len(waiting), 2)
-        order = np.lexsort((np.arange(len(waiting)), -values[:, 1], -values[:, 0]))
-        return [waiting[i] for i in order]
+    def _describe_waiting(self, job: Job) -> Description:
+        """What a decision asks of a waiting job (:class:`.WaitingJobs`): its kind and its worth per node."""
+        kind = self._kind(job)
+        if kind is None:
+            kind = HOLDS_NODES if job.nodes else LIKE_NO_OTHER
+        try:
+            worth = worth_per_node(self._allocator_job(job))
+        except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
+            worth = (math.inf, math.inf)
+        return Description(kind, worth)
+
+    def _waiting_version(self, job: Job) -> object:
+        """What a waiting job's description rests on beyond the job itself: JPA's version of it (and, on a machine
+        with several kinds of node, what the types say of it)."""
+        if self.types.typed:
+            return (self.profiler.versions.get(job.id, 0), self.types.version(self.world, job))
+        return self.profiler.versions.get(job.id, 0)
+
+    def _admitted(self, room: int) -> Admitted:
+        """The waiting jobs a decision admits with ``room`` nodes (:func:`.waiting.admit`), described anew where
+        they changed since the last decision (the world's record of changed jobs, JPA's versions)."""
+        changed = self.world.take_changed() | self.profiler.take_touched()
+        self.waiting.sync(self.world, changed, recheck=self.types.typed)
+        return self.waiting.admitted(room, self.config.controller.max_jobs, len(self.world.running))
 
     def _kind(self, job: Job) -> int | None:
         """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
@@ -1325,7 +1328,7 @@ class Controller:
     def _active(self, room: int) -> list[Job]:
         """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while
         they could start on the ``room`` nodes that could be had (or ``controller.max_jobs`` of them when set)."""
-        return self.world.active_jobs(self.config.controller.max_jobs, room=room)
+        return sorted([*self.world.running.values(), *self._admitted(room).jobs], key=lambda j: j.seq)
 
     def _problem(self, active: list[Job], extra: int | dict[str, int], without: tuple[str, ...] = ()) -> Problem:
         """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
@@ -1345,21 +1348,31 @@ class Controller:
 
     def _views(self, jobs: list[Job]) -> list[AllocJob]:
         """The allocator's views of ``jobs``; a job the allocator cannot use fails, with the reason."""
-        self._prepare_views(jobs)
+        made_of = [self._view_inputs(job) for job in jobs]  # once per job (a thousand in a whole-machine decision)
+        self._prepare_views(jobs, made_of)
         views = []
-        for job in jobs:
+        for job, inputs in zip(jobs, made_of):
             try:
-                views.append(self._allocator_job(job))
+                views.append(self._allocator_job(job, inputs))
             except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
                 self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
         return views
 
-    def _prepare_views(self, jobs: list[Job]) -> None:
+    def _prepare_views(self, jobs: list[Job], made_of: list[tuple] | None = None) -> None:
         """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
-        after a decision that resized hundreds of jobs, each has reported at a new scale."""
+        after a decision that resized hundreds of jobs, each has reported at a new scale. ``made_of``: each job's
+        :meth:`_view_inputs`, where the caller has them."""
         if self.types.typed:
             return  # per node type, with predictions: made one by one (:mod:`.types`)
-        stale = [(job.id, job.spec["max_nodes"]) for job in jobs if not job.spec.get("curve") and not self._view_holds(job)]
+        if made_of is None:
+            made_of = [self._view_inputs(job) for job in jobs]
+        cached = self._alloc_jobs.get
+        stale = []
+        for job, inputs in zip(jobs, made_of):
+            if not job.spec.get("curve"):
+                view = cached(job.id)
+                if view is None or view[0] != inputs:
+                    stale.append((job.id, job.spec["max_nodes"]))
         if len(stale) > 1:
             self.profiler.prepare(stale)
 
@@ -1367,19 +1380,16 @@ class Controller:
         """What a job's view is made from, besides its work left: it is made anew when this changes."""
         return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else ())
 
-    def _view_holds(self, job: Job) -> bool:
-        cached = self._alloc_jobs.get(job.id)
-        return cached is not None and cached[0] == self._view_inputs(job)
-
-    def _allocator_job(self, job: Job) -> AllocJob:
+    def _allocator_job(self, job: Job, inputs: tuple | None = None) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
-        measured). Made anew only when its curves or costs changed; a running job's work left changes every report
-        and is only copied in."""
+        measured). Made anew only when its curves or costs changed (``inputs``: its :meth:`_view_inputs`, where the
+        caller has them); a running job's work left changes every report and is only copied in."""
         spec = job.spec
         total = spec.get("total_samples")
         remaining = max(total - job.progress, 0.0) if total else math.inf
         # Asked of every open job in every decision (thousands on a saturated machine): the check is kept cheap.
-        inputs = self._view_inputs(job)
+        if inputs is None:
+            inputs = self._view_inputs(job)
         cached = self._alloc_jobs.get(job.id)
         if cached is not None and cached[0] == inputs:
             made = cached[1]
@@ -1586,7 +1596,6 @@ class Controller:
         self._curves.pop(job.id, None)
         self._curves.pop(job.id + "/objective", None)
         self._alloc_jobs.pop(job.id, None)
-        self._worth.pop(job.id, None)
         self._kinds.pop(job.id, None)
         job.lost = set()
         self.dirty = True

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+import numpy as np
+
 from ..state import LIVE_PILOT_STATES, TERMINAL, State
+from .waiting import admit
 
 RECENTLY_ENDED = 10_000
 """Ended pilots remembered in memory, so that a late heartbeat from one is told to stop."""
@@ -93,6 +96,7 @@ class World:
         self.ready: dict[str, None] = {}  # ready nodes, an ordered set
         self.ready_version = 0  # moves whenever the ready nodes, or a walltime they are held within, change
         self.jobs_version = 0  # moves whenever a job is added, changes status or nodes, or is held or claimed
+        self._changed: set[str] = set()  # jobs added or changed since the controller last took them (:meth:`take_changed`)
         self.pilots: dict[str, Pilot] = {}  # live pilots only
         self.queued: dict[str, Pilot] = {}  # the live pilots not yet registered
         self.ended_pilots: OrderedDict[str, str] = OrderedDict()  # recently ended pilot -> its last state
@@ -120,6 +124,7 @@ class World:
             if job.key:
                 self.by_key[job.key] = job.id
         self.jobs_version += 1
+        self._changed.update(self.jobs)
         for row in self.journal.pilots(LIVE_PILOT_STATES):
             pilot = Pilot(row["id"], row["scheduler_id"], row["state"], row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
                           row["walltime_end"], row["controller"], node_type=row.get("node_type"))  # fmt: skip
@@ -152,9 +157,16 @@ class World:
         self.jobs[job_id] = job
         self.open[job_id] = job
         self.jobs_version += 1
+        self._changed.add(job_id)
         if key:
             self.by_key[key] = job_id
         return job
+
+    def take_changed(self) -> set[str]:
+        """The jobs added, or changed in anything but a running job's progress, since this was last asked (the
+        controller describes its waiting jobs again from these alone)."""
+        changed, self._changed = self._changed, set()
+        return changed
 
     def next_job_id(self) -> str:
         return f"j{self._seq + 1}"
@@ -167,6 +179,7 @@ class World:
         if "nodes" in fields:
             self._holding.pop(job.id, None)
         self.jobs_version += 1
+        self._changed.add(job.id)
         if job.status == "running":
             self.running[job.id] = job
         else:
@@ -188,6 +201,7 @@ class World:
         """Replace a job's spec (a model descriptor learned from its ranks)."""
         self.journal.set_job(job.id, spec=spec)
         job.spec = spec
+        self._changed.add(job.id)
 
     def hold(self, job: Job) -> None:
         """Set an open job aside until a submission of the same call claims it."""
@@ -196,6 +210,7 @@ class World:
         self.open.pop(job.id, None)
         self.held[job.id] = job
         self.jobs_version += 1
+        self._changed.add(job.id)
 
     def claim(self, job: Job) -> None:
         """A held job is wanted again: it rejoins the open jobs (in submission order)."""
@@ -205,6 +220,7 @@ class World:
         self.open[job.id] = job
         self.open = dict(sorted(self.open.items(), key=lambda kv: kv[1].seq))
         self.jobs_version += 1
+        self._changed.add(job.id)
 
     def add_progress(self, job: Job, samples: float) -> float:
         """Count ``samples`` the job's ranks report: progress since its last commit is provisional."""
@@ -212,6 +228,8 @@ class World:
         if samples:
             self.journal.set_job(job.id, progress=job.progress + samples)
             job.progress += samples
+            if job.status != "running":
+                self._changed.add(job.id)
         return job.progress
 
     def commit(self, job: Job) -> float:
@@ -228,6 +246,7 @@ class World:
         if job.progress != job.committed:
             self.journal.set_job(job.id, progress=job.committed, redone=job.redone + lost)
             job.progress, job.redone = job.committed, job.redone + lost
+            self._changed.add(job.id)
         if lost:
             self.count("samples_redone", int(round(lost)))
         return lost
@@ -238,31 +257,12 @@ class World:
         self.count("jobs_overran")
 
     def active_jobs(self, limit: int = 0, room: int | None = None) -> list[Job]:
-        """The jobs the allocator considers: every running one, then waiting ones in submission order.
-
-        What bounds them is the machine, not a number: with ``room`` (the nodes
-        that could be had now), waiting jobs are admitted in submission order
-        while their ``min_nodes`` together fit in it — no more could start at
-        once, and a later job never overtakes an earlier one that could run —
-        and one whose ``min_nodes`` alone exceeds it takes no place, so a job
-        nothing can place never blocks the rest. ``limit`` > 0 instead admits at
-        most that many jobs in all (BFTrainer's setup: 10 at once).
-        """
+        """The jobs the allocator considers: every running one, then the waiting ones :func:`.waiting.admit` admits
+        (the machine bounds them, or ``limit``), in submission order."""
+        waiting = [job for job in self.open.values() if job.status != "running"]
+        lo = np.fromiter((job.spec["min_nodes"] for job in waiting), dtype=np.int64, count=len(waiting))
         out = list(self.running.values())  # always: the allocator must know every node that is held
-        need = 0
-        for job in self.open.values():
-            if limit and len(out) >= limit:
-                break
-            if job.status == "running":
-                continue
-            lo = job.spec["min_nodes"]
-            if room is not None:
-                if lo > room:
-                    continue
-                if not limit and need + lo > room:
-                    break
-            need += lo
-            out.append(job)
+        out += [waiting[i] for i in admit(lo, room, limit, len(out)).tolist()]
         out.sort(key=lambda j: j.seq)
         return out
 

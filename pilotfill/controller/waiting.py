@@ -1,0 +1,159 @@
+"""The waiting jobs, described once per change of theirs, not once per decision.
+
+On a saturated machine thousands of jobs wait, and every decision asks the
+same three questions of each: is it admitted (submission order, while the
+``min_nodes`` of those before it fit in the room), which others is it alike
+(the allocator cannot tell them apart: weighed a few at a time), and what
+would a node earn it (the most promising are weighed first)? A waiting job's
+answers change only when the job does (the world says which: its status,
+nodes, spec or progress) or when JPA's curves for it move (its profiler
+version). :class:`WaitingJobs` keeps them in arrays in submission order and
+describes again only those jobs; a decision reads the arrays in a few array
+operations, whatever the length of the queue. ``admit`` is the one rule of
+admission, shared with :meth:`.World.active_jobs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .world import Job, World
+
+LIKE_NO_OTHER = -1
+"""The kind of a waiting job the allocator can tell apart from every other (it ran, has progress, or JPA measured it)."""
+HOLDS_NODES = -2
+"""The kind of an open job that is not running but holds nodes: weighed whenever admitted, as a running job."""
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a decision asks of one waiting job: its kind (a number shared by the jobs alike, or one of the two above)
+    and its worth per node (by the curve the allocator confirms, by the one it explores)."""
+
+    kind: int
+    worth: tuple[float, float]
+
+
+def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> np.ndarray:
+    """Positions (in submission order) of the waiting jobs admitted to a decision, given each one's ``min_nodes``.
+
+    What bounds them is the machine, not a number: with ``room`` (the nodes
+    that could be had now), waiting jobs are admitted in submission order
+    while their ``min_nodes`` together fit in it — no more could start at
+    once, and a later job never overtakes an earlier one that could run —
+    and one whose ``min_nodes`` alone exceeds it takes no place, so a job
+    nothing can place never blocks the rest. ``limit`` > 0 instead admits at
+    most that many jobs in all, the ``running`` ones included (BFTrainer's
+    setup: 10 at once)."""
+    lo = np.asarray(min_nodes, dtype=np.int64)
+    place = np.flatnonzero(lo <= room) if room is not None else np.arange(len(lo))
+    if limit:
+        return place[: max(0, limit - running)]
+    if room is None:
+        return place
+    need = np.cumsum(lo[place])
+    return place[: int(np.searchsorted(need, room, side="right"))]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The waiting jobs admitted to one decision, in submission order, with their kinds and worth (rows of ``worth``)."""
+
+    jobs: list[Job]
+    kinds: np.ndarray
+    worth: np.ndarray
+
+
+class WaitingJobs:
+    """The open jobs that are not running, each described when it changes (see the module docstring), as rows in
+    submission order: a job joining or leaving the queue is one row inserted or deleted, not the queue sorted again.
+
+    ``describe`` says what a decision asks of a job; ``version`` what its
+    description rests on beyond the job itself (JPA's version of it, and on a
+    machine with several kinds of node what the types say of it)."""
+
+    def __init__(self, describe: Callable[[Job], Description], version: Callable[[Job], object]):
+        self._describe = describe
+        self._version = version
+        self._entries: dict[str, tuple[Job, Description, object]] = {}
+        self._jobs: list[Job] = []  # the rows, in submission order
+        self._seq = np.zeros(0, dtype=np.int64)
+        self._lo = np.zeros(0, dtype=np.int64)
+        self._kinds = np.zeros(0, dtype=np.int64)
+        self._worth = np.zeros((0, 2))
+
+    def sync(self, world: World, changed: Iterable[str], recheck: bool) -> None:
+        """Take in the jobs ``changed`` since the last sync (the world's record, JPA's); ``recheck``: compare every
+        description's version too (one lookup per waiting job, not a new description)."""
+        entries = self._entries
+        stale = set(changed)
+        if recheck:
+            version = self._version
+            stale.update(job_id for job_id, (job, _, made) in entries.items() if version(job) != made)
+        gone: list[int] = []  # the seqs of the rows to delete
+        made: list[tuple[Job, Description]] = []  # the rows to insert
+        for job_id in stale:
+            old = entries.pop(job_id, None)
+            if old is not None:
+                gone.append(old[0].seq)
+            job = world.open.get(job_id)
+            if job is None or job.status == "running":
+                continue
+            description = self._describe(job)
+            entries[job_id] = (job, description, self._version(job))
+            made.append((job, description))
+        if len(gone) + len(made) > 16 + len(entries) // 8:  # many at once (a campaign submitted, a wave of stops)
+            self._rows(sorted(((job, d) for job, d, _ in entries.values()), key=lambda row: row[0].seq))
+        elif gone or made:
+            self._delete(np.searchsorted(self._seq, np.array(sorted(gone), dtype=np.int64)))
+            self._insert(sorted(made, key=lambda row: row[0].seq))
+
+    def _rows(self, rows: list[tuple[Job, Description]]) -> None:
+        self._jobs = [job for job, _ in rows]
+        self._seq = np.fromiter((job.seq for job in self._jobs), dtype=np.int64, count=len(rows))
+        self._lo = np.fromiter((job.spec["min_nodes"] for job in self._jobs), dtype=np.int64, count=len(rows))
+        self._kinds = np.fromiter((d.kind for _, d in rows), dtype=np.int64, count=len(rows))
+        self._worth = np.array([d.worth for _, d in rows], dtype=float).reshape(len(rows), 2)
+
+    def _delete(self, at: np.ndarray) -> None:
+        if at.size:
+            for i in sorted(at.tolist(), reverse=True):
+                del self._jobs[i]
+            self._seq, self._lo, self._kinds = np.delete(self._seq, at), np.delete(self._lo, at), np.delete(self._kinds, at)
+            self._worth = np.delete(self._worth, at, axis=0)
+
+    def _insert(self, rows: list[tuple[Job, Description]]) -> None:
+        if not rows:
+            return
+        seq = np.fromiter((job.seq for job, _ in rows), dtype=np.int64, count=len(rows))
+        at = np.searchsorted(self._seq, seq)
+        for i, (job, _) in sorted(zip(at.tolist(), rows), key=lambda x: (x[0], x[1][0].seq), reverse=True):
+            self._jobs.insert(i, job)
+        self._seq = np.insert(self._seq, at, seq)
+        self._lo = np.insert(self._lo, at, [job.spec["min_nodes"] for job, _ in rows])
+        self._kinds = np.insert(self._kinds, at, [d.kind for _, d in rows])
+        self._worth = np.insert(self._worth, at, np.array([d.worth for _, d in rows], dtype=float).reshape(len(rows), 2), axis=0)
+
+    def describe(self, job: Job) -> Description | None:
+        """What the last sync said of ``job`` (None: not waiting)."""
+        entry = self._entries.get(job.id)
+        return entry[1] if entry is not None else None
+
+    def admitted(self, room: int | None, limit: int, running: int) -> Admitted:
+        """The waiting jobs :func:`admit` admits, with their descriptions."""
+        at = admit(self._lo, room, limit, running)
+        jobs = self._jobs
+        return Admitted([jobs[i] for i in at.tolist()], self._kinds[at], self._worth[at])
+
+
+def most_promising(at: np.ndarray, worth: np.ndarray) -> np.ndarray:
+    """Positions ``at`` (in submission order) reordered so that the jobs whose nodes would earn most come first (by the
+    confirmed curve, then by the explored one: ``worth``'s two columns, one row per position), earlier submissions
+    first among equals."""
+    rows = worth[at]
+    return at[np.lexsort((at, -rows[:, 1], -rows[:, 0]))]

@@ -1,0 +1,158 @@
+"""The waiting jobs a decision admits, kinds and worth described once per change (controller/waiting.py), on a real
+World over a real SQLite journal."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from pilotfill.controller.waiting import Description, WaitingJobs, admit, most_promising
+from pilotfill.controller.world import World
+from pilotfill.state import State
+
+
+def admitted_by_the_loop(lo: list[int], room: int | None, limit: int, running: int) -> list[int]:
+    """The rule as the loop over open jobs wrote it before it was one array operation."""
+    out, need, count = [], 0, running
+    for i, n in enumerate(lo):
+        if limit and count >= limit:
+            break
+        if room is not None:
+            if n > room:
+                continue
+            if not limit and need + n > room:
+                break
+        need += n
+        out.append(i)
+        count += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_admission_is_the_rule_of_submission_order_within_the_room_or_the_limit(seed):
+    rng = random.Random(seed)
+    lo = [rng.choice([1, 1, 2, 4, 8, 64]) for _ in range(rng.randint(0, 60))]
+    room = rng.choice([None, 0, 3, 17, 100, 10_000])
+    limit = rng.choice([0, 0, 5, 10])
+    running = rng.randint(0, 12)
+    assert admit(np.array(lo, dtype=np.int64), room, limit, running).tolist() == admitted_by_the_loop(lo, room, limit, running)
+
+
+class Described:
+    """A describe function that counts its calls; a job's kind is its min_nodes, its worth its number."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.versions: dict[str, int] = {}
+
+    def __call__(self, job) -> Description:
+        self.calls.append(job.id)
+        return Description(job.spec["min_nodes"], (float(job.seq % 7), float(self.versions.get(job.id, 0))))
+
+    def version(self, job) -> int:
+        return self.versions.get(job.id, 0)
+
+
+def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_and_admitted_as_the_world_admits(tmp_path):
+    (tmp_path / "run").mkdir()
+    world = World(State(tmp_path / "run"))
+    described = Described()
+    waiting = WaitingJobs(described, described.version)
+    rng = random.Random(3)
+    jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": rng.choice([1, 2, 4])}, 0.0) for i in range(40)]
+
+    def check(rooms=(None, 0, 5, 30, 1000)):
+        for room in rooms:
+            for limit in (0, 12):
+                got = waiting.admitted(room, limit, len(world.running))
+                expected = [j for j in world.active_jobs(limit, room) if j.status != "running"]
+                assert [j.id for j in got.jobs] == [j.id for j in expected]
+                assert got.kinds.tolist() == [j.spec["min_nodes"] for j in expected]
+
+    waiting.sync(world, world.take_changed(), recheck=False)
+    assert sorted(described.calls) == sorted(j.id for j in jobs)
+    check()
+
+    described.calls.clear()
+    waiting.sync(world, world.take_changed(), recheck=True)
+    assert described.calls == []  # nothing changed: nothing described
+
+    for job in jobs[3:9]:
+        world.update_job(job, status="running", nodes=[f"n{job.seq}"])
+    world.update_job(jobs[20], status="failed", nodes=[])
+    waiting.sync(world, world.take_changed(), recheck=False)
+    assert sorted(described.calls) == []  # started or ended: only left the queue
+    check()
+
+    world.add_progress(jobs[4], 10.0)  # a running job's reports change nothing here
+    world.update_job(jobs[4], status="pending", nodes=[])  # stopped: waits again, with its progress
+    world.roll_back(jobs[4])
+    jobs[30].spec = {"min_nodes": 8}
+    world.set_spec(jobs[30], jobs[30].spec)
+    waiting.sync(world, world.take_changed(), recheck=False)
+    assert sorted(described.calls) == ["j30", "j4"]
+    check()
+
+    described.calls.clear()
+    described.versions["j11"] = 1  # JPA's curves of one waiting job moved
+    waiting.sync(world, world.take_changed(), recheck=False)
+    assert described.calls == []  # not asked to look
+    waiting.sync(world, world.take_changed(), recheck=True)
+    assert described.calls == ["j11"]
+    assert waiting.describe(jobs[11]).worth == (float(jobs[11].seq % 7), 1.0)
+    assert waiting.describe(jobs[5]) is None  # running: not waiting
+    check()
+
+
+def test_the_most_promising_rank_first_earlier_submissions_first_among_equals():
+    worth = np.array([(5.0, 5.0), (1.0, 1.0), (2.0, 0.0), (1.0, 3.0), (2.0, 0.0), (0.0, 9.0), (np.inf, np.inf)])
+    at = np.array([1, 2, 3, 4, 5, 6])  # position 0 is not in the queue
+    assert most_promising(at, worth).tolist() == [6, 2, 4, 3, 1, 5]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_rows_stay_the_queue_in_submission_order_through_any_sequence_of_changes(tmp_path, seed):
+    """Jobs start, stop with progress, end, arrive, change spec — a few at a time (rows inserted and deleted) or many
+    (made again): after each sync the admitted jobs are those the world's own rule admits, with their descriptions."""
+    (tmp_path / "run").mkdir()
+    world = World(State(tmp_path / "run"))
+    described = Described()
+    waiting = WaitingJobs(described, described.version)
+    rng = random.Random(seed)
+    count = 0
+
+    def add(n):
+        nonlocal count
+        for _ in range(n):
+            world.add_job(f"j{count}", "sweep", {"min_nodes": rng.choice([1, 2, 3, 8])}, 0.0)
+            count += 1
+
+    add(30)
+    for step in range(120):
+        for _ in range(rng.choice([1, 1, 2, 3, 40])):  # now and then a wave
+            open_jobs = list(world.open.values())
+            what = rng.random()
+            if what < 0.1 or not open_jobs:
+                add(rng.choice([1, 25]))
+                continue
+            job = rng.choice(open_jobs)
+            if what < 0.4 and job.status != "running":
+                world.update_job(job, status="running", nodes=[f"n{job.seq}"])
+            elif what < 0.6 and job.status == "running":
+                world.update_job(job, status="pending", nodes=[])
+            elif what < 0.7:
+                world.update_job(job, status="finished", nodes=[])
+            elif what < 0.85:
+                world.set_spec(job, {"min_nodes": rng.choice([1, 2, 5])})
+            else:
+                described.versions[job.id] = described.versions.get(job.id, 0) + 1
+        waiting.sync(world, world.take_changed(), recheck=True)
+        room = rng.choice([None, 0, 4, 20, 500])
+        limit = rng.choice([0, 0, 7])
+        got = waiting.admitted(room, limit, len(world.running))
+        expected = [j for j in world.active_jobs(limit, room) if j.status != "running"]
+        assert [j.id for j in got.jobs] == [j.id for j in expected], step
+        assert got.kinds.tolist() == [j.spec["min_nodes"] for j in expected]
+        assert got.worth.tolist() == [[float(j.seq % 7), float(described.versions.get(j.id, 0))] for j in expected]
