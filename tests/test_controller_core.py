@@ -985,19 +985,19 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
 
 def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_decision(tmp_path, write, monkeypatch):
     """A saturated machine's queue is thousands of waiting jobs, and a decision comes every few seconds: what a decision
-    asks of each (its kind, its worth per node) is made when the job changes, not in every decision (:class:`.WaitingJobs`).
+    asks of each (its kind) is made when the job changes, not in every decision (:class:`.WaitingJobs`).
     Forty jobs wait for four nodes; decisions taken while the running ones report describe no waiting job again; a job
     stopped joins the queue and is described, once."""
     from pilotfill.controller import Controller
 
     described: list[str] = []
-    real = Controller._describe_waiting
+    real = Controller._waiting_kind
 
     def counting(self, job):
         described.append(job.id)
         return real(self, job)
 
-    monkeypatch.setattr(Controller, "_describe_waiting", counting)
+    monkeypatch.setattr(Controller, "_waiting_kind", counting)
     m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])  # none gains from taking a node from another
     for name in list(m.specs):
         m.submit(name)

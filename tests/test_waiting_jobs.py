@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from pilotfill.controller.waiting import Description, WaitingJobs, admit, most_promising
+from pilotfill.controller.waiting import WaitingJobs, admit, most_promising
 from pilotfill.controller.world import World
 from pilotfill.state import State
 
@@ -41,25 +41,33 @@ def test_admission_is_the_rule_of_submission_order_within_the_room_or_the_limit(
 
 
 class Described:
-    """A describe function that counts its calls; a job's kind is its min_nodes, its worth its number."""
+    """Kind and worth functions that count their calls; a job's kind is its min_nodes, its worth its number and version."""
 
     def __init__(self):
         self.calls: list[str] = []
+        self.valued: list[str] = []
         self.versions: dict[str, int] = {}
 
-    def __call__(self, job) -> Description:
+    def __call__(self, job) -> int:
         self.calls.append(job.id)
-        return Description(job.spec["min_nodes"], (float(job.seq % 7), float(self.versions.get(job.id, 0))))
+        return job.spec["min_nodes"]
+
+    def worth(self, job) -> tuple[float, float]:
+        self.valued.append(job.id)
+        return (float(job.seq % 7), float(self.versions.get(job.id, 0)))
 
     def version(self, job) -> int:
         return self.versions.get(job.id, 0)
+
+    def waiting(self) -> WaitingJobs:
+        return WaitingJobs(self, self.worth, self.version)
 
 
 def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_and_admitted_as_the_world_admits(tmp_path):
     (tmp_path / "run").mkdir()
     world = World(State(tmp_path / "run"))
     described = Described()
-    waiting = WaitingJobs(described, described.version)
+    waiting = described.waiting()
     rng = random.Random(3)
     jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": rng.choice([1, 2, 4])}, 0.0) for i in range(40)]
 
@@ -101,15 +109,40 @@ def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_
     assert described.calls == []  # not asked to look
     waiting.sync(world, world.take_changed(), recheck=True)
     assert described.calls == ["j11"]
-    assert waiting.describe(jobs[11]).worth == (float(jobs[11].seq % 7), 1.0)
-    assert waiting.describe(jobs[5]) is None  # running: not waiting
+    assert waiting.kind(jobs[11]) == jobs[11].spec["min_nodes"]
+    assert waiting.kind(jobs[5]) is None  # running: not waiting
     check()
 
 
 def test_the_most_promising_rank_first_earlier_submissions_first_among_equals():
-    worth = np.array([(5.0, 5.0), (1.0, 1.0), (2.0, 0.0), (1.0, 3.0), (2.0, 0.0), (0.0, 9.0), (np.inf, np.inf)])
-    at = np.array([1, 2, 3, 4, 5, 6])  # position 0 is not in the queue
-    assert most_promising(at, worth).tolist() == [6, 2, 4, 3, 1, 5]
+    worth = np.array([(1.0, 1.0), (2.0, 0.0), (1.0, 3.0), (2.0, 0.0), (0.0, 9.0), (np.inf, np.inf)])
+    assert most_promising(np.array([1, 2, 3, 4, 5, 6]), worth).tolist() == [6, 2, 4, 3, 1, 5]
+
+
+def test_a_waiting_job_is_valued_when_a_decision_first_ranks_it_and_again_only_after_it_changes(tmp_path):
+    """A campaign of a thousand jobs submitted at once is not valued in one pass: a job's worth is made when a decision
+    ranks it, kept until it changes."""
+    (tmp_path / "run").mkdir()
+    world = World(State(tmp_path / "run"))
+    described = Described()
+    waiting = described.waiting()
+    jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": 1}, 0.0) for i in range(50)]
+    waiting.sync(world, world.take_changed(), recheck=False)
+    assert described.valued == []
+    admitted = waiting.admitted(None, 0, 0)
+    at = np.arange(10, 20)
+    order = waiting.most_promising(admitted, at)
+    assert sorted(described.valued) == sorted(f"j{i}" for i in range(10, 20))
+    assert order.tolist() == sorted(range(10, 20), key=lambda i: (-(jobs[i].seq % 7), i))
+    described.valued.clear()
+    waiting.most_promising(waiting.admitted(None, 0, 0), np.arange(0, 20))
+    assert sorted(described.valued) == sorted(f"j{i}" for i in range(10))  # the others were valued already
+    described.valued.clear()
+    described.versions["j12"] = 5
+    world.update_job(jobs[15], status="pending")  # a change of its own
+    waiting.sync(world, world.take_changed(), recheck=True)
+    waiting.most_promising(waiting.admitted(None, 0, 0), np.arange(0, 20))
+    assert sorted(described.valued) == ["j12", "j15"]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -119,7 +152,7 @@ def test_the_rows_stay_the_queue_in_submission_order_through_any_sequence_of_cha
     (tmp_path / "run").mkdir()
     world = World(State(tmp_path / "run"))
     described = Described()
-    waiting = WaitingJobs(described, described.version)
+    waiting = described.waiting()
     rng = random.Random(seed)
     count = 0
 
@@ -155,4 +188,7 @@ def test_the_rows_stay_the_queue_in_submission_order_through_any_sequence_of_cha
         expected = [j for j in world.active_jobs(limit, room) if j.status != "running"]
         assert [j.id for j in got.jobs] == [j.id for j in expected], step
         assert got.kinds.tolist() == [j.spec["min_nodes"] for j in expected]
-        assert got.worth.tolist() == [[float(j.seq % 7), float(described.versions.get(j.id, 0))] for j in expected]
+        everyone = np.arange(len(got.jobs))
+        ranked = waiting.most_promising(got, everyone)
+        worth = [(float(j.seq % 7), float(described.versions.get(j.id, 0))) for j in got.jobs]
+        assert ranked.tolist() == sorted(everyone.tolist(), key=lambda i: (-worth[i][0], -worth[i][1], i))

@@ -48,7 +48,7 @@ from ..security import create_secret, private_dir
 from ..state import TERMINAL, JournalError, State
 from ..transport import Park
 from .types import NodeTypes, local_node_types
-from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, Description, WaitingJobs, most_promising
+from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
 from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
 
@@ -237,7 +237,7 @@ class Controller:
         self.scheduler = scheduler or self._make_scheduler()
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
-        self.waiting = WaitingJobs(self._describe_waiting, self._waiting_version)  # kinds and worth, made when a job changes
+        self.waiting = WaitingJobs(self._waiting_kind, self._waiting_worth, self._waiting_version)  # kinds and worth, kept until a job changes
         self._idle_types: dict[str, int] | None = None
         self.pilots = PilotManager(self)
         self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
@@ -1175,7 +1175,7 @@ class Controller:
 
         def ranked(at: np.ndarray) -> list[Job]:  # positions in submission order -> those jobs, the most promising first
             if 0 < limit < len(at):
-                at = most_promising(at, admitted.worth)
+                at = self.waiting.most_promising(admitted, at)
             return [jobs[i] for i in at.tolist()]
 
         def fresh() -> list[Job]:
@@ -1266,16 +1266,19 @@ class Controller:
         if self._sizing is not None:
             self._sizing = joined
 
-    def _describe_waiting(self, job: Job) -> Description:
-        """What a decision asks of a waiting job (:class:`.WaitingJobs`): its kind and its worth per node."""
+    def _waiting_kind(self, job: Job) -> int:
+        """A waiting job's kind (:class:`.WaitingJobs`): :meth:`_kind`, or what sets it apart from every other."""
         kind = self._kind(job)
         if kind is None:
             kind = HOLDS_NODES if job.nodes else LIKE_NO_OTHER
+        return kind
+
+    def _waiting_worth(self, job: Job) -> tuple[float, float]:
+        """What a node would earn a waiting job (:func:`..allocator.values.worth_per_node`): how a long queue is ranked."""
         try:
-            worth = worth_per_node(self._allocator_job(job))
+            return worth_per_node(self._allocator_job(job))
         except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
-            worth = (math.inf, math.inf)
-        return Description(kind, worth)
+            return (math.inf, math.inf)
 
     def _waiting_version(self, job: Job) -> object:
         """What a waiting job's description rests on beyond the job itself: JPA's version of it (and, on a machine

@@ -15,6 +15,8 @@ admission, shared with :meth:`.World.active_jobs`.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,15 +30,6 @@ LIKE_NO_OTHER = -1
 """The kind of a waiting job the allocator can tell apart from every other (it ran, has progress, or JPA measured it)."""
 HOLDS_NODES = -2
 """The kind of an open job that is not running but holds nodes: weighed whenever admitted, as a running job."""
-
-
-@dataclass(frozen=True)
-class Description:
-    """What a decision asks of one waiting job: its kind (a number shared by the jobs alike, or one of the two above)
-    and its worth per node (by the curve the allocator confirms, by the one it explores)."""
-
-    kind: int
-    worth: tuple[float, float]
 
 
 def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> np.ndarray:
@@ -62,41 +55,46 @@ def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> 
 
 @dataclass(frozen=True)
 class Admitted:
-    """The waiting jobs admitted to one decision, in submission order, with their kinds and worth (rows of ``worth``)."""
+    """The waiting jobs admitted to one decision, in submission order, with their kinds and where they are among the
+    queue's rows (:meth:`WaitingJobs.most_promising` reads their worth there)."""
 
     jobs: list[Job]
     kinds: np.ndarray
-    worth: np.ndarray
+    rows: np.ndarray
 
 
 class WaitingJobs:
     """The open jobs that are not running, each described when it changes (see the module docstring), as rows in
     submission order: a job joining or leaving the queue is one row inserted or deleted, not the queue sorted again.
 
-    ``describe`` says what a decision asks of a job; ``version`` what its
-    description rests on beyond the job itself (JPA's version of it, and on a
-    machine with several kinds of node what the types say of it)."""
+    ``kind_of`` and ``worth_of`` say what a decision asks of a job (its kind: a number shared by the jobs alike, or
+    :data:`LIKE_NO_OTHER`, :data:`HOLDS_NODES`; its worth per node, by the curve the allocator confirms and by the one
+    it explores); ``version`` what those rest on beyond the job itself (JPA's version of it, and on a machine with
+    several kinds of node what the types say of it). A kind is made when the job changes; a worth only when a
+    decision ranks the job (a campaign of a thousand jobs submitted at once is not valued in one pass), and kept
+    until the job changes."""
 
-    def __init__(self, describe: Callable[[Job], Description], version: Callable[[Job], object]):
-        self._describe = describe
+    def __init__(self, kind_of: Callable[[Job], int], worth_of: Callable[[Job], tuple[float, float]], version: Callable[[Job], object]):
+        self._kind_of = kind_of
+        self._worth_of = worth_of
         self._version = version
-        self._entries: dict[str, tuple[Job, Description, object]] = {}
+        self._entries: dict[str, list] = {}  # job -> [job, kind, worth or None, version]
         self._jobs: list[Job] = []  # the rows, in submission order
         self._seq = np.zeros(0, dtype=np.int64)
         self._lo = np.zeros(0, dtype=np.int64)
         self._kinds = np.zeros(0, dtype=np.int64)
-        self._worth = np.zeros((0, 2))
+        self._worth = np.zeros((0, 2))  # NaN: not valued yet
 
     def sync(self, world: World, changed: Iterable[str], recheck: bool) -> None:
         """Take in the jobs ``changed`` since the last sync (the world's record, JPA's); ``recheck``: compare every
-        description's version too (one lookup per waiting job, not a new description)."""
+        row's version too (one lookup per waiting job, not a new description)."""
         entries = self._entries
         stale = set(changed)
         if recheck:
             version = self._version
-            stale.update(job_id for job_id, (job, _, made) in entries.items() if version(job) != made)
+            stale.update(job_id for job_id, entry in entries.items() if version(entry[0]) != entry[3])
         gone: list[int] = []  # the seqs of the rows to delete
-        made: list[tuple[Job, Description]] = []  # the rows to insert
+        made: list[list] = []  # the rows to insert
         for job_id in stale:
             old = entries.pop(job_id, None)
             if old is not None:
@@ -104,21 +102,24 @@ class WaitingJobs:
             job = world.open.get(job_id)
             if job is None or job.status == "running":
                 continue
-            description = self._describe(job)
-            entries[job_id] = (job, description, self._version(job))
-            made.append((job, description))
+            entry = entries[job_id] = [job, self._kind_of(job), None, self._version(job)]
+            made.append(entry)
         if len(gone) + len(made) > 16 + len(entries) // 8:  # many at once (a campaign submitted, a wave of stops)
-            self._rows(sorted(((job, d) for job, d, _ in entries.values()), key=lambda row: row[0].seq))
+            self._rows(sorted(entries.values(), key=lambda entry: entry[0].seq))
         elif gone or made:
             self._delete(np.searchsorted(self._seq, np.array(sorted(gone), dtype=np.int64)))
-            self._insert(sorted(made, key=lambda row: row[0].seq))
+            self._insert(sorted(made, key=lambda entry: entry[0].seq))
 
-    def _rows(self, rows: list[tuple[Job, Description]]) -> None:
-        self._jobs = [job for job, _ in rows]
+    @staticmethod
+    def _worth_row(entry: list) -> tuple[float, float]:
+        return entry[2] if entry[2] is not None else (math.nan, math.nan)
+
+    def _rows(self, rows: list[list]) -> None:
+        self._jobs = [entry[0] for entry in rows]
         self._seq = np.fromiter((job.seq for job in self._jobs), dtype=np.int64, count=len(rows))
         self._lo = np.fromiter((job.spec["min_nodes"] for job in self._jobs), dtype=np.int64, count=len(rows))
-        self._kinds = np.fromiter((d.kind for _, d in rows), dtype=np.int64, count=len(rows))
-        self._worth = np.array([d.worth for _, d in rows], dtype=float).reshape(len(rows), 2)
+        self._kinds = np.fromiter((entry[1] for entry in rows), dtype=np.int64, count=len(rows))
+        self._worth = np.array([self._worth_row(entry) for entry in rows], dtype=float).reshape(len(rows), 2)
 
     def _delete(self, at: np.ndarray) -> None:
         if at.size:
@@ -127,33 +128,43 @@ class WaitingJobs:
             self._seq, self._lo, self._kinds = np.delete(self._seq, at), np.delete(self._lo, at), np.delete(self._kinds, at)
             self._worth = np.delete(self._worth, at, axis=0)
 
-    def _insert(self, rows: list[tuple[Job, Description]]) -> None:
+    def _insert(self, rows: list[list]) -> None:
         if not rows:
             return
-        seq = np.fromiter((job.seq for job, _ in rows), dtype=np.int64, count=len(rows))
+        seq = np.fromiter((entry[0].seq for entry in rows), dtype=np.int64, count=len(rows))
         at = np.searchsorted(self._seq, seq)
-        for i, (job, _) in sorted(zip(at.tolist(), rows), key=lambda x: (x[0], x[1][0].seq), reverse=True):
-            self._jobs.insert(i, job)
+        for i, entry in sorted(zip(at.tolist(), rows), key=lambda x: (x[0], x[1][0].seq), reverse=True):
+            self._jobs.insert(i, entry[0])
         self._seq = np.insert(self._seq, at, seq)
-        self._lo = np.insert(self._lo, at, [job.spec["min_nodes"] for job, _ in rows])
-        self._kinds = np.insert(self._kinds, at, [d.kind for _, d in rows])
-        self._worth = np.insert(self._worth, at, np.array([d.worth for _, d in rows], dtype=float).reshape(len(rows), 2), axis=0)
+        self._lo = np.insert(self._lo, at, [entry[0].spec["min_nodes"] for entry in rows])
+        self._kinds = np.insert(self._kinds, at, [entry[1] for entry in rows])
+        self._worth = np.insert(self._worth, at, np.array([self._worth_row(entry) for entry in rows], dtype=float).reshape(len(rows), 2), axis=0)
 
-    def describe(self, job: Job) -> Description | None:
-        """What the last sync said of ``job`` (None: not waiting)."""
+    def kind(self, job: Job) -> int | None:
+        """``job``'s kind as of the last sync (None: not waiting)."""
         entry = self._entries.get(job.id)
         return entry[1] if entry is not None else None
 
     def admitted(self, room: int | None, limit: int, running: int) -> Admitted:
-        """The waiting jobs :func:`admit` admits, with their descriptions."""
+        """The waiting jobs :func:`admit` admits, with their kinds."""
         at = admit(self._lo, room, limit, running)
         jobs = self._jobs
-        return Admitted([jobs[i] for i in at.tolist()], self._kinds[at], self._worth[at])
+        return Admitted([jobs[i] for i in at.tolist()], self._kinds[at], at)
+
+    def most_promising(self, admitted: Admitted, at: np.ndarray) -> np.ndarray:
+        """Positions ``at`` among ``admitted`` (in submission order) reordered so that the jobs whose nodes would earn
+        most come first (:func:`most_promising`), each valued the first time it is ranked."""
+        rows = admitted.rows[at]
+        worth = self._worth
+        for row in rows[np.isnan(worth[rows, 0])].tolist():
+            entry = self._entries[self._jobs[row].id]
+            entry[2] = self._worth_of(entry[0])
+            worth[row] = entry[2]
+        return most_promising(at, worth[rows])
 
 
 def most_promising(at: np.ndarray, worth: np.ndarray) -> np.ndarray:
     """Positions ``at`` (in submission order) reordered so that the jobs whose nodes would earn most come first (by the
-    confirmed curve, then by the explored one: ``worth``'s two columns, one row per position), earlier submissions
-    first among equals."""
-    rows = worth[at]
-    return at[np.lexsort((at, -rows[:, 1], -rows[:, 0]))]
+    confirmed curve, then by the explored one: ``worth``'s two columns, one row per entry of ``at``), earlier
+    submissions first among equals."""
+    return at[np.lexsort((at, -worth[:, 1], -worth[:, 0]))]
