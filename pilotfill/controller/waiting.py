@@ -8,15 +8,15 @@ would a node earn it (the most promising are weighed first)? A waiting job's
 answers change only when the job does (the world says which: its status,
 nodes, spec or progress) or when JPA's curves for it move (its profiler
 version). :class:`WaitingJobs` keeps them in arrays in submission order and
-describes again only those jobs; a decision reads the arrays in a few array
-operations, whatever the length of the queue. ``admit`` is the one rule of
-admission, shared with :meth:`.World.active_jobs`.
+describes again only those jobs (a worth only once a decision ranks the
+job); a decision reads the arrays in a few array operations, whatever the
+length of the queue. ``admit`` is the one rule of admission, shared with
+:meth:`.World.active_jobs`.
 """
 
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
