@@ -209,12 +209,15 @@ def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.nda
         # fit are among the ``capacity + 1`` steepest. They are picked in one pass and sorted alone (exploring a few
         # free nodes among a thousand jobs' edges sorts a few dozen, not tens of thousands).
         total = int(steps.sum())
-        top = np.argpartition(slopes, len(slopes) - capacity - 1)[len(slopes) - capacity - 1 :] if capacity + 1 < len(slopes) else None
-        steepest = slopes if top is None else slopes[top]
+        if capacity + 1 < len(slopes):
+            top = np.argpartition(slopes, len(slopes) - capacity - 1)[len(slopes) - capacity - 1 :]
+            steepest, their_steps = slopes[top], steps[top]
+        else:
+            steepest, their_steps = slopes, steps
         order = np.argsort(steepest, kind="stable")
         ranked = steepest[order]
-        asked = total - int((steps if top is None else steps[top]).sum()) + np.cumsum((steps if top is None else steps[top])[order])
-        i = int(np.searchsorted(asked, total - capacity, side="left"))  # asked[i]: nodes of the edges no steeper than ranked[i]
+        asked = total - int(their_steps.sum()) + np.cumsum(their_steps[order])  # asked[i]: nodes of the edges no steeper than ranked[i]
+        i = int(np.searchsorted(asked, total - capacity, side="left"))  # the first slope past which the rest fit
         if i < len(ranked):
             price = float(ranked[i])
             for hi in (price, price * (1 + 1e-12), price * (1 + 1e-9)):
