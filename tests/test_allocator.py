@@ -1356,9 +1356,9 @@ def test_dp_core_is_exact_on_linear_growth_beside_huge_exploring_values(seed, mo
     cores = []
     real_core = dp._core
 
-    def core(values, keep, capacity):
+    def core(values, keep, capacity, *bound):
         cores.append(int(keep.sum()) - len(keep))  # choices beyond one per job: what the DP weighs
-        return real_core(values, keep, capacity)
+        return real_core(values, keep, capacity, *bound)
 
     monkeypatch.setattr(dp, "_core", core)
     choices = sum(int(np.isfinite(t).sum()) for t in tables) - len(tables)
@@ -1395,6 +1395,80 @@ def test_the_compiled_dp_is_the_best_of_every_combination_and_breaks_ties_toward
         assert sum(counts) <= capacity and sum(t[n] for t, n in zip(tables, counts)) == pytest.approx(best, abs=1e-9)
     counts, value = compiled.knapsack([np.array([0.0, 5.0, 5.0, 5.0]), np.array([0.0, 2.0, 2.0])], 6)
     assert (counts, value) == ([1, 1], 7.0)
+
+
+def _flat(tables):
+    sizes = np.array([len(t) for t in tables], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return np.concatenate(tables), offsets
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_dp_kept_to_the_states_that_can_reach_an_incumbent_gives_the_same_counts(seed):
+    """Given a value some answer reaches (an incumbent's) and any node price, the compiled DP keeps only the states
+    whose Lagrangian bound reaches it. Its counts must be the full DP's, ties included (rounded tables: many ties),
+    for the tightest floor (the optimum itself) and for any feasible answer's; a floor above the optimum is said
+    (None), and the DP that falls back answers the same."""
+    from pilotfill.allocator import compiled, dp
+
+    rng = np.random.default_rng(seed)
+    for trial in range(150):
+        tables = []
+        for _ in range(int(rng.integers(1, 30))):
+            width = int(rng.integers(1, 12))
+            t = np.concatenate([[0.0], np.cumsum(rng.uniform(0, 4, width - 1) * rng.choice([0.0, 1.0], width - 1, p=[0.2, 0.8]))])
+            if width > 1 and rng.random() < 0.4:  # a start or rescale cost: worth more where it runs now
+                t[1:] -= float(rng.uniform(0, 3))
+                t[int(rng.integers(1, width))] += float(rng.uniform(0, 3))
+            t = np.round(t, 0 if trial % 2 else 1)
+            t[1:][rng.random(width - 1) < 0.15] = -np.inf
+            tables.append(t)
+        capacity = int(rng.integers(0, sum(len(t) for t in tables)))
+        flat, offsets = _flat(tables)
+        full = compiled.knapsack_flat(flat, offsets, capacity)
+        best = float(sum(t[n] for t, n in zip(tables, full)))
+        greedy = np.zeros(len(tables), dtype=int)
+        for j in rng.permutation(len(tables)):  # some feasible answer: each job in turn its largest count that fits
+            fits = [n for n in range(len(tables[j])) if np.isfinite(tables[j][n]) and n <= capacity - greedy.sum()]
+            greedy[j] = max(fits)
+        reached = float(sum(t[n] for t, n in zip(tables, greedy)))
+        for price in (0.0, float(rng.uniform(0, 3)), float(rng.uniform(0, 0.5))):
+            for floor in (best - 1e-9, reached - 1e-9):
+                kept = compiled.knapsack_flat(flat, offsets, capacity, price, floor)
+                assert kept is not None and kept.tolist() == full.tolist(), f"trial {trial}, price {price}, floor {floor}"
+                assert compiled.knapsack_cells(flat, offsets, capacity, price, floor) <= compiled.knapsack_cells(flat, offsets, capacity)
+            assert compiled.knapsack_flat(flat, offsets, capacity, price, best + 1.0) is None
+            assert dp.dense_flat(flat, np.diff(offsets), capacity, price, best + 1.0).tolist() == full.tolist()
+
+
+def test_on_a_whole_machine_core_the_floor_leaves_a_fraction_of_the_dp():
+    """A whole machine's core under saturating demand: hundreds of running jobs, each worth most at its own count (a
+    rescale costs), concave around it, on hundreds of nodes. The states that can reach the incumbent are a band around
+    the optimal path: the DP must weigh under a third of the cells the full DP does, for the same counts."""
+    from pilotfill.allocator import compiled, dp
+
+    rng = np.random.default_rng(7)
+    tables = []
+    for _ in range(600):
+        width = int(rng.integers(4, 20))
+        t = np.concatenate([[0.0], np.cumsum(np.sort(rng.uniform(1e3, 1e5, width - 1))[::-1])])
+        now = int(rng.integers(1, width))
+        t[1:] -= float(rng.uniform(1e3, 2e4))  # a rescale forfeits work
+        t[now] += t[now] - t[now - 1] if now > 1 else 1e4  # where it runs, it pays nothing
+        tables.append(t)
+    values = np.full((len(tables), max(map(len, tables))), -np.inf)
+    for j, t in enumerate(tables):
+        values[j, : len(t)] = t
+    capacity = 3000
+    price, fits, over = dp._price(values, capacity)
+    incumbent = dp._round(values, dp._toward(values, fits, over, capacity), capacity)
+    lower = float(values[np.arange(len(values)), incumbent].sum())
+    flat, offsets = _flat(tables)
+    full = compiled.knapsack_flat(flat, offsets, capacity)
+    kept = compiled.knapsack_flat(flat, offsets, capacity, price, lower - 1e-3)
+    assert kept.tolist() == full.tolist()
+    cells, all_cells = compiled.knapsack_cells(flat, offsets, capacity, price, lower - 1e-3), compiled.knapsack_cells(flat, offsets, capacity)
+    assert cells < all_cells / 3, f"{cells:,} of {all_cells:,} cells"
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -7,7 +7,11 @@ whole-machine scale under saturating demand the core holds a thousand running
 jobs of ten counts each over hundreds of nodes: ten thousand numpy calls, 50–75
 ms per decision. The same loop compiled does the same arithmetic (the same
 additions and comparisons, in the same order: bit-identical answers) in a tenth
-of that. More loops of the same solver are here for the same reason: the
+of that. Given an incumbent's value and a node price it also keeps only the
+states whose Lagrangian bound reaches that value (the same answer: see
+:func:`knapsack_flat`): on a whole machine with three thousand free nodes the
+rows are a band of a few dozen capacities, not three thousand (a hard decision's
+DP 75 → 0.6 ms). More loops of the same solver are here for the same reason: the
 jobs' concave hulls, from which the node price is read (it was sixty passes of
 a bisection over every job and count, 7–15 ms of a whole-machine decision), the
 choice at a price and the greedy rounding (one pass per node it places).
@@ -37,35 +41,80 @@ def _jit(function: Callable) -> Callable:
 
 
 @cache
-def _knapsack() -> Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, float]]:
+def _knapsack() -> Callable[[np.ndarray, np.ndarray, int, float, float], tuple[np.ndarray, float, int]]:
     """The compiled DP (numba is imported on first use, not with the allocator: a CLI that never solves never pays for it)."""
-    def knapsack(flat: np.ndarray, offsets: np.ndarray, capacity: int) -> tuple[np.ndarray, float]:
+    def knapsack(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float, floor: float) -> tuple[np.ndarray, float, int]:
         jobs = len(offsets) - 1
+        cells = 0  # the state updates made: what the floor saves
+        # What the tables after j can add at most on the nodes left, at the node price (the Lagrangian bound):
+        # after[j] = Σ_{i > j} max_k (table_i[k] − price·k).
+        after = np.zeros(jobs + 1)
+        for j in range(jobs - 1, -1, -1):
+            best = -np.inf
+            for k in range(offsets[j + 1] - offsets[j]):
+                x = flat[offsets[j] + k] - price * k
+                if x > best:
+                    best = x
+            after[j] = after[j + 1] + best
         prev = np.zeros(capacity + 1)
         cur = np.empty(capacity + 1)
-        choice = np.zeros((jobs, capacity + 1), np.int32)  # the count job j takes at each capacity (smallest on ties)
+        # The count job j takes at each capacity of its band (the smallest on ties): choice[base[j] + c], the bands end
+        # to end (a whole-machine core is a thousand jobs by thousands of nodes, its bands a few dozen capacities each).
+        choice = np.empty(max(16, jobs * min(capacity + 1, 64)), np.int32)
+        base = np.zeros(jobs, np.int64)
+        used = 0
+        # The states (capacity used at most c) that can still reach the floor, at most [lo, hi]: one whose bound
+        # (its value, the price of the nodes left, what the rest can add) is below the floor is in no answer as good
+        # as the floor, nor is any state made from it (a state's bound never exceeds its predecessor's).
+        lo, hi = 0, capacity
+        while hi >= 0 and prev[hi] + price * (capacity - hi) + after[0] < floor:
+            hi -= 1
         for j in range(jobs):
-            lo = offsets[j]
-            width = offsets[j + 1] - lo
-            first = flat[lo]
-            for c in range(capacity + 1):
+            if hi < lo:
+                break
+            start = offsets[j]
+            width = offsets[j + 1] - start
+            first = flat[start]
+            top = min(capacity, hi + width - 1)
+            if used + top - lo + 1 > len(choice):
+                grown = np.empty(max(2 * len(choice), used + top - lo + 1), np.int32)
+                grown[:used] = choice[:used]
+                choice = grown
+            base[j] = used - lo
+            choice[used : used + top - lo + 1] = 0
+            used += top - lo + 1
+            for c in range(lo, hi + 1):
                 cur[c] = prev[c] + first
+            for c in range(hi + 1, top + 1):
+                cur[c] = -np.inf
             for k in range(1, min(width, capacity + 1)):
-                v = flat[lo + k]
+                v = flat[start + k]
                 if not np.isfinite(v):
                     continue
-                for c in range(k, capacity + 1):
+                cells += max(0, min(hi + k, capacity) + 1 - lo - k)
+                for c in range(lo + k, min(hi + k, capacity) + 1):
                     x = prev[c - k] + v
                     if x > cur[c]:
                         cur[c] = x
-                        choice[j, c] = k
+                        choice[base[j] + c] = k
+            new_lo, new_hi = top + 1, -1
+            for c in range(lo, top + 1):
+                if cur[c] + price * (capacity - c) + after[j + 1] < floor:
+                    cur[c] = -np.inf
+                elif cur[c] > -np.inf:
+                    if c < new_lo:
+                        new_lo = c
+                    new_hi = c
+            lo, hi = new_lo, new_hi
             prev, cur = cur, prev
         counts = np.zeros(jobs, np.int64)
+        if hi < capacity:  # nothing reaches the floor within the capacity: the caller's floor was wrong
+            return counts, -np.inf, cells
         c = capacity
         for j in range(jobs - 1, -1, -1):
-            counts[j] = choice[j, c]
+            counts[j] = choice[base[j] + c]
             c -= counts[j]
-        return counts, prev[capacity]
+        return counts, prev[capacity], cells
 
     return _jit(knapsack)
 
@@ -186,14 +235,25 @@ def knapsack(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]
     offsets = np.zeros(len(tables) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.concatenate([np.asarray(t, dtype=float) for t in tables]) if tables else np.zeros(0)
-    counts, best = _knapsack()(flat, offsets, int(capacity))
+    counts, best, _ = _knapsack()(flat, offsets, int(capacity), 0.0, -np.inf)
     return counts.tolist(), float(best)
 
 
-def knapsack_flat(flat: np.ndarray, offsets: np.ndarray, capacity: int) -> np.ndarray:
-    """:func:`knapsack` over tables laid end to end in ``flat`` (table j is ``flat[offsets[j]:offsets[j + 1]]``): the counts."""
-    counts, _ = _knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity))
-    return counts
+def knapsack_flat(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float = 0.0, floor: float = -np.inf) -> np.ndarray:
+    """:func:`knapsack` over tables laid end to end in ``flat`` (table j is ``flat[offsets[j]:offsets[j + 1]]``): the counts.
+
+    Given a value ``floor`` that some answer reaches (an incumbent's, less what rounding can hide) and a node price
+    ``price`` ≥ 0, the DP keeps only the states whose Lagrangian bound at that price reaches the floor: the same
+    answer (every state on an optimal path, and every tie on the way, is kept), on a band of capacities around the
+    optimal path instead of every capacity. ``None`` is returned where no answer reaches the floor."""
+    counts, best, _ = _knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity), float(price), float(floor))
+    return counts if best > -np.inf else None
+
+
+def knapsack_cells(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float = 0.0, floor: float = -np.inf) -> int:
+    """The state updates :func:`knapsack_flat` makes with that floor and price (what the floor saves, for tests and
+    benchmarks)."""
+    return int(_knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity), float(price), float(floor))[2])
 
 
 def warm() -> None:
