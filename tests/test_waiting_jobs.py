@@ -47,6 +47,7 @@ class Described:
         self.calls: list[str] = []
         self.valued: list[str] = []
         self.versions: dict[str, int] = {}
+        self.asked: list[str] = []
 
     def __call__(self, job) -> int:
         self.calls.append(job.id)
@@ -59,8 +60,12 @@ class Described:
     def version(self, job) -> int:
         return self.versions.get(job.id, 0)
 
+    def traits(self, job) -> tuple[bool, float] | None:
+        self.asked.append(job.id)
+        return None if job.spec.get("broken") else (job.seq % 2 == 0, float(job.seq + self.versions.get(job.id, 0)))
+
     def waiting(self) -> WaitingJobs:
-        return WaitingJobs(self, self.worth, self.version)
+        return WaitingJobs(self, self.worth, self.version, self.traits)
 
 
 def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_and_admitted_as_the_world_admits(tmp_path):
@@ -143,6 +148,36 @@ def test_a_waiting_job_is_valued_when_a_decision_first_ranks_it_and_again_only_a
     waiting.sync(world, world.take_changed(), recheck=True)
     waiting.most_promising(waiting.admitted(None, 0, 0), np.arange(0, 20))
     assert sorted(described.valued) == ["j12", "j15"]
+
+
+def test_what_the_pilots_question_asks_of_a_waiting_job_is_made_when_first_asked_and_again_only_after_it_changes(tmp_path):
+    """The pilots' question on a saturated machine asks thousands of waiting jobs whether one node alone would serve
+    them and what a rescale of them costs, in every pass: the answers are kept until the job (or JPA's curves of it)
+    changes. A job that is not waiting is asked anew each time; a job the allocator cannot use says None."""
+    (tmp_path / "run").mkdir()
+    world = World(State(tmp_path / "run"))
+    described = Described()
+    waiting = described.waiting()
+    jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": 1}, 0.0) for i in range(30)]
+    waiting.sync(world, world.take_changed(), recheck=False)
+    assert described.asked == []  # not made until asked
+    first = [waiting.traits(job) for job in jobs]
+    assert first == [(job.seq % 2 == 0, float(job.seq)) for job in jobs]
+    assert sorted(described.asked) == sorted(job.id for job in jobs)
+    described.asked.clear()
+    assert [waiting.traits(job) for job in jobs] == first
+    assert described.asked == []  # kept
+    described.versions["j3"] = 10  # JPA's curves of j3 moved
+    jobs[7].spec = {"min_nodes": 1, "broken": True}
+    world.set_spec(jobs[7], jobs[7].spec)
+    world.update_job(jobs[9], status="running", nodes=["n1"])
+    waiting.sync(world, world.take_changed(), recheck=True)
+    assert waiting.traits(jobs[3]) == (jobs[3].seq % 2 == 0, float(jobs[3].seq + 10))
+    assert waiting.traits(jobs[7]) is None
+    waiting.traits(jobs[9])
+    waiting.traits(jobs[9])
+    assert [waiting.traits(job) for job in jobs[10:]] == first[10:]
+    assert sorted(described.asked) == ["j3", "j7", "j9", "j9"]  # the changed ones once; the running one each time
 
 
 @pytest.mark.parametrize("seed", range(6))

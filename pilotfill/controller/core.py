@@ -237,7 +237,7 @@ class Controller:
         self.scheduler = scheduler or self._make_scheduler()
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
-        self.waiting = WaitingJobs(self._waiting_kind, self._waiting_worth, self._waiting_version)  # kinds and worth, kept until a job changes
+        self.waiting = WaitingJobs(self._waiting_kind, self._waiting_worth, self._waiting_version, self._waiting_traits)  # kept until a job changes
         self._idle_types: dict[str, int] | None = None
         self.pilots = PilotManager(self)
         self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
@@ -1081,16 +1081,23 @@ class Controller:
         question no solve. None where it is not certain (several kinds of node; too few jobs that start on one node)."""
         if self.types.typed:
             return None
-        active = self._active(room)
-        if self._starters([job for job in active if job.status != "running"], room) < room:
+        waiting = self._admitted(room).jobs
+        if self._starters(waiting, room) < room:
             return None
-        made_of = [self._view_inputs(job) for job in active]
-        self._prepare_views(active, made_of)
+        running = list(self.world.running.values())
+        made_of = [self._view_inputs(job) for job in running]
+        self._prepare_views(running, made_of)
         try:
-            views = [self._allocator_job(job, inputs) for job, inputs in zip(active, made_of)]
+            views = [self._allocator_job(job, inputs) for job, inputs in zip(running, made_of)]
         except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
             return None
-        return room - len(self._ending_soon(views, self.clock()))
+        within = self._rescale_within(views)
+        for job in waiting:  # thousands on a saturated machine: each one's costs kept until it changes
+            traits = self.waiting.traits(job)
+            if traits is None:
+                return None
+            within = max(within, traits[1])
+        return room - len(self._ending_soon(within, self.clock()))
 
     def _starters(self, waiting: list[Job], enough: int) -> int:
         """How many of ``waiting`` would gain from one node alone (counted up to ``enough``; 0 where one cannot be
@@ -1102,14 +1109,14 @@ class Controller:
         if len(could) < enough:  # too few could start on one node, whatever their curves
             return 0
         starters = 0
-        try:
-            for job in could:
-                view = self._allocator_job(job)
-                starters += view.metric(next(iter(view.throughput))).at(1) > 0
-                if starters >= enough:
-                    break
-        except (ProblemError, KeyError, TypeError, ValueError):
-            return 0
+        traits_of = self.waiting.traits
+        for job in could:
+            traits = traits_of(job)
+            if traits is None:
+                return 0
+            starters += traits[0]
+            if starters >= enough:
+                break
         return starters
 
     def _used(self, ask: Callable[[], Solved]) -> int:
@@ -1280,6 +1287,15 @@ class Controller:
         except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
             return (math.inf, math.inf)
 
+    def _waiting_traits(self, job: Job) -> tuple[bool, float] | None:
+        """What the pilots' question asks of a waiting job (:meth:`.WaitingJobs.traits`): would it gain from one node
+        alone, and its rescale cost in seconds (None: the allocator cannot use it)."""
+        try:
+            view = self._allocator_job(job)
+            return bool(view.metric(next(iter(view.throughput))).at(1) > 0), view.scale_up_cost_s + view.scale_down_cost_s
+        except (ProblemError, KeyError, TypeError, ValueError):
+            return None
+
     def _waiting_version(self, job: Job) -> object:
         """What a waiting job's description rests on beyond the job itself: JPA's version of it (and, on a machine
         with several kinds of node, what the types say of it)."""
@@ -1340,7 +1356,7 @@ class Controller:
         holding = self.world.holding
         current = {job.id: holding(job) for job in active if job.nodes}  # a job that failed in _views holds none
         now = self.clock()
-        ending = self._ending_soon(jobs, now)
+        ending = self._ending_soon(self._rescale_within(jobs), now)
         left_out = ending.union(without)  # a set: ``without`` may be thousands of nodes (all of them, to give back)
         ready = tuple(n for n in self.world.ready if n not in left_out)
         if self.types.typed:
@@ -1559,9 +1575,14 @@ class Controller:
                 return True
         return False
 
-    def _ending_soon(self, jobs: list[AllocJob], now: float) -> set[str]:
-        """Free nodes whose pilot's drain comes before the costliest rescale among ``jobs`` would pay: not offered."""
-        within = max((j.scale_up_cost_s + j.scale_down_cost_s for j in jobs), default=0.0)
+    @staticmethod
+    def _rescale_within(jobs: list[AllocJob]) -> float:
+        """The costliest rescale among ``jobs`` (scale-up and scale-down seconds): what a free node must outlast."""
+        return max((j.scale_up_cost_s + j.scale_down_cost_s for j in jobs), default=0.0)
+
+    def _ending_soon(self, within: float, now: float) -> set[str]:
+        """Free nodes whose pilot's drain comes within ``within`` seconds (the costliest rescale the jobs weighed would
+        pay, :meth:`_rescale_within`): not offered."""
         world = self.world
         ending = set()
         for pilot_id, _ in self.walltimes.ending_within(now, within) if within > 0 else ():

@@ -10,7 +10,9 @@ nodes, spec or progress) or when JPA's curves for it move (its profiler
 version). :class:`WaitingJobs` keeps them in arrays in submission order and
 describes again only those jobs (a worth only once a decision ranks the
 job); a decision reads the arrays in a few array operations, whatever the
-length of the queue. ``admit`` is the one rule of admission, shared with
+length of the queue. The pilots' question asks two more of each (would it
+gain from one node alone, and what would a rescale of it cost), kept the
+same way. ``admit`` is the one rule of admission, shared with
 :meth:`.World.active_jobs`.
 """
 
@@ -30,6 +32,7 @@ LIKE_NO_OTHER = -1
 """The kind of a waiting job the allocator can tell apart from every other (it ran, has progress, or JPA measured it)."""
 HOLDS_NODES = -2
 """The kind of an open job that is not running but holds nodes: weighed whenever admitted, as a running job."""
+_UNMADE = object()
 
 
 def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> np.ndarray:
@@ -69,16 +72,18 @@ class WaitingJobs:
 
     ``kind_of`` and ``worth_of`` say what a decision asks of a job (its kind: a number shared by the jobs alike, or
     :data:`LIKE_NO_OTHER`, :data:`HOLDS_NODES`; its worth per node, by the curve the allocator confirms and by the one
-    it explores); ``version`` what those rest on beyond the job itself (JPA's version of it, and on a machine with
-    several kinds of node what the types say of it). A kind is made when the job changes; a worth only when a
-    decision ranks the job (a campaign of a thousand jobs submitted at once is not valued in one pass), and kept
-    until the job changes."""
+    it explores); ``traits_of`` what the pilots' question asks of it (:meth:`traits`); ``version`` what those rest
+    on beyond the job itself (JPA's version of it, and on a machine with several kinds of node what the types say of
+    it). A kind is made when the job changes; a worth and traits only when first asked (a campaign of a thousand jobs
+    submitted at once is not valued in one pass), and kept until the job changes."""
 
-    def __init__(self, kind_of: Callable[[Job], int], worth_of: Callable[[Job], tuple[float, float]], version: Callable[[Job], object]):
+    def __init__(self, kind_of: Callable[[Job], int], worth_of: Callable[[Job], tuple[float, float]], version: Callable[[Job], object],
+                 traits_of: Callable[[Job], tuple[bool, float] | None]):  # fmt: skip
         self._kind_of = kind_of
         self._worth_of = worth_of
         self._version = version
-        self._entries: dict[str, list] = {}  # job -> [job, kind, worth or None, version]
+        self._traits_of = traits_of
+        self._entries: dict[str, list] = {}  # job -> [job, kind, worth or None, version, traits or _UNMADE]
         self._jobs: list[Job] = []  # the rows, in submission order
         self._seq = np.zeros(0, dtype=np.int64)
         self._lo = np.zeros(0, dtype=np.int64)
@@ -102,7 +107,7 @@ class WaitingJobs:
             job = world.open.get(job_id)
             if job is None or job.status == "running":
                 continue
-            entry = entries[job_id] = [job, self._kind_of(job), None, self._version(job)]
+            entry = entries[job_id] = [job, self._kind_of(job), None, self._version(job), _UNMADE]
             made.append(entry)
         if len(gone) + len(made) > 16 + len(entries) // 8:  # many at once (a campaign submitted, a wave of stops)
             self._rows(sorted(entries.values(), key=lambda entry: entry[0].seq))
@@ -144,6 +149,17 @@ class WaitingJobs:
         """``job``'s kind as of the last sync (None: not waiting)."""
         entry = self._entries.get(job.id)
         return entry[1] if entry is not None else None
+
+    def traits(self, job: Job) -> tuple[bool, float] | None:
+        """Whether ``job`` would gain from one node alone and what a rescale of it costs (its scale-up and scale-down
+        seconds): ``traits_of``'s answer, made when first asked and kept until the job changes (None: the allocator
+        cannot use the job). A job not waiting as of the last sync is asked anew."""
+        entry = self._entries.get(job.id)
+        if entry is None or entry[0] is not job:
+            return self._traits_of(job)
+        if entry[4] is _UNMADE:
+            entry[4] = self._traits_of(job)
+        return entry[4]
 
     def admitted(self, room: int | None, limit: int, running: int) -> Admitted:
         """The waiting jobs :func:`admit` admits, with their kinds."""
