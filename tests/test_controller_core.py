@@ -983,6 +983,38 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
         server.close()
 
 
+def test_the_pilots_question_asks_a_waiting_job_once_per_change_of_its_own_not_in_every_pass(tmp_path, write, monkeypatch):
+    """Asked in every pass on a saturated machine, the pilots' question (how many nodes would the jobs use with more?)
+    needs of each waiting job whether one node alone would serve it and what a rescale of it costs: made once per
+    change of the job (:meth:`.WaitingJobs.traits`), not a view of every waiting job in every pass. Forty jobs wait
+    for four nodes: asked at three instants, each waiting job is asked at most once, and the answer is the whole pool
+    (every node would be used)."""
+    from pilotfill.controller import Controller
+
+    asked: list[str] = []
+    real = Controller._waiting_traits
+
+    def counting(self, job):
+        asked.append(job.id)
+        return real(self, job)
+
+    monkeypatch.setattr(Controller, "_waiting_traits", counting)
+    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])
+    for name in list(m.specs):
+        m.submit(name)
+    m.at(0)
+    m.at(30)
+    waiting = {j.id for j in m.ctl.world.jobs.values() if j.status == "pending"}
+    assert len(waiting) == 40
+    asked.clear()
+    answers = []
+    for t in (60, 90, 120):
+        m.at(t)
+        answers.append(m.ctl.wanted(8, None))
+    assert answers == [len(m.ctl.world.ready) + 8] * 3
+    assert asked and set(asked) <= waiting and len(asked) == len(set(asked))  # each once at most, then kept
+
+
 def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_decision(tmp_path, write, monkeypatch):
     """A saturated machine's queue is thousands of waiting jobs, and a decision comes every few seconds: what a decision
     asks of each (its kind) is made when the job changes, not in every decision (:class:`.WaitingJobs`).
