@@ -983,27 +983,34 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
         server.close()
 
 
+def _saturated_counting(tmp_path, write, monkeypatch, method: str):
+    """Forty-four one-node jobs on four nodes (none gains from taking a node from another), 30 s in, with the
+    controller's ``method`` (a description of a waiting job) recording the job it is asked of: (machine, asked)."""
+    from pilotfill.controller import Controller
+
+    asked: list[str] = []
+    real = getattr(Controller, method)
+
+    def counting(self, job):
+        asked.append(job.id)
+        return real(self, job)
+
+    monkeypatch.setattr(Controller, method, counting)
+    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])
+    for name in list(m.specs):
+        m.submit(name)
+    m.at(0)
+    m.at(30)
+    return m, asked
+
+
 def test_the_pilots_question_asks_a_waiting_job_once_per_change_of_its_own_not_in_every_pass(tmp_path, write, monkeypatch):
     """Asked in every pass on a saturated machine, the pilots' question (how many nodes would the jobs use with more?)
     needs of each waiting job whether one node alone would serve it and what a rescale of it costs: made once per
     change of the job (:meth:`.WaitingJobs.traits`), not a view of every waiting job in every pass. Forty jobs wait
     for four nodes: asked at three instants, each waiting job is asked at most once, and the answer is the whole pool
     (every node would be used)."""
-    from pilotfill.controller import Controller
-
-    asked: list[str] = []
-    real = Controller._waiting_traits
-
-    def counting(self, job):
-        asked.append(job.id)
-        return real(self, job)
-
-    monkeypatch.setattr(Controller, "_waiting_traits", counting)
-    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])
-    for name in list(m.specs):
-        m.submit(name)
-    m.at(0)
-    m.at(30)
+    m, asked = _saturated_counting(tmp_path, write, monkeypatch, "_waiting_traits")
     waiting = {j.id for j in m.ctl.world.jobs.values() if j.status == "pending"}
     assert len(waiting) == 40
     asked.clear()
@@ -1020,21 +1027,7 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     asks of each (its kind) is made when the job changes, not in every decision (:class:`.WaitingJobs`).
     Forty jobs wait for four nodes; decisions taken while the running ones report describe no waiting job again; a job
     stopped joins the queue and is described, once."""
-    from pilotfill.controller import Controller
-
-    described: list[str] = []
-    real = Controller._waiting_kind
-
-    def counting(self, job):
-        described.append(job.id)
-        return real(self, job)
-
-    monkeypatch.setattr(Controller, "_waiting_kind", counting)
-    m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])  # none gains from taking a node from another
-    for name in list(m.specs):
-        m.submit(name)
-    m.at(0)
-    m.at(30)
+    m, described = _saturated_counting(tmp_path, write, monkeypatch, "_waiting_kind")
     running = [j for j in m.ctl.world.jobs.values() if j.status == "running"]
     assert len(running) == 4 and len(set(described)) == 44 and len(described) == 44  # each once
     import pilotfill.controller.core as core

@@ -124,15 +124,21 @@ def test_the_most_promising_rank_first_earlier_submissions_first_among_equals():
     assert most_promising(np.array([1, 2, 3, 4, 5, 6]), worth).tolist() == [6, 2, 4, 3, 1, 5]
 
 
-def test_a_waiting_job_is_valued_when_a_decision_first_ranks_it_and_again_only_after_it_changes(tmp_path):
-    """A campaign of a thousand jobs submitted at once is not valued in one pass: a job's worth is made when a decision
-    ranks it, kept until it changes."""
+def _synced_queue(tmp_path, n: int):
+    """A world of ``n`` waiting one-node jobs and a queue that has taken them in: (world, described, waiting, jobs)."""
     (tmp_path / "run").mkdir()
     world = World(State(tmp_path / "run"))
     described = Described()
     waiting = described.waiting()
-    jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": 1}, 0.0) for i in range(50)]
+    jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": 1}, 0.0) for i in range(n)]
     waiting.sync(world, world.take_changed(), recheck=False)
+    return world, described, waiting, jobs
+
+
+def test_a_waiting_job_is_valued_when_a_decision_first_ranks_it_and_again_only_after_it_changes(tmp_path):
+    """A campaign of a thousand jobs submitted at once is not valued in one pass: a job's worth is made when a decision
+    ranks it, kept until it changes."""
+    world, described, waiting, jobs = _synced_queue(tmp_path, 50)
     assert described.valued == []
     admitted = waiting.admitted(None, 0, 0)
     at = np.arange(10, 20)
@@ -154,12 +160,7 @@ def test_what_the_pilots_question_asks_of_a_waiting_job_is_made_when_first_asked
     """The pilots' question on a saturated machine asks thousands of waiting jobs whether one node alone would serve
     them and what a rescale of them costs, in every pass: the answers are kept until the job (or JPA's curves of it)
     changes. A job that is not waiting is asked anew each time; a job the allocator cannot use says None."""
-    (tmp_path / "run").mkdir()
-    world = World(State(tmp_path / "run"))
-    described = Described()
-    waiting = described.waiting()
-    jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": 1}, 0.0) for i in range(30)]
-    waiting.sync(world, world.take_changed(), recheck=False)
+    world, described, waiting, jobs = _synced_queue(tmp_path, 30)
     assert described.asked == []  # not made until asked
     first = [waiting.traits(job) for job in jobs]
     assert first == [(job.seq % 2 == 0, float(job.seq)) for job in jobs]
