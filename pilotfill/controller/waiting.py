@@ -33,6 +33,7 @@ LIKE_NO_OTHER = -1
 HOLDS_NODES = -2
 """The kind of an open job that is not running but holds nodes: weighed whenever admitted, as a running job."""
 _UNMADE = object()
+"""A job's traits not asked for yet (None is an answer: the allocator cannot use the job)."""
 
 
 def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> np.ndarray:
