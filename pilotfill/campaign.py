@@ -338,6 +338,8 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
             raise CampaignError(f"{script}:{_line_in(exc, script) or '?'}: {exc}") from None
         except Exception as exc:
             stopped = exc
+        if supervisor.fatal_config:  # the site config can never work: that one line, not a list of apps it stopped
+            raise CampaignError(outcome.fatal or supervisor.fatal or "the controller stopped")
         if outcome.interrupted is None:  # interrupted: the apps still running on this machine are not waited for
             dfk.wait_for_current_tasks()
         for future in list(futures):

@@ -21,12 +21,70 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
     if _libc is not None:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def become_subreaper() -> None:
+    """Orphans below this process are re-parented to it, not to init: it can reap them and see them go (a pilot's
+    agent and keeper must be the last of their batch job's session to exit, and init may reap late)."""
+    if _libc is not None:
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def reap() -> list[tuple[int, int]]:
+    """Wait for every child that has exited (zombies, orphans re-parented here included); (pid, status) of each."""
+    out = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return out
+        if pid == 0:
+            return out
+        out.append((pid, status))
+
+
+def session_members(sid: int | None = None) -> list[int]:
+    """Every process of session ``sid`` (default: this one's) but this process, zombies included: what a batch
+    system's MOM counts when it decides whether a job's session has ended."""
+    sid = os.getsid(0) if sid is None else sid
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(b")") + 2 :].split()[3]) == sid:
+            out.append(int(entry))
+    return out
+
+
+def settle_session(timeout_s: float) -> list[int]:
+    """Before the top process of a batch job exits: reap what it can, SIGKILL what is left of its session after
+    ``timeout_s``, reap again; returns the members still there (none, unless someone else's child lingers)."""
+    end = time.monotonic() + timeout_s
+    killed = False
+    while True:
+        reap()
+        members = session_members()
+        if not members:
+            return []
+        if time.monotonic() >= end:
+            if killed:
+                return members
+            for pid in members:
+                kill_pid(pid)
+            killed, end = True, time.monotonic() + 1.0
+        time.sleep(0.02)
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | None = None, cwd: str | None = None) -> subprocess.Popen:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import procs
 from .controller.process import EXIT_CONFIG, EXIT_JOURNAL
+from .lease import Lease
 
 log = logging.getLogger("pilotfill.supervisor")
 
@@ -53,16 +54,24 @@ class ControllerSupervisor:
         self.on_fatal = on_fatal
         self.restarts = 0
         self.fatal: str | None = None
+        self.fatal_config = False  # the controller stopped because the site config can never work (one line, exit 2)
         self.proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
         self._stop_lock = threading.Lock()
         self._watcher: threading.Thread | None = None
+        self.lease = Lease(self.run_dir)
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start the controller and wait until it listens; then watch it on a thread."""
-        self.proc = self._spawn(self.new_campaign)
+        """Renew the run's lease (pilots wait for a restarted controller while it lives: :mod:`pilotfill.lease`),
+        start the controller and wait until it listens; then watch it on a thread."""
+        self.lease.start()
+        try:
+            self.proc = self._spawn(self.new_campaign)
+        except BaseException:
+            self.lease.end()
+            raise
         self._watcher = threading.Thread(target=self._watch, name="pilotfill-controller-watch", daemon=True)
         self._watcher.start()
 
@@ -86,6 +95,7 @@ class ControllerSupervisor:
             procs.kill_pid(pid)
         if self._watcher is not None:
             self._watcher.join(timeout=5)
+        self.lease.end()  # nothing will restart a controller: agents still waiting for one end their pilots
 
     # ------------------------------------------------------------ helpers
 
@@ -129,6 +139,7 @@ class ControllerSupervisor:
                 return
             if code in (EXIT_CONFIG, EXIT_JOURNAL) or self.restarts >= self.max_restarts:
                 why = self._why(code)
+                self.fatal_config = code == EXIT_CONFIG
                 if code not in (EXIT_CONFIG, EXIT_JOURNAL):
                     why = f"the controller died {self.restarts + 1} times; {why}"
                 self._give_up(why)
@@ -144,4 +155,5 @@ class ControllerSupervisor:
     def _give_up(self, why: str) -> None:
         self.fatal = why
         log.info("giving up on the controller: %s", why)
+        self.lease.end()
         self.on_fatal(why)

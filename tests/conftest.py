@@ -30,6 +30,7 @@ JOB_HEADER = "name,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm_conf(**settings): slurm.conf settings for the `slurm` fixture (see SlurmCluster)")
+    config.addinivalue_line("markers", "site: needs a real batch system started by the tests (Slurm, OpenPBS; root, namespaces)")
 
 
 @pytest.fixture
@@ -164,3 +165,31 @@ def local(tmp_path):
         run.stop()
         run.wait_for(lambda: not run.leftover_processes(), 15, "no leftover processes")  # raises if any is left
         assert run.leftover_processes() == []
+
+
+@pytest.fixture(scope="session")
+def pbs_server():
+    """A real OpenPBS 23.06.06 (server, scheduler, comm, PostgreSQL datastore, three MOM hosts each in its own network
+    and UTS namespace; tests/pbs_cluster.py), built once from ../shared/vendor/openpbs. One per test session: each test
+    takes it through ``real_pbs``. Required in CI; skipped on a laptop that cannot run it (no root, no source, no
+    PostgreSQL), with the reason."""
+    from pbs_cluster import PbsCluster, build, unavailable
+
+    why = unavailable()
+    if why:
+        if IN_CI:
+            pytest.fail(f"CI needs the real OpenPBS: {why}")
+        pytest.skip(f"no real OpenPBS here: {why}")
+    cluster = PbsCluster(build())
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def real_pbs(pbs_server):
+    """The session's real OpenPBS, with no job left, every vnode free and job history off (the server's default)."""
+    pbs_server.reset()
+    yield pbs_server

@@ -18,18 +18,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
-import stat
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import PbsStandin
+from conftest import PBS_STANDIN, PbsStandin
 
 from pilotfill.config import PbsConfig, PilotConfig, load_config
 from pilotfill.schedulers import pbs as pbs_module
-from pilotfill.schedulers.base import PilotRefused, SchedulerConfigError, agent_command
+from pilotfill.schedulers.base import PilotRefused, SchedulerConfigError, agent_argv
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import (
     JobStatus,
@@ -618,18 +618,19 @@ def test_idle_nodes_counts_free_vnodes_with_cpus(make, pbs):
 
 
 def test_submit_runs_the_agent_with_shrink_to_fit_walltime(make, pbs, tmp_path):
+    """The pilot is an executable job whose command is the agent itself (``qsub … -- python -m pilotfill.pilots.agent``):
+    under a job script the user's login shell is the top process, the preemption's SIGTERM ends it first, and the real
+    MOM then sees the session end only at its kill_delay check (tests/test_pbs_server.py)."""
     s = make(queue="scavenger", account="MYPROJECT", min_walltime="00:05:00", max_walltime="02:00:00", place="vscatter", extra_args=("-l", "filesystems=home"))
     assert s.submit_pilot("p1", 3) == "0.vm"
     run_dir = (tmp_path / "run").resolve()
-    script = run_dir / "pilots" / "p1.sh"
+    agent = agent_argv(run_dir, "p1", "pbs", PilotConfig(), python=sys.executable, bin_dir=str(Path(shutil.which("qsub")).parent))
     assert pbs.calls("qsub") == [[
         "qsub", "-q", "scavenger", "-N", "pf-p1", "-r", "y", "-l", "select=3:ncpus=1", "-l", "place=vscatter",
         "-l", "min_walltime=00:05:00,max_walltime=02:00:00", "-A", "MYPROJECT", "-l", "filesystems=home",
-        "-o", str(run_dir / "logs" / "pilot-p1.out"), "-j", "oe", str(script),
+        "-o", str(run_dir / "logs" / "pilot-p1.out"), "-j", "oe", "--", *agent,
     ]]  # fmt: skip
-    assert stat.S_IMODE(script.stat().st_mode) == 0o700
-    agent = agent_command(run_dir, "p1", "pbs", PilotConfig().heartbeat_s, PilotConfig().grace_s, python=sys.executable)
-    assert agent in script.read_text().splitlines()
+    assert agent[1:3] == ["-m", "pilotfill.pilots.agent"] and agent[agent.index("--bin-dir") + 1] == str(PBS_STANDIN)
     job = pbs.job("0.vm")
     assert job["Rerunable"] == "True" and job["queue"] == "scavenger" and job["Job_Name"] == "pf-p1"
     assert job["Resource_List"]["select"] == "3:ncpus=1" and job["Resource_List"]["walltime"] == "02:00:00"
@@ -638,7 +639,8 @@ def test_submit_runs_the_agent_with_shrink_to_fit_walltime(make, pbs, tmp_path):
 def test_submit_uses_the_configured_python(make, pbs, tmp_path):
     s = make(python="/opt/site/python3")
     s.submit_pilot("p1", 1)
-    assert (tmp_path / "run" / "pilots" / "p1.sh").read_text().splitlines()[-1].startswith("exec /opt/site/python3 -m pilotfill.pilots.agent")
+    argv = pbs.calls("qsub")[-1]
+    assert argv[argv.index("--") + 1 :][:3] == ["/opt/site/python3", "-m", "pilotfill.pilots.agent"]
 
 
 def test_never_more_nodes_than_exist_or_are_idle(make, pbs):

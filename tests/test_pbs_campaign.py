@@ -268,12 +268,14 @@ def test_a_chunk_no_vnode_can_hold_stops_the_campaign_with_one_line(pbs, tmp_pat
 def test_an_unknown_resource_in_extra_args_stops_the_campaign_instead_of_waiting(pbs, tmp_path):
     """Recheck (g), g-bad-resource-qsub-187-with-config.txt: exit 187, "next try in 10 s" — and no second try in
     40 s, "0 jobs training on 0 nodes" for good. Asking again gets the same answer: the campaign stops, naming
-    pbs.extra_args and PBS's words."""
+    pbs.extra_args and PBS's words — one line and exit 2, as a bad chunk (turn 4 (d3): four "not finished" lines, a
+    summary and the error 31.6 s after the controller had stopped, exit 1)."""
     from interrupting import journal
 
     code, text, run_dir = run_to_its_end(tmp_path, CONFIG.replace('place = "vscatter"', 'place = "vscatter"\nextra_args = ["-l", "nosuchres=1"]'))
-    assert code == 1, text[-3000:]
-    assert "the campaign could not go on: pbs.extra_args: PBS refuses every pilot:" in text
+    assert code == 2, text[-3000:]
+    assert "error: pbs.extra_args: PBS refuses every pilot:" in text
+    assert "not finished" not in text and "apps finished" not in text
     assert "qsub: Unknown resource Resource_List.nosuchres" in text
     assert len(pbs.calls("qsub")) == 1, "asked once: the same request would get the same answer"
     assert [e["data"]["reason"] for e in journal(run_dir, "pilot.submit_refused")] == ["qsub: Unknown resource Resource_List.nosuchres (exit 187)"]

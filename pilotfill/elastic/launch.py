@@ -71,11 +71,15 @@ class LocalLauncher(NodeLauncher):
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
 
+    def log_path(self, host: str, job_id: str) -> Path:
+        """Where ``job_id``'s process on ``host`` writes its output (``os.devnull`` without a ``log_dir``)."""
+        return self.log_dir / f"{job_id}.{host}.log" if self.log_dir is not None else Path(os.devnull)
+
     def launch(self, host: str, job_id: str, argv: list[str], env: dict[str, str]) -> None:
         if (host, job_id) in self._running:
             self.terminate(host, job_id)
             self._reap(host, job_id, wait=True)
-        log = str(self.log_dir / f"{job_id}.{host}.log") if self.log_dir is not None else None
+        log = str(self.log_path(host, job_id)) if self.log_dir is not None else None
         proc = procs.spawn(argv, env={**self.base_env, **env, "PILOTFILL_HOST": host}, log_path=log)
         with self._lock:
             self._running[(host, job_id)] = _Running(proc, procs.start_ticks(proc.pid))

@@ -60,7 +60,6 @@ STOP_GRACE_S = 5.0
 """Workers get this long after SIGTERM before SIGKILL, on restarts and on the agent's own end, unless told the pilot's
 grace (``--stop-grace``, which the torch runtime always passes)."""
 MONITOR_INTERVAL_S = 0.1
-EXIT_BARRIER_S = 60.0
 
 
 def gpu_list(gpus_per_node: int | None) -> list[str]:
@@ -146,6 +145,22 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             if gpus:
                 worker_env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
 
+        def _invoke_run(self, role: str = "default"):
+            # Again after a re-form that _exit_barrier joined (this node's workers had returned early).
+            while True:
+                self._pilotfill_reform = False
+                result = super()._invoke_run(role)
+                if not self._pilotfill_reform:
+                    return result
+
+        def _exit_barrier(self) -> None:
+            # This node's workers returned. The job's end is rank 0's result, which the controller hears: wait for its
+            # word, or for the round to change (a peer re-forms: this node joins it), not for torch's store barrier,
+            # which gives up after 60 s and takes the node out of the job (turn 4 (a): 60 s at 0 samples/s, a node lost).
+            self._pilotfill_reform = handler.wait_for_change()
+            if self._pilotfill_reform:
+                log.info("%s: the round changed while this node's workers had returned: joining the next", args.host)
+
         def _stop_workers(self, worker_group) -> None:  # a restart; torch's waits up to 30 s for workers to go
             self._shutdown(timeout=grace, restart=True)
 
@@ -155,7 +170,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
                     signal.signal(sig, signal.SIG_IGN)  # torch's handler would raise out of the wait for the workers
             super()._shutdown(*args, **kwargs)
 
-    for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown"):
+    for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown", "_invoke_run", "_exit_barrier"):
         if not hasattr(LocalElasticAgent, hook):
             raise RuntimeError(f"this torch's LocalElasticAgent has no {hook}: pilotfill's agent is written for torch 2.13")
     params = RendezvousParameters(
@@ -169,7 +184,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
     )  # fmt: skip
     log_dir = Path(run_dir) / "logs" / "torchelastic" / f"{args.job_id}.{args.host}"
     agent = PilotfillAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method="forkserver",
-                           exit_barrier_timeout=EXIT_BARRIER_S, shutdown_timeout=grace)  # fmt: skip
+                           shutdown_timeout=grace)  # fmt: skip
     return agent, handler
 
 

@@ -124,6 +124,23 @@ class PilotfillRendezvousHandler(RendezvousHandler):
         self._waiting = int(reply["waiting"])
         return self._waiting
 
+    def wait_for_change(self) -> bool:
+        """This node's workers returned while the job goes on: wait for the controller's word. True: the round changed
+        (a peer re-forms; join the next round); False: the job is over (rank 0's result came, or this host left it)."""
+        while self.round is not None:
+            try:
+                reply = self.client.request({"type": "rdzv.poll", "job_id": self.job_id, "host": self.host, "round": self.round.number}, timeout_s=10.0)
+            except (ControllerUnavailable, RequestRefused) as exc:
+                log.warning("rdzv.poll: %s (still waiting for the job's end)", exc)
+                time.sleep(1.0)
+                continue
+            if not reply.get("current") or not reply.get("member", True):
+                return False
+            if int(reply.get("waiting") or 0) > 0 or reply.get("current") != self.round.number:
+                return True
+            time.sleep(self.poll_interval_s)
+        return False
+
     def is_closed(self) -> bool:
         return self._closed
 

@@ -96,6 +96,10 @@ class Peers:
         while time.monotonic() < deadline:
             if failures is not None and not told.is_set() and self._count(failures) >= self.world:
                 return self._first_reports(failures)  # every rank failed, each there to say so: the user's error
+            if failures is not None and not told.is_set() and self._count(failures, "returned") > 0:
+                # A peer's function returned (it ran fewer steps than this rank): re-form from the last commit,
+                # counted as a failure of the same hosts (nothing committed between such re-forms ends the job).
+                return self._lost_peer(exc, same_hosts=True, returned=self._count(failures, "returned"))
             if told.is_set() or time.monotonic() - polled >= POLL_S:
                 polled = time.monotonic()
                 reply = self._poll()
@@ -107,6 +111,18 @@ class Peers:
                     return EXIT_PEER_LOST  # stopped by the agent (a release, a preemption): nothing to judge
             told.wait(0.1)
         return self._first_reports(failures) if failures is not None else None
+
+    def returned(self) -> None:
+        """This rank's function returned while the job goes on (rank 0's result is the job's): said in the round's
+        store, so that a peer whose collective now fails — it ran more steps than this rank did — re-forms the round
+        from the last commit at once instead of taking the failure for its own (turn 4 (a))."""
+        if self.world <= 1 or not self.prefix:
+            return
+        print(f"pilotfill: rank {self.rank} returned while the job goes on; rank 0's result ends it", file=sys.stderr, flush=True)
+        try:
+            self._store(f"{self.prefix}/pilotfill-failures").add("returned", 1)
+        except Exception as err:  # noqa: BLE001 - no store: the peers wait for the controller's word instead
+            print(f"pilotfill: rank {self.rank} cannot reach the run's store ({err})", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------ the round's store
 
@@ -130,9 +146,9 @@ class Peers:
             return None
 
     @staticmethod
-    def _count(store) -> int:
+    def _count(store, key: str = "count") -> int:
         try:
-            return int(store.add("count", 0))
+            return int(store.add(key, 0))
         except Exception:  # noqa: BLE001
             return 0
 
@@ -156,18 +172,29 @@ class Peers:
         except (ControllerUnavailable, RequestRefused):
             return None
 
-    def _lost_peer(self, exc: BaseException, same_hosts: bool) -> int:
+    def _lost_peer(self, exc: BaseException, same_hosts: bool, returned: int = 0) -> int:
         """A peer is gone. The controller's own change of hosts re-forms freely; a re-form of the same hosts (a peer's
-        process failed) that fails the same way as the last, with nothing committed since, is counted."""
-        print(f"pilotfill: rank {self.rank} lost a peer ({type(exc).__name__}: {str(exc)[:200]}); re-forming", file=sys.stderr, flush=True)
+        process failed, or ``returned`` peers' functions returned early) that fails the same way as the last, with
+        nothing committed since, is counted."""
+        if returned:
+            print(f"pilotfill: rank {self.rank}'s collective failed after {returned} peer(s) returned ({type(exc).__name__}); re-forming from the "
+                  "last commit", file=sys.stderr, flush=True)  # fmt: skip
+        else:
+            print(f"pilotfill: rank {self.rank} lost a peer ({type(exc).__name__}: {str(exc)[:200]}); re-forming", file=sys.stderr, flush=True)
         if not same_hosts:
             return EXIT_PEER_LOST
         count = self._count_same_failure(signature(exc))
         if count < SAME_FAILURES:
             return EXIT_PEER_LOST
-        error = (f"the job re-formed {count} times in a row failing the same way ({signature(exc)}) with nothing committed "
-                 f"in between: a rank's process ended each time (see the job's logs under {self.where[0]}/logs); "
-                 f"the last failure seen by rank {self.rank}:\n" + "".join(traceback.format_exception(exc)))  # fmt: skip
+        if returned:
+            why = (f"each time {returned} of its {self.world} ranks returned from the function while rank {self.rank} was still in a collective: "
+                   "the ranks ran different numbers of steps (uneven inputs: give every rank the same number of batches, e.g. "
+                   "drop the last partial one, or use torch.distributed.algorithms.Join)")  # fmt: skip
+        else:
+            why = f"a rank's process ended each time (see the job's logs under {self.where[0]}/logs)"
+        # The explanation last: it is the line the campaign's terminal shows.
+        error = (f"the last failure seen by rank {self.rank}:\n" + "".join(traceback.format_exception(exc))
+                 + f"the job re-formed {count} times in a row failing the same way ({signature(exc)}) with nothing committed in between: {why}")  # fmt: skip
         with contextlib.suppress(ControllerUnavailable, RequestRefused):
             self.client.request({"type": "job.failed", "job_id": self.job_id, "error": error})
         return 1
@@ -287,18 +314,22 @@ def main() -> int:
         os.environ["PILOTFILL_CHECKPOINT"] = reply["checkpoint"]  # where this training's commits go (as in rank.py)
     peers = Peers(client, job_id)
     if spec.get("payload"):
-        return run_parsl_task(client, job_id, spec["payload"], sends_result=lambda: global_rank() == 0, transient=peers.judge)
-    try:
-        value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
-    except Exception as exc:
-        code = peers.judge(exc)
-        if code is not None:
-            return code
-        client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
-        return 1
-    if global_rank() == 0:
-        client.request({"type": "job.result", "job_id": job_id, "value": value})
-    return 0
+        code = run_parsl_task(client, job_id, spec["payload"], sends_result=lambda: global_rank() == 0, transient=peers.judge)
+    else:
+        try:
+            value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
+        except Exception as exc:
+            code = peers.judge(exc)
+            if code is not None:
+                return code
+            client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
+            return 1
+        if global_rank() == 0:
+            client.request({"type": "job.result", "job_id": job_id, "value": value})
+        code = 0
+    if code == 0 and global_rank() != 0:
+        peers.returned()
+    return code
 
 
 def entry() -> None:

@@ -44,20 +44,24 @@ from pathlib import Path
 
 from .. import procs
 from ..elastic.launch import LocalLauncher
+from ..lease import LeaseWatch
 from ..transport import Client, ControllerUnavailable, Interrupted, RequestRefused
 
 log = logging.getLogger("pilotfill.agent")
 
 ORPHAN_AFTER_S = 600.0
-"""An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot: a campaign
-whose controller is gone for good leaves no pilot behind holding nodes."""
+"""An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot even while the
+campaign's lease is renewed (a supervisor that restarts no controller that answers)."""
 
 
 class Agent:
-    def __init__(self, run_dir: str, pilot: str, nodes: list[str], scheduler_id: str, heartbeat_s: float, grace_s: float, scheduler: str = "local"):
+    def __init__(self, run_dir: str, pilot: str, nodes: list[str], scheduler_id: str, heartbeat_s: float, grace_s: float, scheduler: str = "local",
+                 deadline_s: float = 5.0):  # fmt: skip
         self.run_dir = str(Path(run_dir).resolve())
         self.pilot, self.nodes, self.scheduler_id = pilot, list(nodes), scheduler_id
         self.heartbeat_s, self.grace_s, self.scheduler = heartbeat_s, grace_s, scheduler
+        self.deadline_s = deadline_s
+        self.lease = LeaseWatch(self.run_dir, deadline_s)
         self.client = Client(run_dir, timeout_s=max(heartbeat_s * 2, 10.0))
         self.launcher = LocalLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)  # a job's processes get the pilot's grace to go
         self.leaving_at: float | None = None
@@ -83,10 +87,13 @@ class Agent:
         while True:
             if self.leaving_at is not None:
                 return self._leave()
+            gone = self._campaign_gone()
+            if gone:
+                return self._end(4, gone)
             try:
                 if not registered:
                     reply = self.client.request({"type": "pilot.register", "pilot": self.pilot, "nodes": self.nodes, "scheduler_id": self.scheduler_id,
-                                                 "pid": os.getpid()}, interrupt=self._leaving)  # fmt: skip
+                                                 "pid": os.getpid()}, interrupt=self._interrupted)  # fmt: skip
                     if reply.get("stop"):
                         return self._end(0, "the controller does not want this pilot")
                     registered = True
@@ -124,13 +131,30 @@ class Agent:
         exits, self._exits = self._exits, []
         try:
             return self.client.request({"type": "pilot.heartbeat", "pilot": self.pilot, "wait_s": self.heartbeat_s, "exits": exits},
-                                       timeout_s=self.heartbeat_s + 30.0, attempt_s=self.heartbeat_s + 10.0, interrupt=self._leaving)  # fmt: skip
+                                       timeout_s=self.heartbeat_s + 30.0, attempt_s=self.heartbeat_s + 10.0, interrupt=self._interrupted)  # fmt: skip
         except BaseException:
             self._exits = exits + self._exits  # told next time
             raise
 
     def _leaving(self) -> bool:
         return self.leaving_at is not None
+
+    def _interrupted(self) -> bool:
+        """A request waiting for the controller stops waiting: SIGTERM, or nobody is left to restart a controller."""
+        return self.leaving_at is not None or self._campaign_gone() is not None
+
+    def _campaign_gone(self) -> str | None:
+        """Why no controller will come back for this pilot, if none will: the campaign's ``pilotfill run`` ended or is
+        gone (its lease, :mod:`pilotfill.lease`) and the controller has not answered for the heartbeat deadline. A
+        controller its ``pilotfill run`` restarts is waited for (the lease is renewed meanwhile)."""
+        state = self.lease.state()  # read all along (throttled): its renewals are timed while the controller still answers
+        if time.monotonic() - self._heard_at <= self.deadline_s:
+            return None
+        if state == "ended":
+            return "the campaign ended"
+        if state == "gone":
+            return f"the campaign's pilotfill run is gone (no lease renewal for {self.deadline_s:.0f} s)"
+        return None
 
     def _follow_controller(self, incarnation) -> None:
         """A new controller requeued every job the old one ran: what the old one started here must end."""
@@ -156,7 +180,7 @@ class Agent:
                 return
             env = {str(k): str(v) for k, v in env.items()}
             try:
-                self.launcher.launch(host, job, self._on_node(host, argv, env), env)
+                self.launcher.launch(host, job, self._on_node(host, job, argv, env), env)
             except OSError as exc:  # the command cannot be run here: the job loses this node, the agent goes on
                 log.error("could not start %s on %s: %s", job, host, exc)
                 self._exits.append({"host": host, "job": job, "code": 127, "requested": False})
@@ -165,7 +189,7 @@ class Agent:
         elif op == "stop":
             self._end_job(host, job)
 
-    def _on_node(self, host: str, argv: list[str], env: dict[str, str]) -> list[str]:
+    def _on_node(self, host: str, job: str, argv: list[str], env: dict[str, str]) -> list[str]:
         """``argv`` as run on ``host``: here, or through the batch system onto another node of this pilot."""
         if self._is_here(host):
             return argv
@@ -173,7 +197,9 @@ class Agent:
         if self.scheduler == "slurm":
             return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=1", *with_env]
         if self.scheduler == "pbs":
-            return ["pbs_tmrsh", host.split("[")[0], *with_env]
+            # Under a keeper: the last of its MOM task's session to exit, the command's output in the run's log.
+            keeper = [self.python, "-m", "pilotfill.pilots.keeper", "--log", str(self.launcher.log_path(host, job)), "--"]
+            return ["pbs_tmrsh", host_of(host), *keeper, *with_env]
         return argv
 
     def _end_job(self, host: str, job: str) -> None:
@@ -263,6 +289,8 @@ class Agent:
         self._sweep(list(self.nodes), deadline=kill_at)
         self._reap_sweeps(wait=True)
         self.launcher.close()
+        # Last of the job's session: MOM sees the batch job end when its top process exits with nothing left behind.
+        procs.settle_session(timeout_s=1.0)
         return code
 
     def _sleep(self, seconds: float) -> None:
@@ -357,8 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scheduler", default="local", help="local, slurm or pbs: where to find this job's id and nodes, and how to reach them")
     ap.add_argument("--scheduler-id", default=None)
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--deadline-s", type=float, default=5.0, help="the controller's heartbeat deadline: how long a silent controller is waited for once its campaign is gone")
     ap.add_argument("--grace-s", type=float, default=5.0)
+    ap.add_argument("--bin-dir", default=None, help="where the batch system's commands are: first on PATH (a batch job may have no login shell)")
     args = ap.parse_args(argv)
+    if args.bin_dir:
+        os.environ["PATH"] = args.bin_dir + os.pathsep + os.environ.get("PATH", "")
     if args.end_on is not None:
         return end_here(str(Path(args.run_dir).resolve()), [n for n in args.end_on.split(",") if n], args.job, args.grace_s)
     if not args.pilot:
@@ -371,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
 
         adapter = importlib.import_module(f"pilotfill.schedulers.{args.scheduler}")
         nodes, scheduler_id = adapter.nodes_of_this_job(), args.scheduler_id or adapter.id_of_this_job()
-    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, scheduler=args.scheduler).run()
+    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, scheduler=args.scheduler, deadline_s=args.deadline_s).run()
 
 
 if __name__ == "__main__":

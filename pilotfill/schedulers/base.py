@@ -16,6 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import PilotConfig
+
 
 @dataclass(frozen=True)
 class PilotEvent:
@@ -114,10 +116,16 @@ class SchedulerConfigError(RuntimeError):
         self.reason = reason or message
 
 
-def agent_command(run_dir: Path, pilot_id: str, scheduler: str, heartbeat_s: float, grace_s: float, python: str = sys.executable) -> str:
-    """The shell line a pilot's job script runs: the agent, which finds its nodes from the batch system."""
-    argv = [
-        python, "-m", "pilotfill.pilots.agent", "--run-dir", str(run_dir), "--pilot", pilot_id,
-        "--scheduler", scheduler, "--heartbeat-s", str(heartbeat_s), "--grace-s", str(grace_s),
+def agent_argv(run_dir: Path, pilot_id: str, scheduler: str, pilots: PilotConfig, python: str = sys.executable, bin_dir: str | None = None) -> list[str]:
+    """The command line of a pilot's agent, which finds its nodes from the batch system. ``bin_dir``: where the batch
+    system's commands are (put first on the agent's PATH: a job started without a login shell has no site profile)."""
+    return [
+        python, "-m", "pilotfill.pilots.agent", "--run-dir", str(run_dir), "--pilot", pilot_id, "--scheduler", scheduler,
+        "--heartbeat-s", str(pilots.heartbeat_s), "--deadline-s", str(pilots.heartbeat_deadline_s), "--grace-s", str(pilots.grace_s),
+        *(["--bin-dir", bin_dir] if bin_dir else []),
     ]  # fmt: skip
-    return "exec " + " ".join(shlex.quote(a) for a in argv)
+
+
+def agent_command(run_dir: Path, pilot_id: str, scheduler: str, pilots: PilotConfig, python: str = sys.executable) -> str:
+    """The shell line a pilot's job script runs: the agent, in place of the script's shell."""
+    return "exec " + " ".join(shlex.quote(a) for a in agent_argv(run_dir, pilot_id, scheduler, pilots, python))

@@ -175,7 +175,8 @@ class LocalScheduler(BatchScheduler):
         argv = [
             sys.executable, "-m", "pilotfill.pilots.agent",
             "--run-dir", str(self.run_dir), "--pilot", pilot_id, "--nodes", ",".join(free),
-            "--scheduler-id", scheduler_id, "--heartbeat-s", str(self.pilots.heartbeat_s), "--grace-s", str(self.pilots.grace_s),
+            "--scheduler-id", scheduler_id, "--heartbeat-s", str(self.pilots.heartbeat_s), "--deadline-s", str(self.pilots.heartbeat_deadline_s),
+            "--grace-s", str(self.pilots.grace_s),
         ]  # fmt: skip
         proc = procs.spawn(argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"))
         self.on_spawn(proc, "pilot", ",".join(free))

@@ -66,6 +66,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -74,7 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import NodeTypeConfig, PbsConfig, PilotConfig
-from .base import BatchScheduler, PilotEvent, PilotRefused, SchedulerConfigError, agent_command
+from .base import BatchScheduler, PilotEvent, PilotRefused, SchedulerConfigError, agent_argv
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
@@ -423,7 +424,6 @@ class PbsScheduler(BatchScheduler):
         self._vnodes_at: float | None = None
         self._polled_at: float | None = None
         self._events: list[PilotEvent] = []
-        (self.run_dir / "pilots").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------ BatchScheduler
@@ -462,13 +462,12 @@ class PbsScheduler(BatchScheduler):
         count = min(nodes, self.config.nodes_per_pilot, usable, idle)
         if count < 1:
             raise SchedulerCommandError(["qsub"], f"not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)")
-        script = self._write_script(pilot_id)
         argv = [
             "qsub", "-q", queue, "-N", f"pf-{pilot_id}", "-r", "y",
             "-l", f"select={count}:{chunk_text}", "-l", f"place={self.config.place}",
             "-l", f"min_walltime={self.config.min_walltime},max_walltime={self.config.max_walltime}",
             *(["-A", self.config.account] if self.config.account else []), *self.config.extra_args,
-            "-o", str(self.run_dir / "logs" / f"pilot-{pilot_id}.out"), "-j", "oe", str(script),
+            "-o", str(self.run_dir / "logs" / f"pilot-{pilot_id}.out"), "-j", "oe", "--", *self._agent_argv(pilot_id),
         ]  # fmt: skip
         # No retry: a qsub that timed out may have queued the job, and a second one would queue it twice.
         # The pilot manager tries again on a later tick, with a new pilot id.
@@ -601,8 +600,12 @@ class PbsScheduler(BatchScheduler):
             self._qdel([p.job for p in self._pilots.values() if not p.ended])  # cannot look: delete what we track
             raise
         ours = [j for j, s in answer.statuses.items() if not s.finished and s.name in ("", f"pf-{self._jobs[j]}")]
-        self._qdel(ours)
-        queued = [j for j, s in self._qstat(ours).statuses.items() if s.state in QUEUED_STATES]
+        # A pilot deleted already (the pilot manager cancels what no job needs) is ending: deleting it again is a
+        # second qdel every admin sees (turn 4 (g)) — unless PBS lost the first (queued again, or on a new run).
+        deleted = {p.job: p for p in self._pilots.values() if p.deleted and not p.ended}
+        again = [j for j in ours if j not in deleted or self._deletion_lost(deleted[j], answer.statuses[j])]
+        self._qdel(again)
+        queued = [j for j, s in self._qstat(again).statuses.items() if s.state in QUEUED_STATES] if again else []
         if queued:
             self._qdel(queued)
         self._pilots.clear()
@@ -614,18 +617,18 @@ class PbsScheduler(BatchScheduler):
         self._pilots[pilot.id] = pilot
         self._jobs[pilot.job] = pilot.id
 
-    def _write_script(self, pilot_id: str) -> Path:
-        script = self.run_dir / "pilots" / f"{pilot_id}.sh"
+    def _agent_argv(self, pilot_id: str) -> list[str]:
+        """The pilot's command: the agent itself, as the job's top process (an executable job, ``qsub … -- argv``).
+
+        Not a job script: MOM runs a script through the user's login shell, which a preemption's SIGTERM ends at
+        once, before the agent has ended what runs on its nodes; the agent, orphaned, is no longer MOM's child, so
+        MOM sees the job's session empty only when its ``kill_delay`` timer fires (10 s by default) and the main job
+        waits that long (turn 4 (e): 8.4–19 s behind a pilot). As the top process, the agent's own exit — after
+        everything it started — is what MOM waits for. PBS's commands are found where ``qsub`` was: the job gets no
+        login shell's PATH."""
         python = self.config.python or sys.executable
-        agent = agent_command(self.run_dir, pilot_id, "pbs", self.pilot_config.heartbeat_s, self.pilot_config.grace_s, python=python)
-        script.write_text(
-            "#!/bin/sh\n"
-            f"# pilotfill pilot {pilot_id}: the agent reads this job's vnodes from qstat (exec_vnode) and registers them.\n"
-            "# A requeued run's output may not be delivered; the agent reports through the controller.\n"
-            f"{agent}\n"
-        )
-        script.chmod(0o700)
-        return script
+        qsub = shutil.which("qsub")
+        return agent_argv(self.run_dir, pilot_id, "pbs", self.pilot_config, python=python, bin_dir=str(Path(qsub).parent) if qsub else None)
 
     def _release_vnodes(self, pilot: _Pilot, vnodes: list[str]) -> list[str]:
         """``pbs_release_nodes``; the vnodes the job no longer holds afterwards (after a failure: what qstat says)."""
@@ -745,11 +748,16 @@ class PbsScheduler(BatchScheduler):
     def _delete_again(self, pilot: _Pilot, status: JobStatus) -> list[PilotEvent]:
         """A pilot we deleted that PBS still has: never a start; back in the queue or on a new run, deleted again
         (recheck (x): a qdel during a requeue is lost: the job shows R until it has exited, then Q, then runs again)."""
-        if status.state in QUEUED_STATES or (status.running and status.run_count > pilot.deleted_run):
+        if self._deletion_lost(pilot, status):
             log.warning("pilot %s (PBS job %s) is %s again after it was deleted: deleting it again", pilot.id, pilot.job, status.state)
             self._qdel([pilot.job])
             pilot.deleted_run = max(pilot.deleted_run, status.run_count)
         return []
+
+    @staticmethod
+    def _deletion_lost(pilot: _Pilot, status: JobStatus) -> bool:
+        """PBS lost our qdel of ``pilot``: it is queued again, or runs again (a qdel during a requeue, recheck (x))."""
+        return status.state in QUEUED_STATES or (status.running and status.run_count > pilot.deleted_run)
 
     def _idle(self, vnodes: dict[str, Vnode], node_type: str | None = None) -> int:
         """Chunks a new pilot could get now: idle vnodes (as ``place`` allows; of ``node_type``), less what the main

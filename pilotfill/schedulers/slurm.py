@@ -272,7 +272,7 @@ class SlurmScheduler(BatchScheduler):
         lo = min(self.config.min_nodes, hi)
         script = self.run_dir / "pilots" / f"{pilot_id}.sh"
         python = self.config.python or sys.executable
-        agent = agent_command(self.run_dir, pilot_id, "slurm", self.pilots.heartbeat_s, self.pilots.grace_s, python)
+        agent = agent_command(self.run_dir, pilot_id, "slurm", self.pilots, python)
         script.write_text(SCRIPT.format(pilot=pilot_id, agent=agent))
         script.chmod(0o700)
         partition = kind.partition if kind is not None and kind.partition else self.config.partition
