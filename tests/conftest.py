@@ -100,6 +100,29 @@ def slurm(request, tmp_path_factory):
         assert cluster.daemons_running() == [], "Slurm daemons left running"
 
 
+@pytest.fixture
+def slurm_hosts(tmp_path_factory):
+    """A real Slurm whose slurmctld and four slurmd each run on a host of their own (network and UTS namespaces:
+    hostnames node1…node4, their own addresses; tests/vhosts.py): commands and campaigns run on the control host
+    ``pfctl`` (``cluster.command``, ``cluster.popen``). Required in CI; skipped on a laptop without Slurm or root."""
+    from slurm_cluster import SlurmCluster, available
+    from vhosts import missing
+
+    why = None if available() else "Slurm is not installed (apt-get install slurm-wlm)"
+    why = why or missing()
+    if why:
+        if IN_CI:
+            pytest.fail(f"CI needs Slurm on hosts of their own: {why}")
+        pytest.skip(why)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-hosts"), hosts=True)
+    try:
+        cluster.start(timeout_s=60)
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.daemons_running() == [], "Slurm daemons left running"
+
+
 PBS_STANDIN = HERE / "pbs_standin"
 
 

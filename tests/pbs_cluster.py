@@ -289,7 +289,7 @@ class Campaign:
         self.dir = cluster.homes[USER] / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = self.dir / "run"
-        self.output = self.dir / "pilotfill.out"
+        self.output, self.errors = self.dir / "pilotfill.out", self.dir / "pilotfill.err"
         (self.dir / "campaign.py").write_text(code)
         (self.dir / "site.toml").write_text(config)
         pw = pwd.getpwnam(USER)
@@ -299,9 +299,9 @@ class Campaign:
 
     def start(self, **env: str) -> subprocess.Popen:
         argv = [sys.executable, "-m", "pilotfill", "run", "campaign.py", "--config", "site.toml", "--run-dir", str(self.run_dir)]
-        with open(self.output, "wb") as out:
+        with open(self.output, "wb") as out, open(self.errors, "wb") as err:
             self.proc = self.cluster.hosts.popen(SERVER, argv, user=USER, env={**self.cluster.env(), "COLUMNS": "200", **env}, cwd=str(self.dir),
-                                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                                 stdout=out, stderr=err, start_new_session=True)  # fmt: skip
         return self.proc
 
     def wait(self, timeout_s: float) -> int:
@@ -317,8 +317,13 @@ class Campaign:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
 
-    def text(self) -> str:
+    def stdout(self) -> str:
+        """What the campaign's script printed."""
         return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    def text(self) -> str:
+        """What ``pilotfill run`` said (progress, summary, errors: its stderr), after what the script printed."""
+        return self.stdout() + (self.errors.read_text(errors="replace") if self.errors.exists() else "")
 
     def events(self, kind: str | None = None) -> list[dict]:
         from pilotfill.state import State

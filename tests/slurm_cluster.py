@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 CONF = """ClusterName=pftest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={ctld}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
@@ -64,40 +64,72 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+CONTROL_HOST = "pfctl"
+
+
 class SlurmCluster:
     """``min_job_age``: how long slurmctld keeps a finished job before purging it (then squeue no longer knows
-    it); ``scheduler_parameters``: added to SchedulerParameters; ``extra``: more slurm.conf lines."""
+    it); ``scheduler_parameters``: added to SchedulerParameters; ``extra``: more slurm.conf lines.
+
+    ``hosts=True``: every daemon on a host of its own (:mod:`vhosts`: a network and UTS namespace each) — slurmctld
+    on :data:`CONTROL_HOST` (the login node: run commands and campaigns there, :meth:`command`, :meth:`popen`), each
+    slurmd on ``node1``… with that hostname and its own address, so a job's ranks really cross hosts. Without it
+    (the default) every slurmd runs on this host, on ports of its own."""
 
     def __init__(self, root: Path, nodes: int = 4, grace_s: int = 5, min_job_age: int = 60, scheduler_parameters: str = "", extra: str = "",
-                 features: dict[str, str] | None = None):  # fmt: skip
+                 features: dict[str, str] | None = None, hosts: bool = False):  # fmt: skip
         """``features``: node name -> its features (``Feature=`` in slurm.conf), for machines with several kinds of node."""
         self.root = Path(root)
         self.names = [f"node{i + 1}" for i in range(nodes)]
-        for d in ("state", "spool", "log"):
+        for d in ("state", "spool", "log", *(f"spool/{n}" for n in self.names)):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        host = socket.gethostname()
         features = features or {}
-        node_lines = "\n".join(
-            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 State=UNKNOWN" + (f" Feature={features[n]}" if n in features else "")
-            for n in self.names
-        )
+        self.hosts = None
+        if hosts:
+            from vhosts import VirtualHosts
+
+            self.hosts = VirtualHosts([CONTROL_HOST, *self.names], gateway_names=(socket.gethostname(),))
+            ctld = f"{CONTROL_HOST}({self.hosts.addresses[CONTROL_HOST]})"
+            where = {n: f"NodeHostname={n} NodeAddr={self.hosts.addresses[n]}" for n in self.names}
+            ctld_port = 6817
+        else:
+            host = socket.gethostname()
+            ctld = f"{host}(127.0.0.1)"
+            where = {n: f"NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()}" for n in self.names}
+            ctld_port = free_port()
+        node_lines = "\n".join(f"NodeName={n} {where[n]} CPUs=1 State=UNKNOWN" + (f" Feature={features[n]}" if n in features else "") for n in self.names)
         self.conf = self.root / "slurm.conf"
         self.conf.write_text(
-            CONF.format(host=host, ctld_port=free_port(), root=self.root, grace=grace_s, nodes=node_lines, nodelist=",".join(self.names),
+            CONF.format(ctld=ctld, ctld_port=ctld_port, root=self.root, grace=grace_s, nodes=node_lines, nodelist=",".join(self.names),
                         min_job_age=min_job_age, scheduler_parameters="," + scheduler_parameters if scheduler_parameters else "", extra=extra)
         )
         self.env = {"SLURM_CONF": str(self.conf)}
         self.started = False
 
     def command(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+        if self.hosts is not None:
+            return self.hosts.run(CONTROL_HOST, list(argv), env={**os.environ, **self.env}, check=check, timeout=timeout)
         return subprocess.run(list(argv), env={**os.environ, **self.env}, capture_output=True, text=True, timeout=timeout, check=check)
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        """``argv`` on the login node (the control host with ``hosts=True``, else here), with this cluster's SLURM_CONF."""
+        env = {**os.environ, **self.env, **kwargs.pop("env", {})}
+        if self.hosts is not None:
+            return self.hosts.popen(CONTROL_HOST, argv, env=env, **kwargs)
+        return subprocess.Popen(argv, env=env, **kwargs)
 
     def start(self, timeout_s: float = 30) -> None:
         env = {**os.environ, **self.env}
-        subprocess.run(["slurmctld", "-i", "-f", str(self.conf)], env=env, check=True, timeout=30)
-        for n in self.names:
-            subprocess.run(["slurmd", "-N", n, "-f", str(self.conf)], env=env, check=True, timeout=30)
         self.started = True
+        if self.hosts is not None:
+            self.hosts.start()
+            self.hosts.run(CONTROL_HOST, ["slurmctld", "-i", "-f", str(self.conf)], env=env)
+            for n in self.names:
+                self.hosts.run(n, ["slurmd", "-N", n, "-f", str(self.conf)], env=env)
+        else:
+            subprocess.run(["slurmctld", "-i", "-f", str(self.conf)], env=env, check=True, timeout=30)
+            for n in self.names:
+                subprocess.run(["slurmd", "-N", n, "-f", str(self.conf)], env=env, check=True, timeout=30)
         end = time.time() + timeout_s
         while time.time() < end:
             out = self.command("sinfo", "-N", "-h", "-p", "main", "-t", "idle", "-o", "%N", check=False).stdout.split()
@@ -124,6 +156,8 @@ class SlurmCluster:
                 end = time.time() + 5
                 while time.time() < end and os.path.exists(f"/proc/{pid}"):
                     time.sleep(0.1)
+        if self.hosts is not None:
+            self.hosts.stop()  # and whatever a job left in a host's namespaces
         self.started = False
 
     def daemons_running(self) -> list[int]:

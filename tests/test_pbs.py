@@ -514,15 +514,14 @@ sleep 1000
     assert [c["argv"][1] for c in pbs.state()["calls"] if c["cmd"] == "pbs_tmrsh"] == ["vm-n1", "vm-n1", "vm-n1"]
 
 
-def test_standin_rerun_waits_for_the_whole_session_and_never_sigkills(shared_data, pbs, tmp_path):
-    """Recheck (d) B, d-pilot-outputs-A-19.vm-B-25.vm.txt, d-B-…every-0.5s.csv: on a rerun the MOM SIGTERMs the job's
-    session once; a child that ignores it keeps the job R (substate 60, its vnode job-busy) and the main job waiting
-    until it exits by itself, 20 s later — nothing SIGKILLs it. The stand-in used to follow the process group, and
-    SIGKILLed after the kill delay."""
-    assert "child done" in (recheck(shared_data) / "d-pilot-outputs-A-19.vm-B-25.vm.txt").read_text()
+def test_standin_rerun_of_a_script_whose_shell_dies_first_ends_at_moms_kill_check(pbs, tmp_path):
+    """The real server (turn 4 (e), tests/test_pbs_server.py): a script runs under the user's login shell, which the
+    preemption's SIGTERM ends first; MOM then no longer sees the script's processes go, finds the session empty only at
+    its kill check and SIGKILLs what is left there ("task … force exited": a child ignoring SIGTERM, 21 s). Recheck
+    (d) B took the same for "nothing SIGKILLs it": its child ended by itself 20 s later, before the check."""
     pbs("pbs_standin", "init", "--hosts", "vm:1")  # one vnode: the requeued pilot waits for it
     pbs("pbs_standin", "exec", "on")
-    pbs("pbs_standin", "delay", "kill", "0.5")  # the stand-in's old SIGKILL would come at once
+    pbs("pbs_standin", "delay", "kill", "3")
     done = tmp_path / "done"
     child = tmp_path / "child.py"
     child.write_text(f"""import os, signal, sys, time
@@ -543,23 +542,43 @@ while true; do sleep 0.1; done
     script.chmod(0o755)
     pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", str(script)).stdout.strip()
     try:
-        rerun_waits_for_the_child(pbs, pilot, log, done)
+        wait_for_text(log, "child ")
+        main = pbs("pbs_standin", "preempt", pilot, "30").stdout.strip()
+        wait_for_text(log, "child got TERM")  # the whole session got it, not only the script's group
+        pbs("pbs_standin", "run")
+        assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
+        assert pbs.job(main)["job_state"] == "Q"
+        assert (pbs.vnode("vm[0]")["state"], pbs.vnode("vm[0]")["jobs"]) == ("job-busy", [pilot])
+        wait_until(lambda: pbs("pbs_standin", "run") and pbs.job(main)["job_state"] == "R", "the main job to start at the kill check")
+        assert pbs.job(pilot)["job_state"] == "Q"
+        assert "child done" not in log.read_text()  # SIGKILLed at the check
     finally:
         done.touch()  # the child goes, whatever happened
 
 
-def rerun_waits_for_the_child(pbs, pilot: str, log: Path, done: Path) -> None:
-    wait_for_text(log, "child ")
+def test_standin_rerun_of_a_command_that_exits_last_ends_when_it_exits(pbs, tmp_path):
+    """``qsub … -- COMMAND`` (as pilots are submitted): the command is the job's top process; when it exits with
+    nothing of its session left, MOM sends the obit at once — no kill check to wait for."""
+    pbs("pbs_standin", "init", "--hosts", "vm:1")
+    pbs("pbs_standin", "exec", "on")
+    pbs("pbs_standin", "delay", "kill", "600")  # waiting for the check would fail the test
+    log = tmp_path / "top.log"
+    top = tmp_path / "top.py"
+    top.write_text(f"""import signal, sys, time
+def term(s, f):
+    open({str(log)!r}, "a").write("TERM\\n")
+    time.sleep(0.5)  # ends what it started, then goes
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+open({str(log)!r}, "a").write("up\\n")
+while True:
+    time.sleep(0.1)
+""")
+    pilot = pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "--", sys.executable, str(top)).stdout.strip()
+    wait_for_text(log, "up")
     main = pbs("pbs_standin", "preempt", pilot, "30").stdout.strip()
-    wait_for_text(log, "child got TERM")  # the whole session got it, not only the script's group
-    time.sleep(1.0)
-    pbs("pbs_standin", "run")
-    assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
-    assert pbs.job(main)["job_state"] == "Q"
-    assert (pbs.vnode("vm[0]")["state"], pbs.vnode("vm[0]")["jobs"]) == ("job-busy", [pilot])
-    done.touch()
-    wait_for_text(log, "child done")
-    wait_until(lambda: pbs("pbs_standin", "run") and pbs.job(main)["job_state"] == "R", "the main job to start once the session is empty")
+    wait_for_text(log, "TERM")
+    wait_until(lambda: pbs("pbs_standin", "run") and pbs.job(main)["job_state"] == "R", "the main job to start once the command has exited")
     assert pbs.job(pilot)["job_state"] == "Q"
 
 

@@ -118,7 +118,7 @@ def test_a_campaign_ends_deleting_each_held_pilot_once(real_pbs):
     with campaign:
         campaign.start()
         assert campaign.wait(300) == 0, campaign.text()[-3000:]
-    assert "results [0, 10, 20]" in campaign.text()
+    assert "results [0, 10, 20]" in campaign.stdout()
     pilots = campaign.pilot_jobs()
     assert pilots
     wait_for(lambda: campaign.live_pilots() == {}, 60, "no pilot left")
@@ -163,7 +163,7 @@ def test_a_controller_its_supervisor_restarts_keeps_every_pilot(real_pbs):
         time.sleep(20)  # longer than the heartbeat deadline: an agent that took the restart for the end would be gone
         still = set(running_pilots(campaign))
         assert campaign.wait(600) == 0, campaign.text()[-3000:]
-    assert "results [0, 10, 20]" in campaign.text()
+    assert "results [0, 10, 20]" in campaign.stdout()
     assert before <= still, f"pilots {sorted(before - still)} ended while the controller was restarted"
     assert campaign.events("pilot.lost") == []
 
@@ -294,10 +294,139 @@ def test_a_torch_campaign_across_hosts_survives_preemption_and_releases(real_pbs
         stalls = progress_stalls(campaign, lambda: campaign.proc.poll() is not None, preempt_once)
         code = campaign.wait(900)
     assert code == 0, campaign.text()[-4000:]
-    assert len(json.loads(campaign.text().strip().splitlines()[-1])) == 3
+    assert len(json.loads(campaign.stdout().strip().splitlines()[-1])) == 3
     logs = "".join(p.read_text(errors="replace") for p in sorted((campaign.run_dir / "logs").glob("j*.log")))
     assert "exit barrier" not in logs, logs[-3000:]
     assert (campaign.run_dir / "logs" / "torch_store.log").read_text().count("torch store listening") == 1
     assert campaign.events("pilot.requeued"), "no pilot was preempted"
     assert campaign.events("node.released"), "no node was released"
     assert max(stalls.values(), default=0.0) < 60.0, stalls
+
+
+# ---------------------------------------------------------------- the adapter call by call (tests/pbs_probe.py)
+
+
+def probe(cluster, scenario: str, *args: str, on_wait=None, timeout_s: float = 300) -> dict:
+    """Run a scenario of tests/pbs_probe.py on the login node as pilotfill's user; what it found."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    run_dir = cluster.homes[USER] / f"probe-{scenario}-{time.monotonic_ns()}"
+    argv = [sys.executable, str(Path(__file__).parent / "pbs_probe.py"), scenario, str(run_dir), *args]
+    proc = cluster.hosts.popen("pfsrv", argv, user=USER, env=cluster.env(), cwd=str(cluster.homes[USER]), stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    found = None
+    try:
+        for line in proc.stdout:
+            if line.startswith("WAIT "):
+                on_wait(line.split()[1:])
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            elif line.startswith("{"):
+                found = json.loads(line)
+        proc.wait(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and found is not None, proc.stderr.read()[-4000:]
+    return found
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["history-off", "history-on"])
+def test_pbs_release_nodes_gives_back_a_sister_hosts_vnode_and_never_the_primarys(real_pbs, history):
+    real_pbs.history(history)
+    found = probe(real_pbs, "release")
+    assert len({n.split("[")[0] for n in found["nodes"]}) == 3, found  # place=scatter: a host per chunk
+    assert found["released"] == [found["sister"]] and found["sister"] not in found["held_after"], found
+    assert found["released_primary"] == [] and found["primary_vnode"] in found["held_after"], found
+    assert found["ended"][-1] == "ended", found
+
+
+@pytest.mark.parametrize("history", [False, True], ids=["history-off", "history-on"])
+def test_a_pilot_deleted_while_pbs_requeues_it_never_runs_again(real_pbs, history):
+    """Turn 4 (c): a qdel while PBS requeues a preempted pilot is lost (the job goes back to Q); the adapter deletes
+    it again, and it never runs a second time nor is its second run reported as a start."""
+    real_pbs.history(history)
+    mains = []
+
+    def preempt(what: list[str]) -> None:
+        mains.append(real_pbs.qsub("-l", "select=1:ncpus=1:vnode=pfn3", "-o", "/dev/null", "-j", "oe", "--", "/bin/sleep", "5"))
+
+    found = probe(real_pbs, "requeue-delete", "ncpus=1:vnode=pfn3", on_wait=preempt)
+    kinds = [kind for kind, _ in found["events"]]
+    assert kinds.count("started") == 1, found
+    assert found["final"] is None or (found["final"]["state"] == "F" and found["final"]["run_count"] == 1), found
+    wait_for(lambda: (real_pbs.job(mains[0]) or {"job_state": "F"})["job_state"] in ("R", "E", "F"), 60, "the main job to run")
+
+
+# ---------------------------------------------------------------- Ctrl-C, and a refused qsub
+
+
+def test_ctrl_c_stops_the_campaign_deleting_each_pilot_once(real_pbs):
+    """Turn 4 (b): SIGINT to the process group: exit 130, the stop journaled, every pilot gone, none deleted twice."""
+    campaign = Campaign(real_pbs, "sigint", steps_campaign(apps=3, steps=400), site_config("processes", nodes_per_pilot=1))
+    with campaign:
+        campaign.start()
+        wait_for(lambda: len(running_pilots(campaign)) >= 2 and len(campaign.events("job.started")) >= 2, 180, "training on pilots")
+        import os
+
+        os.killpg(campaign.proc.pid, signal.SIGINT)
+        assert campaign.wait(120) == 130, campaign.text()[-3000:]
+    assert "interrupted (SIGINT)" in campaign.text()
+    stopped = campaign.events("controller.stopped")
+    assert stopped and stopped[-1]["data"]["ranks_not_gone"] == 0, stopped
+    wait_for(lambda: campaign.live_pilots() == {}, 60, "no pilot left")
+    pilots = campaign.pilot_jobs()
+    assert {j: deletes(real_pbs, j) for j in pilots if deletes(real_pbs, j) > 1} == {}  # a pilot whose agent ended first needs none
+
+
+def test_a_qsub_refused_by_a_queue_limit_backs_off_and_the_campaign_finishes_on_what_it_has(real_pbs):
+    """Turn 4 (d1): ``max_queued = [u:PBS_GENERIC=2]`` on the pilot queue: two pilots, then refusals, each said on the
+    progress line with PBS's words and a growing back-off; the campaign finishes on the two."""
+    real_pbs.qmgr("set queue scavenger max_queued = [u:PBS_GENERIC=2]")
+    campaign = Campaign(real_pbs, "limit", steps_campaign(apps=4, steps=20), site_config("processes", nodes_per_pilot=1))
+    with campaign:
+        campaign.start()
+        assert campaign.wait(600) == 0, campaign.text()[-3000:]
+    assert "results [0, 10, 20, 30]" in campaign.stdout()
+    refused = campaign.events("pilot.submit_refused")
+    assert refused and all("would exceed" in e["data"]["reason"] for e in refused), refused
+    assert "pilot refused: qsub: would exceed" in campaign.text()
+    assert len(campaign.pilot_jobs()) >= 2
+
+
+# ---------------------------------------------------------------- the stand-in agrees with the real server
+
+
+PILOT_QSUB = ["-q", "scavenger", "-N", "pilot", "-r", "y", "-l", "select=2:ncpus=1", "-l", "place=vscatter",
+              "-l", "min_walltime=00:05:00,max_walltime=02:00:00", "--", "/bin/sleep", "60"]  # fmt: skip
+
+
+def shape(value):
+    """What a parser relies on in a PBS JSON document: its keys and value types, not its values."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items()}
+    if isinstance(value, str):
+        return re.sub(r"[A-Za-z0-9_.-]+", "w", value) if re.fullmatch(r"[\w.\[\]:/()+=,-]*", value) else "text"
+    return type(value).__name__
+
+
+def test_the_standin_prints_what_the_real_server_prints(real_pbs, pbs):
+    """tests/pbs_standin stands in for OpenPBS in the fast tests: for a running two-chunk pilot, ``qstat -f -F json``
+    and ``pbsnodes -av -F json`` have the real server's keys and value shapes wherever the adapter reads them."""
+    job = real_pbs.run(["qsub", *PILOT_QSUB], user=USER).stdout.strip()
+    wait_for(lambda: (real_pbs.jobs().get(job) or {}).get("substate") == 42, 60, "the pilot to run")
+    real = real_pbs.jobs()[job]
+    pbs("pbs_standin", "delay", "join", "0")
+    stand_id = pbs("qsub", *PILOT_QSUB).stdout.strip()
+    stand = pbs.job(stand_id)
+    read = ("job_state", "substate", "run_count", "exec_vnode", "exec_host", "Job_Name", "queue", "comment", "Rerunable")
+    assert {k: shape(real.get(k)) for k in read} == {k: shape(stand.get(k)) for k in read}
+    assert shape(real["Resource_List"]) == shape(stand["Resource_List"])
+    assert set(real["resources_used"]) >= {"walltime"} and set(stand["resources_used"]) >= {"walltime"}
+    real_vnode = real_pbs.nodes()[vnodes_of(real)[0]]
+    stand_vnode = pbs.vnode(vnodes_of(stand)[0])
+    for key in ("state", "jobs", "resources_available"):
+        assert shape(real_vnode[key]) == shape(stand_vnode[key]) or key == "resources_available", (key, real_vnode[key], stand_vnode[key])
+    assert {"host", "ncpus", "vnode"} <= set(real_vnode["resources_available"]) & set(stand_vnode["resources_available"])

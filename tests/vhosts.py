@@ -10,7 +10,7 @@ virtual host here is
   address on a private /24 and a loopback of its own;
 * a UTS namespace per command (``unshare --uts``), whose hostname is the host's;
 * an ``/etc/hosts`` that names every host of the set, bind-mounted over the
-  real one by ``ip netns exec`` (``/etc/netns/NS/hosts``, with an
+  real one in a mount namespace of each command (``/etc/netns/NS/hosts``, with an
   ``nsswitch.conf`` that resolves hosts from it alone), so names resolve the
   same way on every host, as a site's DNS does, and the machine's own
   ``/etc/hosts`` is never touched. There is no route out: only the hosts of
@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 NETNS_ETC = Path("/etc/netns")
-TOOLS = ("ip", "unshare", "setpriv")
+TOOLS = ("ip", "nsenter", "unshare", "setpriv")
 NSSWITCH = "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\nprotocols: files\nservices: files\n"
 
 
@@ -68,7 +68,9 @@ def _free_subnet() -> ipaddress.IPv4Network:
 class VirtualHosts:
     """``VirtualHosts(["pfsrv", "pfn1", "pfn2"])``: start(), then ``run(host, argv)`` / ``popen(host, argv)``; stop()."""
 
-    def __init__(self, names: Sequence[str], tag: str | None = None):
+    def __init__(self, names: Sequence[str], tag: str | None = None, gateway_names: Sequence[str] = ()):
+        """``gateway_names``: names that resolve, on every host, to this machine's address on the bridge (a test's own
+        process, outside every host, can listen there)."""
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"host names must be distinct and at least one: {names}")
         self.names = list(names)
@@ -78,6 +80,7 @@ class VirtualHosts:
         hosts = list(self.subnet.hosts())
         self.gateway = str(hosts[0])  # the bridge's own address (this machine, outside every host)
         self.addresses = {n: str(hosts[i + 1]) for i, n in enumerate(self.names)}
+        self.gateway_names = [n for n in gateway_names if n not in self.addresses]
         self.started = False
 
     def netns(self, host: str) -> str:
@@ -91,6 +94,7 @@ class VirtualHosts:
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         table = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in self.addresses.items())
+        table += "".join(f"{self.gateway} {n}\n" for n in self.gateway_names)
         for i, host in enumerate(self.names):
             ns, veth = self.netns(host), f"pfv{self.tag}{i}"
             _ip("netns", "add", ns)
@@ -145,7 +149,11 @@ class VirtualHosts:
             env.update(HOME=pw.pw_dir, USER=user, LOGNAME=user)
             drop = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
         environ = ["env", "-i", *(f"{k}={v}" for k, v in env.items())]
-        return ["ip", "netns", "exec", self.netns(host), "unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', host,
+        ns = self.netns(host)
+        # Not `ip netns exec`: it mounts a sysfs of the namespace over /sys, which hides the cgroup hierarchy (slurmd
+        # needs it). A mount namespace of our own instead, with the hosts' name files bound over /etc's.
+        setup = 'ns=$0; host=$1; shift; for f in hosts nsswitch.conf resolv.conf; do mount --bind "/etc/netns/$ns/$f" "/etc/$f" || exit 125; done; hostname "$host" || exit 125; exec "$@"'
+        return ["nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", setup, ns, host,
                 *drop, *environ, *argv]  # fmt: skip
 
     def run(self, host: str, argv: Sequence[str], user: str | None = None, env: Mapping[str, str] | None = None, check: bool = True,

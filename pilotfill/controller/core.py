@@ -40,6 +40,7 @@ from ..allocator import compiled
 from ..allocator.values import worth_per_node
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
+from ..elastic.ending import exit_words
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
 from ..protocol import READ_ONLY, ProtocolError, check, check_spec
@@ -861,7 +862,25 @@ class Controller:
                 self.world.roll_back(job)
             self.dirty = True
         elif exit_.crashed and exit_.host in job.nodes:
-            self.world.log("rank.lost", now, job=job.id, node=exit_.host, returncode=exit_.returncode)
+            # A rank that ended on its own on a node its pilot still holds is the app's own doing (sys.exit from a
+            # child, a segfault, the OOM killer), not a lost node: relaunched, but not for ever — JOB_RETRIES such ends
+            # in a row with nothing committed in between end the job, saying what the rank did.
+            crashes = job.crashes + 1 if job.crash_commit == job.committed else 1
+            job.crash_commit = job.committed
+            self.world.update_job(job, crashes=crashes)
+            self.world.log("rank.lost", now, job=job.id, node=exit_.host, returncode=exit_.returncode, crashes=crashes)
+            if crashes >= JOB_RETRIES:
+                log_path = self.run_dir / "logs" / f"{job.id}.{exit_.host}.log"
+                try:
+                    tail = log_path.read_text(errors="replace")[-3000:]
+                except OSError:
+                    tail = ""
+                what = exit_words(exit_.returncode)
+                error = (f"{tail}\n" if tail else "") + (
+                    f"a rank of the app {what} on {exit_.host}, {crashes} times in a row with nothing committed in between: the app's own end, "
+                    f"not a lost node (its output: {log_path})")  # fmt: skip
+                self._end_job(job, now, "failed", error=error, why=f"a rank {what}")
+                return
             self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", "ready")
 
     def _check_heartbeats(self, now: float) -> None:

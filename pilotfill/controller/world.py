@@ -75,10 +75,11 @@ class Job:
     redone: float = 0.0  # samples counted, then lost to stops: work the job does twice
     overran: bool = False  # counted progress passed its declared total_samples (logged once)
     lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
+    crash_commit: float | None = None  # its committed progress at its last counted rank crash (not journaled)
 
     def record(self) -> dict[str, Any]:
         """The job as clients see it (``job.get``)."""
-        return {k: v for k, v in self.__dict__.items() if k != "lost"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("lost", "crash_commit")}
 
     def summary(self) -> dict[str, Any]:
         """The job as views see it: without the code it ships (a shipped call can be megabytes)."""

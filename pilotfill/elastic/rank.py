@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from ..procs import die_with_parent
 from ..transport import Client
+from .ending import AppExited, exited, exited_text
 from .guard import refuse_horovod, refuse_torch_distributed
 
 
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
         return 1
+    except BaseException as exc:  # sys.exit(), KeyboardInterrupt raised by the app: its end, said once
+        client.request({"type": "job.failed", "job_id": job_id, "error": exited_text(exc)})
+        return 1
     if horovod_rank() in (None, 0):
         client.request({"type": "job.result", "job_id": job_id, "value": value})
     return 0
@@ -135,7 +139,10 @@ def run_parsl_task(client: Client, job_id: str, payload: str, sends_result: Call
     except CannotShip as exc:  # a module the app needs is not here: said once, naming it
         client.request({"type": "job.failed", "job_id": job_id, "error": str(exc)})
         return 1
-    value = func(*args, **kwargs)
+    try:
+        value = func(*args, **kwargs)
+    except BaseException as exc:  # Parsl's wrapper catches Exception only: sys.exit(), KeyboardInterrupt end the app here
+        value = RemoteExceptionWrapper(AppExited, exited(exc), exc.__traceback__)
     packed = {"parsl": base64.b64encode(serialize(value)).decode()}
     if isinstance(value, RemoteExceptionWrapper):
         code = transient(value.e_value) if transient is not None else None

@@ -60,6 +60,16 @@ STOP_GRACE_S = 5.0
 """Workers get this long after SIGTERM before SIGKILL, on restarts and on the agent's own end, unless told the pilot's
 grace (``--stop-grace``, which the torch runtime always passes)."""
 MONITOR_INTERVAL_S = 0.1
+REPORTED_CODES = (1, 75)
+"""Worker exit statuses pilotfill's own code gives (1: reported or judged, 75: a lost peer, re-form)."""
+
+
+class WorkerEnded(Exception):
+    """A worker ended in a way pilotfill's code does not report; ``code``: its exit status (negative: a signal)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
 
 
 def gpu_list(gpus_per_node: int | None) -> list[str]:
@@ -161,6 +171,18 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             if self._pilotfill_reform:
                 log.info("%s: the round changed while this node's workers had returned: joining the next", args.host)
 
+        def _monitor_workers(self, worker_group):
+            # A worker that ended in a way no pilotfill code reports (a signal: a segfault, the OOM killer; os._exit)
+            # is the app's own end: this agent leaves with that status instead of restarting it up to max_restarts
+            # times, and the controller counts such ends (a few in a row with nothing committed fail the job).
+            result = super()._monitor_workers(worker_group)
+            if result.is_failed():
+                for failure in result.failures.values():
+                    code = failure.exitcode
+                    if code is not None and ((code < 0 and -code not in (signal.SIGTERM, signal.SIGINT)) or code not in REPORTED_CODES and code > 0):
+                        raise WorkerEnded(code)
+            return result
+
         def _stop_workers(self, worker_group) -> None:  # a restart; torch's waits up to 30 s for workers to go
             self._shutdown(timeout=grace, restart=True)
 
@@ -170,7 +192,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
                     signal.signal(sig, signal.SIG_IGN)  # torch's handler would raise out of the wait for the workers
             super()._shutdown(*args, **kwargs)
 
-    for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown", "_invoke_run", "_exit_barrier"):
+    for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown", "_invoke_run", "_exit_barrier", "_monitor_workers"):
         if not hasattr(LocalElasticAgent, hook):
             raise RuntimeError(f"this torch's LocalElasticAgent has no {hook}: pilotfill's agent is written for torch 2.13")
     params = RendezvousParameters(
@@ -235,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     except SignalException as exc:
         log.info("%s: stopping on %s", args.host, exc.sigval.name)
         return 128 + int(exc.sigval)
+    except WorkerEnded as exc:
+        from .ending import exit_words
+
+        log.error("%s: a worker %s: leaving (the controller counts such ends)", args.host, exit_words(exc.code))
+        return 128 - exc.code if exc.code < 0 else exc.code
     finally:
         if handler is not None:
             handler.shutdown()

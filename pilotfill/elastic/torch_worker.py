@@ -46,6 +46,7 @@ from typing import Any
 from ..procs import die_with_parent
 from ..transport import Client, ControllerUnavailable, RequestRefused
 from .collectives import configure_process_groups
+from .ending import exited_text
 from .guard import refuse_horovod
 from .rank import resolve, run_parsl_task
 
@@ -323,6 +324,9 @@ def main() -> int:
             if code is not None:
                 return code
             client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
+            return 1
+        except BaseException as exc:  # sys.exit(), KeyboardInterrupt raised by the app: its end, said once
+            client.request({"type": "job.failed", "job_id": job_id, "error": exited_text(exc)})
             return 1
         if global_rank() == 0:
             client.request({"type": "job.result", "job_id": job_id, "value": value})

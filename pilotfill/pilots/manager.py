@@ -336,7 +336,7 @@ class PilotManager:
                 self._retry_told = False
                 kind = "refused" if isinstance(exc, PilotRefused) else "failed"
                 log.warning("pilot submission %s (next try in %.0f s): %s", kind, self._backoff, exc)
-                self.world.log(f"pilot.submit_{kind}", now, error=str(exc)[-1000:], retry_in_s=self._backoff)
+                self.world.log(f"pilot.submit_{kind}", now, error=str(exc)[-1000:], reason=reason_of(exc), retry_in_s=self._backoff)
                 self._set_problem(kind, reason_of(exc), str(exc), now, self._not_before)
                 return
             self._backoff = 0.0

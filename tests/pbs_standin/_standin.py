@@ -89,12 +89,14 @@ refusing root (a real PBS refuses jobs from root: "qsub: Bad UID for job
 execution", exit 175; tests here run as root).
 
 Job scripts: with ``pbs_standin exec on`` a stand-in MOM runs each job's
-script (or ``--`` command) when it starts, in a session of its own, with the
-submitter's environment (like ``qsub -V``; a real PBS builds a login
-environment) plus ``PBS_JOBID``, ``PBS_NODEFILE``…; output appended to the
-``-o`` file. SIGTERM to the session on ``qdel`` (SIGKILL ``kill`` seconds
-later) and on preemption (nothing more). With ``exec off`` (the default)
-scripts never run.
+script (under a shell, as a login shell runs it) or ``--`` command (itself the
+top process) when it starts, in a session of its own, with the submitter's
+environment (like ``qsub -V``; a real PBS builds a login environment) plus
+``PBS_JOBID``, ``PBS_NODEFILE``…; output appended to the ``-o`` file. SIGTERM
+to the session on ``qdel`` and on preemption, SIGKILL to what is left at the
+kill check ``kill`` seconds later; the end is seen at once when the top
+process exits last, else only at that check (the real server, turn 4: see
+``reap``). With ``exec off`` (the default) scripts never run.
 
 A "scheduler pass" first finishes exits (processes gone, delays passed), then
 starts queued jobs that fit on free vnodes, highest queue priority first,
@@ -497,12 +499,20 @@ def begin_exit(state: dict, job: dict, why: str) -> None:
         job.update(state="E", substate=50)  # guess: the exiting substate
     job["mtime"] = job["ending_at"] = now
     if job.get("pid"):
+        if not job.get("argv") and set(session_members(job["pid"])) - {job["pid"]}:
+            job["late"] = True  # the login shell dies of the SIGTERM before the script's processes: MOM no longer sees them
         signal_session(job["pid"], signal.SIGTERM)
 
 
 def reap(state: dict) -> None:
-    """Finish what has ended: exiting jobs whose session is empty (a delete: SIGKILL after the delay), scripts that
-    returned. The MOM follows a job by its session (recheck (a): a process of a session of its own is outside every job)."""
+    """Finish what has ended: exiting jobs whose session is empty, scripts that returned. The MOM follows a job by its
+    session (recheck (a): a process of a session of its own is outside every job).
+
+    The real server (tests/test_pbs_server.py, turn 4 (e)): MOM sees a job end when its top process exits — at once
+    if nothing of its session is left then. If the top process goes first (a script's login shell, which the SIGTERM
+    ends at once; a command that leaves children behind), MOM no longer sees the rest go and finds the session empty
+    only at its kill check, ``kill`` seconds after the signal (9 s and 21 s there, "task … force exited"), where it
+    SIGKILLs what is left — on a rerun as on a delete."""
     now = time.time()
     for job in list(state["jobs"].values()):
         if job["state"] not in ("R", "E"):
@@ -511,10 +521,11 @@ def reap(state: dict) -> None:
         alive = bool(pid) and session_alive(pid)
         if job.get("ending"):
             since = now - job["ending_at"]
-            if alive and job["ending"] == "delete" and since >= state["delays"]["kill"]:
+            late = job.get("late") or os.path.exists(os.path.join(spool(state), f"{job['id']}.{job['run_count']}.status.orphans"))
+            if alive and since >= state["delays"]["kill"]:
                 signal_session(pid, signal.SIGKILL)
                 alive = False
-            if not alive and (pid or since >= state["delays"]["exit"]):  # without a script: the exit delay
+            if not alive and (pid or since >= state["delays"]["exit"]) and (not late or since >= state["delays"]["kill"]):
                 finish_exit(state, job)
         elif pid and not alive:
             end(state, job, script_status(state, job))
@@ -585,9 +596,13 @@ def spawn(state: dict, job: dict) -> None:
         out = open(out_path, "a")
     except OSError:
         out = open(os.devnull, "w")
+    if job.get("argv"):  # qsub … -- COMMAND: MOM runs the command itself as the job's top process
+        top = [sys.executable, "-S", os.path.abspath(__file__), "--top", status, "--", *job["argv"]]
+    else:  # a script: the user's login shell runs it (it is the top process, and a SIGTERM ends it at once)
+        top = ["/bin/sh", "-c", '"$0"; echo $? > "$1"', script, status]
     with out:
-        proc = subprocess.Popen(["/bin/sh", "-c", '"$0"; echo $? > "$1"', script, status], cwd=job["variables"]["PBS_O_HOME"], env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(top, cwd=job["variables"]["PBS_O_HOME"], env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
     job["pid"] = proc.pid
     proc.returncode = 0  # never waited for here: the stand-in exits, the process lives on
 
@@ -750,7 +765,7 @@ def qsub(state: dict, argv: list[str]) -> str:
         "rerunable": rerun, "account": account, "join": join, "output_path": f"{SERVER}:{out or os.path.join(cwd, f'{name}.o{seq}')}",
         "error_path": f"{SERVER}:{os.path.join(cwd, f'{name}.e{seq}')}", "submit_args": " ".join(argv), "ctime": now, "mtime": now,
         "queue_rank": int(now * 1e6), "run_count": 0, "vnodes": [], "exec_host": [], "comment": "", "exit_status": None,
-        "script": script, "env": dict(os.environ), "pid": None, "ending": None, "ending_at": None,
+        "script": script, "argv": list(operands) if command else None, "env": dict(os.environ), "pid": None, "ending": None, "ending_at": None,
         "variables": {
             "PBS_O_HOME": home, "PBS_O_LANG": os.environ.get("LANG", "C.UTF-8"), "PBS_O_LOGNAME": user(),
             "PBS_O_PATH": os.environ.get("PATH", ""), "PBS_O_SHELL": os.environ.get("SHELL", "/bin/sh"), "PBS_O_WORKDIR": cwd,
@@ -1073,3 +1088,29 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def run_top(status: str, argv: list[str]) -> int:
+    """An executable job's top process, as MOM sees it: ``argv`` itself (this recorder ignores the signals MOM sends the
+    session and waits for it, so it never goes first), its exit status to ``status``; what ``argv`` left behind in
+    the session is noted (``status.orphans``): MOM would not see it go."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+    def defaults() -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+
+    try:
+        code = subprocess.Popen(argv, preexec_fn=defaults).wait()
+    except OSError:
+        code = 127
+    if set(session_members(os.getsid(0))) - {os.getpid()}:
+        open(status + ".orphans", "w").close()
+    with open(status, "w") as f:
+        f.write(f"{code if code >= 0 else 128 - code}\n")
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--top"]:
+    sys.exit(run_top(sys.argv[2], sys.argv[4:]))
