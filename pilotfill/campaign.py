@@ -37,6 +37,7 @@ import secrets
 import signal
 import sys
 import threading
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -188,6 +189,18 @@ WRITTEN = ("", "controller.out", "controller.log", "controller.json", "state.sql
 """What a run writes in its run directory ("": the directory itself)."""
 
 
+def cannot_use(path: Path, exc: OSError) -> CampaignError:
+    """One line naming what stops the run and what to do about it: the innermost existing part of ``path`` is asked why
+    it cannot be written (immutable, append-only, read-only, not yours), else the system's words."""
+    from .state import unwritable
+
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    why = unwritable(probe) or f"{exc.filename or path}: {exc.strerror or exc}"
+    return CampaignError(f"{path}: cannot use it: {why}")
+
+
 def prepare_run_dir(run_dir: Path) -> Path:
     """The run directory, created private; one line if it cannot be, or if anything the run writes there cannot be
     written (an immutable or append-only file, a read-only filesystem): said now, naming the file."""
@@ -204,7 +217,7 @@ def prepare_run_dir(run_dir: Path) -> Path:
     try:
         return private_dir(run_dir)
     except OSError as exc:
-        raise CampaignError(f"--run-dir {run_dir}: cannot use it: {exc.strerror or exc}") from None
+        raise cannot_use(run_dir, exc) from None
 
 
 def _script_frames(exc: BaseException, script: Path) -> str:
@@ -230,11 +243,11 @@ def run_campaign(script: Path, config: str | None = None, run_dir: Path | None =
     os.umask(0o077)  # the run's files (logs, checkpoints, state) are the user's alone
     logging.raiseExceptions = False  # a full disk must not turn every log line into a printed traceback
     script = check_script(script)
-    load_config(config)  # fail here, with the file and key, rather than in the controller
+    site = load_config(config)  # fail here, with the file and key, rather than in the controller
     run_dir = Path(run_dir if run_dir else default_run_dir(script)).resolve()
     lock = lock_runs(run_dir)  # before anything is written: a second run of this campaign here refuses
     try:
-        return _run_locked(script, config, run_dir, apps, on_run_dir, interrupt)
+        return _run_locked(script, config, run_dir, apps, on_run_dir, interrupt, site.runtime.kind)
     finally:
         lock.close()
 
@@ -264,7 +277,7 @@ def lock_runs(run_dir: Path) -> _Lock:
         folder = private_dir(runs / "checkpoints")
         fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise CampaignError(f"{runs}: cannot use it: {exc.strerror or exc}") from None
+        raise cannot_use(runs / "checkpoints" / LOCK_FILE, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -277,7 +290,7 @@ def lock_runs(run_dir: Path) -> _Lock:
     return _Lock(fd)
 
 
-def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir, interrupt: Interrupt | None) -> Outcome:
+def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir, interrupt: Interrupt | None, runtime: str) -> Outcome:
     import parsl
     from parsl.config import Config
     from parsl.executors import ThreadPoolExecutor
@@ -295,11 +308,16 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
     runs = run_dir.parent
     parsl_dir, checkpoint_dir = runs / "parsl", runs / "checkpoints"
     try:
+        os.makedirs(parsl_dir, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(dir=parsl_dir))  # Parsl makes runs/parsl/NNN here: a traceback of 57 lines if it cannot
+    except OSError as exc:
+        raise cannot_use(parsl_dir, exc) from None
+    try:
         checkpoints = parsl_checkpoints(parsl_dir, runs)
     except UnsafeCheckpoint as exc:
         raise CampaignError(str(exc)) from None
     outcome = Outcome(run_dir)
-    executor = ElasticExecutor(run_dir)
+    executor = ElasticExecutor(run_dir, default_runtime=runtime, on_note=apps.note if apps is not None else lambda text: None)
 
     def fatal(why: str) -> None:
         outcome.fatal = why

@@ -27,7 +27,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from parsl.dataflow.memoization import BasicMemoizer
+from parsl.dataflow.memoization import BasicMemoizer, id_for_memo
+
+
+@id_for_memo.register(bytes)
+@id_for_memo.register(bytearray)
+@id_for_memo.register(complex)
+@id_for_memo.register(bool)
+def _id_for_plain_value(obj: object, output_ref: bool = False) -> bytes:
+    """Values Parsl's memoizer has no rule for, though their pickle is their identity (an app taking ``bytes`` was
+    refused: "unknown type for memoization")."""
+    return pickle.dumps(bytes(obj) if isinstance(obj, bytearray) else obj)
+
 
 log = logging.getLogger("pilotfill.checkpoints")
 

@@ -124,13 +124,25 @@ def top(
 ) -> None:
     """Watch a run live: pilots, node occupancy, jobs, events. Read-only; q or Ctrl-C leaves."""
     from .tui import top as show
+    from .tui import unreadable
 
     if run_dir is None:
-        candidates = sorted(p for p in Path("runs").glob("*") if (p / "state.sqlite").exists())
+        candidates, closed = [], []
+        for p in sorted(Path("runs").glob("*")) if not unreadable(Path("runs")) else []:
+            why = unreadable(p) or unreadable(p / "state.sqlite")
+            if why:
+                closed.append(why)
+            elif (p / "state.sqlite").exists():
+                candidates.append(p)
         if not candidates:
-            err.print("[bold red]error:[/] no run directory given and none under ./runs")
+            why = unreadable(Path("runs")) or (closed[-1] if closed else None)
+            err.print("[bold red]error:[/]", Text(why or "no run directory given and none under ./runs"), highlight=False)
             raise typer.Exit(2)
         run_dir = candidates[-1]
+    why = unreadable(run_dir) or unreadable(run_dir / "state.sqlite")
+    if why:
+        err.print("[bold red]error:[/]", Text(why), highlight=False)
+        raise typer.Exit(2)
     if not (run_dir / "state.sqlite").is_file():
         err.print(f"[bold red]error:[/] {run_dir} is not a pilotfill run directory (no state.sqlite)", highlight=False)
         raise typer.Exit(2)

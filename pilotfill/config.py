@@ -166,7 +166,25 @@ class Config:
 SCHEDULERS = ("local", "slurm", "pbs")
 OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
 MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s"}
+# Values that validate as numbers and then cannot work (issue: tick_s = 1e12 killed the controller four times with an
+# OverflowError in zmq_poll; heartbeat_s = 1e-6 lost 12 pilots in 30 s): (lowest, highest, what goes wrong outside).
+BOUNDS: dict[str, tuple[float, float, str]] = {
+    "controller.tick_s": (0.01, 60.0, "the controller's loop waits this long between passes; beyond a minute nothing is timely"),
+    "controller.solver_time_limit_s": (0.01, 600.0, "a decision may take this long"),
+    "pilots.heartbeat_s": (0.05, 600.0, "each agent asks the controller this often; faster floods it"),
+    "pilots.heartbeat_deadline_s": (0.5, 3600.0, "a pilot silent this long is taken for lost"),
+    "pilots.grace_s": (0.1, 3600.0, "ranks get this long to commit after SIGTERM"),
+    "pilots.release_after_s": (0.0, 86400.0, "an unused node is kept this long"),
+    "slurm.poll_s": (0.05, 600.0, "squeue is asked this often"),
+    "slurm.command_timeout_s": (1.0, 3600.0, "a Slurm command taking longer is an error"),
+    "pbs.poll_s": (0.05, 600.0, "qstat is asked this often"),
+    "pbs.command_timeout_s": (1.0, 3600.0, "a PBS command taking longer is an error"),
+    "runtime.collective_timeout_s": (1.0, 86400.0, "a collective waiting this long for a peer fails"),
+    "local.trace_seconds_per_second": (1e-3, 1e6, "trace seconds per real second"),
+    "local.pilot_walltime_s": (0.0, 31_536_000.0, "a pilot's walltime"),
+}
 RUNTIMES = ("processes", "horovod", "torch")
+DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
 
@@ -179,7 +197,8 @@ def load_config(path: str | Path | None = None) -> Config:
     if not path.exists() and (PACKAGE_CONFIGS / f"{path}.toml").exists():
         path = PACKAGE_CONFIGS / f"{path}.toml"
     if not path.exists():
-        raise ConfigError(f"{path}: no such config file")
+        bundled = ", ".join(sorted(p.stem for p in PACKAGE_CONFIGS.glob("*.toml")))
+        raise ConfigError(f"{path}: no such config file, nor a bundled config of that name (bundled: {bundled})")
     if not path.is_file():
         raise ConfigError(f"{path}: not a file (a config is a TOML file)")
     try:
@@ -246,6 +265,10 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     pilots = _section(PilotConfig, data.get("pilots", {}), "pilots", where)
     if pilots.heartbeat_deadline_s <= pilots.heartbeat_s:
         raise ConfigError(f"{where('pilots.heartbeat_deadline_s')}: must be longer than pilots.heartbeat_s")
+    lead = pilots.grace_s + DRAIN_MARGIN_S  # a pilot's nodes are drained this long before its walltime ends
+    if 0 < local.pilot_walltime_s <= lead:
+        raise ConfigError(f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: a pilot's nodes are drained "
+                          f"pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s before its walltime ends, so none would ever train (0: no walltime)")  # fmt: skip
     controller = _section(ControllerConfig, data.get("controller", {}), "controller", where)
     if controller.formulation not in FORMULATIONS:
         raise ConfigError(f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}")
@@ -254,10 +277,12 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")
     slurm = _section(SlurmConfig, data.get("slurm", {}), "slurm", where)
     _check_range(slurm.time_min, slurm.time_max, "slurm.time_min", "slurm.time_max", where)
+    _check_walltime(slurm.time_max, "slurm.time_max", lead, where)
     if slurm.min_nodes > slurm.max_nodes:
         raise ConfigError(f"{where('slurm.min_nodes')}: {slurm.min_nodes} > slurm.max_nodes {slurm.max_nodes}")
     pbs = _section(PbsConfig, data.get("pbs", {}), "pbs", where)
     _check_range(pbs.min_walltime, pbs.max_walltime, "pbs.min_walltime", "pbs.max_walltime", where)
+    _check_walltime(pbs.max_walltime, "pbs.max_walltime", lead, where)
     node_types = _node_types(data.get("node_types", {}), scheduler, local, where)
     similarity = _section(SimilarityConfig, data.get("similarity", {}), "similarity", where)
     return Config(scheduler, local, slurm, pbs, pilots, controller, runtime, source, node_types, similarity)
@@ -339,6 +364,13 @@ def _check_range(lo: str, hi: str, lo_key: str, hi_key: str, where) -> None:
         raise ConfigError(f"{where(lo_key)}: {lo} is longer than {hi_key} {hi}")
 
 
+def _check_walltime(longest: str, key: str, lead: float, where) -> None:
+    """A pilot's longest walltime must outlast the drain before its end, or no pilot would ever train."""
+    if parse_duration(longest) <= lead:
+        raise ConfigError(f"{where(key)}: {longest} cannot work: a pilot's nodes are drained pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s "
+                          "before its walltime ends, so none would ever train")  # fmt: skip
+
+
 def _section(cls, raw: Any, name: str, where) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where(name)}: must be a table")
@@ -368,5 +400,8 @@ def _section(cls, raw: Any, name: str, where) -> Any:
             raise ConfigError(f"{where(f'{name}.{key}')}: must be a finite number, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and (value < 0 if key in MAY_BE_ZERO else value <= 0):
             raise ConfigError(f"{where(f'{name}.{key}')}: must be {'zero or more' if key in MAY_BE_ZERO else 'positive'}, got {value!r}")
+        bound = BOUNDS.get(f"{name}.{key}")
+        if bound is not None and not (bound[0] <= value <= bound[1]) and not (value == 0 and key in MAY_BE_ZERO):
+            raise ConfigError(f"{where(f'{name}.{key}')}: must be between {bound[0]:g} and {bound[1]:g} ({bound[2]}), got {value!r}")
         values[key] = value
     return cls(**values)

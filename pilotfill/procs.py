@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -87,11 +88,19 @@ def settle_session(timeout_s: float) -> list[int]:
         time.sleep(0.02)
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | None = None, cwd: str | None = None) -> subprocess.Popen:
-    """Start ``argv`` in a new session, dying with this process; output to ``log_path``."""
-    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+LOG_LIMIT_BYTES = 64 * 1024 * 1024
+"""A process's log keeps at most about this much of its latest output (and as much again in ``LOG.1``): a rank that
+prints a gigabyte fills no disk."""
+
+
+def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | None = None, cwd: str | None = None,
+          log_limit_bytes: int | None = None) -> subprocess.Popen:  # fmt: skip
+    """Start ``argv`` in a new session, dying with this process; output to ``log_path`` — through a pipe this process
+    reads when ``log_limit_bytes`` caps it (the log then rotates: ``LOG.1`` holds the previous part)."""
+    capped = bool(log_path) and log_limit_bytes is not None
+    out = subprocess.PIPE if capped else open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(argv),
             env=dict(env) if env is not None else None,
             stdin=subprocess.DEVNULL,
@@ -102,8 +111,34 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: s
             preexec_fn=die_with_parent,
         )
     finally:
-        if log_path:
+        if log_path and not capped:
             out.close()
+    if capped:
+        threading.Thread(target=pump_log, args=(proc.stdout, str(log_path), int(log_limit_bytes)), name="pilotfill-log", daemon=True).start()
+    return proc
+
+
+def pump_log(pipe, path: str, limit: int = LOG_LIMIT_BYTES) -> None:
+    """Copy a child's output to ``path``; past ``limit`` bytes the file becomes ``path.1`` and a new one starts."""
+    log = open(path, "ab")
+    try:
+        written = log.tell()
+        while True:
+            chunk = pipe.read1(1 << 16)
+            if not chunk:
+                return
+            if written + len(chunk) > limit and written:
+                log.close()
+                os.replace(path, path + ".1")
+                log, written = open(path, "ab"), 0
+            log.write(chunk)
+            log.flush()
+            written += len(chunk)
+    except OSError:
+        return  # a full disk: the child's output is dropped, not the child
+    finally:
+        log.close()
+        pipe.close()
 
 
 def start_ticks(pid: int) -> int | None:

@@ -44,7 +44,12 @@ class AppCounts:
     launched: int = 0
     done: int = 0
     failed: int = 0
+    notes: list[str] = field(default_factory=list)  # said once each, above the progress line (an app's runtime chosen by its code)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, text: str) -> None:
+        with self.lock:
+            self.notes.append(text)
 
     def track(self, future) -> None:
         with self.lock:
@@ -125,17 +130,26 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
         else:
             with Progress(*columns, console=console, transient=True, redirect_stdout=True, redirect_stderr=False) as bar:
                 task = bar.add_task("apps", total=None, status="starting the controller")
+                told = 0
                 while thread.is_alive():
                     thread.join(0.5)
+                    new = apps.notes[told:]
+                    told += len(new)
+                    for note in new:
+                        bar.console.print(Text(f"pilotfill: {note}"), highlight=False)
                     if run_dir() is not None:
                         machine.read(run_dir())
                     failed = f"{apps.failed} failed · " if apps.failed else ""
                     problem = f" · [bold red]{escape(machine.problem)}[/]" if machine.problem else ""
                     bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine) + problem)
     else:
-        said, said_at = "", 0.0
+        said, said_at, told = "", 0.0, 0
         while thread.is_alive():
             thread.join(1.0)
+            new = apps.notes[told:]
+            told += len(new)
+            for note in new:
+                console.print(f"pilotfill: {note}", highlight=False, markup=False)
             if run_dir() is not None:
                 machine.read(run_dir())
             if not apps.launched:

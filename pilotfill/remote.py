@@ -15,7 +15,6 @@ local one with the same interface and the same serializer.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import secrets
@@ -99,7 +98,7 @@ def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
             out["jobs"] = [
                 {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "committed": j.committed,
                  "redone": j.redone, "rescales": j.rescales,
-                 "result": _value(j) if j.status == "finished" else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
+                 "result": _value(j, home / "run") if j.status == "finished" else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
                 for j in state.jobs()
             ]  # fmt: skip
             out["pilots"] = [{"id": p["id"], "scheduler_id": p["scheduler_id"], "state": p["state"], "nodes": len(p["nodes"])} for p in state.pilots()]
@@ -108,13 +107,16 @@ def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     return out
 
 
-def _value(job) -> Any:
-    """A finished job's result; values shipped back by the Parsl executor are decoded."""
+def _value(job, run_dir: Path) -> Any:
+    """A finished job's result; values shipped back by the Parsl executor are decoded (a large one is read from the run
+    directory, :mod:`pilotfill.results`)."""
     from parsl.serialize import deserialize
 
+    from .results import is_packed, unpack
+
     value = job.result
-    if isinstance(value, dict) and "parsl" in value:
-        value = deserialize(base64.b64decode(value["parsl"]))
+    if is_packed(value):
+        value = deserialize(unpack(run_dir, value))
     return value
 
 
@@ -130,7 +132,7 @@ def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
         state = State(home / "run", readonly=True)
         try:
             for j in state.jobs(("finished",)):
-                results.append({"job": j.id, "name": j.name, "value": _value(j)})
+                results.append({"job": j.id, "name": j.name, "value": _value(j, home / "run")})
         finally:
             state.close()
     output = (home / "pilotfill-run.out").read_text(errors="replace") if (home / "pilotfill-run.out").exists() else ""

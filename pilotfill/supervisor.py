@@ -28,6 +28,8 @@ from .lease import Lease
 log = logging.getLogger("pilotfill.supervisor")
 
 START_TIMEOUT_S = 120.0
+HEALTHY_S = 120.0
+"""A controller that ran this long before it died was well: its death is the first of a new row."""
 
 
 class ControllerFailed(RuntimeError):
@@ -47,12 +49,14 @@ class ControllerSupervisor:
     """Runs ``python -m pilotfill.controller`` on ``run_dir`` and keeps it running for the campaign."""
 
     def __init__(self, run_dir: Path, config: str | None, checkpoint_dir: Path, new_campaign: bool = True, max_restarts: int = 3,
-                 on_fatal: Callable[[str], None] = lambda why: None):  # fmt: skip
+                 on_fatal: Callable[[str], None] = lambda why: None, healthy_s: float = HEALTHY_S):  # fmt: skip
         self.run_dir, self.config, self.checkpoint_dir = Path(run_dir), config, Path(checkpoint_dir)
         self.new_campaign = new_campaign
         self.max_restarts = max_restarts
         self.on_fatal = on_fatal
-        self.restarts = 0
+        self.restarts = 0  # deaths in a row
+        self.healthy_s = healthy_s
+        self._started_at = time.monotonic()
         self.fatal: str | None = None
         self.fatal_config = False  # the controller stopped because the site config can never work (one line, exit 2)
         self.proc: subprocess.Popen | None = None
@@ -107,6 +111,7 @@ class ControllerSupervisor:
             argv.append("--new-campaign")
         out = self.run_dir / "controller.out"
         proc = procs.spawn(argv, log_path=str(out))
+        self._started_at = time.monotonic()
         endpoint = self.run_dir / "controller.json"
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -137,11 +142,13 @@ class ControllerSupervisor:
             code = proc.returncode
             if self._stopping.is_set():
                 return
+            if time.monotonic() - self._started_at >= self.healthy_s:
+                self.restarts = 0  # it was well: this death starts a new row
             if code in (EXIT_CONFIG, EXIT_JOURNAL) or self.restarts >= self.max_restarts:
                 why = self._why(code)
                 self.fatal_config = code == EXIT_CONFIG
                 if code not in (EXIT_CONFIG, EXIT_JOURNAL):
-                    why = f"the controller died {self.restarts + 1} times; {why}"
+                    why = f"the controller died {self.restarts + 1} times in a row (each within {self.healthy_s:.0f} s of its start); {why}"
                 self._give_up(why)
                 return
             self.restarts += 1

@@ -192,7 +192,32 @@ def describe(e: dict[str, Any], names: dict[str, str] | None = None) -> str:
 
 
 class RunUnreadable(RuntimeError):
-    """A run directory whose state cannot be read (empty, damaged, not pilotfill's); ``str()`` says which."""
+    """A run directory whose state cannot be read (empty, damaged, not pilotfill's, not yours); ``str()`` says which."""
+
+
+def unreadable(path: Path) -> str | None:
+    """Why ``path`` (a run directory or a file in it) cannot be read by this user, in words naming it and its owner and
+    what to do; None when it can (or does not exist: the caller says so)."""
+    import pwd
+
+    path = Path(path)
+    for part in [*reversed(path.parents), path]:
+        try:
+            os.stat(part)
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            return f"{part}: cannot be reached (a directory above it is not yours to enter)"
+    if os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        return None
+    st = path.stat()
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    me = pwd.getpwuid(os.getuid()).pw_name if os.getuid() != st.st_uid else owner
+    return (f"{path}: not readable by {me} (it is {owner}'s, mode {st.st_mode & 0o777:04o}): a run is private to the user who started it; "
+            f"run pilotfill top as {owner}")  # fmt: skip
 
 
 def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:

@@ -481,3 +481,58 @@ def test_state_files_made_immutable_mid_run_end_the_campaign_with_what_and_where
     again = run(campaign, "--config", str(fast), "--run-dir", str(run_dir))
     assert again.returncode == 2 and "immutable (chattr +i)" in " ".join(again.stderr.split()), again.stderr[-2000:]
     assert "Traceback" not in again.stderr
+
+
+# ---------------------------------------------------------------- 9. places that cannot be read or written: one line each
+
+
+@pytest.mark.parametrize("place", ["runs", "runs/parsl", "runs/checkpoints/.lock"])
+def test_an_immutable_place_of_the_run_is_one_line_naming_it_and_what_to_do(tmp_path, fast, immutable, place):
+    """An immutable ``runs/parsl`` was a 57-line traceback; an immutable ``runs/`` or ``runs/checkpoints/.lock`` said
+    only "cannot use it: Operation not permitted". Each is one line naming the file, what is wrong and what lifts it."""
+    campaign = tmp_path / "train.py"
+    campaign.write_text(TRAINING.format(total=100, apps=1))
+    (tmp_path / "runs" / "parsl").mkdir(parents=True)
+    (tmp_path / "runs" / "checkpoints").mkdir()
+    (tmp_path / "runs" / "checkpoints" / ".lock").write_text("")
+    immutable(tmp_path / place)
+    out = run(campaign, "--config", str(fast))
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert str(tmp_path / place) in lines[0] and "immutable (chattr +i)" in lines[0] and "chattr -i" in lines[0], lines[0]
+
+
+def _top_as_other_user(stop_fd: int, cwd: str, argv: list[str]) -> dict:
+    from typer.testing import CliRunner
+
+    from pilotfill.cli import app
+
+    os.chdir(cwd)
+    result = CliRunner().invoke(app, argv)
+    return {"code": result.exit_code, "output": result.output, "raised": repr(result.exception) if result.exception and not isinstance(result.exception, SystemExit) else None}
+
+
+def test_top_on_another_users_run_names_it_and_whose_it_is(tmp_path):
+    """``pilotfill top`` on another user's run directory was a raw PermissionError traceback, and with no argument
+    said "none under ./runs" when one was there but unreadable."""
+    import typer.testing  # noqa: F401 - imported before the fork: the other user cannot read the interpreter's files
+
+    import pilotfill.cli  # noqa: F401
+    import pilotfill.tui  # noqa: F401
+    from other_user import OTHER, as_other_user
+
+    runs = tmp_path / "runs"
+    run_dir = runs / "20261201-000000-abcd"
+    State(run_dir).close()  # a run directory, private to its user (root here)
+    run_dir.chmod(0o700)
+    for p in (tmp_path.parent.parent, tmp_path.parent, tmp_path, runs):  # the other user may reach runs/, not the run
+        p.chmod(p.stat().st_mode | 0o005)
+    given = as_other_user(_top_as_other_user, str(tmp_path), ["top", str(run_dir)]).result(timeout_s=120)
+    default = as_other_user(_top_as_other_user, str(tmp_path), ["top"]).result(timeout_s=120)
+    for said in (given, default):
+        assert said["code"] == 2 and said["raised"] is None, said
+        text = " ".join(said["output"].split())
+        assert f"not readable by {OTHER}" in text and "it is root's" in text and "run pilotfill top as root" in text, text
+        assert "Traceback" not in said["output"] and "none under" not in text
+        assert str(run_dir) in text

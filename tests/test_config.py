@@ -42,6 +42,13 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("[runtime]\ngpus_per_node = -1", "runtime.gpus_per_node: must be zero or more"),
         ("[local]\npilot_walltime_s = -5", "local.pilot_walltime_s: must be zero or more"),
         ("[runtime]\ncollective_timeout_s = 0", "runtime.collective_timeout_s: must be positive"),
+        # Values that validated and then broke (issue "Nothing an app or a value does relaunches a job for ever").
+        ("[controller]\ntick_s = 1e12", "controller.tick_s: must be between 0.01 and 60"),
+        ("[pilots]\nheartbeat_s = 1e-6", "pilots.heartbeat_s: must be between 0.05 and 600"),
+        ("[local]\npilot_walltime_s = 1", "local.pilot_walltime_s: 1 s cannot work: a pilot's nodes are drained"),
+        ("scheduler = 'pbs'\n[pbs]\nmin_walltime = '00:00:01'\nmax_walltime = '00:00:05'", "pbs.max_walltime: 00:00:05 cannot work"),
+        ("scheduler = 'slurm'\n[slurm]\ntime_min = '00:00:01'\ntime_max = '00:00:05'", "slurm.time_max: 00:00:05 cannot work"),
+        ("[pbs]\npoll_s = 1e9", "pbs.poll_s: must be between"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path, text, where):
@@ -56,6 +63,15 @@ def test_mistakes_name_file_and_key(tmp_path, text, where):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="no such config"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_every_bundled_name_that_help_promises_loads():
+    """``--config perlmutter`` said "no such config file" although --help promises bundled names: the site configs
+    are bundled with the package, and an unknown name lists them."""
+    assert load_config("perlmutter").scheduler == "slurm"
+    assert load_config("polaris").scheduler == "pbs"
+    with pytest.raises(ConfigError, match=r"bundled: local, perlmutter, polaris"):
+        load_config("frontier")
 
 
 def test_site_examples_load():

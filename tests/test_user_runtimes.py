@@ -177,13 +177,92 @@ def _campaign(tmp_path: Path, runtime: str) -> tuple[subprocess.CompletedProcess
     return out, sizes
 
 
-def test_a_horovod_campaign_under_the_default_config_stops_with_one_clear_line(tmp_path, horovod):
+def test_a_horovod_campaign_under_the_default_config_runs_under_horovod_saying_so_once(tmp_path, horovod):
+    """BFTrainer's users write Elastic Horovod and name no runtime: the app's code says Horovod (it imports
+    horovod.torch), so it runs under the Horovod runtime on the default config (torch), said once on the progress
+    line — no longer a RuntimeMismatch to fix by hand."""
     out, sizes = _campaign(tmp_path, "")
-    assert out.returncode == 1, out.stderr[-3000:]
-    failed = [line for line in out.stderr.splitlines() if line.startswith("failed")]
-    assert failed == [f"failed train(0.1): RuntimeMismatch: {horovod_message('torch')}"], out.stderr[-3000:]
-    assert "Traceback" not in out.stderr  # the line says it all
-    assert not sizes.exists(), "ranks trained as Horovod worlds of one"
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "world 2" in out.stdout
+    said = [line for line in out.stderr.splitlines() if "runs under the horovod runtime" in line]
+    assert len(said) == 1 and "train()" in said[0] and "(the config's is torch)" in said[0], out.stderr[-3000:]
+    seen = [json.loads(line) for line in sizes.read_text().splitlines()]
+    assert seen and {r["size"] for r in seen} == {2} and {r["rank"] for r in seen} == {0, 1}, seen  # one world of two
+
+
+TORCH_CAMPAIGN = """
+import json, os
+import pilotfill
+import torch.distributed as dist
+
+
+@pilotfill.elastic_app(min_nodes=2, max_nodes=2)
+def train():
+    dist.init_process_group("gloo")
+    return dist.get_world_size()
+
+
+print("world", train().result())
+"""
+
+
+def test_a_torch_campaign_under_a_horovod_config_runs_under_torch_saying_so_once(tmp_path, horovod):
+    config = tmp_path / "hvd.toml"
+    config.write_text(CONFIG.format(kind="horovod"))
+    campaign = tmp_path / "campaign.py"
+    campaign.write_text(TORCH_CAMPAIGN)
+    out = subprocess.run([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(config)], capture_output=True, text=True,
+                         timeout=600, cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "world 2" in out.stdout
+    said = [line for line in out.stderr.splitlines() if "runs under the torch runtime" in line]
+    assert len(said) == 1 and "(the config's is horovod)" in said[0], out.stderr[-3000:]
+
+
+def test_the_runtime_an_apps_code_is_written_for_is_read_from_its_code():
+    """What decides (pilotfill/executors/detect.py): imports and references of the function, its nested functions,
+    and the campaign's own helpers it calls; Horovod wins over torch; plain code says nothing."""
+    import horovod.torch as hvd
+    import torch
+    import torch.distributed as dist
+
+    from pilotfill.executors.detect import detect_runtime
+
+    def plain(x):
+        return x + 1
+
+    def imports_inside():
+        import horovod.torch as h  # noqa: F401
+
+    def module_global():
+        hvd.init()
+
+    def helper():
+        dist.init_process_group("gloo")
+
+    def calls_helper():
+        return helper()
+
+    def attribute_chain():
+        torch.distributed.init_process_group("gloo")
+
+    def both():
+        hvd.init()
+        dist.barrier()
+
+    def elastic_loop():
+        @hvd.elastic.run
+        def loop(state):
+            return state
+        return loop
+
+    assert detect_runtime(plain) is None
+    assert detect_runtime(imports_inside) == ("horovod", "imports horovod.torch")
+    assert detect_runtime(module_global)[0] == "horovod"
+    assert detect_runtime(calls_helper)[0] == "torch"
+    assert detect_runtime(attribute_chain) == ("torch", "calls init_process_group()")
+    assert detect_runtime(both)[0] == "horovod"
+    assert detect_runtime(elastic_loop)[0] == "horovod"
 
 
 def test_a_horovod_campaign_naming_its_runtime_runs_under_horovod_with_the_default_config(tmp_path, horovod):

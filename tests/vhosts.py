@@ -90,6 +90,7 @@ class VirtualHosts:
 
     def start(self) -> None:
         self.started = True
+        remove_stale()
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -106,6 +107,7 @@ class VirtualHosts:
             etc = NETNS_ETC / ns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(table)
+            (etc / OWNER).write_text(f"{os.getpid()} {self.bridge}\n")  # a later run removes what a killed one left
             # Names resolve from the hosts file alone: a DNS server the namespace cannot reach would make every lookup
             # of a name not listed wait out resolver timeouts (PBS's daemons took 20 s per step that way).
             (etc / "nsswitch.conf").write_text(NSSWITCH)
@@ -165,6 +167,31 @@ class VirtualHosts:
 
     def popen(self, host: str, argv: Sequence[str], user: str | None = None, env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.argv(host, argv, user, env), **kwargs)
+
+
+OWNER = "pilotfill-owner"
+
+
+def remove_stale() -> None:
+    """Remove the namespaces, bridges and hosts files of virtual hosts whose test process is gone (killed before its
+    ``stop()``): their daemons would hold ports and memory, their links clutter ``ip link``."""
+    if not NETNS_ETC.is_dir():
+        return
+    for etc in NETNS_ETC.glob("pf*-*"):
+        try:
+            pid, bridge = (etc / OWNER).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if os.path.exists(f"/proc/{pid}"):
+            continue
+        for p in _ip("netns", "pids", etc.name, check=False).stdout.split():
+            try:
+                os.kill(int(p), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        _ip("netns", "del", etc.name, check=False)
+        _ip("link", "del", bridge, check=False)
+        shutil.rmtree(etc, ignore_errors=True)
 
 
 def ensure_user(name: str, home: Path) -> pwd.struct_passwd:

@@ -34,10 +34,10 @@ import heapq
 import math
 from collections.abc import Iterator
 
+from ..config import DRAIN_MARGIN_S as MARGIN_S  # beyond the grace: for the command to reach the agent, the ranks to get SIGTERM
+
 WINDOW_MAX_S = 1800.0
 """A job waits for its next commit to leave an ending pilot at most this long before the drain."""
-MARGIN_S = 2.0
-"""Beyond the grace: for the command to reach the pilot's agent and the ranks to get SIGTERM."""
 
 
 def lead_s(grace_s: float, tick_s: float) -> float:

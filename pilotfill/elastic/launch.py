@@ -80,7 +80,7 @@ class LocalLauncher(NodeLauncher):
             self.terminate(host, job_id)
             self._reap(host, job_id, wait=True)
         log = str(self.log_path(host, job_id)) if self.log_dir is not None else None
-        proc = procs.spawn(argv, env={**self.base_env, **env, "PILOTFILL_HOST": host}, log_path=log)
+        proc = procs.spawn(argv, env={**self.base_env, **env, "PILOTFILL_HOST": host}, log_path=log, log_limit_bytes=procs.LOG_LIMIT_BYTES)
         with self._lock:
             self._running[(host, job_id)] = _Running(proc, procs.start_ticks(proc.pid))
 

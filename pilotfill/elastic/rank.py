@@ -15,7 +15,6 @@ rendezvous (:mod:`pilotfill.elastic.guard`).
 
 from __future__ import annotations
 
-import base64
 import importlib
 import os
 import sys
@@ -23,6 +22,7 @@ import traceback
 from collections.abc import Callable
 
 from ..procs import die_with_parent
+from ..results import pack
 from ..transport import Client
 from .ending import AppExited, exited, exited_text
 from .guard import refuse_horovod, refuse_torch_distributed
@@ -143,16 +143,26 @@ def run_parsl_task(client: Client, job_id: str, payload: str, sends_result: Call
         value = func(*args, **kwargs)
     except BaseException as exc:  # Parsl's wrapper catches Exception only: sys.exit(), KeyboardInterrupt end the app here
         value = RemoteExceptionWrapper(AppExited, exited(exc), exc.__traceback__)
-    packed = {"parsl": base64.b64encode(serialize(value)).decode()}
+    run_dir = client.run_dir
     if isinstance(value, RemoteExceptionWrapper):
         code = transient(value.e_value) if transient is not None else None
         if code is not None:
             return code
         tb = value.e_traceback.as_traceback() if value.e_traceback is not None else None
         error = "".join(traceback.format_exception(value.e_type, value.e_value, tb))
+        try:
+            packed = pack(run_dir, job_id, serialize(value))
+        except OSError as exc:  # the traceback still goes, without the exception object
+            client.request({"type": "job.failed", "job_id": job_id, "error": f"{error}\n{exc.strerror}"})
+            return 1
         client.request({"type": "job.failed", "job_id": job_id, "error": error, "value": packed})
         return 1
     if (sends_result or (lambda: horovod_rank() in (None, 0)))():
+        try:
+            packed = pack(run_dir, job_id, serialize(value))
+        except OSError as exc:  # a result too large for this run directory's disk: said, not retried
+            client.request({"type": "job.failed", "job_id": job_id, "error": f"the app returned a result it cannot deliver: {exc.strerror}"})
+            return 1
         client.request({"type": "job.result", "job_id": job_id, "value": packed})
     return 0
 

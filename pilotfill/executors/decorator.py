@@ -6,11 +6,13 @@
     @pilotfill.elastic_app(min_nodes=1, max_nodes=8, runtime="horovod")  # whatever the config says
     def train(lr, depth): ...            # hvd.init(), hvd.DistributedOptimizer, hvd.elastic.run
 
-The runtime follows the code: an app written for one runtime names it, and
-its calls run under that runtime whatever the site config's ``[runtime] kind``
-is (the config's is the default for apps that name none). Code that calls
-Horovod under a runtime that did not launch it fails at once, saying how to
-run it (:mod:`pilotfill.elastic.guard`).
+The runtime follows the code: an app that names one runs under it whatever
+the site config's ``[runtime] kind`` is; one that names none runs under the
+runtime its code is written for (Horovod code under Horovod, torch.distributed
+code under torch: :mod:`pilotfill.executors.detect`, said once on the progress
+line when it is not the config's), else under the config's. Code that calls
+Horovod under a runtime that did not launch it still fails at once, saying
+how to run it (:mod:`pilotfill.elastic.guard`).
 
 Arguments are checked when the decorator is applied, so a bad bound fails at
 import time with a clear message. The resource specification rides in Parsl's
@@ -30,6 +32,7 @@ from parsl import python_app
 
 from ..allocator import ProblemError, ScalingCurve
 from ..config import RUNTIMES
+from .detect import detect_runtime
 
 RESOURCE_KEY = "parsl_resource_specification"
 MAX_NODES = 1_000_000
@@ -85,9 +88,15 @@ def elastic_app(
             kwargs.pop(RESOURCE_KEY, None)
             return func(*args, **kwargs)
 
+        # No runtime named: the one the code is written for (executors/detect.py), else the config's.
+        own = {**spec, "name": func.__name__}
+        if runtime is None:
+            found = detect_runtime(func)
+            if found is not None:
+                own["runtime"], own["runtime_detected"] = found
         # Parsl reads the resource specification from the signature's default.
         params = list(inspect.signature(func).parameters.values())
-        extra = inspect.Parameter(RESOURCE_KEY, inspect.Parameter.KEYWORD_ONLY, default={**spec, "name": func.__name__})
+        extra = inspect.Parameter(RESOURCE_KEY, inspect.Parameter.KEYWORD_ONLY, default=own)
         plain = [p for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD]
         var_kw = [p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD]
         params = plain + [extra] + var_kw

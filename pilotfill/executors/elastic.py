@@ -15,7 +15,6 @@ thread pool instead of being turned into a training job.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import queue
@@ -29,13 +28,15 @@ from parsl.executors.base import ParslExecutor
 from parsl.serialize import deserialize
 
 from ..client import ControllerClient
+from ..results import ResultUnavailable, is_packed, unpack
 from ..state import TERMINAL
 from ..transport import ControllerUnavailable, Interrupted
 from .shipping import CannotShip, pack_call
 
 log = logging.getLogger("pilotfill.executor")
 
-SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "curves", "model", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime"}
+SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "curves", "model", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime",
+             "runtime_detected"}
 
 
 class CampaignHalted(RuntimeError):
@@ -65,11 +66,16 @@ def call_name(name: str, args: tuple, kwargs: dict, limit: int = 48) -> str:
 class ElasticExecutor(ParslExecutor):
     """Parsl executor backed by a pilotfill controller (started by ``pilotfill run``)."""
 
-    def __init__(self, controller_run_dir: str | Path, label: str = "elastic", poll_s: float = 0.5):
+    def __init__(self, controller_run_dir: str | Path, label: str = "elastic", poll_s: float = 0.5, default_runtime: str = "torch",
+                 on_note: Callable[[str], None] = lambda text: None):  # fmt: skip
+        """``default_runtime``: the site config's (``[runtime] kind``); ``on_note``: told once per app whose code chose
+        another (``pilotfill run`` puts it on the progress line)."""
         super().__init__()
         self.label = label
         self.controller_run_dir = Path(controller_run_dir)
         self.poll_s = poll_s
+        self.default_runtime, self.on_note = default_runtime, on_note
+        self._noted: set[str] = set()
         self._outbox: queue.Queue = queue.Queue()
         self._pending: dict[str, list[Future]] = {}  # job -> the futures of the calls it is (a call made twice is one job)
         self._stop = threading.Event()
@@ -93,6 +99,11 @@ class ElasticExecutor(ParslExecutor):
             return future
         job = {k: v for k, v in spec.items() if k in SPEC_KEYS and not (k == "runtime" and v is None)}  # no runtime: the config's
         function = job.get("name") or getattr(func, "__name__", "task")
+        detected = job.get("runtime_detected")
+        if detected and job.get("runtime") != self.default_runtime and function not in self._noted:
+            self._noted.add(function)  # once per app, not per call
+            self.on_note(f"{function}(): its code {detected}: it runs under the {job['runtime']} runtime (the config's is {self.default_runtime}); "
+                         f"elastic_app(runtime=...) chooses another")  # fmt: skip
         job["name"] = call_name(function, args, kwargs)
         try:
             payload = pack_call(job["name"], func, args, kwargs)
@@ -183,12 +194,17 @@ class ElasticExecutor(ParslExecutor):
                     if not future.done():
                         self._resolve(future, record)
 
-    @staticmethod
-    def _resolve(future: Future, record: dict[str, Any]) -> None:
+    def _resolve(self, future: Future, record: dict[str, Any]) -> None:
         result = record.get("result")
-        if isinstance(result, dict) and "parsl" in result:
-            # rank 0's return value, or Parsl's RemoteExceptionWrapper carrying the remote traceback
-            future.set_result(deserialize(base64.b64decode(result["parsl"])))
+        if is_packed(result):
+            # rank 0's return value, or Parsl's RemoteExceptionWrapper carrying the remote traceback; inline, or (a
+            # large one) in the run directory beside the journal
+            try:
+                data = unpack(self.controller_run_dir, result)
+            except ResultUnavailable as exc:
+                future.set_exception(exc)
+                return
+            future.set_result(deserialize(data))
         elif record["status"] == "finished":
             future.set_result(result)
         else:

@@ -210,7 +210,7 @@ class Agent:
         """End every job's processes on ``node`` (it is given back, its pilot is leaving, or its controller is gone)."""
         self._sweep([node])
 
-    def _sweep(self, nodes: list[str], job: str | None = None, deadline: float | None = None) -> None:
+    def _sweep(self, nodes: list[str], job: str | None = None, deadline: float | None = None, remote: bool = True) -> None:
         """SIGTERM every process of ``job`` (or of any job) on ``nodes``, SIGKILL what is left at ``deadline`` (default:
         the launcher's grace) — without blocking the loop; :meth:`_end` waits for every sweep before the agent goes.
 
@@ -230,7 +230,7 @@ class Agent:
                 ended.add((host, j))
         found = job_processes(self.run_dir, nodes, job)  # elsewhere than here: none on a real cluster; on one machine, all
         targets = terminate([*leaders, *found], skip_groups=leaders)  # the launcher signalled its own groups
-        remote = [self._end_remotely(n, job, deadline) for n in nodes if not self._is_here(n) and self.scheduler == "pbs"]
+        remote = [self._end_remotely(n, job, deadline) for n in nodes if not self._is_here(n) and self.scheduler == "pbs"] if remote else []
         with self._lock:
             self._sweeps.append(Sweep(targets, [r for r in remote if r is not None], deadline))
         jobs = sorted({j for _, j in ended} | set(found.values()))
@@ -278,15 +278,17 @@ class Agent:
         except (ControllerUnavailable, RequestRefused) as exc:
             log.error("could not tell the controller: %s", exc)
             code = 1
-        self._end(code, "leaving", kill_at=deadline - min(1.0, self.grace_s * 0.2))
+        # The batch system is ending this job: on every other host of it, MOM ends the tasks it ran there (the keepers and
+        # what they run) itself. Asking a sister MOM for one more task now only waits on it (5 s behind a sister host).
+        self._end(code, "leaving", kill_at=deadline - min(1.0, self.grace_s * 0.2), remote=False)
         return code
 
-    def _end(self, code: int, why: str, kill_at: float | None = None) -> int:
+    def _end(self, code: int, why: str, kill_at: float | None = None, remote: bool = True) -> int:
         """End every process on our nodes — SIGTERM, SIGKILL at ``kill_at`` (default: the launcher's grace) — and go
         only when all of it is gone: the batch system takes the nodes back once this agent has exited, and nothing
         of ours may still run there (recheck (a), (d): a main job waits for the pilot's whole session)."""
         log.info("ending (%s)", why)
-        self._sweep(list(self.nodes), deadline=kill_at)
+        self._sweep(list(self.nodes), deadline=kill_at, remote=remote)
         self._reap_sweeps(wait=True)
         self.launcher.close()
         # Last of the job's session: MOM sees the batch job end when its top process exits with nothing left behind.

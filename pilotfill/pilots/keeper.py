@@ -13,8 +13,9 @@ MOM's own kill reaches it), takes every orphan below it as a child subreaper,
 and exits only once the whole session is gone, with the command's status.
 
 It also writes the command's output to ``--log`` (the run directory, on the
-file system every node shares): a task's output through ``pbs_tmrsh`` reaches
-no file of the run otherwise.
+file system every node shares; capped and rotated as every rank's log is,
+:data:`pilotfill.procs.LOG_LIMIT_BYTES`): a task's output through ``pbs_tmrsh``
+reaches no file of the run otherwise.
 
     python -m pilotfill.pilots.keeper [--log FILE] [--settle-s S] -- ARGV…
 
@@ -31,6 +32,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from .. import procs
 
@@ -42,18 +44,18 @@ def keep(argv: list[str], log: str | None = None, settle_s: float = SETTLE_S) ->
     procs.become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    out = open(log, "ab", buffering=0) if log else None
     try:
-        try:
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                     preexec_fn=_child_setup)  # fmt: skip
-        except OSError as exc:
-            print(f"pilotfill keeper: cannot run {argv[0]!r}: {exc}", file=sys.stderr if out is None else out, flush=True)  # type: ignore[arg-type]
-            return 127
-        code = child.wait()
-    finally:
-        if out is not None:
-            out.close()
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if log else None, stderr=subprocess.STDOUT if log else None,
+                                 preexec_fn=_child_setup)  # fmt: skip
+    except OSError as exc:
+        print(f"pilotfill keeper: cannot run {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        return 127
+    pump = threading.Thread(target=procs.pump_log, args=(child.stdout, log), daemon=True) if log else None
+    if pump is not None:
+        pump.start()
+    code = child.wait()
+    if pump is not None:
+        pump.join(timeout=5)
     procs.settle_session(settle_s)
     return 128 - code if code < 0 else code
 
