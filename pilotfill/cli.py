@@ -120,7 +120,7 @@ def run(
 
 @app.command()
 def top(
-    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under ./runs).")] = None,
+    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under ./runs).", readable=False)] = None,
 ) -> None:
     """Watch a run live: pilots, node occupancy, jobs, events. Read-only; q or Ctrl-C leaves."""
     from .tui import top as show

@@ -168,10 +168,27 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
 
 
 def user_traceback(exc: BaseException) -> str:
-    """``exc``'s traceback with only the user's frames (not pilotfill's, Parsl's or Python's own)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _internal(f.filename)]
+    """``exc``'s traceback with only the user's frames (not pilotfill's, Parsl's or Python's own) — the app's own
+    raising lines included: code shipped to the ranks comes back named ``<dynamic-code>`` (cloudpickle drops file
+    names), and its frames are given back the file they came from (their globals' ``__file__``)."""
+    frames = [f for f in _frames(exc.__traceback__) if not _internal(f.filename)]
     text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))
     return ("Traceback (most recent call last):\n" + text if frames else text).rstrip()
+
+
+def _frames(tb) -> list[traceback.FrameSummary]:
+    import linecache
+
+    out = []
+    while tb is not None:
+        frame = tb.tb_frame
+        filename = frame.f_code.co_filename
+        if filename.startswith("<"):
+            filename = (getattr(frame, "f_globals", None) or {}).get("__file__") or filename
+        line = linecache.getline(filename, tb.tb_lineno).strip() if not filename.startswith("<") else None
+        out.append(traceback.FrameSummary(filename, tb.tb_lineno, frame.f_code.co_name, line=line))
+        tb = tb.tb_next
+    return out
 
 
 def _internal(filename: str) -> bool:

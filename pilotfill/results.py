@@ -36,10 +36,10 @@ def pack(run_dir: Path | str, job_id: str, data: bytes) -> dict[str, Any]:
         return {"parsl": base64.b64encode(data).decode()}
     digest = hashlib.sha256(data).hexdigest()
     folder = Path(run_dir) / RESULTS_DIR
-    folder.mkdir(mode=0o700, exist_ok=True)
     name = f"{job_id}.{digest[:16]}.parsl"
     tmp = folder / f".{name}.{os.getpid()}.tmp"
     try:
+        folder.mkdir(mode=0o700, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -47,7 +47,10 @@ def pack(run_dir: Path | str, job_id: str, data: bytes) -> dict[str, Any]:
             os.fsync(f.fileno())
         os.replace(tmp, folder / name)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
         raise OSError(exc.errno, f"the result ({len(data) / 1e6:.0f} MB) cannot be written to {folder / name}: {exc.strerror}") from None
     return {"parsl_file": f"{RESULTS_DIR}/{name}", "bytes": len(data), "sha256": digest}
 

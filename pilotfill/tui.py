@@ -200,7 +200,7 @@ def unreadable(path: Path) -> str | None:
     what to do; None when it can (or does not exist: the caller says so)."""
     import pwd
 
-    path = Path(path)
+    path = Path(path).absolute()
     for part in [*reversed(path.parents), path]:
         try:
             os.stat(part)

@@ -503,36 +503,35 @@ def test_an_immutable_place_of_the_run_is_one_line_naming_it_and_what_to_do(tmp_
     assert str(tmp_path / place) in lines[0] and "immutable (chattr +i)" in lines[0] and "chattr -i" in lines[0], lines[0]
 
 
-def _top_as_other_user(stop_fd: int, cwd: str, argv: list[str]) -> dict:
-    from typer.testing import CliRunner
-
-    from pilotfill.cli import app
-
-    os.chdir(cwd)
-    result = CliRunner().invoke(app, argv)
-    return {"code": result.exit_code, "output": result.output, "raised": repr(result.exception) if result.exception and not isinstance(result.exception, SystemExit) else None}
-
-
 def test_top_on_another_users_run_names_it_and_whose_it_is(tmp_path):
     """``pilotfill top`` on another user's run directory was a raw PermissionError traceback, and with no argument
-    said "none under ./runs" when one was there but unreadable."""
-    import typer.testing  # noqa: F401 - imported before the fork: the other user cannot read the interpreter's files
+    said "none under ./runs" when one was there but unreadable. Run as that other user (``nobody``), for real."""
+    import pwd
 
-    import pilotfill.cli  # noqa: F401
-    import pilotfill.tui  # noqa: F401
-    from other_user import OTHER, as_other_user
+    from other_user import OTHER, other_uid
+    from vhosts import Traversal
 
+    uid, gid = other_uid()
     runs = tmp_path / "runs"
     run_dir = runs / "20261201-000000-abcd"
+    run_dir.mkdir(parents=True)
     State(run_dir).close()  # a run directory, private to its user (root here)
     run_dir.chmod(0o700)
     for p in (tmp_path.parent.parent, tmp_path.parent, tmp_path, runs):  # the other user may reach runs/, not the run
         p.chmod(p.stat().st_mode | 0o005)
-    given = as_other_user(_top_as_other_user, str(tmp_path), ["top", str(run_dir)]).result(timeout_s=120)
-    default = as_other_user(_top_as_other_user, str(tmp_path), ["top"]).result(timeout_s=120)
-    for said in (given, default):
-        assert said["code"] == 2 and said["raised"] is None, said
-        text = " ".join(said["output"].split())
-        assert f"not readable by {OTHER}" in text and "it is root's" in text and "run pilotfill top as root" in text, text
-        assert "Traceback" not in said["output"] and "none under" not in text
+    access = Traversal()  # the other user runs this checkout's Python (pyenv's lives under /root, 0700)
+    access.grant([OTHER], [Path(sys.executable).resolve(), Path(sys.prefix), HERE.parent])
+    try:
+        said = []
+        for argv in (["top", str(run_dir)], ["top"]):
+            out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", sys.executable, "-m", "pilotfill", *argv],
+                                 capture_output=True, text=True, timeout=120, cwd=tmp_path, env={**os.environ, "HOME": "/nonexistent"})  # fmt: skip
+            said.append(out)
+    finally:
+        access.undo()
+    for out in said:
+        text = " ".join(out.stderr.split())
+        assert out.returncode == 2, out.stderr[-3000:]
+        assert f"not readable by {OTHER}" in text and f"it is {pwd.getpwuid(os.getuid()).pw_name}'s" in text and "run pilotfill top as" in text, text
+        assert "Traceback" not in out.stderr and "none under" not in text
         assert str(run_dir) in text

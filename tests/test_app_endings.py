@@ -72,11 +72,14 @@ def _run(tmp_path: Path, runtime: str, ending: str):
     return result, starts
 
 
+RUNTIME_FIXTURES = {"processes": None, "torch": "torch_runtime", "horovod": "horovod"}
+
+
 @pytest.mark.parametrize("ending", list(ENDINGS))
-@pytest.mark.parametrize("runtime", ["processes", "torch"])
+@pytest.mark.parametrize("runtime", list(RUNTIME_FIXTURES))
 def test_an_app_that_ends_itself_fails_once_saying_how(tmp_path, runtime, ending, request):
-    if runtime == "torch":
-        request.getfixturevalue("torch_runtime")
+    if RUNTIME_FIXTURES[runtime]:
+        request.getfixturevalue(RUNTIME_FIXTURES[runtime])
     result, starts = _run(tmp_path, runtime, ending)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
@@ -143,11 +146,11 @@ train().result()
 """
 
 
-@pytest.mark.parametrize("runtime", ["processes", "torch"])
+@pytest.mark.parametrize("runtime", list(RUNTIME_FIXTURES))
 def test_the_terminal_shows_the_apps_own_raising_lines(tmp_path, runtime, request):
     """The README promises "your frames only": the helper's line that raised, not just the campaign's call site."""
-    if runtime == "torch":
-        request.getfixturevalue("torch_runtime")
+    if RUNTIME_FIXTURES[runtime]:
+        request.getfixturevalue(RUNTIME_FIXTURES[runtime])
     (tmp_path / "c.toml").write_text(CONFIG.format(runtime=runtime))
     campaign = tmp_path / "campaign.py"
     campaign.write_text(HELPER_RAISES)
