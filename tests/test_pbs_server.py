@@ -111,10 +111,12 @@ def test_a_main_job_gets_a_preempted_pilots_vnode_when_the_agent_has_ended_not_a
 # ---------------------------------------------------------------- 5: every pilot deleted once
 
 
-def test_a_campaign_ends_deleting_each_held_pilot_once(real_pbs):
+@pytest.mark.parametrize("history", [False, True], ids=["history-off", "history-on"])
+def test_a_campaign_ends_deleting_each_held_pilot_once(real_pbs, history):
     """Turn 4 (g): at a normal end every held pilot was qdel'd twice, ~1 s apart (the pilot manager's cancel, then
-    the adapter's close deleting it again). A site admin sees each qdel."""
-    campaign = Campaign(real_pbs, "once", steps_campaign(apps=3, steps=16), site_config("processes", nodes_per_pilot=1))
+    the adapter's close deleting it again). A site admin sees each qdel. With job history off and on."""
+    real_pbs.history(history)
+    campaign = Campaign(real_pbs, f"once-{history}", steps_campaign(apps=3, steps=16), site_config("processes", nodes_per_pilot=1))
     with campaign:
         campaign.start()
         assert campaign.wait(300) == 0, campaign.text()[-3000:]
@@ -123,6 +125,8 @@ def test_a_campaign_ends_deleting_each_held_pilot_once(real_pbs):
     assert pilots
     wait_for(lambda: campaign.live_pilots() == {}, 60, "no pilot left")
     assert {j: deletes(real_pbs, j) for j in pilots if deletes(real_pbs, j) > 1} == {}
+    if history:  # each pilot is kept as F, none queued again
+        assert {v["job_state"] for j, v in real_pbs.jobs(history=True).items() if j in pilots} == {"F"}
 
 
 # ---------------------------------------------------------------- 3: nothing outlives a SIGKILLed `pilotfill run`

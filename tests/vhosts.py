@@ -107,7 +107,8 @@ class VirtualHosts:
             etc = NETNS_ETC / ns
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(table)
-            (etc / OWNER).write_text(f"{os.getpid()} {self.bridge}\n")  # a later run removes what a killed one left
+            OWNERS.mkdir(parents=True, exist_ok=True)
+            (OWNERS / ns).write_text(f"{os.getpid()} {self.bridge}\n")  # a later run removes what a killed one left
             # Names resolve from the hosts file alone: a DNS server the namespace cannot reach would make every lookup
             # of a name not listed wait out resolver timeouts (PBS's daemons took 20 s per step that way).
             (etc / "nsswitch.conf").write_text(NSSWITCH)
@@ -130,6 +131,7 @@ class VirtualHosts:
                     time.sleep(1.0)
             _ip("netns", "del", ns, check=False)
             shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+            (OWNERS / ns).unlink(missing_ok=True)
         _ip("link", "del", self.bridge, check=False)
         self.started = False
 
@@ -169,29 +171,30 @@ class VirtualHosts:
         return subprocess.Popen(self.argv(host, argv, user, env), **kwargs)
 
 
-OWNER = "pilotfill-owner"
+OWNERS = Path("/run/pilotfill-vhosts")  # namespace -> "pid bridge" of the test process that made it
 
 
 def remove_stale() -> None:
     """Remove the namespaces, bridges and hosts files of virtual hosts whose test process is gone (killed before its
     ``stop()``): their daemons would hold ports and memory, their links clutter ``ip link``."""
-    if not NETNS_ETC.is_dir():
+    if not OWNERS.is_dir():
         return
-    for etc in NETNS_ETC.glob("pf*-*"):
+    for owner in OWNERS.iterdir():
         try:
-            pid, bridge = (etc / OWNER).read_text().split()
+            pid, bridge = owner.read_text().split()
         except (OSError, ValueError):
             continue
         if os.path.exists(f"/proc/{pid}"):
             continue
-        for p in _ip("netns", "pids", etc.name, check=False).stdout.split():
+        for p in _ip("netns", "pids", owner.name, check=False).stdout.split():
             try:
                 os.kill(int(p), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
-        _ip("netns", "del", etc.name, check=False)
+        _ip("netns", "del", owner.name, check=False)
         _ip("link", "del", bridge, check=False)
-        shutil.rmtree(etc, ignore_errors=True)
+        shutil.rmtree(NETNS_ETC / owner.name, ignore_errors=True)
+        owner.unlink(missing_ok=True)
 
 
 def ensure_user(name: str, home: Path) -> pwd.struct_passwd:

@@ -63,7 +63,7 @@ def _epochs(state, forward, optimizer, xtr, ytr, rank_size, epochs: int, batch: 
         rank, size = rank_size()
         order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(seed + state.epoch))
         mine = order[rank::size]
-        steps = len(mine) // batch
+        steps = (len(xtr) // size) // batch  # the same on every rank: DDP's collectives pair up step for step
         while state.batch < steps:
             idx = mine[state.batch * batch : (state.batch + 1) * batch]
             optimizer.zero_grad()
