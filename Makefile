@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run replay test bench clean
+.PHONY: install run replay test test-fast bench clean
 
 install: $(STAMP)
 
@@ -22,8 +22,14 @@ run: install
 replay: install
 	$(BIN)/pilotfill replay --plot runs/replay-summit-64.png
 
+# Every tier (unit, local, site: tests/conftest.py), in two workers: a module's tests in one, the site tests (a real
+# Slurm, OpenPBS, tmux) one after another in one.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+
+# The in-process tests a change to the allocator or the controller's decisions needs first (under a minute).
+test-fast: install
+	$(BIN)/python -m pytest -q --tier unit -m "not slow"
 
 bench: install
 	$(BIN)/python benchmarks/bench_controller.py

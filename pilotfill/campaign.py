@@ -36,8 +36,8 @@ import runpy
 import secrets
 import signal
 import sys
-import threading
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field

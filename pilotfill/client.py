@@ -11,10 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .state import TERMINAL
+from .lifecycle import TERMINAL
 from .transport import Client
-
-
 
 
 class ControllerClient:

@@ -117,9 +117,6 @@ COLUMNS_ADDED = {
 }
 """Columns newer than the first schema: added in place to a run directory an older pilotfill made."""
 
-TERMINAL = ("finished", "failed", "cancelled")
-LIVE_PILOT_STATES = ("queued", "running", "leaving")
-
 
 class JournalError(RuntimeError):
     """The journal cannot be written (disk full, read-only, I/O error): the controller must stop."""

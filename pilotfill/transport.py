@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-
 from zmq.utils import z85
 
 from .security import AuthError, Verifier, channel_key, curve_keys, load_secret, nonce_of, seal, session_key

@@ -13,6 +13,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 SHARED = Path(os.environ.get("PILOTFILL_SHARED_DATA", HERE.parent.parent / "shared" / "data"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+os.environ.setdefault("PILOTFILL_VALIDATE", "1")  # every controller in the tests checks its world after every step
 
 
 @pytest.fixture
@@ -28,9 +29,55 @@ def shared_data() -> Path:
 JOB_HEADER = "name,model,submit_time,min_nodes,max_nodes,total_samples,scale_up_cost_s,scale_down_cost_s,nodes,samples_per_s"
 
 
+TIERS = {
+    "unit": "in-process: the allocator, the controller's decisions, replays, parsers (`make test-fast`, under a minute)",
+    "local": "real processes on the local virtual cluster: the controller, pilots, torch and Horovod ranks, the CLI",
+    "site": "a real batch system or terminal started by the tests: Slurm, OpenPBS, tmux; root, namespaces",
+}
+SITE_FIXTURES = {"slurm", "slurm_hosts", "pbs_server", "tmux"}
+"""Fixtures that start a real batch system or terminal: a test using one is in the site tier."""
+PROCESS_FIXTURES = {"local", "pbs", "typed_pbs", "torch_runtime"}
+"""Fixtures that start real processes: a test using one is not in the unit tier."""
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=sorted(TIERS), action="append", help="run only the tests of this tier (again for more)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slurm_conf(**settings): slurm.conf settings for the `slurm` fixture (see SlurmCluster)")
-    config.addinivalue_line("markers", "site: needs a real batch system started by the tests (Slurm, OpenPBS; root, namespaces)")
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: tier, {what}")
+    config.addinivalue_line("markers", "slow: an in-process test of more than a few seconds (a week's replay): not in `make test-fast`")
+
+
+def tier_of(item) -> str | None:
+    """The closest tier marker: the test's own, else its class's, else its module's ``pytestmark``."""
+    return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test is in one tier; one with none, or in a lighter tier than a fixture it uses, fails collection
+    (tiers that lie would make ``--tier unit`` start Slurm). ``--tier`` keeps the tests of the tiers named."""
+    wrong, keep, drop = [], [], []
+    for item in items:
+        tier, fixtures = tier_of(item), set(getattr(item, "fixturenames", ()))
+        if tier is None:
+            wrong.append(f"{item.nodeid}: no tier (mark it, or its module, with one of {', '.join(TIERS)})")
+        elif SITE_FIXTURES & fixtures and tier != "site":
+            wrong.append(f"{item.nodeid}: uses {', '.join(sorted(SITE_FIXTURES & fixtures))} but is marked {tier}")
+        elif PROCESS_FIXTURES & fixtures and tier == "unit":
+            wrong.append(f"{item.nodeid}: starts processes ({', '.join(sorted(PROCESS_FIXTURES & fixtures))}) but is marked unit")
+        (keep if not config.getoption("tier") or tier in config.getoption("tier") else drop).append(item)
+        # With pytest-xdist (`make test`: -n 2 --dist loadgroup) a module's tests run in one worker (its module and
+        # session fixtures are made once), and every site test in the same one, one after another: one real Slurm or
+        # OpenPBS at a time, as a site has.
+        item.add_marker(pytest.mark.xdist_group("site" if tier == "site" else item.path.stem))
+    if wrong:
+        raise pytest.UsageError("tests without a true tier:\n  " + "\n  ".join(wrong))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture

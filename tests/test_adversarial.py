@@ -26,6 +26,8 @@ from waiting import wait_for
 
 from pilotfill.state import State
 
+pytestmark = pytest.mark.local
+
 TRAINING = """
 import pilotfill
 
@@ -79,7 +81,6 @@ def progress(run_dir: Path) -> float:
 def flood(stop_fd: int, endpoint: str, count: int, size: int) -> int:
     """The other user: ``count`` messages of ``size`` bytes with a made-up MAC, at the controller's port."""
     import zmq
-
     from other_user import stopped
 
     ctx = zmq.Context()
@@ -168,7 +169,6 @@ def raid_store(stop_fd: int, host: str, port: int, values: int, hold: int) -> di
     from datetime import timedelta
 
     import torch.distributed as dist
-
     from other_user import stopped
 
     seen: dict = {"keys": [], "written": 0, "errors": []}

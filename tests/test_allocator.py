@@ -35,6 +35,8 @@ from pilotfill.allocator import nodelevel as nodelevel_module
 from pilotfill.allocator import typed as typed_module
 from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
 
+pytestmark = pytest.mark.unit
+
 POINTS = (0, 1, 2, 4, 8, 16, 32, 64)
 """Node counts at which the shared job files measure every curve."""
 

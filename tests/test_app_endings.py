@@ -18,6 +18,8 @@ from test_campaign import pilotfill_run
 
 from pilotfill.state import State
 
+pytestmark = pytest.mark.local
+
 CONFIG = """scheduler = "local"
 [local]
 nodes = 2

@@ -14,6 +14,8 @@ import pytest
 
 from pilotfill.state import State
 
+pytestmark = pytest.mark.local
+
 ROOT = Path(__file__).resolve().parent.parent
 
 FAST = """scheduler = "local"

@@ -9,6 +9,8 @@ import sys
 import pytest
 from conftest import JOB_HEADER
 
+pytestmark = pytest.mark.local
+
 JSON_KEYS = {"events", "idle_node_hours", "used_node_hours", "samples", "ideal_samples", "efficiency", "jobs_completed", "solve_ms_p50", "solve_ms_p99", "solve_ms_max"}
 
 TRACE = """time,node,state

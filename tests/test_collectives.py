@@ -22,6 +22,8 @@ import pytest
 from localrun import LocalRun
 from test_torch_runtime import MiniController, _processes_of
 
+pytestmark = pytest.mark.local
+
 HERE = Path(__file__).resolve().parent
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from pilotfill.config import ConfigError, load_config
 
+pytestmark = pytest.mark.unit
+
 
 def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -15,6 +15,8 @@ from pilotfill import procs
 from pilotfill.security import seal, session_key
 from pilotfill.transport import dealer
 
+pytestmark = pytest.mark.local
+
 
 def progress_watch(run: LocalRun, job_ids: list[str]):
     """Sample each job's committed progress; returns the list of samples per job."""

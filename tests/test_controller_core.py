@@ -16,10 +16,13 @@ from conftest import JOB_HEADER
 from pilotfill.allocator import DEFAULT_TYPE
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
+from pilotfill.controller.phases import Phase
 from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.replay import ReplayScheduler
 from pilotfill.state import State
 from pilotfill.traces import read_jobs, read_trace
+
+pytestmark = pytest.mark.unit
 
 T0 = "2021-02-10T00:00:00Z"
 
@@ -561,12 +564,12 @@ def test_a_large_decision_is_applied_in_the_next_pass_which_reads_no_request(tmp
     m.submit("c")  # far the best per node: the decision takes nodes for it
     allocations = len(m.events("allocation"))
     m.ctl.step(m.now)
-    assert m.ctl._decided is not None and m.ctl.busy and m.ctl.solves_next  # decided, not applied
+    assert m.ctl.decision.phase == Phase.APPLY and m.ctl.busy and m.ctl.solves_next  # decided, not applied
     assert len(m.events("allocation")) == allocations and m.job("c").status != "running"
     m.ctl.step(m.now)
     assert len(m.events("allocation")) == allocations + 1 and m.job("c").status == "running"
     m.at(0)
-    assert not m.ctl.busy and m.ctl._decided is None
+    assert not m.ctl.busy and m.ctl.decision.phase != Phase.APPLY
     assert sum(len(m.job(n).nodes) for n in "abc") == 4 and m.ctl.world.counters.get("nodes_released", 0) == 0
 
 
@@ -725,8 +728,8 @@ def test_a_large_decision_offers_the_nodes_it_leaves_free_in_the_next_pass(tmp_p
 
     def recording(now=None, more=False):
         step(now, more)
-        passes.append((running(), m.ctl._offer is not None, m.ctl.busy, len(m.ctl.world.ready)))
-        if changed_between and m.ctl._offer is not None and "late" not in m.ids:
+        passes.append((running(), (m.ctl.decision.phase == Phase.OFFER), m.ctl.busy, len(m.ctl.world.ready)))
+        if changed_between and (m.ctl.decision.phase == Phase.OFFER) and "late" not in m.ids:
             m.submit("late")  # a request between the decision and the offer
 
     m.ctl.step = recording
@@ -782,7 +785,7 @@ def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tm
     assert m.ctl.solves_next  # the next pass reads no request: it decides
     assert one_pass([]) == 1 and m.ctl.busy
     assert m.ctl.solves_next  # the pass after it applies the answer, reading no request either…
-    assert one_pass([]) == 1 and m.ctl._decided is None and m.ctl.busy
+    assert one_pass([]) == 1 and m.ctl.decision.phase != Phase.APPLY and m.ctl.busy
     assert m.ctl.solves_next  # …and the pass after that sizes the pilots, reading none either
     adjusted = []
     adjust = m.ctl.pilots.adjust
@@ -969,8 +972,8 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
             server.serve(lambda message: pytest.fail(f"read {message}"), 100, max_batch=0)
             assert asker.is_alive(), "the client gave up"
         assert one_pass(ctl, server) == 0 and decided == [1] and not replies  # the decision; the request waits
-        assert ctl.solves_next and ctl._decided is not None
-        assert one_pass(ctl, server) == 0 and ctl._decided is None and not replies  # its answer applied; it still waits
+        assert ctl.solves_next and ctl.decision.phase == Phase.APPLY
+        assert one_pass(ctl, server) == 0 and ctl.decision.phase != Phase.APPLY and not replies  # its answer applied; it still waits
         assert ctl.solves_next
         assert one_pass(ctl, server) == 0 and adjusted == [1] and not replies  # the pilots' sizing; it still waits
         handled = 0

@@ -12,6 +12,8 @@ from localrun import synthetic_job
 
 from pilotfill.describe import describe, watch
 
+pytestmark = pytest.mark.unit
+
 REPORT = importlib.import_module("pilotfill.report")  # the module (``pilotfill.report`` is also the function)
 
 
@@ -78,6 +80,7 @@ def test_watch_does_nothing_outside_pilotfill_or_on_other_ranks(monkeypatch):
     assert sent == []
 
 
+@pytest.mark.local
 def test_the_controller_keeps_the_first_descriptor_of_a_job(local):
     run = local()
     run.start()

@@ -10,10 +10,15 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from pilotfill.progress import AppCounts, Machine, line, plural
+
+pytestmark = pytest.mark.local
 
 CAMPAIGN = """
 import pilotfill
+
 
 @pilotfill.elastic_app(min_nodes=1, max_nodes=1)
 def train(x):

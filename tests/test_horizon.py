@@ -15,6 +15,8 @@ from pilotfill.allocator.horizon import MIN_SAMPLES, PRIOR_S, HoldModel
 from pilotfill.replay import Replay
 from pilotfill.traces import read_jobs, read_trace
 
+pytestmark = pytest.mark.unit
+
 T0 = "2021-02-10T00:00:00Z"
 NEW_USER = """
 scheduler = "local"
@@ -117,6 +119,7 @@ def test_where_nodes_come_and_go_every_few_seconds_nothing_grows_and_nothing_is_
     assert r.pilots_submitted <= r.idle_transitions
 
 
+@pytest.mark.local
 def test_a_new_users_jobs_grow_onto_idle_nodes(local):
     """The issue's case: 8 local nodes, no main workload, three trainings with no curve and no costs (the README's
     way), max 2 nodes each: within 30 s of the first throughput report they train on 6 nodes."""
@@ -179,6 +182,7 @@ def nodes_in_use(events: list[dict]) -> list[tuple[float, int]]:
     return out
 
 
+@pytest.mark.local
 def test_a_new_users_jobs_grow_onto_idle_vnodes_on_pbs_with_one_vnode_pilots(pbs, tmp_path):
     """The issue's case on the STAND-IN OpenPBS (OpenPBS is not packaged here; tests/pbs_standin reproduces what a real
     OpenPBS 23.06.06 did): eight free vnodes, one-vnode pilots, the README's way of writing trainings (no curve, no

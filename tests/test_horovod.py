@@ -8,6 +8,8 @@ import signal
 import pytest
 from localrun import LocalRun, committed_step, digits_job
 
+pytestmark = pytest.mark.local
+
 
 @pytest.fixture
 def local(tmp_path, horovod):

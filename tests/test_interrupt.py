@@ -10,11 +10,15 @@ pilot (``scancel`` here) and records ``controller.stopped``; `pilotfill run` exi
 
 from __future__ import annotations
 
+import pytest
 from interrupting import ctrl_c, journal, start_run, wait_until_nothing_left
 from waiting import wait_for
 
+pytestmark = pytest.mark.local
+
 CAMPAIGN = """
 import pilotfill
+
 
 @pilotfill.elastic_app(min_nodes=1, max_nodes=2, scale_up_cost_s=1.0, scale_down_cost_s=1.0)
 def train(i):
@@ -92,6 +96,7 @@ def test_ctrl_c_on_the_local_cluster_records_the_stop_and_leaves_nothing(tmp_pat
     wait_until_nothing_left(run_dir, grace_s=3.0)
 
 
+@pytest.mark.site
 def test_ctrl_c_on_slurm_cancels_every_pilot_and_leaves_nothing(slurm, tmp_path):
     run_dir, _ = interrupted_campaign(tmp_path, SLURM)
     assert journal(run_dir, "pilot.submitted")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pilotfill.schedulers.local import MIN_PERIOD_S, summit_schedule
+
+pytestmark = pytest.mark.local
 
 
 def test_trace_schedule_changes_hands_every_few_tens_of_seconds():

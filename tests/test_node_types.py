@@ -8,9 +8,11 @@ import json
 import pytest
 from localrun import synthetic_job
 
-from pilotfill.allocator.similarity import Descriptor, Library, Measured
 from pilotfill.allocator import ScalingCurve
+from pilotfill.allocator.similarity import Descriptor, Library, Measured
 from pilotfill.config import ConfigError, parse_config
+
+pytestmark = pytest.mark.unit
 
 TYPED = """
 scheduler = "local"
@@ -62,6 +64,7 @@ def test_node_type_configs_are_checked_with_the_key(text, message):
         parse_config(tomllib.loads(text), "site.toml")
 
 
+@pytest.mark.local
 def test_each_job_lands_on_the_type_that_suits_it_on_a_typed_local_cluster(local):
     run = local(config=TYPED)
     run.start()
@@ -84,6 +87,7 @@ def test_each_job_lands_on_the_type_that_suits_it_on_a_typed_local_cluster(local
     assert kinds == {"pf-node-0": "big", "pf-node-1": "big", "pf-node-2": "small", "pf-node-3": "small"}
 
 
+@pytest.mark.local
 def test_the_similarity_policy_places_new_jobs_before_they_have_run(local, tmp_path):
     lib = Library()
     conv = Descriptor(parameters=11e6, flops_per_sample=5.5e8, layers=18, batch_size=64, mix={"conv": 0.95, "linear": 0.05})

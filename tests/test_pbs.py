@@ -53,6 +53,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "pbs_standin"))
 import _standin  # noqa: E402  (the stand-in's own serializer, checked against the recordings)
 
+pytestmark = pytest.mark.local
+
 VM = ["vm[0]", "vm[1]", "vm[2]", "vm[3]"]
 N1 = ["vm-n1[0]", "vm-n1[1]", "vm-n1[2]", "vm-n1[3]"]
 VNODES = VM + N1  # real-23.06.06: two MOM hosts of four one-cpu vnodes

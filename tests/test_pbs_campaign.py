@@ -13,9 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from waiting import wait_for
 
 from pilotfill.state import State
+
+pytestmark = pytest.mark.local
 
 APPS = 4
 MAX_NODES = 2
@@ -44,6 +47,7 @@ kind = "processes"
 CAMPAIGN = f"""
 import os
 import pilotfill
+
 
 @pilotfill.elastic_app(min_nodes=1, max_nodes={MAX_NODES}, scale_up_cost_s=1.0, scale_down_cost_s=1.0)
 def train(i):

@@ -21,6 +21,8 @@ from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import PbsScheduler
 from pilotfill.state import State
 
+pytestmark = pytest.mark.local
+
 TYPES = (NodeTypeConfig("v100", select="gpu_type=v100", ranks_per_node=2), NodeTypeConfig("k80", select="gpu_type=k80"))
 
 

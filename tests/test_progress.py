@@ -21,6 +21,8 @@ from pilotfill.replay import Replay
 from pilotfill.state import State
 from pilotfill.traces import read_jobs, read_trace
 
+pytestmark = pytest.mark.unit
+
 T0 = "2021-02-10T00:00:00Z"
 
 
@@ -147,6 +149,7 @@ def test_jpa_charges_what_a_start_really_costs_in_the_simulated_runtime(write, t
     assert jpa.restart_cost(job_id, prior=30.0) == pytest.approx(20.0 + 100.0 / 2)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("runtime", ["processes", "torch"])
 def test_jpa_charges_what_a_start_really_costs_on_real_ranks(local, runtime, request, monkeypatch):
     """Real ranks that take 20 s before their first step (imports, rendezvous, restoring, a big model): the
@@ -181,6 +184,7 @@ def test_jpa_charges_what_a_start_really_costs_on_real_ranks(local, runtime, req
     run.client.cancel(job)
 
 
+@pytest.mark.local
 def test_a_real_job_preempted_past_its_declared_work_while_another_wants_its_node_finishes(local):
     """Real ranks (processes runtime) on one node: "a" declares 100 samples but really trains 2,000, committing every
     2 s; its node is taken back well past its declaration and returned while "b" waits for a node. Before progress

@@ -14,6 +14,8 @@ from test_campaign import FAST
 
 from pilotfill import remote
 
+pytestmark = pytest.mark.local
+
 ENDPOINT = "2f1e4a5c-6b7d-4e8f-9a0b-1c2d3e4f5a6b"
 
 CAMPAIGN = """

@@ -12,6 +12,8 @@ from pilotfill.controller import core as controller_core
 from pilotfill.replay import Replay, replay
 from pilotfill.traces import read_jobs, read_trace
 
+pytestmark = pytest.mark.unit
+
 T0 = "2021-02-10T00:00:00Z"
 
 
@@ -221,9 +223,10 @@ def test_ranks_on_nodes_of_several_types_run_at_the_slowest_ones_pace(write):
 
 
 def test_a_typed_replay_learns_per_type_and_the_similarity_policy_starts_from_a_library(write):
+    from dataclasses import replace
+
     from pilotfill.allocator import ScalingCurve
     from pilotfill.allocator.similarity import Descriptor, Library, Measured
-    from dataclasses import replace
 
     conv = Descriptor(parameters=1e7, layers=18, batch_size=64, mix={"conv": 1.0})
     lib = Library([Measured("conv-like", conv, {"fast": ScalingCurve((0, 1, 2), (0, 1000, 2000)), "slow": ScalingCurve((0, 1, 2), (0, 100, 200))})])

@@ -30,6 +30,8 @@ from pilotfill.config import ConfigError, load_config
 from pilotfill.state import State
 from pilotfill.transport import RequestRefused
 
+pytestmark = pytest.mark.local
+
 TRAINING = """
 import pilotfill
 

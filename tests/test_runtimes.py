@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from localrun import LocalRun, digits_job
 
+pytestmark = pytest.mark.local
+
 HERE = Path(__file__).resolve().parent
 
 CONFIG = """scheduler = "local"

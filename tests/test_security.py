@@ -14,6 +14,8 @@ from pilotfill import security, transport
 from pilotfill.security import AuthError, Verifier, create_secret, load_secret, seal
 from pilotfill.transport import Client, ControllerUnavailable, Server, dealer
 
+pytestmark = pytest.mark.unit
+
 
 def test_secret_is_private_and_stable(tmp_path):
     run = tmp_path / "run"

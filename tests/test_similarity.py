@@ -17,6 +17,8 @@ from pilotfill.allocator import Profiler, ScalingCurve
 from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
 from pilotfill.allocator.similarity import Descriptor, Library, LibraryError, Measured, similarity, uninformed
 
+pytestmark = pytest.mark.unit
+
 TYPES = ["fast", "slow"]
 
 

@@ -23,6 +23,8 @@ from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.slurm import SlurmScheduler, hostnames, is_policy_refusal
 from pilotfill.state import State
 
+pytestmark = pytest.mark.site
+
 
 def main_job(slurm, tmp: Path, nodes: int, tag: str, detail=lambda: "") -> tuple[float, float]:
     """Submit a job to the high-priority partition; return how long it waited to start (s), and how long of that

@@ -10,9 +10,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 from waiting import wait_for
 
 from pilotfill.state import State
+
+pytestmark = pytest.mark.site
 
 APPS = 3
 
@@ -38,6 +41,7 @@ kind = "processes"
 
 CAMPAIGN = f"""
 import pilotfill
+
 
 @pilotfill.elastic_app(min_nodes=1, max_nodes=2, scale_up_cost_s=1.0, scale_down_cost_s=1.0)
 def train(i):

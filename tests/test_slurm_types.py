@@ -14,6 +14,8 @@ from pilotfill.config import NodeTypeConfig, PilotConfig, SlurmConfig
 from pilotfill.schedulers.slurm import SlurmScheduler
 from pilotfill.state import State
 
+pytestmark = pytest.mark.site
+
 FEATURES = {"node1": "gpu,v100", "node2": "gpu,v100", "node3": "gpu,k80", "node4": "gpu,k80"}
 TYPES = (NodeTypeConfig("v100", constraint="gpu&v100"), NodeTypeConfig("k80", constraint="gpu&k80"))
 

@@ -9,11 +9,14 @@ import os
 import signal
 import time
 
+import pytest
 from waiting import wait_for
 
 from pilotfill.campaign import prepare_run_dir
 from pilotfill.lease import LEASE_FILE
 from pilotfill.supervisor import ControllerSupervisor
+
+pytestmark = pytest.mark.local
 
 CONFIG = """scheduler = "local"
 [local]

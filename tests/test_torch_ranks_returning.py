@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_campaign import pilotfill_run
 
 from pilotfill.state import State
+
+pytestmark = pytest.mark.local
 
 CONFIG = """scheduler = "local"
 [local]
@@ -33,6 +36,7 @@ kind = "torch"
 RANK_0_WORKS_ON = """
 import json
 import pilotfill
+
 
 @pilotfill.elastic_app(min_nodes=2, max_nodes=2)
 def train():

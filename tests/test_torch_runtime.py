@@ -26,6 +26,8 @@ from pilotfill.elastic.rendezvous import RendezvousBook, handle
 from pilotfill.security import create_secret
 from pilotfill.transport import Client, ControllerUnavailable, Server
 
+pytestmark = pytest.mark.local
+
 HERE = Path(__file__).resolve().parent
 COMMIT_EVERY = 4  # digits commits every 4 batches and at the end of each epoch
 

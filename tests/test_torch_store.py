@@ -12,6 +12,8 @@ import zmq
 from pilotfill.elastic.torch_store import Keys, StoreFull, StoreServer
 from pilotfill.security import create_secret
 
+pytestmark = pytest.mark.local
+
 
 def test_keys_are_bounded_and_the_least_recently_used_rounds_go_first():
     keys = Keys(budget=100, max_value=40)

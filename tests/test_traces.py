@@ -9,6 +9,8 @@ from conftest import JOB_HEADER
 
 from pilotfill.traces import InputError, parse_time, read_jobs, read_trace
 
+pytestmark = pytest.mark.unit
+
 TRACE = """
 time,node,state
 2021-02-10T00:00:00Z,n0,busy

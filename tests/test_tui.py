@@ -15,6 +15,8 @@ from rich.console import Console
 
 from pilotfill.tui import describe, render, view_from_snapshot
 
+pytestmark = pytest.mark.unit
+
 NOW = 1_800_000_000.0
 
 
@@ -162,6 +164,7 @@ def alive(session: str) -> bool:
     return subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0
 
 
+@pytest.mark.site
 def test_top_in_tmux_against_a_live_run(tmp_path, tmux):
     run = LocalRun(tmp_path)
     run.start()
@@ -191,6 +194,7 @@ def test_top_in_tmux_against_a_live_run(tmp_path, tmux):
     subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
 
 
+@pytest.mark.site
 def test_replay_tui_shows_the_simulated_machine(tmp_path, tmux):
     session = f"pf-replay-{os.getpid()}"
     tmux.append(session)
@@ -205,6 +209,7 @@ def test_replay_tui_shows_the_simulated_machine(tmp_path, tmux):
     assert "samples processed" in capture(session)  # the summary after the view
 
 
+@pytest.mark.site
 def test_run_tui_shows_the_campaign_then_its_output(tmp_path, tmux):
     from test_campaign import FAST
 
@@ -256,6 +261,7 @@ print("RESULTS", [f.result() for f in [work(i) for i in range(4)]])
 """
 
 
+@pytest.mark.site
 def test_run_in_a_terminal_shows_a_progress_line_that_moves(tmp_path, tmux):
     from test_campaign import FAST
 
@@ -280,6 +286,7 @@ def test_run_in_a_terminal_shows_a_progress_line_that_moves(tmp_path, tmux):
     assert "RESULTS [0, 1, 2, 3]" in capture(session)
 
 
+@pytest.mark.local
 def test_run_piped_prints_plain_lines(tmp_path):
     from test_campaign import FAST, pilotfill_run
 
@@ -296,6 +303,7 @@ def test_run_piped_prints_plain_lines(tmp_path):
     assert quiet.returncode == 0 and not [line for line in quiet.stderr.splitlines() if line.startswith("pilotfill: ")]
 
 
+@pytest.mark.site
 def test_live_view_at_80x24_names_jobs_in_the_events_pane(tmp_path, tmux):
     run = LocalRun(tmp_path)
     run.start()
@@ -315,6 +323,7 @@ def test_live_view_at_80x24_names_jobs_in_the_events_pane(tmp_path, tmux):
         run.stop()
 
 
+@pytest.mark.site
 def test_replay_tui_at_a_chosen_speed_is_still_drawing_after_5_s(tmp_path, tmux, shared_data):
     session = f"pf-speed-{os.getpid()}"
     tmux.append(session)

@@ -23,6 +23,8 @@ from localrun import LocalRun
 
 from pilotfill.elastic.guard import horovod_message, torch_message
 
+pytestmark = pytest.mark.local
+
 HERE = Path(__file__).resolve().parent
 
 CONFIG = """scheduler = "local"

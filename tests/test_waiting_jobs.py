@@ -12,6 +12,8 @@ from pilotfill.controller.waiting import WaitingJobs, admit, most_promising
 from pilotfill.controller.world import World
 from pilotfill.state import State
 
+pytestmark = pytest.mark.unit
+
 
 def admitted_by_the_loop(lo: list[int], room: int | None, limit: int, running: int) -> list[int]:
     """The rule as the loop over open jobs wrote it before it was one array operation."""

@@ -22,6 +22,8 @@ from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.replay import ReplayScheduler
 from pilotfill.traces import read_jobs, read_trace
 
+pytestmark = pytest.mark.unit
+
 T0 = "2021-02-10T00:00:00Z"
 GRACE_S = 5.0
 
@@ -221,6 +223,7 @@ def _drained_before_the_end_losing_at_most_one_commit(run: LocalRun, job: str, g
     assert not [e for e in events if e["kind"] in ("rank.lost", "job.crashed")], "ranks were killed by the batch system, not drained"
 
 
+@pytest.mark.local
 def test_a_local_pilot_with_a_short_walltime_is_drained_and_the_job_goes_on(local):
     run = local(config=LOCAL)
     run.start()
@@ -231,6 +234,7 @@ def test_a_local_pilot_with_a_short_walltime_is_drained_and_the_job_goes_on(loca
     _drained_before_the_end_losing_at_most_one_commit(run, job, grace_s=3.0)
 
 
+@pytest.mark.site
 def test_a_slurm_pilot_reaching_its_time_limit_is_drained_and_the_job_goes_on(slurm, tmp_path):
     run = LocalRun(tmp_path, config=SLURM)
     run.start(timeout_s=60)
@@ -297,6 +301,7 @@ def _not_grown_onto_an_ending_pilot(run: LocalRun, short: str, grower: str, lead
         assert ends[by] - t >= UP_S + DOWN_S - 1.0, f"{node} joined the job {ends[by] - t:.1f} s before its pilot's drain"
 
 
+@pytest.mark.local
 def test_a_job_is_not_grown_onto_a_local_pilot_whose_drain_comes_before_the_growth_pays(local):
     """Two pilots with staggered walltimes (pf-node-1 is busy for the first 3 s): a short job frees pf-node-0 within 20 s
     of its pilot's drain while a two-node job runs on pf-node-1. Growing onto it would pay 15 s up and 5 s down for
@@ -311,6 +316,7 @@ def test_a_job_is_not_grown_onto_a_local_pilot_whose_drain_comes_before_the_grow
 SLURM_STAGGERED = SLURM.replace("max_queued_pilots = 1", "max_queued_pilots = 2")
 
 
+@pytest.mark.site
 def test_a_job_is_not_grown_onto_a_slurm_pilot_whose_drain_comes_before_the_growth_pays(slurm, tmp_path):
     """The same on a real Slurm: the main partition holds two nodes for the whole test and a third for its first
     10 s, so the two pilots' one-minute time limits end about 10 s apart."""

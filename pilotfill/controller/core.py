@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import socket
 import time
 import traceback
@@ -34,20 +35,22 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import procs
-from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate
+from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate, compiled
 from ..allocator import Job as AllocJob
-from ..allocator import compiled
 from ..allocator.values import worth_per_node
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..elastic.ending import exit_words
+from ..lifecycle import TERMINAL, IllegalMove
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
 from ..protocol import READ_ONLY, ProtocolError, check, check_spec
-from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
+from ..schedulers.base import BatchScheduler, EndReason, EventKind, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
-from ..state import TERMINAL, JournalError, State
+from ..state import JournalError, State
 from ..transport import Park
+from .gateway import SchedulerGateway
+from .phases import Burst, Decision, Phase
 from .types import NodeTypes, local_node_types
 from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
 from .walltime import Walltimes, lead_s
@@ -92,6 +95,8 @@ MIN_COPIES = 4
 PRUNE_EVERY_S = 60.0
 KEEP_EVENTS = 50_000
 KEEP_ENDED_PILOTS = 2_000
+VALIDATE = os.environ.get("PILOTFILL_VALIDATE") == "1"
+"""Check the world's indexes after every step (the tests set it; it costs a pass over every job, pilot and node)."""
 
 
 class Meter:
@@ -201,7 +206,6 @@ class Controller:
         self._last_step: float | None = None
         self._polled_at = 0.0  # the last scheduler poll
         self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
-        self._scheduler_backoff: dict[str, tuple[float, float]] = {}  # call -> (not before, last delay)
         self._meters: dict[str, Meter] = {}
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
@@ -213,16 +217,8 @@ class Controller:
         self._kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
         self._kind_numbers = itertools.count()
         self._settle_since: float | None = None
-        self._more = False  # the pass being stepped read a full batch: more requests wait (see step)
-        self._sizing: Allocation | None = None  # a large decision's answer, its pilots sized in the next pass (when _sizing_owed)
-        self._sizing_owed = False
-        self._decided: Decided | None = None  # a large decision's answer, applied in the next pass
-        self._retaking = False  # that answer no longer held: the decision taken again is applied in its own pass
-        self._adjust_owed = False  # the pilots' question, put off to the next pass after a pass of many requests
-        self._owed = False  # a decision is owed to the next pass, at once (the sizing pass found the world changed, or one was put off)
-        self._handled = 0  # requests handled since the last step (see DECIDE_APART_MESSAGES)
-        self._offer: tuple[Problem, Allocation, list[list[Job]]] | None = None  # a large decision's free nodes, offered in the next pass
-        self._deferred_since: float | None = None
+        self.decision = Decision()  # what the next pass owes of a decision spread over passes (controller/phases.py)
+        self.burst = Burst()  # requests read in a row: a decision waits for the rest of a burst
         self._last_idle: int | None = None
         self._pruned_at = self.started
         self._account_at = self.started
@@ -236,11 +232,13 @@ class Controller:
         self._to_wake: set[str] = set()
         self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
+        self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock)  # every call into the batch system, backed off on failure
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
         self.waiting = WaitingJobs(self._waiting_kind, self._waiting_worth, self._waiting_version, self._waiting_traits)  # kept until a job changes
         self._idle_types: dict[str, int] | None = None
-        self.pilots = PilotManager(self)
+        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self, ends=self, incarnation=self.incarnation,
+                                   wake=self._wake_later)  # fmt: skip
         self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
             "pilot.register": self._on_pilot_register,
             "pilot.heartbeat": self._on_pilot_heartbeat,
@@ -385,7 +383,7 @@ class Controller:
                 for job in list(world.open.values()):
                     world.hold(job)
             live = [(p.id, p.scheduler_id) for p in world.pilots.values() if p.scheduler_id]
-            adopted = set(self._scheduler_call("adopt", self.scheduler.adopt, live) or []) if live else set()
+            adopted = set(self.gateway.call("adopt", self.scheduler.adopt, live) or []) if live else set()
             for pilot in list(world.pilots.values()):
                 if pilot.id in adopted:
                     self._heard[pilot.id] = now
@@ -447,7 +445,7 @@ class Controller:
 
     def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Apply requests that arrived together (:meth:`together`); their replies, in order."""
-        self._handled += len(messages)
+        self.burst.handled += len(messages)
         with self.together():
             return [self.handle(m) for m in messages]
 
@@ -513,7 +511,7 @@ class Controller:
 
     def capacity(self) -> int:
         """The most nodes a job could ever get: the machine (if the batch system says) within the configured cap."""
-        machine = self._scheduler_call("capacity", self.scheduler.capacity)
+        machine = self.gateway.call("capacity", self.scheduler.capacity)
         cap = self.config.controller.max_job_nodes
         return min(cap, machine) if isinstance(machine, int) and machine > 0 else cap
 
@@ -722,18 +720,22 @@ class Controller:
         a journal that cannot be written stops the controller.
         """
         now = self.clock() if now is None else now
-        self._more = more
+        self.burst.more = more
         try:
             self._step(now)
         except (JournalError, SchedulerConfigError):
             raise
-        except Exception:
+        except Exception as exc:
+            if VALIDATE and isinstance(exc, (IllegalMove, AssertionError)):
+                raise  # under test, a broken life cycle fails the test where it happened
             self._errors += 1
             if self._errors <= 10 or self._errors % 1000 == 0:
                 log.error("error in the controller's step (%d so far): %s", self._errors, traceback.format_exc())
             self.dirty = False  # do not retry the same failing decision every tick; the next event will
         self._last_step = now
-        self._handled = 0
+        self.burst.handled = 0
+        if VALIDATE:
+            self.world.validate()
 
     def _step(self, now: float) -> None:
         self._account(now)
@@ -747,12 +749,12 @@ class Controller:
     def _step_in_transaction(self, now: float) -> None:
         with self.journal.transaction():
             before, self._polled_at = self._polled_at, now
-            self._backlog.extend((event, before) for event in self._scheduler_call("poll", self.scheduler.poll, now) or [])
-            put_off = self._owed  # a decision the last pass put off is taken in this one, whatever this one polls
+            self._backlog.extend((event, before) for event in self.gateway.call("poll", self.scheduler.poll, now) or [])
+            put_off = self.decision.due_at_once  # a decision the last pass put off is taken in this one, whatever this one polls
             for _ in range(min(MAX_BATCH, len(self._backlog))):  # a wave of thousands (pilots at their walltime): in passes
                 event, polled_before = self._backlog.popleft()
                 self._on_pilot_event(event, now, polled_before)
-                self._handled += not put_off  # counted as requests are: a wave of events and a large decision, not in one pass
+                self.burst.handled += not put_off  # counted as requests are: a wave of events and a large decision, not in one pass
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
             self._drain_walltimes(now)
@@ -760,31 +762,34 @@ class Controller:
             idle, moved = self._idle(), False
             if self.types.typed:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
-            self._owed = False
+            decision = self.decision
+            decision.due_at_once = False
             if self.draining:
-                self._sizing, self._sizing_owed, self._offer = None, False, None  # stopping: no job starts or grows, no pilot is asked for
-                self._decided, self._adjust_owed = None, False
+                decision.drop()  # stopping: no job starts or grows, no pilot is asked for
                 self.pilots.forget_owed()
-            elif self._decided is not None:
+            elif decision.phase == Phase.APPLY:
                 self._apply_decided(now, idle)
-            elif self._offer is not None:
-                offer, self._offer = self._offer, None
+            elif decision.phase == Phase.OFFER:
+                offer = decision.offer
+                decision.advance(Phase.SIZE, sizing=decision.sizing)
                 if not self.dirty:  # else what changed is decided anew (the pass after the sizing's, if one is owed)
                     self._offer_free(offer, now)
-            elif self._sizing_owed:
+            elif decision.phase == Phase.SIZE:
                 # The last decision's answer still holds unless something changed since (then it is asked anew, and
                 # the decision that change needs is owed to the pass after).
-                answer, self._sizing, self._sizing_owed, self._owed = self._sizing, None, False, self.dirty
+                answer = decision.sizing
+                decision.advance(Phase.READY)
+                decision.due_at_once = self.dirty
                 self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
             elif self.dirty and (self.urgent or not self._settling(now)):
                 self._decide_when_due(now, idle)
-            elif self._adjust_owed or (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
-                if self._adjust_owed and self._deferring(now):
+            elif decision.question_owed or (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
+                if decision.question_owed and self._deferring(now):
                     pass  # owed, and a wave of requests or batch-system events is still read: asked after it, as a decision
-                elif not self._adjust_owed and self._puts_off_the_decision():  # the pilots' question weighs the machine too: put off once, as a decision
-                    self._adjust_owed = True
+                elif not decision.question_owed and self._puts_off_the_decision():  # the pilots' question weighs the machine too: put off once, as a decision
+                    decision.question_owed = True
                 else:  # the main workload moved, or a kept node's time is up
-                    self._adjust_owed, self._deferred_since = False, None
+                    decision.question_owed, self.burst.since = False, None
                     self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())
             elif self.pilots.owed:
                 self.pilots.settle_owed(now)  # a wave of idle nodes asked for, or of unused nodes given back, in passes
@@ -810,23 +815,23 @@ class Controller:
         """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
         decision's pilot sizing waits for the next pass, that pass found a decision to take, or pilots the last sizing
         asked for wait to be submitted, or nodes it gave back to be released (more than one pass submits or releases)."""
-        return (bool(self._backlog) or self._sizing_owed or self._owed or self._offer is not None or self._decided is not None or self._adjust_owed
+        return (bool(self._backlog) or self.decision.owes_a_pass or self.decision.due_at_once or self.decision.question_owed
                 or (self.pilots.owed and not self.draining))  # fmt: skip
 
     def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
         world = self.world
         pilot = world.pilot_of(event.pilot)
-        if event.kind == "started":
+        if event.kind == EventKind.STARTED:
             world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes), walltime_end=event.deadline)
             if pilot is not None:
                 world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
                 self.walltimes.track(pilot.id, event.deadline)
-        elif event.kind == "preempted":
+        elif event.kind == EventKind.PREEMPTED:
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
                 self.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline, taken=True)
-        elif event.kind == "ended" and event.detail.startswith("requeued"):
+        elif event.kind == EventKind.ENDED and event.reason == EndReason.REQUEUED:
             # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
             # its next agent registers as it. Unless that agent already did (it ran again between two polls).
             world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
@@ -834,11 +839,11 @@ class Controller:
                 self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
                 world.set_pilot(pilot, state="queued", nodes=[])
                 self._heard.pop(pilot.id, None)
-        elif event.kind == "ended":
+        elif event.kind == EventKind.ENDED:
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
                 self.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone",
-                                  taken=not event.detail.startswith("cancelled"))  # fmt: skip
+                                  taken=event.reason != EndReason.CANCELLED)  # fmt: skip
                 self.end_pilot(pilot, "ended", now)
                 self.dirty = True
 
@@ -900,7 +905,7 @@ class Controller:
             self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
             self.remove_nodes(list(pilot.nodes), now, "its pilot went silent", "gone", event="node.lost")
             self.end_pilot(pilot, "lost", now)
-            self._scheduler_call("cancel", self.scheduler.cancel, pilot_id)
+            self.gateway.call("cancel", self.scheduler.cancel, pilot_id)
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None:
         """A pilot is over (``ended`` or ``lost``); its nodes must have been removed. Its agent ends what ran there."""
@@ -919,7 +924,7 @@ class Controller:
         if self._deferring(now):
             return
         if self._puts_off_the_decision():
-            self._owed = self.urgent = True
+            self.decision.due_at_once = self.urgent = True
             return
         self.decide(now, idle, late=True)
 
@@ -927,7 +932,7 @@ class Controller:
         """True when a large decision due now goes to the next pass: this one handled many requests or batch-system
         events (see :data:`DECIDE_APART_MESSAGES`). The next pass reads no request (:attr:`solves_next`) and does not
         count what it polls, so it is put off once."""
-        return self._handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS
+        return self.burst.handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS
 
     @property
     def solves_next(self) -> bool:
@@ -935,17 +940,14 @@ class Controller:
         pilots' sizing after one — and so reads no request: a pass is either the replies to a batch of requests or one
         solve, never both (the requests wait one pass, as they wait for any pass). Not while a burst of batch-system
         events is read in passes, nor while stopping."""
-        if len(self.world.open) < SIZE_APART_JOBS or self.draining or self._offer is not None or self._backlog:
+        decision = self.decision
+        if len(self.world.open) < SIZE_APART_JOBS or self.draining or decision.phase == Phase.OFFER or self._backlog:
             return False
-        return self._sizing_owed or self._decided is not None or self._adjust_owed or (self._owed and self.dirty and self.urgent)
+        return decision.phase in (Phase.SIZE, Phase.APPLY) or decision.question_owed or (decision.due_at_once and self.dirty and self.urgent)
 
     def _deferring(self, now: float) -> bool:
         """True while a burst of requests or batch-system events is still being read (see :data:`FLOOD_DEFER_S`)."""
-        if not (self._more or self._backlog):
-            return False
-        if self._deferred_since is None:
-            self._deferred_since = now
-        return now - self._deferred_since < FLOOD_DEFER_S
+        return self.burst.deferring(now, bool(self._backlog), FLOOD_DEFER_S)
 
     def _settling(self, now: float) -> bool:
         """True while pilots asked for moments ago are still arriving (bounded in a row by SETTLE_MAX_S)."""
@@ -955,28 +957,6 @@ class Controller:
         if self._settle_since is None:
             self._settle_since = now
         return now - self._settle_since < SETTLE_MAX_S
-
-    def _scheduler_call(self, what: str, fn: Callable, *args):
-        """Call into the batch system; a failing or hanging command is logged, never fatal.
-
-        After a failure that kind of call is skipped for a while (doubling up to
-        five minutes), so a batch system that hangs costs one timeout per backoff
-        period rather than one per tick.
-        """
-        now = time.monotonic()
-        if now < self._scheduler_backoff.get(what, (0.0, 0.0))[0]:
-            return None
-        try:
-            result = fn(*args)
-        except Exception as exc:
-            _, delay = self._scheduler_backoff.get(what, (0.0, 0.0))
-            delay = min(300.0, max(1.0, delay * 2))
-            self._scheduler_backoff[what] = (time.monotonic() + delay, delay)
-            log.error("scheduler %s failed (next try in %.0f s): %s", what, delay, exc)
-            self.world.log("scheduler.error", self.clock(), during=what, error=str(exc)[-1000:], retry_in_s=delay)
-            return None
-        self._scheduler_backoff.pop(what, None)
-        return result
 
     # ------------------------------------------------------------ the decision
 
@@ -991,11 +971,10 @@ class Controller:
         is taken again and applied in the pass that takes it."""
         began = time.perf_counter()
         self.dirty = self.urgent = False
-        self._settle_since = self._deferred_since = None
+        self._settle_since = self.burst.since = None
         if idle is None:
             idle = self._last_idle or 0
         apart = len(self.world.open) >= SIZE_APART_JOBS
-        self._offer = None
         decided = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
@@ -1005,14 +984,13 @@ class Controller:
             self.methods[solved.answer.method] += 1
             self.last_method = solved.answer.method
             if solved.again:  # more copies of a kind are weighed: by the decision of the next pass, at once
-                self.dirty = self.urgent = self._owed = True  # due now: not held back while pilots arrive
+                self.dirty = self.urgent = self.decision.due_at_once = True  # due now: not held back while pilots arrive
                 return None
             decided = Decided(solved, solve_ms, idle, apart)
-            if late and apart and not self._retaking:
-                self._decided = decided
+            if late and apart and self.decision.phase != Phase.RETAKE:
+                self.decision.advance(Phase.APPLY, decided=decided)
                 self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
                 return solved.answer
-        self._retaking = False
         answer = self._carry_out(decided, now, idle, apart)
         self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
         return answer
@@ -1020,27 +998,30 @@ class Controller:
     def _carry_out(self, decided: Decided | None, now: float, idle: int, apart: bool) -> Allocation | None:
         """Apply a decision's answer and log it; then the pilots are sized on it (with ``apart``, in the next pass,
         after the nodes it leaves free are offered to the jobs it left out)."""
-        answer = None
+        answer = offer = None
         if decided is not None:
             active, problem, answer, left = decided.solved.active, decided.solved.problem, decided.solved.answer, decided.solved.left
             moved = self._apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(decided.solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
             if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
-                self._offer = (problem, answer, left)  # the nodes it leaves free: to the jobs it left out, in the next pass
-        if apart:
-            self._sizing, self._sizing_owed = answer, answer is not None
+                offer = (problem, answer, left)  # the nodes it leaves free: to the jobs it left out, in the next pass
+        if apart and offer is not None:
+            self.decision.advance(Phase.OFFER, offer=offer, sizing=answer)
+        elif apart and answer is not None:
+            self.decision.advance(Phase.SIZE, sizing=answer)
         else:
-            self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
+            self.decision.advance(Phase.READY)
+            if not apart:
+                self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
         return answer
 
     def _apply_decided(self, now: float, idle: int | None) -> None:
         """The pass after a large decision: its answer applied, unless something changed since it was taken (then it
         is taken again, in this pass, and applied at once)."""
-        decided, self._decided = self._decided, None
-        assert decided is not None
+        decided = self.decision.decided
         if self.dirty:
-            self._retaking = True
+            self.decision.advance(Phase.RETAKE)
             self._decide_when_due(now, idle if idle is not None else decided.idle)
             return
         self._carry_out(decided, now, decided.idle, decided.apart)
@@ -1048,8 +1029,8 @@ class Controller:
     def _idle(self) -> int | None:
         """Idle nodes the batch system has for us now (on a typed machine, asked per type: ``_idle_types``)."""
         if not self.types.typed:
-            return self._scheduler_call("idle", self.scheduler.idle_nodes)
-        self._idle_types = self._scheduler_call("idle", self.scheduler.idle_by_type)
+            return self.gateway.call("idle", self.scheduler.idle_nodes)
+        self._idle_types = self.gateway.call("idle", self.scheduler.idle_by_type)
         return sum(self._idle_types.values()) if self._idle_types is not None else None
 
     def _idle_types_now(self) -> dict[str, int] | None:
@@ -1289,8 +1270,8 @@ class Controller:
         moved = self._apply(offered, joined, now)
         self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method, counts={j: n for j, n in joined.counts.items() if n},
                        moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3), offered=len(offered))  # fmt: skip
-        if self._sizing is not None:
-            self._sizing = joined
+        if self.decision.phase == Phase.SIZE and self.decision.sizing is not None:
+            self.decision.sizing = joined
 
     def _waiting_kind(self, job: Job) -> int:
         """A waiting job's kind (:class:`.WaitingJobs`): :meth:`_kind`, or what sets it apart from every other."""
@@ -1685,7 +1666,7 @@ class Controller:
         log.info("shutting down")
         now = self.clock()
         self.runtime.close()
-        self._scheduler_call("close", self.scheduler.close)
+        self.gateway.call("close", self.scheduler.close)
         world = self.world
         with self.journal.transaction():
             for job in list(world.open.values()):

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..state import LIVE_PILOT_STATES, TERMINAL, State
+from ..lifecycle import JOB_MOVES, LIVE_PILOT_STATES, NODE_MOVES, PILOT_MOVES, TERMINAL, JobStatus, NodeState, PilotState, checked
+from ..state import State
 from .waiting import admit
 
 RECENTLY_ENDED = 10_000
@@ -30,7 +31,7 @@ RECENTLY_ENDED = 10_000
 class Node:
     name: str
     pilot: str | None
-    state: str  # ready | leaving | gone
+    state: NodeState
     since: float
     job: str | None = None
     deadline: float | None = None
@@ -41,7 +42,7 @@ class Node:
 class Pilot:
     id: str
     scheduler_id: str | None
-    state: str  # queued | running | leaving (ended and lost pilots leave memory)
+    state: PilotState  # queued, running or leaving: ended and lost pilots leave memory
     submitted: float
     requested: int = 0
     nodes: dict[str, None] = field(default_factory=dict)  # held now, in registration order
@@ -58,7 +59,7 @@ class Job:
     seq: int
     name: str
     spec: dict[str, Any]
-    status: str
+    status: JobStatus
     submitted: float
     progress: float = 0.0
     nodes: list[str] = field(default_factory=list)
@@ -117,6 +118,7 @@ class World:
         """Rebuild memory from the journal: what a new controller on the same run directory starts from."""
         for row in self.journal.jobs():
             job = Job(**{k: v for k, v in row.__dict__.items()})
+            job.status = JobStatus(job.status)
             self.jobs[job.id] = job
             if job.status not in TERMINAL:
                 (self.held if job.held else self.open)[job.id] = job
@@ -127,16 +129,24 @@ class World:
         self.jobs_version += 1
         self._changed.update(self.jobs)
         for row in self.journal.pilots(LIVE_PILOT_STATES):
-            pilot = Pilot(row["id"], row["scheduler_id"], row["state"], row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
+            pilot = Pilot(row["id"], row["scheduler_id"], PilotState(row["state"]), row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
                           row["walltime_end"], row["controller"], node_type=row.get("node_type"))  # fmt: skip
             self.pilots[pilot.id] = pilot
             if pilot.state == "queued":
                 self.queued[pilot.id] = pilot
         for row in self.journal.nodes():
-            node = Node(row["name"], row["pilot"], row["state"], row["since"], row["job"], row["deadline"], row.get("node_type"))
+            node = Node(row["name"], row["pilot"], NodeState(row["state"]), row["since"], row["job"], row["deadline"], row.get("node_type"))
             self.nodes[node.name] = node
             if node.state == "ready":
                 self.ready[node.name] = None
+        # A pilot's nodes are its nodes' rows: its own row lists the nodes it held when it last registered, not those
+        # that joined or went since (one write per node, not two), so a pilot adopted after a restart holds exactly
+        # the nodes that say they are its, and every one of them goes when it does.
+        for pilot in self.pilots.values():
+            pilot.nodes = {n: None for n in pilot.nodes if n in self.nodes and self.nodes[n].pilot == pilot.id and self.nodes[n].state != NodeState.GONE}
+        for node in self.nodes.values():
+            if node.state != NodeState.GONE and node.pilot in self.pilots:
+                self.pilots[node.pilot].nodes.setdefault(node.name, None)
         self.ready_version += 1
 
     # ---------------------------------------------------------------- counters and events
@@ -154,7 +164,7 @@ class World:
         seq = self._seq + 1
         self.journal.add_job(job_id, seq, name, spec, now, key)
         self._seq = seq
-        job = Job(job_id, seq, name, spec, "pending", now, key=key)
+        job = Job(job_id, seq, name, spec, JobStatus.PENDING, now, key=key)
         self.jobs[job_id] = job
         self.open[job_id] = job
         self.jobs_version += 1
@@ -173,7 +183,10 @@ class World:
         return f"j{self._seq + 1}"
 
     def update_job(self, job: Job, **fields: Any) -> None:
-        """Change a job's journaled fields (and its place among open jobs when its status changes)."""
+        """Change a job's journaled fields (and its place among open jobs when its status changes; a status its life
+        cycle does not reach from the job's raises :class:`~pilotfill.lifecycle.IllegalMove` before anything changes)."""
+        if "status" in fields:
+            fields["status"] = checked(JOB_MOVES, "job", job.id, job.status, fields["status"])
         self.journal.set_job(job.id, **fields)
         for k, v in fields.items():
             setattr(job, k, v)
@@ -272,12 +285,16 @@ class World:
     def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int, node_type: str | None = None) -> Pilot:
         typed = {"node_type": node_type} if node_type is not None else {}
         self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now, requested=requested, controller=controller, **typed)
-        pilot = Pilot(pilot_id, scheduler_id, "queued", now, requested, controller=controller, node_type=node_type)
+        pilot = Pilot(pilot_id, scheduler_id, PilotState.QUEUED, now, requested, controller=controller, node_type=node_type)
         self.pilots[pilot_id] = self.queued[pilot_id] = pilot
         return pilot
 
     def set_pilot(self, pilot: Pilot, **fields: Any) -> None:
-        """Change a live pilot's fields (``state`` among queued, running, leaving)."""
+        """Change a live pilot's fields (``state`` among queued, running, leaving: :data:`~pilotfill.lifecycle.PILOT_MOVES`)."""
+        if "state" in fields:
+            fields["state"] = checked(PILOT_MOVES, "pilot", pilot.id, pilot.state, fields["state"])
+            if fields["state"] not in LIVE_PILOT_STATES:
+                raise ValueError(f"pilot {pilot.id}: set_pilot keeps pilots live; end_pilot ends them")
         journaled = {k: (list(v) if k == "nodes" else v) for k, v in fields.items()}
         self.journal.upsert_pilot(pilot.id, **journaled)
         for k, v in fields.items():
@@ -291,7 +308,11 @@ class World:
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None:
         """The pilot is over (``ended`` or ``lost``): it leaves memory; its nodes must be removed first."""
+        state = checked(PILOT_MOVES, "pilot", pilot.id, pilot.state, state)
+        if state in LIVE_PILOT_STATES:
+            raise ValueError(f"pilot {pilot.id}: end_pilot ends it (ended or lost), not {state}")
         self.journal.upsert_pilot(pilot.id, state=state, ended=now, nodes=[])
+        pilot.state = state  # whoever still holds the object sees it ended: no move is left to it
         self.pilots.pop(pilot.id, None)
         self.queued.pop(pilot.id, None)
         self.ended_pilots[pilot.id] = state
@@ -320,13 +341,14 @@ class World:
     def node_joins(self, name: str, pilot: Pilot, now: float) -> None:
         typed = {"node_type": pilot.node_type} if pilot.node_type is not None else {}
         self.journal.set_node(name, pilot=pilot.id, state="ready", job=None, since=now, deadline=None, **typed)
-        self.nodes[name] = Node(name, pilot.id, "ready", now, node_type=pilot.node_type)
+        self.nodes[name] = Node(name, pilot.id, NodeState.READY, now, node_type=pilot.node_type)
         self.ready[name] = None
         self.ready_version += 1
         pilot.nodes[name] = None
 
     def set_node_state(self, node: Node, state: str, now: float, deadline: float | None = None) -> None:
         """``leaving`` (its pilot got SIGTERM) or ``gone``; a gone node leaves its pilot too."""
+        state = checked(NODE_MOVES, "node", node.name, node.state, state)
         self.journal.set_node(node.name, state=state, job=None, since=now, deadline=deadline)
         node.state, node.job, node.since, node.deadline = state, None, now, deadline
         if self.ready.pop(node.name, 0) is None:
@@ -344,6 +366,55 @@ class World:
 
     def nodes_of(self, names: Iterable[str]) -> list[Node]:
         return [self.nodes[n] for n in names if n in self.nodes]
+
+    # ---------------------------------------------------------------- consistency
+
+    def validate(self) -> None:
+        """Check that the derived indexes agree with the states (dask's ``validate_state``): the tests call it after
+        every step of the controller (``PILOTFILL_VALIDATE=1``); an :class:`AssertionError` names what disagrees."""
+        bad: list[str] = []
+
+        def expect(ok: bool, what: str) -> None:
+            if not ok:
+                bad.append(what)
+
+        for job in self.jobs.values():
+            expect(isinstance(job.status, JobStatus), f"job {job.id}: status {job.status!r} is not a JobStatus")
+            is_open = job.status not in TERMINAL
+            expect((job.id in self.open) == (is_open and not job.held), f"job {job.id} ({job.status}, held {job.held}): open index says {job.id in self.open}")
+            expect((job.id in self.held) == (is_open and job.held), f"job {job.id} ({job.status}, held {job.held}): held index says {job.id in self.held}")
+            expect((job.id in self.running) == (job.status == JobStatus.RUNNING), f"job {job.id} ({job.status}): running index says {job.id in self.running}")
+            if job.status != JobStatus.RUNNING:
+                expect(not job.nodes, f"job {job.id} ({job.status}) holds nodes {job.nodes[:3]}")
+            for n in job.nodes:
+                node = self.nodes.get(n)
+                expect(node is not None and node.state != NodeState.GONE, f"job {job.id} holds node {n}, which is {node.state if node else 'unknown'}")
+            cached = self._holding.get(job.id)
+            expect(cached is None or cached == frozenset(job.nodes), f"job {job.id}: its cached node set differs from its nodes")
+        seqs = [j.seq for j in self.open.values()]
+        expect(seqs == sorted(seqs), "open jobs are not in submission order")
+        for key, job_id in self.by_key.items():
+            expect(job_id in self.jobs and self.jobs[job_id].key == key, f"key {key[:12]} names job {job_id}, which has another key or none")
+        for pilot in self.pilots.values():
+            expect(pilot.state in LIVE_PILOT_STATES, f"pilot {pilot.id} in memory as {pilot.state!r}")
+            expect((pilot.id in self.queued) == (pilot.state == PilotState.QUEUED), f"pilot {pilot.id} ({pilot.state}): queued index says {pilot.id in self.queued}")
+            for n in pilot.nodes:
+                node = self.nodes.get(n)
+                expect(node is not None and node.pilot == pilot.id and node.state != NodeState.GONE,
+                       f"pilot {pilot.id} holds node {n}: {'unknown' if node is None else f'{node.state} of {node.pilot}'}")  # fmt: skip
+        expect(set(self.queued) <= set(self.pilots), "a queued pilot is not among the live pilots")
+        ready = {n.name for n in self.nodes.values() if n.state == NodeState.READY}
+        expect(ready == set(self.ready), f"ready index {sorted(set(self.ready) ^ ready)[:5]} disagrees with the nodes' states")
+        for node in self.nodes.values():
+            expect(isinstance(node.state, NodeState), f"node {node.name}: state {node.state!r} is not a NodeState")
+            if node.state == NodeState.READY:
+                expect(node.pilot in self.pilots and node.name in self.pilots[node.pilot].nodes, f"ready node {node.name}: its pilot {node.pilot} does not hold it")
+            if node.job is not None:
+                job = self.jobs.get(node.job)
+                expect(node.state == NodeState.READY and job is not None and job.status == JobStatus.RUNNING and node.name in job.nodes,
+                       f"node {node.name} ({node.state}) assigned to {node.job}, which does not hold it")  # fmt: skip
+        if bad:
+            raise AssertionError("the world disagrees with itself: " + "; ".join(bad[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""))
 
     # ---------------------------------------------------------------- what clients read
 

@@ -43,12 +43,12 @@ import importlib.util
 import logging
 import math
 import multiprocessing
-from multiprocessing import forkserver
 import os
 import signal
 import sys
 import threading
 import time
+from multiprocessing import forkserver
 from pathlib import Path
 
 from ..procs import die_with_parent

@@ -28,8 +28,8 @@ from parsl.executors.base import ParslExecutor
 from parsl.serialize import deserialize
 
 from ..client import ControllerClient
+from ..lifecycle import TERMINAL
 from ..results import ResultUnavailable, is_packed, unpack
-from ..state import TERMINAL
 from ..transport import ControllerUnavailable, Interrupted
 from .shipping import CannotShip, pack_call
 

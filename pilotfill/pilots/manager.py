@@ -37,15 +37,17 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from ..allocator import Allocation
+from ..config import PilotConfig
 from ..schedulers.base import PilotRefused, SchedulerConfigError
 from ..schedulers.commands import SchedulerCommandError
 
 if TYPE_CHECKING:
-    from ..controller.core import Controller
-    from ..controller.world import Pilot
+    from ..controller.gateway import SchedulerGateway
+    from ..controller.world import Pilot, World
 
 log = logging.getLogger("pilotfill.pilots")
 
@@ -69,11 +71,41 @@ REREQUEST_WINDOW_S = 60.0
 """A node given back and asked for again within this long is thrash a site sees (what the replay counts)."""
 
 
+class Question(Protocol):
+    """The one question the pilots ask of the jobs (the controller answers it with the allocator)."""
+
+    def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
+        """Nodes the jobs would use with ``extra`` more ready (``without`` these nodes of ours)."""
+
+    def wanted_types(self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str, int]:
+        """The same per node type."""
+
+    def job_ending_within(self, seconds: float) -> bool:
+        """Whether a running job is about to end (and free nodes another one may want)."""
+
+
+class Ends(Protocol):
+    """How nodes and pilots end: the controller's one way for each, so that every job that held them hears of it."""
+
+    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: str, deadline: float | None = None, event: str | None = None,
+                     taken: bool = False) -> None: ...  # fmt: skip
+
+    def end_pilot(self, pilot: Pilot, state: str, now: float) -> None: ...
+
+
 class PilotManager:
-    def __init__(self, controller: Controller):
-        self.controller = controller
-        self.world = controller.world
-        self.config = controller.config.pilots
+    """Submits, releases and cancels pilots; depends on the world, the batch system's gateway, the question and the
+    ends, not on the controller."""
+
+    def __init__(self, world: World, config: PilotConfig, gateway: SchedulerGateway, question: Question, ends: Ends, incarnation: int,
+                 wake: Callable[[str], None]):  # fmt: skip
+        self.world = world
+        self.config = config
+        self.gateway = gateway
+        self.question = question
+        self.ends = ends
+        self.incarnation = incarnation
+        self.wake = wake
         self._asked_at: dict[str, float] = {}  # queued pilot -> when submitted
         self._release: dict[str, set[str]] = {}  # pilot -> nodes to drop, told at its next heartbeat
         self._unused_since: dict[str, float] = {}  # node no decision wants -> since when (released after release_after_s)
@@ -145,20 +177,20 @@ class PilotManager:
             return  # everything held is used and nothing more could be had: nothing to size
         if answer is None and not world.open and not unused and pending == 0:
             return
-        wanted = self.controller.wanted(idle + pending, answer) if world.open else 0
+        wanted = self.question.wanted(idle + pending, answer) if world.open else 0
         surplus = ready - wanted
         spare = unused[:surplus] if surplus > 0 else []
         self._unused_since = {n: self._unused_since.get(n, now) for n in spare}
         if spare:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
-            if due and hold > 0 and self.controller.job_ending_within(REREQUEST_WINDOW_S):
+            if due and hold > 0 and self.question.job_ending_within(REREQUEST_WINDOW_S):
                 due = []  # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
             if due and world.open:
                 # Given back, these nodes would be idle, and the jobs would be asked about them as new ones (a new
                 # pilot's, valued over a fresh node's hold): keep those they would ask for again — releasing a node
                 # and asking for it back is the thrash a site sees.
-                again = self.controller.wanted(idle + pending + len(due), None, without=tuple(due))
+                again = self.question.wanted(idle + pending + len(due), None, without=tuple(due))
                 due = due[max(0, again - (ready - len(due)) - pending) :]
             if due:
                 self._give_back(due, now)
@@ -191,7 +223,7 @@ class PilotManager:
         if answer is None and not world.open and not any(unused.values()) and not any(pending.values()):
             return
         extra = {t: idle.get(t, 0) + pending.get(t, 0) for t in ready}
-        wanted = self.controller.wanted_types(extra, answer) if world.open else {}
+        wanted = self.question.wanted_types(extra, answer) if world.open else {}
         spare = []
         for t in ready:
             surplus = ready[t] - wanted.get(t, 0)
@@ -201,7 +233,7 @@ class PilotManager:
         if spare:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
-            if due and hold > 0 and self.controller.job_ending_within(REREQUEST_WINDOW_S):
+            if due and hold > 0 and self.question.job_ending_within(REREQUEST_WINDOW_S):
                 due = []  # as in adjust: a job about to end may make these wanted again
             if due and world.open:
                 due = self._not_wanted_again(due, extra, ready, pending)
@@ -222,7 +254,7 @@ class PilotManager:
         for name in due:
             by_type.setdefault(self.world.nodes[name].node_type or "", []).append(name)
         more = {t: extra.get(t, 0) + len(by_type.get(t, ())) for t in extra}
-        again = self.controller.wanted_types(more, None, without=tuple(due))
+        again = self.question.wanted_types(more, None, without=tuple(due))
         going = []
         for t, names in by_type.items():
             going += names[max(0, again.get(t, 0) - (ready.get(t, 0) - len(names)) - pending.get(t, 0)) :]
@@ -267,29 +299,29 @@ class PilotManager:
             later = list(by_pilot)[RELEASE_BATCH:]
             self._owed_release += [name for pilot in later for name in by_pilot.pop(pilot)]
         for pilot, names in by_pilot.items():
-            given = self.controller._scheduler_call("release", self.controller.scheduler.release, pilot, names)
+            given = self.gateway.call("release", self.gateway.scheduler.release, pilot, names)
             given = [n for n in given if n in names] if given is not None else []
             for name in names:
                 if name not in given:  # failed (logged with its command) or kept by the batch system: asked again later
                     self._unused_since[name] = now
             if not given:
                 continue
-            self.controller.remove_nodes(given, now, "released: no job needs it", "gone", event="node.released")
+            self.ends.remove_nodes(given, now, "released: no job needs it", "gone", event="node.released")
             for name in given:
                 self._unused_since.pop(name, None)
             self.world.count("nodes_released", len(given))
             self._release.setdefault(pilot, set()).update(given)
-            self.controller._wake_later(pilot)  # its agent ends what runs there and lets the nodes go now
+            self.wake(pilot)  # its agent ends what runs there and lets the nodes go now
 
     def _cancel_queued(self, now: float, node_type: str | None = None) -> None:
         for pilot in list(self.world.queued.values()):
             if node_type is not None and pilot.node_type != node_type:
                 continue
-            if self.controller._scheduler_call("cancel", self.controller.scheduler.cancel, pilot.id) is None and pilot.scheduler_id is None:
+            if self.gateway.call("cancel", self.gateway.scheduler.cancel, pilot.id) is None and pilot.scheduler_id is None:
                 continue
             self.world.log("pilot.cancelled", now, pilot=pilot.id, why="no job needs it any more")
             self.world.count("pilots_cancelled")
-            self.controller.end_pilot(pilot, "ended", now)
+            self.ends.end_pilot(pilot, "ended", now)
             self._asked_at.pop(pilot.id, None)
 
     def _set_problem(self, kind: str | None, reason: str, error: str, now: float, retry_at: float | None) -> None:
@@ -317,13 +349,13 @@ class PilotManager:
                 break
             size = min(cfg.nodes_per_pilot, nodes - asked)
             self._pilot_seq += 1
-            pilot_id = f"p{self.controller.incarnation}-{self._pilot_seq}"
+            pilot_id = f"p{self.incarnation}-{self._pilot_seq}"
             self.world.journal.set_meta("pilot_seq", str(self._pilot_seq))
             try:
                 if node_type is None:
-                    scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size)
+                    scheduler_id = self.gateway.scheduler.submit_pilot(pilot_id, size)
                 else:
-                    scheduler_id = self.controller.scheduler.submit_pilot(pilot_id, size, node_type=node_type)
+                    scheduler_id = self.gateway.scheduler.submit_pilot(pilot_id, size, node_type=node_type)
             except SchedulerConfigError as exc:  # the same answer every time: stop, naming the config key
                 log.error("pilot submission refused for good: %s", exc)
                 self.world.log("pilot.submit_refused", now, error=str(exc)[-1000:], reason=exc.reason, final=True)
@@ -343,7 +375,7 @@ class PilotManager:
             if self.problem is not None:
                 self._set_problem(None, "", "", now, None)
             self._submits.append(now)
-            self.world.add_pilot(pilot_id, scheduler_id, size, now, self.controller.incarnation, node_type)
+            self.world.add_pilot(pilot_id, scheduler_id, size, now, self.incarnation, node_type)
             self.world.log("pilot.submitted", now, pilot=pilot_id, scheduler_id=scheduler_id, nodes=size, **({"node_type": node_type} if node_type else {}))
             self.world.count("pilots_submitted")
             self._asked_at[pilot_id] = now

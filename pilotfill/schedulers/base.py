@@ -14,21 +14,39 @@ import shlex
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from ..config import PilotConfig
+
+
+class EventKind(StrEnum):
+    """What the batch system did to a pilot."""
+
+    STARTED = "started"  # it runs, on ``nodes``
+    PREEMPTED = "preempted"  # it is being killed: its nodes go by ``deadline``
+    ENDED = "ended"  # its run is over (see :class:`EndReason`)
+
+
+class EndReason(StrEnum):
+    """Why a pilot's run ended, where the controller acts on it (``detail`` says it to people)."""
+
+    REQUEUED = "requeued"  # the batch system put it back in the queue: the same pilot may run again
+    CANCELLED = "cancelled"  # cancelled (by us, or before it ran): its nodes were not taken from a running job
+    OTHER = "other"  # finished, killed, gone: its nodes were taken
 
 
 @dataclass(frozen=True)
 class PilotEvent:
     """Something the batch system did to a pilot: ``started`` (with nodes), ``ended`` or ``preempted``."""
 
-    kind: str
+    kind: EventKind
     pilot: str
     scheduler_id: str
     nodes: tuple[str, ...] = ()
     deadline: float | None = None
     detail: str = ""
+    reason: EndReason = EndReason.OTHER  # of an ``ended`` event
 
 
 class BatchScheduler(ABC):

@@ -37,7 +37,7 @@ import numpy as np
 from .. import procs
 from ..config import LocalConfig, PilotConfig, ScriptedChange
 from ..traces import read_trace
-from .base import BatchScheduler, PilotEvent
+from .base import BatchScheduler, EndReason, EventKind, PilotEvent
 
 EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-week-64nodes.csv.gz"
 WINDOW_HOURS = 6.0
@@ -112,6 +112,7 @@ class _Pilot:
     walltime_end: float | None = None
     kill_at: float | None = None
     why: str = ""
+    reason: EndReason = EndReason.OTHER  # why its run ends, for the controller
     died_at: float | None = None
 
 
@@ -196,14 +197,14 @@ class LocalScheduler(BatchScheduler):
     def cancel(self, pilot_id: str) -> None:
         pilot = self._running.get(pilot_id)
         if pilot is not None and pilot.kill_at is None:
-            self._terminate(pilot, "cancelled")
+            self._terminate(pilot, "cancelled", EndReason.CANCELLED)
 
     def poll(self, now: float) -> list[PilotEvent]:
         self._advance_workload(now)
         for pilot in list(self._running.values()):
             if not pilot.started_reported:
                 pilot.started_reported = True
-                self._events.append(PilotEvent("started", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.walltime_end))
+                self._events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.walltime_end))
             if pilot.walltime_end is not None and now >= pilot.walltime_end and pilot.kill_at is None:
                 self._terminate(pilot, "walltime")  # as Slurm ends a job at its time limit
             code = pilot.process.poll()
@@ -215,7 +216,8 @@ class LocalScheduler(BatchScheduler):
                 pilot.why = f"died ({code})"
             if code is not None:
                 del self._running[pilot.id]
-                self._events.append(PilotEvent("ended", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), detail=pilot.why or f"exit {code}"))
+                self._events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), detail=pilot.why or f"exit {code}",
+                                                      reason=pilot.reason))  # fmt: skip
             elif pilot.kill_at is not None and now >= pilot.kill_at:
                 procs.kill_group(pilot.process.pid)
         events, self._events = self._events, []
@@ -255,11 +257,11 @@ class LocalScheduler(BatchScheduler):
                 for pilot in self._running.values():
                     if change.node in pilot.nodes and pilot.kill_at is None:
                         self._terminate(pilot, f"preempted for {change.node}")
-                        self._events.append(PilotEvent("preempted", pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.kill_at))
+                        self._events.append(PilotEvent(EventKind.PREEMPTED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.kill_at))
             else:
                 self._busy.discard(change.node)
 
-    def _terminate(self, pilot: _Pilot, why: str) -> None:
-        pilot.why = why
+    def _terminate(self, pilot: _Pilot, why: str, reason: EndReason = EndReason.OTHER) -> None:
+        pilot.why, pilot.reason = why, reason
         pilot.kill_at = self.clock() + self.pilots.grace_s
         procs.signal_group(pilot.process.pid, signal.SIGTERM)

@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import NodeTypeConfig, PbsConfig, PilotConfig
-from .base import BatchScheduler, PilotEvent, PilotRefused, SchedulerConfigError, agent_argv
+from .base import BatchScheduler, EndReason, EventKind, PilotEvent, PilotRefused, SchedulerConfigError, agent_argv
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
@@ -709,8 +709,10 @@ class PbsScheduler(BatchScheduler):
         pilot.state, pilot.rerunning = status.state, status.rerunning
         new_run = status.running and status.run_count != pilot.run
         if pilot.running and (not status.running or new_run):
-            why = "requeued (preempted)" if status.rerunning or status.state in QUEUED_STATES or new_run else f"exiting ({status.state})"
-            events.append(PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why))
+            requeued = status.rerunning or status.state in QUEUED_STATES or new_run
+            why = "requeued (preempted)" if requeued else f"exiting ({status.state})"
+            events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.job, tuple(pilot.nodes), detail=why,
+                                     reason=EndReason.REQUEUED if requeued else EndReason.OTHER))  # fmt: skip
             pilot.running = False
         if status.rerunning:
             self._exiting[pilot.job] = list(status.vnodes or pilot.nodes or self._exiting.get(pilot.job, []))
@@ -731,7 +733,7 @@ class PbsScheduler(BatchScheduler):
             pilot.nodes = list(status.vnodes)  # the whole run: a requeued pilot gets its original select back
             pilot.primary = status.chunk_hosts[0] if status.chunk_hosts else pilot.hosts.get(pilot.nodes[0])
             deadline = time.time() + status.walltime_left_s if status.walltime_left_s is not None else None
-            events.append(PilotEvent("started", pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
+            events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
         return events
 
     def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
@@ -740,10 +742,10 @@ class PbsScheduler(BatchScheduler):
         self._exiting.pop(pilot.job, None)
         if pilot.running:
             pilot.running = False
-            return [PilotEvent("ended", pilot.id, pilot.job, tuple(pilot.nodes), detail=why)]
+            return [PilotEvent(EventKind.ENDED, pilot.id, pilot.job, tuple(pilot.nodes), detail=why)]
         if pilot.run:
             return []  # its last run's end was reported already (requeued, or exiting)
-        return [PilotEvent("ended", pilot.id, pilot.job, detail=f"{why} before it ran")]
+        return [PilotEvent(EventKind.ENDED, pilot.id, pilot.job, detail=f"{why} before it ran")]
 
     def _delete_again(self, pilot: _Pilot, status: JobStatus) -> list[PilotEvent]:
         """A pilot we deleted that PBS still has: never a start; back in the queue or on a new run, deleted again

@@ -39,7 +39,7 @@ from itertools import islice
 from typing import Any
 
 from ..traces import Trace
-from .base import BatchScheduler, PilotEvent
+from .base import BatchScheduler, EndReason, EventKind, PilotEvent
 
 log = logging.getLogger("pilotfill.schedulers.replay")
 
@@ -149,7 +149,7 @@ class ReplayScheduler(BatchScheduler):
             self.counts.cancelled += 1
             del self.queued[pilot_id]
             del self.pilots[pilot_id]
-            self._events.append(PilotEvent("ended", pilot_id, pilot.job_id, detail="cancelled while queued"))
+            self._events.append(PilotEvent(EventKind.ENDED, pilot_id, pilot.job_id, detail="cancelled while queued", reason=EndReason.CANCELLED))
         elif pilot.state == "running":
             self._terminate(pilot, "cancelled")
 
@@ -241,14 +241,14 @@ class ReplayScheduler(BatchScheduler):
         pilot.walltime_end = self.now + self.walltime_s
         self._timer(max(self.now, pilot.walltime_end - self.grace_s), pilot.id, "walltime")
         self.counts.started += 1
-        self._events.append(PilotEvent("started", pilot.id, pilot.job_id, tuple(take), deadline=pilot.walltime_end))
+        self._events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job_id, tuple(take), deadline=pilot.walltime_end))
         self.outbox.append({"type": "pilot.register", "pilot": pilot.id, "nodes": list(take), "scheduler_id": pilot.job_id, "pid": 0})
 
     def _terminate(self, pilot: _Pilot, why: str) -> None:
         """SIGTERM: the agent says it is leaving; the pilot is gone after the grace period."""
         pilot.state, pilot.end_at = "leaving", self.now + self.grace_s
         self._timer(pilot.end_at, pilot.id, "end")
-        self._events.append(PilotEvent("preempted", pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=pilot.end_at, detail=why))
+        self._events.append(PilotEvent(EventKind.PREEMPTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=pilot.end_at, detail=why))
         self.outbox.append({"type": "pilot.leaving", "pilot": pilot.id, "nodes": list(pilot.nodes), "deadline": pilot.end_at})
 
     def _end(self, pilot: _Pilot, why: str) -> None:
@@ -258,7 +258,7 @@ class ReplayScheduler(BatchScheduler):
                 self._free(n)
         self.pilots.pop(pilot.id, None)
         self.queued.pop(pilot.id, None)
-        self._events.append(PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why))
+        self._events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why))
         pilot.nodes = []
 
     def _free(self, n: str) -> None:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import NodeTypeConfig, PilotConfig, SlurmConfig
-from .base import BatchScheduler, PilotEvent, PilotRefused, agent_command
+from .base import BatchScheduler, EndReason, EventKind, PilotEvent, PilotRefused, agent_command
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.slurm")
@@ -439,19 +439,19 @@ class SlurmScheduler(BatchScheduler):
             if row.state == "RUNNING" and not pilot.running:
                 pilot.running, pilot.nodes = True, hostnames(row.nodelist)
                 left = _seconds(row.time_left)
-                events.append(PilotEvent("started", pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=time.time() + left if left is not None else None))
+                events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=time.time() + left if left is not None else None))
             elif row.state not in ACTIVE:
-                events += self._end(pilot, row.state.lower())
+                events += self._end(pilot, row.state.lower(), EndReason.CANCELLED if row.state == "CANCELLED" else EndReason.OTHER)
             elif row.state in WAITING and pilot.running:
                 pilot.running, pilot.nodes = False, []
-                events.append(PilotEvent("ended", pilot.id, pilot.job_id, (), detail="requeued"))
+                events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.job_id, (), detail="requeued", reason=EndReason.REQUEUED))
         return events
 
-    def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
+    def _end(self, pilot: _Pilot, why: str, reason: EndReason = EndReason.OTHER) -> list[PilotEvent]:
         self._pilots.pop(pilot.id, None)
         self._ended.add(pilot.job_id)
         self._idle_cache = self._types_cache = None
-        return [PilotEvent("ended", pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why)]
+        return [PilotEvent(EventKind.ENDED, pilot.id, pilot.job_id, tuple(pilot.nodes), detail=why, reason=reason)]
 
     def _nodes_now(self, pilot: _Pilot) -> list[str] | None:
         """The nodes squeue says the job holds now (none once it is over); None when it cannot tell."""

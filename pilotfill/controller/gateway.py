@@ -1,0 +1,53 @@
+"""The batch system as the controller calls it: a command that fails or hangs is logged, never fatal, and backed off.
+
+Every call the controller and the pilot manager make into the batch system (poll, idle nodes, capacity, release,
+cancel, adopt, close) goes through :meth:`SchedulerGateway.call`. After a failure, that kind of call is skipped for a
+while (doubling from 1 s up to five minutes), so a batch system that hangs costs one timeout per back-off period,
+not one per tick, and the journal says what failed and when it is tried again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..schedulers.base import BatchScheduler
+from .world import World
+
+log = logging.getLogger("pilotfill.controller")
+
+BACKOFF_MAX_S = 300.0
+
+
+class SchedulerGateway:
+    def __init__(self, scheduler: BatchScheduler, world: World, clock: Callable[[], float]):
+        self.scheduler = scheduler
+        self.world = world
+        self.clock = clock
+        self._backoff: dict[str, tuple[float, float]] = {}  # kind of call -> (not before, last delay)
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or None when it failed (logged and journaled) or its kind ``what`` is backed off."""
+        now = time.monotonic()
+        if now < self._backoff.get(what, (0.0, 0.0))[0]:
+            return None
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            _, delay = self._backoff.get(what, (0.0, 0.0))
+            delay = min(BACKOFF_MAX_S, max(1.0, delay * 2))
+            self._backoff[what] = (time.monotonic() + delay, delay)
+            log.error("scheduler %s failed (next try in %.0f s): %s", what, delay, exc)
+            self.world.log("scheduler.error", self.clock(), during=what, error=str(exc)[-1000:], retry_in_s=delay)
+            return None
+        self._backoff.pop(what, None)
+        return result
+
+    def backed_off(self, what: str) -> bool:
+        """Whether calls of kind ``what`` are skipped now (a recent failure)."""
+        return time.monotonic() < self._backoff.get(what, (0.0, 0.0))[0]
+
+
+__all__ = ["BACKOFF_MAX_S", "SchedulerGateway"]
