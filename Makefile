@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run replay test test-fast bench clean
+.PHONY: install run replay test test-fast bench bench-quick clean
 
 install: $(STAMP)
 
@@ -31,10 +31,12 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q --tier unit -m "not slow"
 
+# Every benchmark, what each printed written to docs/benchmarks.md with the commit, machine and date (an hour or more).
 bench: install
-	$(BIN)/python benchmarks/bench_controller.py
-	$(BIN)/python benchmarks/bench_allocator.py
-	$(BIN)/python benchmarks/bench_replay.py
+	$(BIN)/python benchmarks/report.py
+
+bench-quick: install
+	$(BIN)/python benchmarks/report.py --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

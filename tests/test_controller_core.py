@@ -17,6 +17,7 @@ from pilotfill.allocator import DEFAULT_TYPE
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
 from pilotfill.controller.phases import Phase
+from pilotfill.controller.views import AllocatorViews
 from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.replay import ReplayScheduler
 from pilotfill.state import State
@@ -361,7 +362,7 @@ def test_what_tells_waiting_jobs_apart_is_remembered_while_a_job_of_that_kind_is
         m.submit(name)
     m.at(0)
     ctl = m.ctl
-    kinds = {name: ctl._kind(m.job(name)) for name in m.specs if m.job(name).status != "running" and not m.job(name).nodes}
+    kinds = {name: ctl.views.kind(m.job(name)) for name in m.specs if m.job(name).status != "running" and not m.job(name).nodes}
     assert len(set(kinds.values())) == 2 and len(kinds) >= 4  # 2 run (2 nodes), the rest wait: of two kinds
     assert {kinds[n] for n in kinds if n[0] == "a"} != {kinds[n] for n in kinds if n[0] == "b"}
     b = next(number for name, number in kinds.items() if name[0] == "b")
@@ -370,19 +371,18 @@ def test_what_tells_waiting_jobs_apart_is_remembered_while_a_job_of_that_kind_is
         if name[0] == "b":
             assert ctl.handle({"type": "job.cancel", "job_id": m.ids[name]})["ok"]
     m.at(core.PRUNE_EVERY_S + 1)
-    assert b not in ctl._kind_ids.values() and (False, b) not in ctl._copies
-    assert len(ctl._kind_ids) == 1
+    assert b not in ctl.views.kind_ids.values() and (False, b) not in ctl._copies
+    assert len(ctl.views.kind_ids) == 1
     waiting = [n for n in m.specs if n[0] == "a" and m.job(n).status not in ("running", "finished") and not m.job(n).nodes]
-    assert all(ctl._kind(m.job(n)) in ctl._kind_ids.values() for n in waiting)
+    assert all(ctl.views.kind(m.job(n)) in ctl.views.kind_ids.values() for n in waiting)
 
 
 def test_waiting_jobs_of_different_models_or_per_type_curves_are_not_alike():
     """Copies are weighed a few at a time only where the allocator cannot tell them apart: jobs that differ only in
     their model (what the similarity policy predicts from) or in their curve per node type are different kinds."""
-    from pilotfill.controller.core import Controller
 
     base = {"min_nodes": 1, "max_nodes": 4, "total_samples": 1e9, "weight": 1.0, "scale_up_cost_s": 10.0, "scale_down_cost_s": 5.0}
-    kind = Controller._spec_kind
+    kind = AllocatorViews.spec_kind
     assert kind(dict(base)) == kind(dict(base))
     assert kind({**base, "model": {"mix": {"lstm": 1.0}}}) != kind({**base, "model": {"mix": {"resnet": 1.0}}})
     assert kind({**base, "model": {"a": 1, "b": 2}}) == kind({**base, "model": {"b": 2, "a": 1}})
@@ -468,7 +468,7 @@ def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of
     """Every rank reports what it did since its own last report, so two ranks' intervals never line up. The meter
     restarted its window whenever a report began before it: with two ranks 10 ms out of step it measured once (a
     window that began before either rank trained: 30 samples/s for 40) and never again."""
-    from pilotfill.controller.core import METER_WINDOW_S, Meter
+    from pilotfill.controller.meter import METER_WINDOW_S, Meter
 
     meter = Meter(2, since=0.0)
     assert meter.add(0.0, 0.3, 0.3, first=True, rank=("n0", 11)) is None  # ready after 0.3 s of start-up
@@ -482,7 +482,7 @@ def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of
 
 
 def test_a_report_that_spans_a_change_is_not_counted_and_a_replaced_rank_is_not_waited_for_ever():
-    from pilotfill.controller.core import RANK_SILENT_S, Meter
+    from pilotfill.controller.meter import RANK_SILENT_S, Meter
 
     meter = Meter(1, since=100.0)
     assert meter.add(500.0, 10.0, 105.0, rank=("n0", 1)) is None  # began at 95, before this size: not this size's rate
@@ -988,17 +988,15 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
 
 def _saturated_counting(tmp_path, write, monkeypatch, method: str):
     """Forty-four one-node jobs on four nodes (none gains from taking a node from another), 30 s in, with the
-    controller's ``method`` (a description of a waiting job) recording the job it is asked of: (machine, asked)."""
-    from pilotfill.controller import Controller
-
+    allocator views' ``method`` (a description of a waiting job) recording the job it is asked of: (machine, asked)."""
     asked: list[str] = []
-    real = getattr(Controller, method)
+    real = getattr(AllocatorViews, method)
 
     def counting(self, job):
         asked.append(job.id)
         return real(self, job)
 
-    monkeypatch.setattr(Controller, method, counting)
+    monkeypatch.setattr(AllocatorViews, method, counting)
     m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 1, 10.0) for i in range(44)])
     for name in list(m.specs):
         m.submit(name)
@@ -1013,7 +1011,7 @@ def test_the_pilots_question_asks_a_waiting_job_once_per_change_of_its_own_not_i
     change of the job (:meth:`.WaitingJobs.traits`), not a view of every waiting job in every pass. Forty jobs wait
     for four nodes: asked at three instants, each waiting job is asked at most once, and the answer is the whole pool
     (every node would be used)."""
-    m, asked = _saturated_counting(tmp_path, write, monkeypatch, "_waiting_traits")
+    m, asked = _saturated_counting(tmp_path, write, monkeypatch, "waiting_traits")
     waiting = {j.id for j in m.ctl.world.jobs.values() if j.status == "pending"}
     assert len(waiting) == 40
     asked.clear()
@@ -1030,7 +1028,7 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     asks of each (its kind) is made when the job changes, not in every decision (:class:`.WaitingJobs`).
     Forty jobs wait for four nodes; decisions taken while the running ones report describe no waiting job again; a job
     stopped joins the queue and is described, once."""
-    m, described = _saturated_counting(tmp_path, write, monkeypatch, "_waiting_kind")
+    m, described = _saturated_counting(tmp_path, write, monkeypatch, "waiting_kind")
     running = [j for j in m.ctl.world.jobs.values() if j.status == "running"]
     assert len(running) == 4 and len(set(described)) == 44 and len(described) == 44  # each once
     import pilotfill.controller.core as core

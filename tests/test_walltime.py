@@ -369,9 +369,9 @@ def test_at_machine_scale_the_pools_horizon_reads_the_nodes_again_when_a_hundred
 
     import numpy as np
 
-    from pilotfill.controller import core
+    from pilotfill.controller import horizon
 
-    monkeypatch.setattr(core, "HORIZON_EXACT_NODES", 0)
+    monkeypatch.setattr(horizon, "HORIZON_EXACT_NODES", 0)
     rows = [(t, f"n{i}", s) for t, i, s in [(5, 1, "idle"), (12, 2, "idle"), (20, 1, "busy"), (33, 3, "idle"), (41, 1, "idle"), (52, 2, "busy"),
                                             (70, 0, "busy"), (84, 0, "idle")]]  # fmt: skip
     m = Machine(tmp_path, write, {"n0": True, "n1": False, "n2": False, "n3": False}, rows, [linear("a", 1, 4, 100, up=1, down=1)], walltime_s=40.0)
@@ -382,7 +382,7 @@ def test_at_machine_scale_the_pools_horizon_reads_the_nodes_again_when_a_hundred
         world, ctl = m.ctl.world, m.ctl
         nodes = list(world.ready_nodes())
         now_read = [(n.since, world.pilots[n.pilot].walltime_end if n.pilot in world.pilots else None) for n in nodes]
-        if read is None or (read[0] != world.ready_version and (len(nodes) != len(read[1]) or m.now - read[2] >= core.HORIZON_REFRESH_S)):
+        if read is None or (read[0] != world.ready_version and (len(nodes) != len(read[1]) or m.now - read[2] >= horizon.HORIZON_REFRESH_S)):
             read = (world.ready_version, now_read, m.now)
         expected = ctl.holds.expected([m.now - since for since, _ in read[1]], [e - m.now if e else math.inf for _, e in read[1]])
         want = float(np.median(expected)) if len(read[1]) else ctl.holds.horizon([])
@@ -395,7 +395,7 @@ def test_at_machine_scale_the_pools_horizon_reads_the_nodes_again_when_a_hundred
     for pilot in {n.pilot for n in world.ready_nodes()}:
         world.set_pilot(world.pilots[pilot], walltime_end=m.now + 3.0)
     assert ctl.horizon(m.now) == before
-    assert ctl.horizon(m.now + core.HORIZON_REFRESH_S) <= 3.0  # read again: bounded by the walltimes
+    assert ctl.horizon(m.now + horizon.HORIZON_REFRESH_S) <= 3.0  # read again: bounded by the walltimes
 
 
 def test_what_the_ready_nodes_are_held_within_has_a_version_that_moves_with_every_change(tmp_path):

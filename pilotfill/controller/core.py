@@ -18,8 +18,6 @@ system and a simulated runtime — the same code, measured.
 from __future__ import annotations
 
 import gc
-import itertools
-import json
 import logging
 import math
 import os
@@ -27,7 +25,7 @@ import socket
 import time
 import traceback
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -35,9 +33,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import procs
-from ..allocator import Allocation, HoldModel, NodePool, Problem, ProblemError, Profiler, ScalingCurve, allocate, compiled
+from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, allocate, compiled
 from ..allocator import Job as AllocJob
-from ..allocator.values import worth_per_node
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..elastic.ending import exit_words
@@ -50,8 +47,11 @@ from ..security import create_secret, private_dir
 from ..state import JournalError, State
 from ..transport import Park
 from .gateway import SchedulerGateway
+from .horizon import PoolHorizon
+from .meter import Meter
 from .phases import Burst, Decision, Phase
 from .types import NodeTypes, local_node_types
+from .views import AllocatorViews
 from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
 from .walltime import Walltimes, lead_s
 from .world import Job, Pilot, World
@@ -64,10 +64,6 @@ SETTLE_S = 2.0
 """Growth waits this long for the other pilots of one request to arrive, so a job grows once, not once per pilot."""
 SETTLE_MAX_S = 10.0
 """…but never longer than this in a row."""
-METER_WINDOW_S = 2.0
-"""A job's throughput is measured over at least this much time at one size before the profiler sees it."""
-RANK_SILENT_S = 30.0
-"""A rank that has not reported for this long is not waited for when measuring its job (see Meter)."""
 STOP_MARGIN_S = 10.0
 """Stopping waits for ranks this long past the pilots' grace: for an agent's heartbeat to say they are gone."""
 MAX_BATCH = 256
@@ -85,11 +81,6 @@ DECIDE_APART_MESSAGES = 16
 the loop's next pass instead (at once: the loop does not wait in between), a pass that reads no request
 (:attr:`Controller.solves_next`): a thousand reports and a whole-machine decision are two passes, not one, and neither
 the replies nor the decision waits for both."""
-HORIZON_EXACT_NODES = 1000
-"""Below this many ready nodes the horizon reads every node's age and walltime whenever the ready nodes change."""
-HORIZON_REFRESH_S = 5.0
-"""Above :data:`HORIZON_EXACT_NODES`, the longest the horizon goes on a read of the pool made before a few nodes
-joined or left (see :meth:`Controller._pool_changed`): reading thousands costs a decision milliseconds."""
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
@@ -97,51 +88,6 @@ KEEP_EVENTS = 50_000
 KEEP_ENDED_PILOTS = 2_000
 VALIDATE = os.environ.get("PILOTFILL_VALIDATE") == "1"
 """Check the world's indexes after every step (the tests set it; it costs a pass over every job, pilot and node)."""
-
-
-class Meter:
-    """Samples a job processed at one size, summed over its ranks: its measured throughput at that size.
-
-    Each rank reports what it did since its own previous report, so the ranks' intervals are not aligned: one
-    window over all of them would always cut some rank's report in two (and, restarted whenever a report began
-    before it, never closed at all once two ranks reported out of step). So each rank (its host and process) is
-    measured over its own intervals, and the job's rate is the sum of its ranks' rates over a window they all
-    reported in. A rank silent for :data:`RANK_SILENT_S` (its process was replaced) is no longer waited for.
-    """
-
-    def __init__(self, nodes: int, since: float):
-        self.nodes, self.since, self.began = nodes, since, since
-        self._ranks: dict[tuple, list[float]] = {}  # (host, pid) -> [samples, seconds] since the window began, last report
-
-    def add(self, samples: float, seconds: float, now: float, first: bool = False, rank: tuple = ()) -> tuple[float, float] | None:
-        """Add one rank's report of ``samples`` over the last ``seconds``; every window, return (samples/s, seconds).
-
-        A rank's first report covers it starting (imports, rendezvous, restoring), not training: it opens a new
-        window, with the rank in it. A report that began before this size did spans a change and is not counted.
-        """
-        if first:
-            self.began = max(self.began, now - seconds)
-            self._ranks = {r: [0.0, 0.0, last] for r, (_, _, last) in self._ranks.items()}
-            self._ranks[rank] = [0.0, 0.0, now]
-            return None
-        if now - seconds < self.since:
-            return None
-        mine = self._ranks.setdefault(rank, [0.0, 0.0, now])  # a rank that kept running through the change (no restart)
-        mine[0] += samples
-        mine[1] += seconds
-        mine[2] = now
-        elapsed = now - self.began
-        if elapsed < METER_WINDOW_S:
-            return None
-        self._ranks = {r: v for r, v in self._ranks.items() if now - v[2] < RANK_SILENT_S}
-        if any(t <= 0 for _, t, _ in self._ranks.values()):
-            return None
-        rate = sum(n / t for n, t, _ in self._ranks.values())
-        if rate <= 0:
-            return None
-        self.began = now
-        self._ranks = {r: [0.0, 0.0, last] for r, (_, _, last) in self._ranks.items()}
-        return rate, elapsed
 
 
 class Solved(NamedTuple):
@@ -190,12 +136,9 @@ class Controller:
         self.started = clock()
         compiled.warm()  # the allocator's compiled DP is loaded before the loop, not in its first decision
         self.profiler = Profiler()
-        self.holds = HoldModel()  # how long nodes stay on this machine: the allocator's horizon
-        self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
+        self.pool_horizon = PoolHorizon(self.world, self.journal, config.controller.t_fwd)  # how long an allocation made now lasts
+        self.holds, self.lifetimes = self.pool_horizon.holds, self.pool_horizon.lifetimes
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
-        self._pool_arrays: tuple[int, np.ndarray, np.ndarray, float] | None = None  # (version, ready nodes' since, walltime ends, when read)
-        self._pool_holds: tuple[tuple, Any] | None = None  # (when, pool, samples) -> expected hold of each ready node
-        self._seed_holds()
         self.dirty = True
         self.urgent = False
         self.stopping = False
@@ -209,13 +152,8 @@ class Controller:
         self._meters: dict[str, Meter] = {}
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
-        self._curves: dict[str, ScalingCurve] = {}
         self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
         self._copies: dict[tuple[bool, int], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
-        self._alloc_jobs: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
-        self._kinds: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of what in it tells the job apart from other waiting jobs: see _kind)
-        self._kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
-        self._kind_numbers = itertools.count()
         self._settle_since: float | None = None
         self.decision = Decision()  # what the next pass owes of a decision spread over passes (controller/phases.py)
         self.burst = Burst()  # requests read in a row: a decision waits for the rest of a burst
@@ -235,7 +173,9 @@ class Controller:
         self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock)  # every call into the batch system, backed off on failure
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
-        self.waiting = WaitingJobs(self._waiting_kind, self._waiting_worth, self._waiting_version, self._waiting_traits)  # kept until a job changes
+        self.views = AllocatorViews(self.world, self.profiler, self.types)  # the allocator's view of each job, made anew when it changed
+        views = self.views
+        self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version, views.waiting_traits)  # kept until a job changes
         self._idle_types: dict[str, int] | None = None
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self, ends=self, incarnation=self.incarnation,
                                    wake=self._wake_later)  # fmt: skip
@@ -265,50 +205,9 @@ class Controller:
 
     # ------------------------------------------------------------ construction
 
-    def _seed_holds(self) -> None:
-        """Learn from the holds an earlier controller on this run directory saw end (the journal keeps them)."""
-        for kind in ("node.leaving", "node.gone"):
-            for event in self.journal.events(kind):
-                held = event["data"].get("held_s")
-                if isinstance(held, (int, float)):
-                    self.holds.observe(float(held))
-
     def horizon(self, now: float, extra: int = 0) -> float:
-        """Seconds an allocation made now is expected to last: ``controller.t_fwd`` where set (BFTrainer's
-        fixed look-ahead, for comparisons), else the pool's expected hold — each node's learned expectation
-        for its age, within its pilot's walltime left (``extra`` nodes: fresh, within a new pilot's)."""
-        fixed = self.config.controller.t_fwd
-        if fixed > 0:
-            return fixed
-        world = self.world
-        key = (now, world.ready_version, self.holds.samples)
-        if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
-            if self._pool_arrays is None or (self._pool_arrays[0] != world.ready_version and self._pool_changed(now)):
-                # Thousands of nodes at machine scale, read one by one only when the ready nodes changed.
-                nodes = [world.nodes[name] for name in world.ready]
-                ends = {pilot_id: pilot.walltime_end or math.inf for pilot_id, pilot in world.pilots.items()}  # per pilot, not per node
-                since = np.fromiter([n.since for n in nodes], dtype=float, count=len(nodes))
-                ending = np.fromiter([ends.get(n.pilot, math.inf) for n in nodes], dtype=float, count=len(nodes))
-                self._pool_arrays = (world.ready_version, since, ending, now)
-            _, since, ending, _ = self._pool_arrays
-            self._pool_holds = (key, self.holds.expected(now - since, ending - now))
-        held = self._pool_holds[1]
-        fresh = self.holds.expected([0.0]) if extra else held[:0]
-        expected = np.concatenate([held, np.repeat(fresh, extra)]) if extra else held
-        horizon = float(np.median(expected)) if expected.size else self.holds.horizon([])
-        if self.lifetimes.samples >= self.lifetimes.min_samples:
-            # Nodes may stay for hours while a job's share changes every few seconds (at machine scale every event
-            # moves some job): what a change gains lasts until the next change to that job, not as long as the nodes.
-            horizon = min(horizon, float(self.lifetimes.expected([0.0])[0]))
-        return horizon
-
-    def _pool_changed(self, now: float) -> bool:
-        """Whether the ready nodes changed enough since the pool's ages and walltimes were read to read them again:
-        always below :data:`HORIZON_EXACT_NODES`; above, once a hundredth of them joined or left, or after
-        :data:`HORIZON_REFRESH_S` (the horizon is a median over thousands of nodes, which a few do not move)."""
-        _, since, _, read_at = self._pool_arrays
-        ready = len(self.world.ready)
-        return ready < HORIZON_EXACT_NODES or abs(ready - since.size) * 100 >= since.size or now - read_at >= HORIZON_REFRESH_S
+        """Seconds an allocation made now is expected to last (:meth:`.PoolHorizon.at`)."""
+        return self.pool_horizon.at(now, extra)
 
     def _make_runtime(self) -> Runtime:
         """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`)."""
@@ -802,7 +701,9 @@ class Controller:
                 self._journal_accounts()
                 self.world.prune(KEEP_EVENTS, KEEP_ENDED_PILOTS)
                 self._forget_dead_processes()
-                self._forget_kinds()
+                used = self.views.forget_kinds()
+                if used is not None:  # what was remembered of kinds no waiting job has any more goes with them
+                    self._copies = {key: n for key, n in self._copies.items() if key[1] in used}
                 # Python's full collections scan every object alive, and at whole-machine scale the controller's memory
                 # (nodes, jobs, curves, the modules it imported) made one cost 20-40 ms in the middle of a decision while
                 # finding nothing to free: what it holds has no cycles to break. What has lived this long is frozen
@@ -1085,10 +986,10 @@ class Controller:
         if self._starters(waiting, room) < room:
             return None
         running = list(self.world.running.values())
-        made_of = [self._view_inputs(job) for job in running]
-        self._prepare_views(running, made_of)
+        made_of = [self.views.inputs(job) for job in running]
+        self.views.prepare(running, made_of)
         try:
-            views = [self._allocator_job(job, inputs) for job, inputs in zip(running, made_of)]
+            views = [self.views.view(job, inputs) for job, inputs in zip(running, made_of)]
         except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
             return None
         within = self._rescale_within(views)
@@ -1273,76 +1174,12 @@ class Controller:
         if self.decision.phase == Phase.SIZE and self.decision.sizing is not None:
             self.decision.sizing = joined
 
-    def _waiting_kind(self, job: Job) -> int:
-        """A waiting job's kind (:class:`.WaitingJobs`): :meth:`_kind`, or what sets it apart from every other."""
-        kind = self._kind(job)
-        if kind is None:
-            kind = HOLDS_NODES if job.nodes else LIKE_NO_OTHER
-        return kind
-
-    def _waiting_worth(self, job: Job) -> tuple[float, float]:
-        """What a node would earn a waiting job (:func:`..allocator.values.worth_per_node`): how a long queue is ranked."""
-        try:
-            return worth_per_node(self._allocator_job(job))
-        except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
-            return (math.inf, math.inf)
-
-    def _waiting_traits(self, job: Job) -> tuple[bool, float] | None:
-        """What the pilots' question asks of a waiting job (:meth:`.WaitingJobs.traits`): would it gain from one node
-        alone, and its rescale cost in seconds (None: the allocator cannot use it)."""
-        try:
-            view = self._allocator_job(job)
-            return bool(view.metric(next(iter(view.throughput))).at(1) > 0), view.scale_up_cost_s + view.scale_down_cost_s
-        except (ProblemError, KeyError, TypeError, ValueError):
-            return None
-
-    def _waiting_version(self, job: Job) -> object:
-        """What a waiting job's description rests on beyond the job itself: JPA's version of it (and, on a machine
-        with several kinds of node, what the types say of it)."""
-        if self.types.typed:
-            return (self.profiler.versions.get(job.id, 0), self.types.version(self.world, job))
-        return self.profiler.versions.get(job.id, 0)
-
     def _admitted(self, room: int) -> Admitted:
         """The waiting jobs a decision admits with ``room`` nodes (:func:`.waiting.admit`), described anew where
         they changed since the last decision (the world's record of changed jobs, JPA's versions)."""
         changed = self.world.take_changed() | self.profiler.take_touched()
         self.waiting.sync(self.world, changed, recheck=self.types.typed)
         return self.waiting.admitted(room, self.config.controller.max_jobs, len(self.world.running))
-
-    def _kind(self, job: Job) -> int | None:
-        """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
-        holding nodes, with progress, or measured by JPA)."""
-        spec = job.spec
-        if job.status == "running" or job.nodes or job.progress > 0 or (not spec.get("curve") and self.profiler.measured(job.id)):
-            return None
-        known = self._kinds.get(job.id)  # made once per spec (thousands wait on a saturated machine, weighed every decision)
-        if known is None or known[0] is not spec:
-            kind = self._spec_kind(spec)
-            number = self._kind_ids.get(kind)
-            if number is None:
-                number = self._kind_ids[kind] = next(self._kind_numbers)
-            known = self._kinds[job.id] = (spec, number)
-        return known[1]
-
-    def _forget_kinds(self) -> None:
-        """Kinds no waiting job has any more are forgotten (with what was remembered of them: :attr:`_copies`)."""
-        used = {number for _, number in self._kinds.values()}
-        if len(used) < len(self._kind_ids):
-            self._kind_ids = {kind: number for kind, number in self._kind_ids.items() if number in used}
-            self._copies = {key: n for key, n in self._copies.items() if key[1] in used}
-
-    @staticmethod
-    def _spec_kind(spec: dict[str, Any]) -> Hashable:
-        """Everything in a spec the allocator's view of a waiting job is made from: its curve (or one per node type),
-        objective, model (what the similarity policy predicts from on a machine of several kinds of node), bounds,
-        work, weight and costs."""
-        curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
-        curves = tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items())) if spec.get("curves") else None
-        objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
-        model = json.dumps(spec["model"], sort_keys=True) if spec.get("model") else None
-        return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"],
-                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")))  # fmt: skip
 
     def _active(self, room: int) -> list[Job]:
         """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while
@@ -1367,82 +1204,15 @@ class Controller:
 
     def _views(self, jobs: list[Job]) -> list[AllocJob]:
         """The allocator's views of ``jobs``; a job the allocator cannot use fails, with the reason."""
-        made_of = [self._view_inputs(job) for job in jobs]  # once per job (a thousand in a whole-machine decision)
-        self._prepare_views(jobs, made_of)
+        made_of = [self.views.inputs(job) for job in jobs]  # once per job (a thousand in a whole-machine decision)
+        self.views.prepare(jobs, made_of)
         views = []
         for job, inputs in zip(jobs, made_of):
             try:
-                views.append(self._allocator_job(job, inputs))
+                views.append(self.views.view(job, inputs))
             except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
                 self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
         return views
-
-    def _prepare_views(self, jobs: list[Job], made_of: list[tuple] | None = None) -> None:
-        """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
-        after a decision that resized hundreds of jobs, each has reported at a new scale. ``made_of``: each job's
-        :meth:`_view_inputs`, where the caller has them."""
-        if self.types.typed:
-            return  # per node type, with predictions: made one by one (:mod:`.types`)
-        if made_of is None:
-            made_of = [self._view_inputs(job) for job in jobs]
-        cached = self._alloc_jobs.get
-        stale = []
-        for job, inputs in zip(jobs, made_of):
-            if not job.spec.get("curve"):
-                view = cached(job.id)
-                if view is None or view[0] != inputs:
-                    stale.append((job.id, job.spec["max_nodes"]))
-        if len(stale) > 1:
-            self.profiler.prepare(stale)
-
-    def _view_inputs(self, job: Job) -> tuple:
-        """What a job's view is made from, besides its work left: it is made anew when this changes."""
-        return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else ())
-
-    def _allocator_job(self, job: Job, inputs: tuple | None = None) -> AllocJob:
-        """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
-        measured). Made anew only when its curves or costs changed (``inputs``: its :meth:`_view_inputs`, where the
-        caller has them); a running job's work left changes every report and is only copied in."""
-        spec = job.spec
-        total = spec.get("total_samples")
-        remaining = max(total - job.progress, 0.0) if total else math.inf
-        # Asked of every open job in every decision (thousands on a saturated machine): the check is kept cheap.
-        if inputs is None:
-            inputs = self._view_inputs(job)
-        cached = self._alloc_jobs.get(job.id)
-        if cached is not None and cached[0] == inputs:
-            made = cached[1]
-            if made.remaining_samples != remaining:
-                made = made.with_remaining(remaining)
-                self._alloc_jobs[job.id] = (inputs, made)
-            return made
-        lo, hi = spec["min_nodes"], spec["max_nodes"]
-        explore = None
-        if self.types.typed:
-            curve, explore = self.types.curves(self.world, job)
-        elif spec.get("curve"):
-            curve = self._curves.get(job.id)
-            if curve is None:
-                curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
-        else:
-            explore = self.profiler.curve(job.id, lo, hi)
-            curve = self.profiler.confirmed(job.id, lo, hi, trying=len(job.nodes) if job.status == "running" else 0)
-            if job.status == "running" and not self.profiler.measured(job.id):
-                curve = explore  # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
-        objective = None
-        if spec.get("objective"):
-            objective = self._curves.get(job.id + "/objective")
-            if objective is None:
-                objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
-            if self.types.typed:
-                objective = {t: objective for t in curve}
-        up, down, restart = spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0)
-        if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
-            jpa = self.profiler
-            up, down, restart = jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down), jpa.restart_cost(job.id, restart)
-        made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart)
-        self._alloc_jobs[job.id] = (inputs, made)
-        return made
 
     def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
         """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
@@ -1567,7 +1337,7 @@ class Controller:
             if not total or not job.nodes:
                 continue
             try:
-                view = self._allocator_job(job)
+                view = self.views.view(job)
             except (ProblemError, KeyError, TypeError, ValueError):
                 continue
             rate = max((curve.at(len(job.nodes)) for curve in view.throughput.values()), default=0.0)
@@ -1617,10 +1387,7 @@ class Controller:
         self._changed.pop(job.id, None)
         self._committed_at.pop(job.id, None)
         self._sized_at.pop(job.id, None)
-        self._curves.pop(job.id, None)
-        self._curves.pop(job.id + "/objective", None)
-        self._alloc_jobs.pop(job.id, None)
-        self._kinds.pop(job.id, None)
+        self.views.forget(job.id)
         job.lost = set()
         self.dirty = True
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 import numpy as np
