@@ -1,87 +1,252 @@
-"""The messages clients send the controller, and what each reply carries.
+"""The messages clients send the controller, and what each reply carries: one dataclass per request type.
 
-Every request is a JSON object with a ``type`` and the fields below; every
-reply has ``ok`` (and ``error`` when false). Transport and authentication are
-in :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
-
-=================  ==========================================  ===========================================
-type               fields                                      reply
-=================  ==========================================  ===========================================
-pilot.register     pilot, nodes [str], scheduler_id, pid       ok
-pilot.heartbeat    pilot[, wait_s, exits [{host, job, code,     release [str]: nodes to give back; commands
-                   requested}]] — a long poll of up to wait_s  [{op: start|stop, job, host, argv, env}];
-                                                               stop; register; incarnation
-pilot.leaving      pilot, nodes [str], deadline (POSIX s)      ok — ranks on those nodes are removed now
-job.submit         spec {name, entry, min_nodes, max_nodes,    job_id — the same for a retry (the request id
-                   …} (see :func:`check_spec`)                 is journaled with the job: across restarts too)
-job.report         job_id, host, samples, seconds[, pid,       progress: the job's counted total (since a stop,
-                   first, commit] — pid: the reporting rank's  it falls back to the last commit)
-                   process; commit: it committed after this
-                   work
-job.commit         job_id — rank 0 saved the job's state       committed: progress a stop now falls back to
-job.describe       job_id, model {parameters, flops_per_sample, kept: false when the job had a descriptor
-                   layers, batch_size, mix} — a rank measured  already (declared, or an earlier rank's)
-                   its model (the similarity policy)
-job.result         job_id, value (JSON)                        ok — rank 0's return value
-job.failed         job_id, error (traceback text)[, value]     ok — value: the serialized remote exception
-job.get            job_id                                      job {id, status, progress, result, error, …}, checkpoint
-job.status         job_ids [str]                               jobs {id: {status, progress, committed, result, error}}
-job.cancel         job_id                                      ok
-state.snapshot     —                                           jobs, pilots, nodes, events (latest 50)
-rdzv.join          job_id, host, last_round                    state wait|closed|ended[, round, rank, world_size,
-                                                               hosts, store {host, port, prefix}] (torch runtime)
-rdzv.poll          job_id, host, round                         waiting, current, member, same_hosts (torch runtime)
-=================  ==========================================  ===========================================
+Every request is a JSON object with a ``type`` and the fields of its class below; every reply has ``ok`` (and
+``error`` when false). :func:`parse` turns a request into its class, checked (a required field missing or of the
+wrong type is a :class:`ProtocolError` naming it); the controller's handlers take the classes, and whatever sends a
+request builds it from them (``JobReport(...).to_dict()``: the ranks' reports, the simulated runtime's), so the
+replay cannot drift from production. The table in ``docs/protocol.md`` is made from the classes
+(``python -m pilotfill.protocol``; a test checks it is current). Transport and authentication are in
+:mod:`pilotfill.transport` and :mod:`pilotfill.security`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
-
-FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "pilot.register": {"pilot": str, "nodes": list, "scheduler_id": str, "pid": int},
-    "pilot.heartbeat": {"pilot": str},
-    "pilot.leaving": {"pilot": str, "nodes": list, "deadline": (int, float)},
-    "job.submit": {"spec": dict},
-    "job.report": {"job_id": str, "host": str, "samples": (int, float), "seconds": (int, float)},
-    "job.commit": {"job_id": str},
-    "job.describe": {"job_id": str, "model": dict},
-    "job.result": {"job_id": str},
-    "job.failed": {"job_id": str, "error": str},
-    "job.get": {"job_id": str},
-    "job.status": {"job_ids": list},
-    "job.cancel": {"job_id": str},
-    "state.snapshot": {},
-    "rdzv.join": {"job_id": str, "host": str, "last_round": int},
-    "rdzv.poll": {"job_id": str, "host": str, "round": int},
-}
-
-READ_ONLY = {"job.get", "job.status", "state.snapshot", "rdzv.join", "rdzv.poll"}  # nothing journaled
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
 
 
 class ProtocolError(ValueError):
     """A request that is authentic but malformed."""
 
 
+_NUMBER = (int, float)
+
+
+def _field(check: type | tuple[type, ...], doc: str = "", default: Any = MISSING) -> Any:
+    """A message field: the types it must have and what it means (the table above is made from these)."""
+    return field(default=default, metadata={"check": check, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Message:
+    """A request, checked: every required field present with its type (a bool is not a number); an optional field
+    of the wrong type is left out (as an older agent or client might send it), never an error."""
+
+    TYPE: ClassVar[str] = ""
+    READ_ONLY: ClassVar[bool] = False  # nothing journaled: answered outside a transaction
+    REPLY: ClassVar[str] = ""
+
+    @classmethod
+    def parse(cls, message: dict[str, Any]) -> Message:
+        values = {}
+        for f in fields(cls):
+            check = f.metadata["check"]
+            value = message.get(f.name, MISSING)
+            ok = value is not MISSING and isinstance(value, check) and not (isinstance(value, bool) and check in (int, _NUMBER))
+            if f.default is MISSING:
+                if value is MISSING:
+                    raise ProtocolError(f"{cls.TYPE}: missing field {f.name!r}")
+                if not ok:
+                    raise ProtocolError(f"{cls.TYPE}: field {f.name!r} has the wrong type")
+                values[f.name] = value
+            elif ok:
+                values[f.name] = value
+        out = cls(**values)
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        """Checks beyond the fields' types."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The message as it is sent (optional fields left at their default are not)."""
+        out: dict[str, Any] = {"type": self.TYPE}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.default is MISSING or value != f.default:
+                out[f.name] = value
+        return out
+
+
+def _names_nodes(kind: str, nodes: list) -> None:
+    if not all(isinstance(n, str) and n for n in nodes):
+        raise ProtocolError(f"{kind}: nodes must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class PilotRegister(Message):
+    TYPE: ClassVar[str] = "pilot.register"
+    REPLY: ClassVar[str] = "ok; stop: the pilot has ended"
+    pilot: str = _field(str, "the pilot's id")
+    nodes: list = _field(list, "its nodes [str]")
+    scheduler_id: str = _field(str, "the batch system's job id")
+    pid: int = _field(int, "the agent's process")
+
+    def validate(self) -> None:
+        _names_nodes(self.TYPE, self.nodes)
+
+
+@dataclass(frozen=True)
+class PilotHeartbeat(Message):
+    TYPE: ClassVar[str] = "pilot.heartbeat"
+    REPLY: ClassVar[str] = "release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; stop; register; incarnation"
+    pilot: str = _field(str, "the pilot's id")
+    wait_s: float | None = _field(_NUMBER, "a long poll: answered at once when there is news, else after this long", None)
+    exits: list | None = _field(list, "processes that ended on its nodes [{host, job, code, requested}]", None)
+
+
+@dataclass(frozen=True)
+class PilotLeaving(Message):
+    TYPE: ClassVar[str] = "pilot.leaving"
+    REPLY: ClassVar[str] = "ok: ranks on those nodes are removed now"
+    pilot: str = _field(str, "the pilot's id")
+    nodes: list = _field(list, "the nodes that go [str]")
+    deadline: float = _field(_NUMBER, "when they are gone (POSIX s)")
+
+    def validate(self) -> None:
+        _names_nodes(self.TYPE, self.nodes)
+
+
+@dataclass(frozen=True)
+class JobSubmit(Message):
+    TYPE: ClassVar[str] = "job.submit"
+    REPLY: ClassVar[str] = "job_id: the same for a retry (the request id is journaled with the job: across restarts too)"
+    spec: dict = _field(dict, "{name, entry, min_nodes, max_nodes, …} (see check_spec)")
+    rid: str | None = _field(str, "the request's id: a retry of it is answered, not applied again", None)
+
+
+@dataclass(frozen=True)
+class JobReport(Message):
+    TYPE: ClassVar[str] = "job.report"
+    REPLY: ClassVar[str] = "progress: the job's counted total (after a stop it falls back to the last commit)"
+    job_id: str = _field(str, "the job")
+    host: str = _field(str, "the reporting rank's node")
+    samples: float = _field(_NUMBER, "samples processed since its last report")
+    seconds: float = _field(_NUMBER, "over how long")
+    pid: Any = _field(object, "the reporting rank's process (ranks are measured apart)", None)
+    first: bool = _field(bool, "its first report since it started: covers the start, not training", False)
+    commit: bool = _field(bool, "it committed right after this work", False)
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.samples) and self.samples >= 0):
+            raise ProtocolError("job.report: samples must be finite and >= 0")
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ProtocolError("job.report: seconds must be finite and > 0")
+
+
+@dataclass(frozen=True)
+class JobCommit(Message):
+    TYPE: ClassVar[str] = "job.commit"
+    REPLY: ClassVar[str] = "committed: the progress a stop now falls back to"
+    job_id: str = _field(str, "the job: rank 0 saved its state")
+
+
+@dataclass(frozen=True)
+class JobDescribe(Message):
+    TYPE: ClassVar[str] = "job.describe"
+    REPLY: ClassVar[str] = "kept: false when the job had a descriptor already (declared, or an earlier rank's)"
+    job_id: str = _field(str, "the job")
+    model: dict = _field(dict, "{parameters, flops_per_sample, layers, batch_size, mix}: a rank measured its model")
+
+
+@dataclass(frozen=True)
+class JobResult(Message):
+    TYPE: ClassVar[str] = "job.result"
+    REPLY: ClassVar[str] = "ok: rank 0's return value"
+    job_id: str = _field(str, "the job")
+    value: Any = _field(object, "the value (JSON)", None)
+
+
+@dataclass(frozen=True)
+class JobFailed(Message):
+    TYPE: ClassVar[str] = "job.failed"
+    REPLY: ClassVar[str] = "ok"
+    job_id: str = _field(str, "the job")
+    error: str = _field(str, "traceback text")
+    value: Any = _field(object, "the serialized remote exception", None)
+
+
+@dataclass(frozen=True)
+class JobGet(Message):
+    TYPE: ClassVar[str] = "job.get"
+    READ_ONLY: ClassVar[bool] = True
+    REPLY: ClassVar[str] = "job {id, status, progress, result, error, …}, checkpoint"
+    job_id: str = _field(str, "the job")
+
+
+@dataclass(frozen=True)
+class JobStatusQuery(Message):
+    TYPE: ClassVar[str] = "job.status"
+    READ_ONLY: ClassVar[bool] = True
+    REPLY: ClassVar[str] = "jobs {id: {status, progress, committed, result, error}}"
+    job_ids: list = _field(list, "the jobs [str]")
+
+
+@dataclass(frozen=True)
+class JobCancel(Message):
+    TYPE: ClassVar[str] = "job.cancel"
+    REPLY: ClassVar[str] = "ok"
+    job_id: str = _field(str, "the job")
+
+
+@dataclass(frozen=True)
+class StateSnapshot(Message):
+    TYPE: ClassVar[str] = "state.snapshot"
+    READ_ONLY: ClassVar[bool] = True
+    REPLY: ClassVar[str] = "jobs, pilots, nodes, events (latest 50)"
+
+
+@dataclass(frozen=True)
+class RdzvJoin(Message):
+    TYPE: ClassVar[str] = "rdzv.join"
+    READ_ONLY: ClassVar[bool] = True
+    REPLY: ClassVar[str] = "state wait|closed|ended[, round, rank, world_size, hosts, store {host, port, prefix}] (torch runtime)"
+    job_id: str = _field(str, "the job")
+    host: str = _field(str, "the joining agent's node")
+    last_round: int = _field(int, "the last round it was in")
+
+
+@dataclass(frozen=True)
+class RdzvPoll(Message):
+    TYPE: ClassVar[str] = "rdzv.poll"
+    READ_ONLY: ClassVar[bool] = True
+    REPLY: ClassVar[str] = "waiting, current, member, same_hosts (torch runtime)"
+    job_id: str = _field(str, "the job")
+    host: str = _field(str, "the asking agent's node")
+    round: int = _field(int, "its round")
+
+
+BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in Message.__subclasses__()}
+"""Every request type: the controller's handler table is keyed by these."""
+FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {t: {f.name: f.metadata["check"] for f in fields(m) if f.default is MISSING} for t, m in BY_TYPE.items()}
+"""Each type's required fields and their types (made from the message classes)."""
+READ_ONLY = {t for t, m in BY_TYPE.items() if m.READ_ONLY}  # nothing journaled
+
+
+def parse(message: dict[str, Any]) -> Message:
+    """The request as its message class, checked (:class:`ProtocolError` naming the type and field otherwise)."""
+    cls = BY_TYPE.get(message.get("type"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError(f"unknown message type {message.get('type')!r}")
+    return cls.parse(message)
+
+
 def check(message: dict[str, Any]) -> str:
     """The message's type, after checking its fields."""
-    kind = message.get("type")
-    if kind not in FIELDS:
-        raise ProtocolError(f"unknown message type {kind!r}")
-    for name, typ in FIELDS[kind].items():
-        if name not in message:
-            raise ProtocolError(f"{kind}: missing field {name!r}")
-        if not isinstance(message[name], typ) or isinstance(message[name], bool):
-            raise ProtocolError(f"{kind}: field {name!r} has the wrong type")
-    if kind == "job.report":
-        if not (math.isfinite(message["samples"]) and message["samples"] >= 0):
-            raise ProtocolError("job.report: samples must be finite and >= 0")
-        if not (math.isfinite(message["seconds"]) and message["seconds"] > 0):
-            raise ProtocolError("job.report: seconds must be finite and > 0")
-    if kind in ("pilot.register", "pilot.leaving") and not all(isinstance(n, str) and n for n in message["nodes"]):
-        raise ProtocolError(f"{kind}: nodes must be non-empty strings")
-    return kind
+    return parse(message).TYPE
+
+
+def table() -> str:
+    """The protocol as a Markdown table, made from the message classes (``docs/protocol.md``)."""
+    rows = ["| type | fields | reply |", "| --- | --- | --- |"]
+    for t, m in BY_TYPE.items():
+        parts = []
+        for f in fields(m):
+            text = f"`{f.name}`" + (f": {f.metadata['doc']}" if f.metadata["doc"] else "").replace("|", "\\|")
+            parts.append(text if f.default is MISSING else f"[{text}]")
+        rows.append(f"| `{t}` | {'; '.join(parts) or '—'} | {m.REPLY.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"
 
 
 def _number(value: Any) -> bool:
@@ -171,3 +336,7 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         except LibraryError as exc:
             raise ProtocolError(str(exc)) from None
     return out
+
+
+if __name__ == "__main__":  # the table of docs/protocol.md
+    print(table(), end="")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 
+from .protocol import JobReport
 from .transport import Client
 
 _client: Client | None = None
@@ -44,10 +45,7 @@ def report(samples: float) -> float | None:
     client = _connect()
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
-    reply = client.request(
-        {"type": "job.report", "job_id": job_id, "host": os.environ.get("PILOTFILL_HOST", ""), "pid": os.getpid(), "samples": float(samples), "seconds": seconds,
-         "first": first}  # fmt: skip
-    )
+    reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first).to_dict())
     return float(reply["progress"])
 
 

@@ -69,10 +69,6 @@ def pytest_collection_modifyitems(config, items):
         elif PROCESS_FIXTURES & fixtures and tier == "unit":
             wrong.append(f"{item.nodeid}: starts processes ({', '.join(sorted(PROCESS_FIXTURES & fixtures))}) but is marked unit")
         (keep if not config.getoption("tier") or tier in config.getoption("tier") else drop).append(item)
-        # With pytest-xdist (`make test`: -n 2 --dist loadgroup) a module's tests run in one worker (its module and
-        # session fixtures are made once), and every site test in the same one, one after another: one real Slurm or
-        # OpenPBS at a time, as a site has.
-        item.add_marker(pytest.mark.xdist_group("site" if tier == "site" else item.path.stem))
     if wrong:
         raise pytest.UsageError("tests without a true tier:\n  " + "\n  ".join(wrong))
     if drop:

@@ -41,7 +41,27 @@ from ..elastic.ending import exit_words
 from ..lifecycle import TERMINAL, IllegalMove
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
-from ..protocol import READ_ONLY, ProtocolError, check, check_spec
+from ..protocol import (
+    JobCancel,
+    JobCommit,
+    JobDescribe,
+    JobFailed,
+    JobGet,
+    JobReport,
+    JobResult,
+    JobStatusQuery,
+    JobSubmit,
+    Message,
+    PilotHeartbeat,
+    PilotLeaving,
+    PilotRegister,
+    ProtocolError,
+    RdzvJoin,
+    RdzvPoll,
+    StateSnapshot,
+    check_spec,
+    parse,
+)
 from ..schedulers.base import BatchScheduler, EndReason, EventKind, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
 from ..state import JournalError, State
@@ -179,22 +199,22 @@ class Controller:
         self._idle_types: dict[str, int] | None = None
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self, ends=self, incarnation=self.incarnation,
                                    wake=self._wake_later)  # fmt: skip
-        self.handlers: dict[str, Callable[[dict[str, Any], float], dict[str, Any]]] = {
-            "pilot.register": self._on_pilot_register,
-            "pilot.heartbeat": self._on_pilot_heartbeat,
-            "pilot.leaving": self._on_pilot_leaving,
-            "job.submit": self._on_job_submit,
-            "job.report": self._on_job_report,
-            "job.describe": self._on_job_describe,
-            "job.commit": self._on_job_commit,
-            "job.result": self._on_job_result,
-            "job.failed": self._on_job_failed,
-            "job.cancel": self._on_job_cancel,
-            "rdzv.join": self._on_rendezvous,
-            "rdzv.poll": self._on_rendezvous,
-            "job.get": self._on_job_get,
-            "job.status": self._on_job_status,
-            "state.snapshot": self._on_state_snapshot,
+        self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
+            PilotRegister.TYPE: self._on_pilot_register,
+            PilotHeartbeat.TYPE: self._on_pilot_heartbeat,
+            PilotLeaving.TYPE: self._on_pilot_leaving,
+            JobSubmit.TYPE: self._on_job_submit,
+            JobReport.TYPE: self._on_job_report,
+            JobDescribe.TYPE: self._on_job_describe,
+            JobCommit.TYPE: self._on_job_commit,
+            JobResult.TYPE: self._on_job_result,
+            JobFailed.TYPE: self._on_job_failed,
+            JobCancel.TYPE: self._on_job_cancel,
+            RdzvJoin.TYPE: self._on_rendezvous,
+            RdzvPoll.TYPE: self._on_rendezvous,
+            JobGet.TYPE: self._on_job_get,
+            JobStatusQuery.TYPE: self._on_job_status,
+            StateSnapshot.TYPE: self._on_state_snapshot,
         }
         self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
         self._recover(new_campaign)
@@ -311,13 +331,13 @@ class Controller:
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """Apply one authenticated request; everything it changed is committed before the reply."""
         try:
-            kind = check(message)
+            request = parse(message)
             now = self.clock()
-            handler = self.handlers[kind]
-            if kind in READ_ONLY:
-                return {"ok": True, **handler(message, now)}
+            handler = self.handlers[request.TYPE]
+            if request.READ_ONLY:
+                return {"ok": True, **handler(request, now)}
             with self.journal.transaction():
-                reply = handler(message, now)
+                reply = handler(request, now)
             if not self._batching:
                 self._flush_wakes()
             return reply if isinstance(reply, Park) else {"ok": True, **reply}
@@ -348,20 +368,20 @@ class Controller:
         with self.together():
             return [self.handle(m) for m in messages]
 
-    def _on_job_get(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        job = self._known_job(message["job_id"])
+    def _on_job_get(self, message: JobGet, now: float) -> dict[str, Any]:
+        job = self._known_job(message.job_id)
         return {"job": job.record(), "checkpoint": str(self.checkpoint_dir / f"{job.key or job.id}.pt")}
 
-    def _on_job_status(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_job_status(self, message: JobStatusQuery, now: float) -> dict[str, Any]:
         jobs = {}
-        for job_id in message["job_ids"]:
+        for job_id in message.job_ids:
             job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
             if job is not None:
                 jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "committed": job.committed, "result": job.result, "error": job.error,
                                 **self.types.placement_of(job.id)}  # fmt: skip
         return {"jobs": jobs}
 
-    def _on_state_snapshot(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_state_snapshot(self, message: StateSnapshot, now: float) -> dict[str, Any]:
         self._account(now)
         return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "submit_problem": self.pilots.problem,
                 "node_seconds": {"held": self.world.counters["held_node_s"] + self._held_s, "used": self.world.counters["used_node_s"] + self._used_s}}  # fmt: skip
@@ -381,10 +401,10 @@ class Controller:
                 self.world.count(name, whole)
                 setattr(self, attr, getattr(self, attr) - whole)
 
-    def _on_job_submit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        spec = check_spec(message["spec"])
+    def _on_job_submit(self, message: JobSubmit, now: float) -> dict[str, Any]:
+        spec = check_spec(message.spec)
         world = self.world
-        request = message.get("rid") if isinstance(message.get("rid"), str) else None
+        request = message.rid
         if request is not None and (done := self.journal.job_by_request(request)) is not None:
             return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
@@ -414,22 +434,22 @@ class Controller:
         cap = self.config.controller.max_job_nodes
         return min(cap, machine) if isinstance(machine, int) and machine > 0 else cap
 
-    def _on_job_cancel(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        self._end_job(self._known_job(message["job_id"]), now, "cancelled")
+    def _on_job_cancel(self, message: JobCancel, now: float) -> dict[str, Any]:
+        self._end_job(self._known_job(message.job_id), now, "cancelled")
         return {}
 
-    def _on_job_report(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        job = self._known_job(message["job_id"])
+    def _on_job_report(self, message: JobReport, now: float) -> dict[str, Any]:
+        job = self._known_job(message.job_id)
         if job.status in TERMINAL:
             return {"progress": job.progress}
-        progress = self.world.add_progress(job, message["samples"])
-        if message.get("commit") is True:  # the reporting rank committed right after this work
+        progress = self.world.add_progress(job, message.samples)
+        if message.commit:  # the reporting rank committed right after this work
             self._commit(job, now)
         changed = self._changed.get(job.id)
-        if changed is not None and message.get("first") is True and job.status == "running":
+        if changed is not None and message.first and job.status == "running":
             # Ranks training again after a start or a resize: what the change cost, measured (JPA learns it).
             when, kind = self._changed.pop(job.id)
-            cost = max(0.0, now - float(message["seconds"]) - when)
+            cost = max(0.0, now - float(message.seconds) - when)
             self.profiler.observe_cost(job.id, kind, cost)
             self.world.log("job.cost", now, job=job.id, change=kind, seconds=round(cost, 3))
         total = job.spec.get("total_samples")
@@ -439,9 +459,9 @@ class Controller:
             log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
                         job.id, job.name, progress, total)  # fmt: skip
         meter = self._meters.get(job.id)
-        if job.status == "running" and message.get("host") in job.nodes and meter is not None and meter.nodes == len(job.nodes):
-            rank = (message.get("host"), message.get("pid"))
-            measured = meter.add(message["samples"], message["seconds"], now, first=message.get("first") is True, rank=rank)
+        if job.status == "running" and message.host in job.nodes and meter is not None and meter.nodes == len(job.nodes):
+            rank = (message.host, message.pid)
+            measured = meter.add(message.samples, message.seconds, now, first=message.first, rank=rank)
             if measured is not None and not (job.spec.get("curve") or job.spec.get("curves")):
                 rate, seconds = measured
                 node_type = self.types.of_nodes(self.world, job.nodes)
@@ -452,20 +472,20 @@ class Controller:
                     self.dirty = True  # a scale never seen before: the estimate changed
         return {"progress": progress}
 
-    def _on_job_commit(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_job_commit(self, message: JobCommit, now: float) -> dict[str, Any]:
         """Rank 0 saved the job's state durably: what was counted so far survives any stop."""
-        job = self._known_job(message["job_id"])
+        job = self._known_job(message.job_id)
         if job.status in TERMINAL:
             return {"committed": job.committed}
         return {"committed": self._commit(job, now)}
 
-    def _on_job_describe(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_job_describe(self, message: JobDescribe, now: float) -> dict[str, Any]:
         """A rank computed the job's model descriptor (parameters, FLOPs per sample, layer mix, batch size): the
         similarity policy predicts its curve on the types it has not run on from it. The first one stands."""
-        job = self._known_job(message["job_id"])
+        job = self._known_job(message.job_id)
         if job.status in TERMINAL or job.spec.get("model"):
             return {"kept": False}
-        model = self.types.check_descriptor(message["model"])
+        model = self.types.check_descriptor(message.model)
         self.world.set_spec(job, {**job.spec, "model": model})
         self.world.log("job.described", now, job=job.id, model=model)
         self.dirty = True
@@ -480,29 +500,29 @@ class Controller:
         self._leave_at_commit(job, now)
         return committed
 
-    def _on_job_result(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        job = self._known_job(message["job_id"])
-        self._end_job(job, now, "finished", result=message.get("value"))
+    def _on_job_result(self, message: JobResult, now: float) -> dict[str, Any]:
+        job = self._known_job(message.job_id)
+        self._end_job(job, now, "finished", result=message.value)
         return {}
 
-    def _on_job_failed(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        job = self._known_job(message["job_id"])
-        error = message["error"]
-        self._end_job(job, now, "failed", error=error, result=message.get("value"), why=(error.strip().splitlines() or [""])[-1][:200])
+    def _on_job_failed(self, message: JobFailed, now: float) -> dict[str, Any]:
+        job = self._known_job(message.job_id)
+        error = message.error
+        self._end_job(job, now, "failed", error=error, result=message.value, why=(error.strip().splitlines() or [""])[-1][:200])
         return {}
 
-    def _on_pilot_register(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_pilot_register(self, message: PilotRegister, now: float) -> dict[str, Any]:
         world = self.world
-        pilot = world.pilot_of(message["pilot"])
+        pilot = world.pilot_of(message.pilot)
         if pilot is None:
-            if message["pilot"] in world.ended_pilots:
+            if message.pilot in world.ended_pilots:
                 return {"stop": True}
-            pilot = world.add_pilot(message["pilot"], message["scheduler_id"], len(message["nodes"]), now, self.incarnation)
-        taken = [n for n in message["nodes"] if n in world.nodes and world.nodes[n].state != "gone" and world.nodes[n].pilot != pilot.id]
+            pilot = world.add_pilot(message.pilot, message.scheduler_id, len(message.nodes), now, self.incarnation)
+        taken = [n for n in message.nodes if n in world.nodes and world.nodes[n].state != "gone" and world.nodes[n].pilot != pilot.id]
         self.remove_nodes(taken, now, "taken over by another pilot", "gone")  # a pilot that ended without telling us
-        world.set_pilot(pilot, state="running", scheduler_id=message["scheduler_id"] or pilot.scheduler_id, pid=message["pid"],
-                        nodes=[n for n in pilot.nodes if n in message["nodes"]])  # fmt: skip
-        for name in message["nodes"]:
+        world.set_pilot(pilot, state="running", scheduler_id=message.scheduler_id or pilot.scheduler_id, pid=message.pid,
+                        nodes=[n for n in pilot.nodes if n in message.nodes])  # fmt: skip
+        for name in message.nodes:
             if name not in pilot.nodes or world.nodes[name].state != "ready":
                 world.node_joins(name, pilot, now)
                 world.log("node.joined", now, pilot=pilot.id, node=name)
@@ -512,18 +532,18 @@ class Controller:
         self.dirty = True
         return {}
 
-    def _on_pilot_heartbeat(self, message: dict[str, Any], now: float) -> dict[str, Any] | Park:
+    def _on_pilot_heartbeat(self, message: PilotHeartbeat, now: float) -> dict[str, Any] | Park:
         """A pilot is alive; it reports the processes that ended on its nodes and waits for commands (a long poll)."""
-        pilot = self.world.pilot_of(message["pilot"])
+        pilot = self.world.pilot_of(message.pilot)
         if pilot is None:
-            ended = message["pilot"] in self.world.ended_pilots
+            ended = message.pilot in self.world.ended_pilots
             return {"register": not ended, "stop": ended, "incarnation": self.incarnation}
         if pilot.state == "queued":
             return {"register": True, "stop": False, "incarnation": self.incarnation}
         self._hear(pilot.id, now)
-        if isinstance(message.get("exits"), list):
-            self.launcher.reported(message["exits"])
-        wait = message.get("wait_s")
+        if message.exits is not None:
+            self.launcher.reported(message.exits)
+        wait = message.wait_s
         if self.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
             return Park(pilot.id, min(float(wait), self.config.pilots.heartbeat_s), lambda: self._heartbeat_reply(pilot.id))
         return self._heartbeat_reply(pilot.id)
@@ -547,22 +567,22 @@ class Controller:
                 self.wake(pilot_id)
         self._to_wake.clear()
 
-    def _on_rendezvous(self, message: dict[str, Any], now: float) -> dict[str, Any]:
+    def _on_rendezvous(self, message: RdzvJoin | RdzvPoll, now: float) -> dict[str, Any]:
         """A torch elastic agent joining its job's round, or asking whether membership changed."""
         book = getattr(self.runtime, "rendezvous", None)
         if book is None:
             raise ProtocolError("this run's runtime has no rendezvous (runtime.kind is not torch)")
         from ..elastic.rendezvous import handle as rendezvous
 
-        reply = rendezvous(book, message, now)
+        reply = rendezvous(book, message.to_dict(), now)
         reply.pop("ok", None)
         return reply
 
-    def _on_pilot_leaving(self, message: dict[str, Any], now: float) -> dict[str, Any]:
-        pilot = self.world.pilot_of(message["pilot"])
+    def _on_pilot_leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
+        pilot = self.world.pilot_of(message.pilot)
         if pilot is not None and pilot.state != "leaving":
             self.world.set_pilot(pilot, state="leaving")
-        self.remove_nodes(message["nodes"], now, "leaving", "leaving", deadline=message["deadline"], taken=True)
+        self.remove_nodes(message.nodes, now, "leaving", "leaving", deadline=message.deadline, taken=True)
         return {}
 
     # ------------------------------------------------------------ every way a node goes

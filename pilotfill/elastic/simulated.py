@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..protocol import JobReport
 from ..traces import JobSpec
 from .base import RankExit, Runtime
 
@@ -215,9 +216,9 @@ class SimulatedRuntime(Runtime):
                 reported = net * max(1e-3, 1.0 + self._rng.gauss(0.0, self.noise)) if self.noise else net
                 seconds = dt * net / produced  # the training after the pause
                 if job.fresh:  # its ranks' first report: ready (trained 0 samples) `seconds` ago
-                    self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": 0.0, "seconds": seconds, "first": True})
+                    self.outbox.append(JobReport(job.job_id, job.hosts[0], 0.0, seconds, first=True).to_dict())
                     job.fresh = False
-                self.outbox.append({"type": "job.report", "job_id": job.job_id, "host": job.hosts[0], "samples": reported, "seconds": seconds, "commit": commit})
+                self.outbox.append(JobReport(job.job_id, job.hosts[0], reported, seconds, commit=commit).to_dict())
             elif commit:
                 self.outbox.append({"type": "job.commit", "job_id": job.job_id})
             if job.remaining <= FINISH_TOLERANCE * job.spec.total_samples:

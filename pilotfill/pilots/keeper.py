@@ -28,7 +28,6 @@ once, and the keeper waits for it.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys

@@ -1,0 +1,62 @@
+"""The typed messages: one class per request type, checked on the way in, built by every sender, and the doc made from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pilotfill import protocol
+from pilotfill.protocol import BY_TYPE, JobReport, JobResult, PilotHeartbeat, ProtocolError, parse
+
+pytestmark = pytest.mark.unit
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
+
+
+def test_a_request_becomes_its_class_and_back():
+    m = parse({"type": "job.report", "job_id": "j1", "host": "n0", "samples": 5.0, "seconds": 2, "pid": 7, "commit": True})
+    assert isinstance(m, JobReport) and (m.samples, m.seconds, m.pid, m.first, m.commit) == (5.0, 2, 7, False, True)
+    assert parse(m.to_dict()) == m
+    assert "first" not in m.to_dict()  # optional fields at their default are not sent
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        ({"type": "job.nope"}, "unknown message type 'job.nope'"),
+        ({"type": "job.report", "job_id": "j1", "host": "n0", "seconds": 1.0}, "job.report: missing field 'samples'"),
+        ({"type": "job.report", "job_id": "j1", "host": "n0", "samples": True, "seconds": 1.0}, "field 'samples' has the wrong type"),
+        ({"type": "job.report", "job_id": "j1", "host": "n0", "samples": float("nan"), "seconds": 1.0}, "samples must be finite"),
+        ({"type": "job.report", "job_id": "j1", "host": "n0", "samples": 1.0, "seconds": 0}, "seconds must be finite and > 0"),
+        ({"type": "pilot.leaving", "pilot": "p1", "nodes": ["n0", ""], "deadline": 1.0}, "nodes must be non-empty strings"),
+        ({"type": "pilot.register", "pilot": "p1", "nodes": [], "scheduler_id": "1", "pid": "12"}, "field 'pid' has the wrong type"),
+    ],
+)
+def test_a_malformed_request_is_refused_naming_the_type_and_field(message, error):
+    with pytest.raises(ProtocolError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        parse(message)
+
+
+def test_optional_fields_of_the_wrong_type_are_left_out_and_values_keep_their_type():
+    hb = parse({"type": "pilot.heartbeat", "pilot": "p1", "wait_s": "soon", "exits": {"not": "a list"}})
+    assert isinstance(hb, PilotHeartbeat) and hb.wait_s is None and hb.exits is None
+    report = parse({"type": "job.report", "job_id": "j1", "host": "n0", "samples": 1.0, "seconds": 1.0, "commit": 1})
+    assert report.commit is False  # only true commits: 1 is not True
+    assert parse({"type": "job.result", "job_id": "j1", "value": True}) == JobResult("j1", True)  # an app may return True
+
+
+def test_the_protocol_doc_is_made_from_the_classes():
+    text = DOC.read_text()
+    begin, end = text.index("<!-- table: begin -->\n") + len("<!-- table: begin -->\n"), text.index("<!-- table: end -->")
+    assert text[begin:end] == protocol.table(), "docs/protocol.md is stale: python -m pilotfill.protocol makes its table"
+    assert set(protocol.READ_ONLY) == {t for t, m in BY_TYPE.items() if m.READ_ONLY} == {"job.get", "job.status", "state.snapshot", "rdzv.join", "rdzv.poll"}
+
+
+def test_every_request_type_has_one_handler(tmp_path, write):
+    from test_controller_core import Machine, linear
+
+    m = Machine(tmp_path, write, 2, [linear("a", 1, 2, 10.0)])
+    assert set(m.ctl.handlers) == set(BY_TYPE)
+    reply = m.ctl.handle({"type": "job.report", "job_id": "nope", "host": "n0", "samples": 1.0, "seconds": 1.0})
+    assert reply == {"ok": False, "error": "no job 'nope'"}
