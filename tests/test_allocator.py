@@ -452,6 +452,7 @@ def test_objective_matches_an_independent_reimplementation():
 # --------------------------------------------------------------------------- exact methods agree
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_nodes", [8, 16, 24, 32])
 def test_dp_milp_and_node_level_reach_the_same_feasible_optimum(n_nodes):
     rng = random.Random(1000 + n_nodes)
@@ -680,6 +681,7 @@ def random_hetero_problem(rng: random.Random, multi_type_jobs_hold_nodes: bool) 
     return Problem(tuple(jobs), pool, random_current(rng, holders, pool))
 
 
+@pytest.mark.slow
 def test_heterogeneous_aggregated_milp_matches_node_level():
     rng = random.Random(21)
     for i in range(120):
@@ -716,6 +718,7 @@ def test_a_job_moves_to_a_faster_type_only_when_the_gain_pays_for_the_stop_and_s
         assert a.node_type["J"] == "gpuA", formulation
 
 
+@pytest.mark.slow
 def test_typed_solver_is_exact_against_the_milp_on_random_instances():
     rng = random.Random(99)
     for i in range(150):

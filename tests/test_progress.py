@@ -212,6 +212,7 @@ def test_a_real_job_preempted_past_its_declared_work_while_another_wants_its_nod
     assert ja["progress"] <= 2000 + 40.0 * 0.2 * 2  # every sample counted once (a step of slack), not the redone work again
 
 
+@pytest.mark.slow
 def test_whole_machine_week_realistic_learned_leaves_no_started_job_stranded(shared_data, tmp_path):
     """The shared Summit week, all 4,734 nodes, realistic costs, a 30 s queue wait, every job learned cold, every job
     admitted as the machine can start it: every job that started either finishes, runs, or waits for nodes at the end

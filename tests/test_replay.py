@@ -149,6 +149,7 @@ def test_learned_profiles_never_show_the_allocator_a_true_curve(write, monkeypat
     assert r.samples > 0
 
 
+@pytest.mark.slow
 def test_conservation_and_targets_on_bftrainer_setup():
     """BFTrainer's 64 nodes, window and jobs (bundled excerpt): the figures to beat, as behaviour."""
     from pilotfill.cli import DEFAULT_JOBS, DEFAULT_TRACE
