@@ -4,13 +4,12 @@ At scale (:data:`~pilotfill.controller.core.SIZE_APART_JOBS` open jobs or more) 
 passes of the loop, so that no reply waits behind a whole-machine solve *and* hundreds of job changes *and* the
 pilots' sizing. Which part the next pass does is the :class:`Phase`::
 
-    READY ──decide (late, at scale)──► APPLY ──world unchanged──► OFFER ──► SIZE ──► READY
-      │                                  │                          ▲        ▲
-      │                                  └──world changed──► RETAKE ┘        │
-      └──decide (applied at once, at scale)──────────────────► OFFER or SIZE ┘
+    READY ──decide (at scale)──► APPLY ──world unchanged──► OFFER ──► SIZE ──► READY
+                                   │                          ▲        ▲
+                                   └──world changed──► RETAKE ┴────────┘  (decided again, applied at once)
 
-* ``READY``: nothing owed; a changed world is decided (applied at once below the scale), else the pilots'
-  question is asked when the machine moved.
+* ``READY``: nothing owed; a changed world is decided (at scale its answer is applied in the next pass; below it,
+  at once, with the pilots sized on it), else the pilots' question is asked when the machine moved.
 * ``APPLY``: a decision taken in the last pass, applied in this one, unless the world changed since: then
 * ``RETAKE``: the decision is taken again and applied in the pass that takes it (it may wait for a burst of
   requests to be read, as any decision does).
@@ -42,7 +41,7 @@ class Phase(StrEnum):
 
 
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.READY: frozenset({Phase.READY, Phase.APPLY, Phase.OFFER, Phase.SIZE}),
+    Phase.READY: frozenset({Phase.READY, Phase.APPLY}),
     Phase.APPLY: frozenset({Phase.READY, Phase.RETAKE, Phase.OFFER, Phase.SIZE}),
     Phase.RETAKE: frozenset({Phase.READY, Phase.RETAKE, Phase.OFFER, Phase.SIZE}),
     Phase.OFFER: frozenset({Phase.READY, Phase.SIZE}),
