@@ -22,10 +22,9 @@ run: install
 replay: install
 	$(BIN)/pilotfill replay --plot runs/replay-summit-64.png
 
-# Every tier: unit, local and site (tests/conftest.py), in two pytest-xdist workers; the site tests (a real Slurm,
-# OpenPBS, tmux) all in one of them, one after another: one real batch system at a time.
+# Every tier: unit, local and site (tests/conftest.py).
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q
 
 # The in-process tests a change to the allocator or the controller's decisions needs first (under a minute).
 test-fast: install

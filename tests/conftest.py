@@ -69,8 +69,6 @@ def pytest_collection_modifyitems(config, items):
         elif PROCESS_FIXTURES & fixtures and tier == "unit":
             wrong.append(f"{item.nodeid}: starts processes ({', '.join(sorted(PROCESS_FIXTURES & fixtures))}) but is marked unit")
         (keep if not config.getoption("tier") or tier in config.getoption("tier") else drop).append(item)
-        if tier == "site":  # with pytest-xdist (`make test`): every site test in one worker, one after another
-            item.add_marker(pytest.mark.xdist_group("site"))
     if wrong:
         raise pytest.UsageError("tests without a true tier:\n  " + "\n  ".join(wrong))
     if drop:
