@@ -36,12 +36,11 @@ def stamp() -> str:
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
-    mem = ""
     try:
         kb = int(next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1])
         mem = f", {kb / 2**20:.0f} GiB"
-    except (OSError, StopIteration, ValueError):
-        pass
+    except (OSError, StopIteration, ValueError):  # no /proc (not Linux): the memory is left out of the stamp
+        mem = ""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"commit {commit}{dirty}; {platform.node()}: {platform.machine()}, {os.cpu_count()} CPU(s){mem}, Python {platform.python_version()}; {now}"
 

@@ -33,10 +33,6 @@ class JobStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL
-
 
 class PilotState(StrEnum):
     QUEUED = "queued"

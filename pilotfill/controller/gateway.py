@@ -45,9 +45,5 @@ class SchedulerGateway:
         self._backoff.pop(what, None)
         return result
 
-    def backed_off(self, what: str) -> bool:
-        """Whether calls of kind ``what`` are skipped now (a recent failure)."""
-        return time.monotonic() < self._backoff.get(what, (0.0, 0.0))[0]
-
 
 __all__ = ["BACKOFF_MAX_S", "SchedulerGateway"]
