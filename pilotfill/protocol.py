@@ -29,7 +29,7 @@ def _field(check: type | tuple[type, ...], doc: str = "", default: Any = MISSING
     return field(default=default, metadata={"check": check, "doc": doc})
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Message:
     """A request, checked: every required field present with its type (a bool is not a number); an optional field
     of the wrong type is left out (as an older agent or client might send it), never an error."""
@@ -77,7 +77,7 @@ def _names_nodes(kind: str, nodes: list) -> None:
         raise ProtocolError(f"{kind}: nodes must be non-empty strings")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PilotRegister(Message):
     TYPE: ClassVar[str] = "pilot.register"
     REPLY: ClassVar[str] = "ok; stop: the pilot has ended"
@@ -90,7 +90,7 @@ class PilotRegister(Message):
         _names_nodes(self.TYPE, self.nodes)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PilotHeartbeat(Message):
     TYPE: ClassVar[str] = "pilot.heartbeat"
     REPLY: ClassVar[str] = "release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; stop; register; incarnation"
@@ -99,7 +99,7 @@ class PilotHeartbeat(Message):
     exits: list | None = _field(list, "processes that ended on its nodes [{host, job, code, requested}]", None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PilotLeaving(Message):
     TYPE: ClassVar[str] = "pilot.leaving"
     REPLY: ClassVar[str] = "ok: ranks on those nodes are removed now"
@@ -111,7 +111,7 @@ class PilotLeaving(Message):
         _names_nodes(self.TYPE, self.nodes)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobSubmit(Message):
     TYPE: ClassVar[str] = "job.submit"
     REPLY: ClassVar[str] = "job_id: the same for a retry (the request id is journaled with the job: across restarts too)"
@@ -119,7 +119,7 @@ class JobSubmit(Message):
     rid: str | None = _field(str, "the request's id: a retry of it is answered, not applied again", None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobReport(Message):
     TYPE: ClassVar[str] = "job.report"
     REPLY: ClassVar[str] = "progress: the job's counted total (after a stop it falls back to the last commit)"
@@ -138,14 +138,14 @@ class JobReport(Message):
             raise ProtocolError("job.report: seconds must be finite and > 0")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobCommit(Message):
     TYPE: ClassVar[str] = "job.commit"
     REPLY: ClassVar[str] = "committed: the progress a stop now falls back to"
     job_id: str = _field(str, "the job: rank 0 saved its state")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobDescribe(Message):
     TYPE: ClassVar[str] = "job.describe"
     REPLY: ClassVar[str] = "kept: false when the job had a descriptor already (declared, or an earlier rank's)"
@@ -153,7 +153,7 @@ class JobDescribe(Message):
     model: dict = _field(dict, "{parameters, flops_per_sample, layers, batch_size, mix}: a rank measured its model")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobResult(Message):
     TYPE: ClassVar[str] = "job.result"
     REPLY: ClassVar[str] = "ok: rank 0's return value"
@@ -161,7 +161,7 @@ class JobResult(Message):
     value: Any = _field(object, "the value (JSON)", None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobFailed(Message):
     TYPE: ClassVar[str] = "job.failed"
     REPLY: ClassVar[str] = "ok"
@@ -170,7 +170,7 @@ class JobFailed(Message):
     value: Any = _field(object, "the serialized remote exception", None)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobGet(Message):
     TYPE: ClassVar[str] = "job.get"
     READ_ONLY: ClassVar[bool] = True
@@ -178,7 +178,7 @@ class JobGet(Message):
     job_id: str = _field(str, "the job")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobStatusQuery(Message):
     TYPE: ClassVar[str] = "job.status"
     READ_ONLY: ClassVar[bool] = True
@@ -186,21 +186,21 @@ class JobStatusQuery(Message):
     job_ids: list = _field(list, "the jobs [str]")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class JobCancel(Message):
     TYPE: ClassVar[str] = "job.cancel"
     REPLY: ClassVar[str] = "ok"
     job_id: str = _field(str, "the job")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StateSnapshot(Message):
     TYPE: ClassVar[str] = "state.snapshot"
     READ_ONLY: ClassVar[bool] = True
     REPLY: ClassVar[str] = "jobs, pilots, nodes, events (latest 50)"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RdzvJoin(Message):
     TYPE: ClassVar[str] = "rdzv.join"
     READ_ONLY: ClassVar[bool] = True
@@ -210,7 +210,7 @@ class RdzvJoin(Message):
     last_round: int = _field(int, "the last round it was in")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RdzvPoll(Message):
     TYPE: ClassVar[str] = "rdzv.poll"
     READ_ONLY: ClassVar[bool] = True
