@@ -71,7 +71,13 @@ def session_members(sid: int | None = None) -> list[int]:
 
 def settle_session(timeout_s: float) -> list[int]:
     """Before the top process of a batch job exits: reap what it can, SIGKILL what is left of its session after
-    ``timeout_s``, reap again; returns the members still there (none, unless someone else's child lingers)."""
+    ``timeout_s``, reap again; returns the members still there (none, unless someone else's child lingers).
+
+    Only a session's leader settles it: a batch job's top process leads the session MOM made for it, but a process
+    that does not (an agent run in a test, or from someone's shell) shares its session with the shell, ``make`` and
+    whatever started it, which are not ours to kill."""
+    if os.getsid(0) != os.getpid():
+        return []
     end = time.monotonic() + timeout_s
     killed = False
     while True:

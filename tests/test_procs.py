@@ -1,0 +1,51 @@
+"""The process helpers every agent and keeper ends with (pilotfill/procs.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pilotfill import procs
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_process_that_leads_no_session_leaves_its_session_alone():
+    """``settle_session`` SIGKILLs what is left of a batch job's session. Run by a process that does not lead its
+    session (an agent started in a test or from a shell), that session is the shell's, make's, CI's: an agent run
+    in-process by the test suite once killed the CI run that started it. It must touch nothing there. (Checked in a
+    session of its own: were it wrong, it would kill only that session.)"""
+    code = (
+        "import subprocess, sys, time\n"
+        "sibling = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "settler = subprocess.run([sys.executable, '-c', 'import os; from pilotfill import procs; "
+        "assert os.getsid(0) != os.getpid(); print(procs.settle_session(timeout_s=0.1))'], capture_output=True, text=True)\n"
+        "time.sleep(0.3)\n"
+        "print(settler.returncode, settler.stdout.strip(), sibling.poll(), flush=True)\n"
+        "sibling.kill()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "[]", "None"], "a member of a session the caller does not lead was killed"
+
+
+def test_a_session_leader_settles_its_session():
+    """The batch job's top process (a session leader, as MOM starts it) leaves nothing behind when it exits."""
+    code = (
+        "import subprocess, sys, os\n"
+        "from pilotfill import procs\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "left = procs.settle_session(timeout_s=0.2)\n"
+        "print(left, flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert out.returncode == 0, out.stderr
+    child, left = out.stdout.split("\n")[:2]
+    assert left == "[]"
+    stat = f"/proc/{child}/stat"
+    assert not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] in "ZX"
