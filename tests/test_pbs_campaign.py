@@ -330,11 +330,15 @@ def hold_campaign(tmp_path: Path, nodes: int, place: str = "vscatter", env: dict
 
 
 def test_ranks_on_a_sister_host_get_their_sigterm_through_pbs_tmrsh(pbs, tmp_path):
-    """Recheck (c) (c-local-job-log.txt, c-remote-probe-log.txt): pbs_tmrsh forwards no signal — the rank on a sister
-    host of a preempted two-host pilot ran on. The agent now delivers SIGTERM there itself, through ``pbs_tmrsh HOST
-    python -m pilotfill.pilots.agent --end-on NODE``. (Every host of the stand-in is this machine, where the agent's
-    own look at /proc also finds the rank; on a cluster it cannot: so the pbs_tmrsh call is checked too.)"""
+    """Recheck (c) (c-local-job-log.txt, c-remote-probe-log.txt): pbs_tmrsh forwards no signal — a rank on a sister
+    host ran on. When a job ends on a sister host while its pilot goes on (the job is cancelled, stopped or moved), the
+    agent delivers SIGTERM there itself, through ``pbs_tmrsh HOST python -m pilotfill.pilots.agent --end-on NODE``.
+    (Every host of the stand-in is this machine, where the agent's own look at /proc also finds the rank; on a cluster
+    it cannot: so the pbs_tmrsh call is checked too.) When the whole pilot ends (preempted, deleted), the agent asks
+    no sister MOM for one more task: MOM ends what it ran there itself (the real server's test_pbs_server)."""
     from interrupting import ctrl_c
+
+    from pilotfill.client import ControllerClient
 
     pbs("pbs_standin", "exec", "on")
     proc, marks, run_dir = hold_campaign(tmp_path, nodes=2, place="scatter")
@@ -343,12 +347,17 @@ def test_ranks_on_a_sister_host_get_their_sigterm_through_pbs_tmrsh(pbs, tmp_pat
                  "the job's ranks on both hosts of the pilot")  # fmt: skip
         [pilot] = [r for r in pbs.state()["runs"] if r["name"].startswith("pf-")]
         assert sorted(pbs.job(pilot["job"])["exec_host"].split("+")) == ["vm-n1/0", "vm/0"], "a primary and a sister host"
-        pbs("pbs_standin", "preempt", pilot["job"], "30")
+        state = State(run_dir, readonly=True)
+        try:
+            [job] = [j.id for j in state.jobs() if j.status == "running"]
+        finally:
+            state.close()
+        ControllerClient(run_dir).cancel(job)  # the job ends; its pilot stays
         wait_for(lambda: "TERM vm-n1[0]" in marks.read_text(), 60, "SIGTERM on the sister host")
 
         def delivered() -> bool:
             ends = [c["argv"] for c in pbs.state()["calls"] if c["cmd"] == "pbs_tmrsh" and "--end-on" in c["argv"]]
-            return any(argv[1] == "vm-n1" and argv[argv.index("--end-on") + 1] == "vm-n1[0]" for argv in ends)
+            return any(argv[1] == "vm-n1" and argv[argv.index("--end-on") + 1] == "vm-n1[0]" and job in argv for argv in ends)
 
         wait_for(delivered, 60, "the agent to deliver it on vm-n1 through pbs_tmrsh")
     finally:
