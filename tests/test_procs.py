@@ -5,13 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from pilotfill import procs
 
 pytestmark = pytest.mark.unit
+
+
+def in_a_session_of_its_own(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` as the leader of a new session (as MOM starts a batch job's top process); it must succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert out.returncode == 0, out.stderr
+    return out
 
 
 def test_a_process_that_leads_no_session_leaves_its_session_alone():
@@ -28,8 +34,7 @@ def test_a_process_that_leads_no_session_leaves_its_session_alone():
         "print(settler.returncode, settler.stdout.strip(), sibling.poll(), flush=True)\n"
         "sibling.kill()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True)
-    assert out.returncode == 0, out.stderr
+    out = in_a_session_of_its_own(code)
     assert out.stdout.split() == ["0", "[]", "None"], "a member of a session the caller does not lead was killed"
 
 
@@ -43,8 +48,7 @@ def test_a_session_leader_settles_its_session():
         "left = procs.settle_session(timeout_s=0.2)\n"
         "print(left, flush=True)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, start_new_session=True)
-    assert out.returncode == 0, out.stderr
+    out = in_a_session_of_its_own(code)
     child, left = out.stdout.split("\n")[:2]
     assert left == "[]"
     stat = f"/proc/{child}/stat"
