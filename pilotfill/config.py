@@ -18,6 +18,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .elastic.registry import NAMES as RUNTIME_NAMES
+from .schedulers.registry import NAMES as BATCH_SYSTEM_NAMES
+from .schedulers.registry import adapter_class
+
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"
 
 
@@ -163,7 +167,7 @@ class Config:
         return next((t for t in self.node_types if t.name == name), None)
 
 
-SCHEDULERS = ("local", "slurm", "pbs")
+SCHEDULERS = BATCH_SYSTEM_NAMES  # pilotfill/schedulers/registry.py
 OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
 MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s"}
 # Values that validate as numbers and then cannot work (issue: tick_s = 1e12 killed the controller four times with an
@@ -183,7 +187,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "local.trace_seconds_per_second": (1e-3, 1e6, "trace seconds per real second"),
     "local.pilot_walltime_s": (0.0, 31_536_000.0, "a pilot's walltime"),
 }
-RUNTIMES = ("processes", "horovod", "torch")
+RUNTIMES = RUNTIME_NAMES  # pilotfill/elastic/registry.py
 DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
@@ -289,7 +293,11 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
 
 
 NODE_TYPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,62}")
-SELECTORS = {"slurm": ("partition", "constraint", "gres"), "pbs": ("select", "queue"), "local": ("nodes",)}
+
+
+def _selectors() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each batch system's title and the ``[node_types]`` keys that select its nodes (its adapter says them)."""
+    return {name: (adapter_class(name).title, adapter_class(name).selects) for name in SCHEDULERS}
 
 
 def _node_types(raw: Any, scheduler: str, local: LocalConfig, where) -> tuple[NodeTypeConfig, ...]:
@@ -316,13 +324,15 @@ def _node_types(raw: Any, scheduler: str, local: LocalConfig, where) -> tuple[No
             if k in ("nodes", "ranks_per_node") and v < 0 or k == "gpus_per_node" and v < -1:
                 raise ConfigError(f"{where(f'{key}.{k}')}: must be zero or more, got {v!r}")
             values[k] = v
-        chosen = [k for k in SELECTORS.get(scheduler, ()) if values.get(k)]
-        foreign = [k for s, keys in SELECTORS.items() if s != scheduler for k in keys if values.get(k)]
+        selectors = _selectors()
+        own = selectors[scheduler][1]
+        chosen = [k for k in own if values.get(k)]
+        foreign = [(k, title) for s, (title, keys) in selectors.items() if s != scheduler for k in keys if k not in own and values.get(k)]
         if foreign:
-            raise ConfigError(f"{where(f'{key}.{foreign[0]}')}: is how {'Slurm' if foreign[0] in SELECTORS['slurm'] else 'PBS' if foreign[0] in SELECTORS['pbs'] else 'the local cluster'} "
-                              f"selects nodes, but scheduler = {scheduler!r}: use {' or '.join(SELECTORS.get(scheduler, ('nothing',)))}")  # fmt: skip
+            (k, title) = foreign[0]
+            raise ConfigError(f"{where(f'{key}.{k}')}: is how {title} selects nodes, but scheduler = {scheduler!r}: use {' or '.join(own or ('nothing',))}")
         if not chosen:
-            raise ConfigError(f"{where(key)}: says nothing that selects these nodes: set {' or '.join(SELECTORS.get(scheduler, ()))}")
+            raise ConfigError(f"{where(key)}: says nothing that selects these nodes: set {' or '.join(own)}")
         out.append(NodeTypeConfig(name, **values))
     if scheduler == "local" and out:
         total = sum(t.nodes for t in out)

@@ -15,6 +15,8 @@ import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
+from .elastic.registry import NAMES as RUNTIMES
+
 
 class ProtocolError(ValueError):
     """A request that is authentic but malformed."""
@@ -319,8 +321,8 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError(f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {out[name]!r}")
     if not isinstance(out.get("costs_known", False), bool):
         raise ProtocolError("job spec: costs_known must be true or false")
-    if out.get("runtime") is not None and out["runtime"] not in ("torch", "horovod", "processes"):
-        raise ProtocolError(f"job spec: runtime must be torch, horovod or processes, got {out['runtime']!r}")
+    if out.get("runtime") is not None and out["runtime"] not in RUNTIMES:
+        raise ProtocolError(f"job spec: runtime must be one of {', '.join(RUNTIMES)}, got {out['runtime']!r}")
     if out.get("key") is not None and not isinstance(out["key"], str):
         raise ProtocolError("job spec: key must be a string")
     _check_curve(out, "curve", "samples_per_s")

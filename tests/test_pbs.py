@@ -945,7 +945,7 @@ def test_requeued_pilot_reports_its_full_vnode_set_when_it_runs_again(make, pbs,
     [started] = s.poll(t())
     assert (started.kind, started.nodes, started.detail) == ("started", tuple(VNODES), "run 2")
     monkeypatch.setenv("PBS_JOBID", "0.vm")
-    assert pbs_module.nodes_of_this_job() == VNODES, "the agent of the new run registers all of them"
+    assert pbs_module.PbsNodes().nodes_of_this_job() == VNODES, "the agent of the new run registers all of them"
     assert s.release("p", N1) == N1, "and they can be given back again"
 
 
@@ -1148,13 +1148,13 @@ def test_a_failing_qstat_never_ends_a_pilot(make, pbs):
 def test_nodes_of_this_job_inside_a_pilot(make, pbs, monkeypatch):
     make().submit_pilot("p", 3)
     with pytest.raises(RuntimeError, match="PBS_JOBID"):
-        pbs_module.id_of_this_job()
+        pbs_module.PbsNodes().id_of_this_job()
     monkeypatch.setenv("PBS_JOBID", "0.vm")
-    assert pbs_module.id_of_this_job() == "0.vm"
-    assert pbs_module.nodes_of_this_job() == VM[:3]
+    assert pbs_module.PbsNodes().id_of_this_job() == "0.vm"
+    assert pbs_module.PbsNodes().nodes_of_this_job() == VM[:3]
     monkeypatch.setenv("PBS_JOBID", "99.vm")
     with pytest.raises(SchedulerCommandError, match="Unknown Job Id 99.vm"):
-        pbs_module.nodes_of_this_job(timeout_s=5.0)
+        pbs_module.PbsNodes().nodes_of_this_job(timeout_s=5.0)
 
 
 def test_polaris_config_loads():

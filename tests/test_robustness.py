@@ -545,7 +545,7 @@ def test_an_agent_with_no_controller_for_long_ends_its_pilot(tmp_path, monkeypat
     run_dir = tmp_path / "run"
     create_secret(run_dir)  # a run directory whose controller never answers
     began = time.monotonic()
-    code = agent_module.Agent(str(run_dir), "p-orphan", ["n0"], "1", heartbeat_s=0.1, grace_s=1.0, scheduler="local").run()
+    code = agent_module.Agent(str(run_dir), "p-orphan", ["n0"], "1", heartbeat_s=0.1, grace_s=1.0).run()
     assert code == 4 and time.monotonic() - began < 60
 
 

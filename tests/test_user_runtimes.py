@@ -131,7 +131,7 @@ def test_elastic_app_checks_the_runtime_it_names():
 def test_a_spec_naming_an_unknown_runtime_is_refused():
     from pilotfill.protocol import ProtocolError, check_spec
 
-    with pytest.raises(ProtocolError, match="runtime must be torch, horovod or processes"):
+    with pytest.raises(ProtocolError, match="runtime must be one of processes, horovod, torch"):
         check_spec({"name": "x", "entry": "m:f", "min_nodes": 1, "max_nodes": 1, "runtime": "mpi"})
 
 

@@ -17,11 +17,11 @@ system and a simulated runtime — the same code, measured.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
 import os
-import socket
 import time
 import traceback
 from collections import Counter, OrderedDict, deque
@@ -38,6 +38,9 @@ from ..allocator import Job as AllocJob
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..elastic.ending import exit_words
+from ..elastic.registry import NAMES as RUNTIME_NAMES
+from ..elastic.registry import runtime_class
+from ..elastic.runtimes import JobRuntimes
 from ..lifecycle import TERMINAL, IllegalMove
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
@@ -56,8 +59,6 @@ from ..protocol import (
     PilotLeaving,
     PilotRegister,
     ProtocolError,
-    RdzvJoin,
-    RdzvPoll,
     StateSnapshot,
     check_spec,
     parse,
@@ -70,7 +71,7 @@ from .gateway import SchedulerGateway
 from .horizon import PoolHorizon
 from .meter import Meter
 from .phases import Burst, Decision, Phase
-from .types import NodeTypes, local_node_types
+from .types import NodeTypes
 from .views import AllocatorViews
 from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
 from .walltime import Walltimes, lead_s
@@ -210,12 +211,13 @@ class Controller:
             JobResult.TYPE: self._on_job_result,
             JobFailed.TYPE: self._on_job_failed,
             JobCancel.TYPE: self._on_job_cancel,
-            RdzvJoin.TYPE: self._on_rendezvous,
-            RdzvPoll.TYPE: self._on_rendezvous,
             JobGet.TYPE: self._on_job_get,
             JobStatusQuery.TYPE: self._on_job_status,
             StateSnapshot.TYPE: self._on_state_snapshot,
         }
+        for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
+            for type_ in runtime_class(kind).handles:
+                self.handlers[type_] = functools.partial(self._on_runtime_message, kind)
         self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
         self._recover(new_campaign)
         for pilot in self.world.pilots.values():
@@ -230,50 +232,21 @@ class Controller:
         return self.pool_horizon.at(now, extra)
 
     def _make_runtime(self) -> Runtime:
-        """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`)."""
-        from ..elastic.runtimes import JobRuntimes
+        """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`); every
+        process a runtime puts on a compute node goes through the node's pilot agent (``self.launcher``)."""
+        def make(kind: str) -> Runtime:
+            return runtime_class(kind).from_config(self.config, self.run_dir, self.launcher, on_spawn=self._record_process)
 
-        return JobRuntimes(self.config.runtime.kind, self._runtime_of_kind)
-
-    def _runtime_of_kind(self, kind: str) -> Runtime:
-        """The runtime of ``kind``; every process it puts on a compute node goes through the node's pilot agent."""
-        rt = self.config.runtime
-        if kind == "horovod":
-            from ..elastic.horovod import HorovodRuntime
-
-            def record(p, job: str, host: str) -> None:  # the horovodrun driver runs here, with the controller
-                self._record_process(p, "driver", job, host)
-
-            local = self.config.scheduler == "local" or rt.local_hosts
-            return HorovodRuntime(self.run_dir, launcher=self.launcher, local=local, network_interface=rt.network_interface, on_spawn=record,
-                                  ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
-        if kind == "torch":
-            from ..elastic.torch import TorchRuntime
-
-            bind = self.config.controller.bind
-            store_host = socket.getfqdn() if bind in ("0.0.0.0", "*") else bind
-            return TorchRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host,
-                                grace_s=self.config.pilots.grace_s, collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
-        from ..elastic.processes import ProcessRuntime
-
-        return ProcessRuntime(self.run_dir, self.launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node)
+        return JobRuntimes(self.config.runtime.kind, make)
 
     def _make_scheduler(self) -> BatchScheduler:
-        kind = self.config.scheduler
-        if kind == "local":
-            from ..schedulers.local import LocalScheduler
+        """The configured batch system's adapter (:mod:`pilotfill.schedulers.registry`)."""
+        from ..schedulers.registry import adapter_class
 
-            return LocalScheduler(self.config.local, self.config.pilots, self.run_dir, on_spawn=lambda p, what, host: self._record_process(p, what, None, host),
-                                  node_types=local_node_types(self.config))  # fmt: skip
-        if kind == "slurm":
-            from ..schedulers.slurm import SlurmScheduler
+        def record(p, what: str, host: str) -> None:
+            self._record_process(p, what, None, host)
 
-            return SlurmScheduler(self.config.slurm, self.config.pilots, self.run_dir, node_types=self.config.node_types)
-        if kind == "pbs":
-            from ..schedulers.pbs import PbsScheduler
-
-            return PbsScheduler(self.config.pbs, self.config.pilots, self.run_dir, node_types=self.config.node_types)
-        raise ValueError(f"unknown scheduler {kind!r}")
+        return adapter_class(self.config.scheduler).from_config(self.config, self.run_dir, on_spawn=record)
 
     def _recover(self, new_campaign: bool) -> None:
         """Take over from a predecessor: nothing it ran survives; running jobs are requeued from their
@@ -567,16 +540,12 @@ class Controller:
                 self.wake(pilot_id)
         self._to_wake.clear()
 
-    def _on_rendezvous(self, message: RdzvJoin | RdzvPoll, now: float) -> dict[str, Any]:
-        """A torch elastic agent joining its job's round, or asking whether membership changed."""
-        book = getattr(self.runtime, "rendezvous", None)
-        if book is None:
-            raise ProtocolError("this run's runtime has no rendezvous (runtime.kind is not torch)")
-        from ..elastic.rendezvous import handle as rendezvous
-
-        reply = rendezvous(book, message.to_dict(), now)
-        reply.pop("ok", None)
-        return reply
+    def _on_runtime_message(self, kind: str, message: Message, now: float) -> dict[str, Any]:
+        """A message of a runtime's own (``Runtime.handles``: the torch agents' ``rdzv.*``), answered by that runtime."""
+        runtime = self.runtime.made(kind) if isinstance(self.runtime, JobRuntimes) else self.runtime
+        if runtime is None or message.TYPE not in runtime.handles:
+            raise ProtocolError(f"{message.TYPE}: no {kind} job runs in this campaign")
+        return runtime.handle(message, now)
 
     def _on_pilot_leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
         pilot = self.world.pilot_of(message.pilot)

@@ -35,16 +35,6 @@ LIBRARY_FILE = "models.json"
 """The user's library, beside the run directory (``runs/models.json``): it outlives the run, as checkpoints do."""
 
 
-def local_node_types(config: Config) -> dict[str, str]:
-    """The local cluster's virtual nodes and their types: the first ``nodes`` of the first type, and so on."""
-    out, i = {}, 0
-    for kind in config.node_types:
-        for _ in range(kind.nodes):
-            out[f"{config.local.node_prefix}{i}"] = kind.name
-            i += 1
-    return out
-
-
 class NodeTypes:
     """Node types for one controller (inert on a machine with one kind of node: ``typed`` is False)."""
 

@@ -12,9 +12,19 @@ authenticated ``job.result`` / ``job.failed`` messages from the ranks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from ..config import Config
+    from .launch import NodeLauncher
+
+OnSpawn = Callable[["subprocess.Popen", str, str, str], None]
+"""Told of every process a runtime starts on the controller's machine (process, what it is, its job, its host)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +42,23 @@ class RankExit:
 
 
 class Runtime(ABC):
-    """Runs jobs' ranks; one instance per controller."""
+    """Runs jobs' ranks; one instance per controller.
+
+    ``handles``: the message types of its own this runtime answers (:meth:`handle`); the controller routes each to
+    the runtime of that kind. The names live in :mod:`pilotfill.elastic.registry`."""
+
+    handles: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> Runtime:
+        """The runtime a site config asks for: every process it puts on a compute node goes through ``launcher``
+        (the node's pilot agent); ``on_spawn`` is told of each it starts on this machine. (A runtime no config names —
+        the replay's — is made by its owner.)"""
+        raise NotImplementedError(f"{cls.__name__} is not made from a site config")
+
+    def handle(self, message: Any, now: float) -> dict[str, Any]:
+        """Answer one of this runtime's own messages (``handles``): the reply's fields."""
+        raise NotImplementedError(f"{type(self).__name__} answers no message {getattr(message, 'TYPE', message)!r}")
 
     @abstractmethod
     def start(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> None:

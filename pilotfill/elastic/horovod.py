@@ -30,11 +30,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import procs
-from .base import RankExit, Runtime
+from .base import OnSpawn, RankExit, Runtime
 from .launch import NodeLauncher
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 SHRINK_DEADLINE_S = 3.0
 """A removed host's ranks get this long to leave through Horovod before that host's pilot agent ends them."""
@@ -43,6 +46,17 @@ JOB_RETRIES = 3
 
 
 class HorovodRuntime(Runtime):
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> HorovodRuntime:
+        rt = config.runtime
+
+        def record(p: subprocess.Popen, job: str, host: str) -> None:  # the horovodrun driver runs here, with the controller
+            on_spawn(p, "driver", job, host)
+
+        return cls(run_dir, launcher=launcher, local=config.scheduler == "local" or rt.local_hosts, network_interface=rt.network_interface,
+                   on_spawn=record, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node,
+                   collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
+
     def __init__(
         self,
         run_dir: Path,

@@ -13,13 +13,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import RankExit, Runtime
+from .base import OnSpawn, RankExit, Runtime
 from .launch import NodeLauncher
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 class ProcessRuntime(Runtime):
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> ProcessRuntime:
+        return cls(run_dir, launcher, ranks_per_node=config.runtime.ranks_per_node, gpus_per_node=config.runtime.gpus_per_node)
+
     def __init__(self, run_dir: Path, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int = 0, python: str = sys.executable):
         self.run_dir = Path(run_dir)
         self.launcher = launcher

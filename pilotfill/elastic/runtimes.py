@@ -42,11 +42,9 @@ class JobRuntimes(Runtime):
         kind = self._of.get(job_id)
         return self._kinds.get(kind) if kind is not None else None
 
-    @property
-    def rendezvous(self):
-        """The torch runtime's membership book (its agents' ``rdzv.*`` messages), once a torch job has needed one."""
-        torch = self._kinds.get("torch")
-        return getattr(torch, "rendezvous", None)
+    def made(self, kind: str) -> Runtime | None:
+        """The runtime of ``kind`` if a job has needed it (its own messages need one of its jobs), else None."""
+        return self._kinds.get(kind)
 
     # ------------------------------------------------------------ Runtime
 

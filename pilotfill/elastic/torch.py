@@ -28,17 +28,23 @@ This module imports no torch: the controller does not pay for it.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import procs
-from .base import RankExit, Runtime
+from ..protocol import RdzvJoin, RdzvPoll
+from .base import OnSpawn, RankExit, Runtime
 from .collectives import DEFAULT_TIMEOUT_S
 from .launch import NodeLauncher
 from .rendezvous import RendezvousBook
+from .rendezvous import handle as rendezvous_handle
+
+if TYPE_CHECKING:
+    from ..config import Config
 from .torch_store import PORT_FILE, read_port_file
 
 STORE_RESTART_BACKOFF_S = 2.0
@@ -66,6 +72,21 @@ class TorchRuntime(Runtime):
     grace, what workers get between SIGTERM and SIGKILL; ``collective_timeout_s``:
     the timeout of their process groups (:mod:`pilotfill.elastic.collectives`).
     """
+
+    handles: ClassVar[tuple[str, ...]] = (RdzvJoin.TYPE, RdzvPoll.TYPE)  # its agents' rendezvous (pilotfill.elastic.rendezvous)
+
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> TorchRuntime:
+        rt, bind = config.runtime, config.controller.bind
+        store_host = socket.getfqdn() if bind in ("0.0.0.0", "*") else bind  # the address compute nodes reach
+        return cls(run_dir, launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host,
+                   grace_s=config.pilots.grace_s, collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
+
+    def handle(self, message: Any, now: float) -> dict[str, Any]:
+        """A torch elastic agent joining its job's round, or asking whether membership changed."""
+        reply = rendezvous_handle(self.rendezvous, message.to_dict(), now)
+        reply.pop("ok", None)
+        return reply
 
     def __init__(self, run_dir: Path | str, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int | None = None,
                  store_host: str = "127.0.0.1", python: str = sys.executable, agent_env: dict[str, str] | None = None,

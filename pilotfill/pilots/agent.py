@@ -45,6 +45,9 @@ from pathlib import Path
 from .. import procs
 from ..elastic.launch import LocalLauncher
 from ..lease import LeaseWatch
+from ..schedulers.base import NodeAccess
+from ..schedulers.registry import NAMES as BATCH_SYSTEM_NAMES
+from ..schedulers.registry import adapter_class
 from ..transport import Client, ControllerUnavailable, Interrupted, RequestRefused
 
 log = logging.getLogger("pilotfill.agent")
@@ -55,11 +58,14 @@ campaign's lease is renewed (a supervisor that restarts no controller that answe
 
 
 class Agent:
-    def __init__(self, run_dir: str, pilot: str, nodes: list[str], scheduler_id: str, heartbeat_s: float, grace_s: float, scheduler: str = "local",
-                 deadline_s: float = 5.0):  # fmt: skip
+    def __init__(self, run_dir: str, pilot: str, nodes: list[str], scheduler_id: str, heartbeat_s: float, grace_s: float,
+                 access: NodeAccess | None = None, deadline_s: float = 5.0):  # fmt: skip
+        """``access``: how this pilot's batch system reaches its other nodes (default: the local cluster's, where every
+        node is this machine)."""
         self.run_dir = str(Path(run_dir).resolve())
         self.pilot, self.nodes, self.scheduler_id = pilot, list(nodes), scheduler_id
-        self.heartbeat_s, self.grace_s, self.scheduler = heartbeat_s, grace_s, scheduler
+        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        self.access = access or NodeAccess()
         self.deadline_s = deadline_s
         self.lease = LeaseWatch(self.run_dir, deadline_s)
         self.client = Client(run_dir, timeout_s=max(heartbeat_s * 2, 10.0))
@@ -193,14 +199,7 @@ class Agent:
         """``argv`` as run on ``host``: here, or through the batch system onto another node of this pilot."""
         if self._is_here(host):
             return argv
-        with_env = ["env", *(f"{k}={v}" for k, v in {**env, "PILOTFILL_HOST": host}.items()), *argv]
-        if self.scheduler == "slurm":
-            return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=1", *with_env]
-        if self.scheduler == "pbs":
-            # Under a keeper: the last of its MOM task's session to exit, the command's output in the run's log.
-            keeper = [self.python, "-m", "pilotfill.pilots.keeper", "--log", str(self.launcher.log_path(host, job)), "--"]
-            return ["pbs_tmrsh", host_of(host), *keeper, *with_env]
-        return argv
+        return self.access.run_on(host, argv, env, self.launcher.log_path(host, job))
 
     def _end_job(self, host: str, job: str) -> None:
         """End a job's processes on a node: those we started, and any it started itself (found by environment)."""
@@ -230,7 +229,7 @@ class Agent:
                 ended.add((host, j))
         found = job_processes(self.run_dir, nodes, job)  # elsewhere than here: none on a real cluster; on one machine, all
         targets = terminate([*leaders, *found], skip_groups=leaders)  # the launcher signalled its own groups
-        remote = [self._end_remotely(n, job, deadline) for n in nodes if not self._is_here(n) and self.scheduler == "pbs"] if remote else []
+        remote = [self._end_remotely(n, job, deadline) for n in nodes if not self._is_here(n)] if remote else []
         with self._lock:
             self._sweeps.append(Sweep(targets, [r for r in remote if r is not None], deadline))
         jobs = sorted({j for _, j in ended} | set(found.values()))
@@ -239,12 +238,16 @@ class Agent:
 
     def _is_here(self, node: str) -> bool:
         """Whether ``node``'s processes run on this machine (on the local cluster every node does)."""
-        return self.scheduler == "local" or host_of(node) == self._here
+        return self.access.is_here(node, self._here)
 
     def _end_remotely(self, node: str, job: str | None, deadline: float) -> subprocess.Popen | None:
-        """``pbs_tmrsh HOST python -m pilotfill.pilots.agent --end-on NODE …``: the signal delivered on that host."""
-        argv = ["pbs_tmrsh", host_of(node), self.python, "-m", "pilotfill.pilots.agent", "--run-dir", self.run_dir, "--end-on", node,
-                "--grace-s", f"{max(0.1, deadline - time.time()):.2f}", *(["--job", job] if job else [])]  # fmt: skip
+        """``python -m pilotfill.pilots.agent --end-on NODE …`` on that node's host, where the batch system's remote
+        shell forwards no signal (``pbs_tmrsh``): the signal delivered there. None where nothing more is needed."""
+        end = [self.python, "-m", "pilotfill.pilots.agent", "--run-dir", self.run_dir, "--end-on", node,
+               "--grace-s", f"{max(0.1, deadline - time.time()):.2f}", *(["--job", job] if job else [])]  # fmt: skip
+        argv = self.access.end_on(node, end)
+        if argv is None:
+            return None
         try:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
@@ -299,11 +302,6 @@ class Agent:
         end = time.monotonic() + seconds
         while self.leaving_at is None and time.monotonic() < end:
             time.sleep(0.05)
-
-
-def host_of(node: str) -> str:
-    """The host a node is on: ``vm`` for PBS's vnode ``vm[2]``, ``nid001`` for ``nid001.cluster``."""
-    return node.split(".")[0].split("[")[0]
 
 
 def job_processes(run_dir: str, nodes: list[str], job: str | None = None) -> dict[int, str]:
@@ -384,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--end-on", default=None, help="nodes of this host (a,b): end the run's processes there (SIGTERM, SIGKILL after --grace-s), exit")
     ap.add_argument("--job", default=None, help="with --end-on: only this job's processes")
     ap.add_argument("--nodes", default=None, help="comma-separated node names this pilot holds (default: ask the batch system)")
-    ap.add_argument("--scheduler", default="local", help="local, slurm or pbs: where to find this job's id and nodes, and how to reach them")
+    ap.add_argument("--scheduler", default="local", choices=BATCH_SYSTEM_NAMES, help="the batch system: where to find this job's id and nodes, and how to reach them")
     ap.add_argument("--scheduler-id", default=None)
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
     ap.add_argument("--deadline-s", type=float, default=5.0, help="the controller's heartbeat deadline: how long a silent controller is waited for once its campaign is gone")
@@ -398,14 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.pilot:
         ap.error("--pilot is required")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent {args.pilot} %(levelname)s %(message)s")
-    if args.nodes is not None:
-        nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
+    access = adapter_class(args.scheduler).node_access()  # this batch system's job-side calls
+    if args.nodes is None:
+        nodes, scheduler_id = access.nodes_of_this_job(), args.scheduler_id or access.id_of_this_job()
     else:
-        import importlib
-
-        adapter = importlib.import_module(f"pilotfill.schedulers.{args.scheduler}")
-        nodes, scheduler_id = adapter.nodes_of_this_job(), args.scheduler_id or adapter.id_of_this_job()
-    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, scheduler=args.scheduler, deadline_s=args.deadline_s).run()
+        nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
+    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, access=access, deadline_s=args.deadline_s).run()
 
 
 if __name__ == "__main__":

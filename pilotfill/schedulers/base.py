@@ -13,11 +13,71 @@ from __future__ import annotations
 import shlex
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 from ..config import PilotConfig
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from ..config import Config
+
+OnSpawn = Callable[["subprocess.Popen", str, str], None]
+"""Told of every process an adapter starts on this machine (process, what it is, its host): the journal keeps them."""
+
+
+def host_of(node: str) -> str:
+    """The host a node is on: ``vm`` for PBS's vnode ``vm[2]``, ``nid001`` for ``nid001.cluster``."""
+    return node.split(".")[0].split("[")[0]
+
+
+class NodeAccess:
+    """What a pilot's agent asks of its batch system from inside the job: this job's id and nodes, and how a process
+    reaches another node of it. The default is the local virtual cluster's: every node is this machine.
+
+    One subclass per batch system, named by its adapter's ``node_access``; the agent makes it from the name on its
+    command line (:func:`pilotfill.schedulers.registry.adapter_class`), so it has no ``if scheduler ==``."""
+
+    def __init__(self, python: str = sys.executable):
+        self.python = python
+
+    def id_of_this_job(self) -> str:
+        """This pilot's job id in the batch system (when the agent's command line gives none)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot find its job's id: pass --scheduler-id")
+
+    def nodes_of_this_job(self) -> list[str]:
+        """The nodes the batch system gave this job (when the agent's command line names none)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot find its job's nodes: pass --nodes")
+
+    def is_here(self, node: str, here: str) -> bool:
+        """Whether ``node``'s processes run on this machine, whose short hostname is ``here``."""
+        return True
+
+    def run_on(self, node: str, argv: list[str], env: dict[str, str], log_path: Path) -> list[str]:
+        """The command that runs ``argv`` with ``env`` on ``node`` of this job from the agent's host (not ``is_here``).
+        ``log_path``: where that process's output belongs, for a launch that cannot hand it back."""
+        return argv
+
+    def end_on(self, node: str, argv: list[str]) -> list[str] | None:
+        """The command that runs ``argv`` (the agent's ``--end-on``) on ``node``'s host, for a batch system whose
+        remote shell forwards no signal; None where ending the launch ends the process there (``srun`` does)."""
+        return None
+
+
+class RemoteNodes(NodeAccess):
+    """A job whose nodes are separate hosts: a node is here when it is on this host."""
+
+    def is_here(self, node: str, here: str) -> bool:
+        return host_of(node) == here
+
+    @staticmethod
+    def with_env(node: str, argv: list[str], env: dict[str, str]) -> list[str]:
+        """``env K=V … argv``: a remote shell passes no environment of ours."""
+        return ["env", *(f"{k}={v}" for k, v in {**env, "PILOTFILL_HOST": node}.items()), *argv]
 
 
 class EventKind(StrEnum):
@@ -50,9 +110,23 @@ class PilotEvent:
 
 
 class BatchScheduler(ABC):
-    """A batch system as pilotfill needs it."""
+    """A batch system as pilotfill needs it.
+
+    Each adapter also says, as class attributes, what the rest of pilotfill needs of it without making one: its
+    ``title`` for people, the ``[node_types]`` keys that select its nodes (``selects``), and its pilots' job-side
+    calls (``node_access``); :meth:`from_config` makes it from a site config. The names live in
+    :mod:`pilotfill.schedulers.registry`."""
 
     name: str = "base"
+    title: ClassVar[str] = "a batch system"
+    selects: ClassVar[tuple[str, ...]] = ()
+    node_access: ClassVar[type[NodeAccess]] = NodeAccess
+
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> BatchScheduler:
+        """The adapter a site config asks for; ``on_spawn`` is told of each process it starts on this machine.
+        (An adapter no config names — the replay's — is made by its owner.)"""
+        raise NotImplementedError(f"{cls.__name__} is not made from a site config")
 
     @abstractmethod
     def idle_nodes(self) -> int:

@@ -31,13 +31,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
 from .. import procs
-from ..config import LocalConfig, PilotConfig, ScriptedChange
+from ..config import Config, LocalConfig, PilotConfig, ScriptedChange
 from ..traces import read_trace
-from .base import BatchScheduler, EndReason, EventKind, PilotEvent
+from .base import BatchScheduler, EndReason, EventKind, NodeAccess, OnSpawn, PilotEvent
 
 EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-week-64nodes.csv.gz"
 WINDOW_HOURS = 6.0
@@ -116,9 +117,23 @@ class _Pilot:
     died_at: float | None = None
 
 
+def local_node_types(config: Config) -> dict[str, str]:
+    """The local cluster's virtual nodes and their types: the first ``nodes`` of the first type, and so on."""
+    out, i = {}, 0
+    for kind in config.node_types:
+        for _ in range(kind.nodes):
+            out[f"{config.local.node_prefix}{i}"] = kind.name
+            i += 1
+    return out
+
+
 @dataclass
 class LocalScheduler(BatchScheduler):
     """Virtual nodes, a main workload, and pilots as local agent processes."""
+
+    title: ClassVar[str] = "the local cluster"
+    selects: ClassVar[tuple[str, ...]] = ("nodes",)
+    node_access: ClassVar[type[NodeAccess]] = NodeAccess  # every virtual node is this machine; the agent is told its nodes
 
     config: LocalConfig
     pilots: PilotConfig
@@ -131,6 +146,10 @@ class LocalScheduler(BatchScheduler):
     _running: dict[str, _Pilot] = field(default_factory=dict)
     _events: list[PilotEvent] = field(default_factory=list)
     _next_id: int = 0
+
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> LocalScheduler:
+        return cls(config.local, config.pilots, run_dir, on_spawn=on_spawn, node_types=local_node_types(config))
 
     def __post_init__(self) -> None:
         self.nodes = [f"{self.config.node_prefix}{i}" for i in range(self.config.nodes)]

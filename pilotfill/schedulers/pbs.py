@@ -72,10 +72,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from ..config import NodeTypeConfig, PbsConfig, PilotConfig
-from .base import BatchScheduler, EndReason, EventKind, PilotEvent, PilotRefused, SchedulerConfigError, agent_argv
+from ..config import Config, NodeTypeConfig, PbsConfig, PilotConfig
+from .base import BatchScheduler, EndReason, EventKind, NodeAccess, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, SchedulerConfigError, agent_argv, host_of
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
@@ -347,26 +347,38 @@ def main_job_demand(main: Sequence[JobStatus], free: int, promised: int, preempt
 # ---------------------------------------------------------------- inside a pilot
 
 
-def id_of_this_job() -> str:
-    """This pilot's PBS job id (the agent runs inside the job)."""
-    jid = os.environ.get("PBS_JOBID", "")
-    if not jid:
-        raise RuntimeError("PBS_JOBID is not set: not inside a PBS job")
-    return jid
+class PbsNodes(RemoteNodes):
+    """Inside a pilot: its vnodes from ``qstat``, a process on a sister host through ``pbs_tmrsh`` (PBS's TM remote
+    shell: a task of the pilot's job under that host's MOM). ``pbs_tmrsh`` forwards no signal, so a process there is
+    ended by running the agent's ``--end-on`` there too."""
 
+    def id_of_this_job(self) -> str:
+        """This pilot's PBS job id (the agent runs inside the job)."""
+        jid = os.environ.get("PBS_JOBID", "")
+        if not jid:
+            raise RuntimeError("PBS_JOBID is not set: not inside a PBS job")
+        return jid
 
-def nodes_of_this_job(timeout_s: float = 30.0) -> list[str]:
-    """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode`` (no -x: history may be off)."""
-    jid = id_of_this_job()
-    argv = ["qstat", "-f", "-F", "json", jid]
-    result = run(argv, timeout_s=timeout_s, final_codes=(UNKNOWN_JOB,))
-    try:
-        status = parse_jobs(load_document(result.stdout)).get(jid)
-    except ValueError as exc:
-        raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout) from None
-    if status is None or not status.vnodes:
-        raise SchedulerCommandError(argv, "shows no exec_vnode for this job", result.returncode, result.stderr + result.stdout)
-    return list(status.vnodes)
+    def nodes_of_this_job(self, timeout_s: float = 30.0) -> list[str]:
+        """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode`` (no -x: history may be off)."""
+        jid = self.id_of_this_job()
+        argv = ["qstat", "-f", "-F", "json", jid]
+        result = run(argv, timeout_s=timeout_s, final_codes=(UNKNOWN_JOB,))
+        try:
+            status = parse_jobs(load_document(result.stdout)).get(jid)
+        except ValueError as exc:
+            raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout) from None
+        if status is None or not status.vnodes:
+            raise SchedulerCommandError(argv, "shows no exec_vnode for this job", result.returncode, result.stderr + result.stdout)
+        return list(status.vnodes)
+
+    def run_on(self, node: str, argv: list[str], env: dict[str, str], log_path: Path) -> list[str]:
+        # Under a keeper: the last of its MOM task's session to exit, the command's output in the run's log.
+        keeper = [self.python, "-m", "pilotfill.pilots.keeper", "--log", str(log_path), "--"]
+        return ["pbs_tmrsh", host_of(node), *keeper, *self.with_env(node, argv, env)]
+
+    def end_on(self, node: str, argv: list[str]) -> list[str] | None:
+        return ["pbs_tmrsh", host_of(node), *argv]
 
 
 # ---------------------------------------------------------------- the adapter
@@ -404,6 +416,13 @@ class PbsScheduler(BatchScheduler):
     """Pilots on OpenPBS / PBS Pro; see the module docstring for what PBS does."""
 
     name = "pbs"
+    title: ClassVar[str] = "PBS"
+    selects: ClassVar[tuple[str, ...]] = ("select", "queue")
+    node_access: ClassVar[type[NodeAccess]] = PbsNodes
+
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> PbsScheduler:
+        return cls(config.pbs, config.pilots, run_dir, node_types=config.node_types)
 
     def __init__(
         self, config: PbsConfig, pilots: PilotConfig, run_dir: Path, *, retries: int = 2, backoff_s: float = 1.0,

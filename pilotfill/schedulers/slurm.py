@@ -43,9 +43,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-from ..config import NodeTypeConfig, PilotConfig, SlurmConfig
-from .base import BatchScheduler, EndReason, EventKind, PilotEvent, PilotRefused, agent_command
+from ..config import Config, NodeTypeConfig, PilotConfig, SlurmConfig
+from .base import BatchScheduler, EndReason, EventKind, NodeAccess, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, agent_command
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.slurm")
@@ -74,13 +75,18 @@ def hostnames(nodelist: str) -> list[str]:
     return [h for h in out.split() if h]
 
 
-def nodes_of_this_job() -> list[str]:
-    """Inside a pilot: the nodes Slurm gave this job."""
-    return hostnames(os.environ["SLURM_JOB_NODELIST"])
+class SlurmNodes(RemoteNodes):
+    """Inside a pilot: its nodes from Slurm's environment, a process on another of them through ``srun --overlap``
+    (a step of the pilot's own job; ending the ``srun`` ends the step, so nothing more is needed to end it)."""
 
+    def id_of_this_job(self) -> str:
+        return os.environ["SLURM_JOB_ID"]
 
-def id_of_this_job() -> str:
-    return os.environ["SLURM_JOB_ID"]
+    def nodes_of_this_job(self) -> list[str]:
+        return hostnames(os.environ["SLURM_JOB_NODELIST"])
+
+    def run_on(self, node: str, argv: list[str], env: dict[str, str], log_path: Path) -> list[str]:
+        return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", *self.with_env(node, argv, env)]
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,9 @@ class SlurmScheduler(BatchScheduler):
     pilots: PilotConfig
     run_dir: Path
     name: str = "slurm"
+    title: ClassVar[str] = "Slurm"
+    selects: ClassVar[tuple[str, ...]] = ("partition", "constraint", "gres")
+    node_access: ClassVar[type[NodeAccess]] = SlurmNodes
     node_types: tuple[NodeTypeConfig, ...] = ()  # several kinds of node: how each is selected
     _pilots: dict[str, _Pilot] = field(default_factory=dict)
     _jobs: dict[str, str] = field(default_factory=dict)  # every job id submitted or adopted -> pilot: close() cancels them all
@@ -190,6 +199,10 @@ class SlurmScheduler(BatchScheduler):
     _last_poll: float = 0.0
     _idle_cache: tuple[float, int] | None = None
     _types_cache: tuple[float, dict[str, int]] | None = None
+
+    @classmethod
+    def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> SlurmScheduler:
+        return cls(config.slurm, config.pilots, run_dir, node_types=config.node_types)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
