@@ -13,8 +13,9 @@ Adding a runtime: one module here with its class, one line below, its messages i
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..plugins import load
 
 if TYPE_CHECKING:
     from .base import Runtime
@@ -30,9 +31,4 @@ NAMES: tuple[str, ...] = tuple(RUNTIMES)
 
 def runtime_class(name: str) -> type[Runtime]:
     """The runtime class of ``name`` (imported on first use)."""
-    try:
-        where = RUNTIMES[name]
-    except KeyError:
-        raise ValueError(f"unknown runtime {name!r} (known: {', '.join(NAMES)})") from None
-    module, _, cls = where.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load(RUNTIMES, name, "runtime")

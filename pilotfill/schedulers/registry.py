@@ -16,8 +16,9 @@ section in :mod:`pilotfill.config`, one line below, docs/sites.md and its tests.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..plugins import load
 
 if TYPE_CHECKING:
     from .base import BatchScheduler
@@ -33,9 +34,4 @@ NAMES: tuple[str, ...] = tuple(BATCH_SYSTEMS)
 
 def adapter_class(name: str) -> type[BatchScheduler]:
     """The adapter class of the batch system ``name`` (imported on first use)."""
-    try:
-        where = BATCH_SYSTEMS[name]
-    except KeyError:
-        raise ValueError(f"unknown batch system {name!r} (known: {', '.join(NAMES)})") from None
-    module, _, cls = where.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return load(BATCH_SYSTEMS, name, "batch system")
