@@ -129,3 +129,13 @@ def read_trace_text(tmp_path: Path):
     path = tmp_path / "trace.csv"
     path.write_text("time,node,state\n2021-02-10T00:00:00Z,n0,idle\n2021-02-10T01:00:00Z,,end\n")
     return read_trace(path)
+
+
+def test_one_runtime_per_job_answers_a_message_only_once_a_job_of_that_kind_made_it():
+    from pilotfill.elastic.runtimes import JobRuntimes
+
+    made = {"processes": SimulatedRuntime({}, now=0.0), "torch": _RendezvousRuntime({}, now=0.0)}
+    runtimes_ = JobRuntimes("processes", made.__getitem__)
+    assert runtimes_.answering("rdzv.join") is None, "no torch job yet: nothing answers the torch agents"
+    runtimes_.of_kind("torch")
+    assert runtimes_.answering("rdzv.poll") is made["torch"] and runtimes_.answering("job.report") is None

@@ -56,6 +56,10 @@ class Runtime(ABC):
         the replay's — is made by its owner.)"""
         raise NotImplementedError(f"{cls.__name__} is not made from a site config")
 
+    def answering(self, message_type: str) -> Runtime | None:
+        """The runtime that answers ``message_type`` here: this one if it ``handles`` it, else None."""
+        return self if message_type in self.handles else None
+
     def handle(self, message: Any, now: float) -> dict[str, Any]:
         """Answer one of this runtime's own messages (``handles``): the reply's fields."""
         raise NotImplementedError(f"{type(self).__name__} answers no message {getattr(message, 'TYPE', message)!r}")

@@ -42,9 +42,9 @@ class JobRuntimes(Runtime):
         kind = self._of.get(job_id)
         return self._kinds.get(kind) if kind is not None else None
 
-    def made(self, kind: str) -> Runtime | None:
-        """The runtime of ``kind`` if a job has needed it (its own messages need one of its jobs), else None."""
-        return self._kinds.get(kind)
+    def answering(self, message_type: str) -> Runtime | None:
+        """Of the runtimes a job has needed, the one that answers ``message_type`` (its own messages need its jobs)."""
+        return next((r for r in self._kinds.values() if r.answering(message_type) is not None), None)
 
     # ------------------------------------------------------------ Runtime
 
