@@ -22,9 +22,10 @@ run: install
 replay: install
 	$(BIN)/pilotfill replay --plot runs/replay-summit-64.png
 
-# Every tier: unit, local and site (tests/conftest.py).
+# Every tier: unit, local and site (tests/conftest.py), in three pytest-xdist workers: the site tests (a real Slurm,
+# OpenPBS, tmux: one batch system at a time) all in one of them, first; the other tiers spread over the rest.
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 # The in-process tests a change to the allocator or the controller's decisions needs first (under a minute).
 test-fast: install

@@ -56,6 +56,14 @@ def tier_of(item) -> str | None:
     return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
 
 
+def pytest_itemcollected(item):
+    """Under pytest-xdist (`make test`) every site test goes to one worker, one after another: one real batch system
+    at a time (the site tests share users, ports and PostgreSQL's socket directory). Marked here, as each item is
+    collected: pytest-xdist reads the ``xdist_group`` marks in a collection hook of its own."""
+    if tier_of(item) == "site":
+        item.add_marker(pytest.mark.xdist_group("site"))
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test is in one tier; one with none, or in a lighter tier than a fixture it uses, fails collection
     (tiers that lie would make ``--tier unit`` start Slurm). ``--tier`` keeps the tests of the tiers named."""
@@ -74,6 +82,9 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    # The site tests first, then the slow ones (a stable sort): under xdist the site tests' one worker and a week's
+    # replay are the longest runs, so they start at once, in workers of their own; the rest fill in around them.
+    items.sort(key=lambda item: (tier_of(item) != "site", item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -333,6 +334,10 @@ class Campaign:
         state = State(self.run_dir, readonly=True)
         try:
             return state.events(kind)
+        except sqlite3.OperationalError as exc:  # the controller made the file and has not written its tables yet
+            if "no such table" in str(exc):
+                return []
+            raise
         finally:
             state.close()
 

@@ -15,6 +15,7 @@ import signal
 import socket  # noqa: F401 - for the other user's attacks (imported before they fork)
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -518,7 +519,8 @@ def test_top_on_another_users_run_names_it_and_whose_it_is(tmp_path):
     run_dir.mkdir(parents=True)
     State(run_dir).close()  # a run directory, private to its user (root here)
     run_dir.chmod(0o700)
-    for p in (tmp_path.parent.parent, tmp_path.parent, tmp_path, runs):  # the other user may reach runs/, not the run
+    top = Path(tempfile.gettempdir()).resolve()  # pytest's temporary directories below it are root's alone (0700)
+    for p in [*reversed([d for d in tmp_path.resolve().parents if top in d.parents]), tmp_path, runs]:  # the other user may reach runs/, not the run
         p.chmod(p.stat().st_mode | 0o005)
     access = Traversal()  # the other user runs this checkout's Python (pyenv's lives under /root, 0700)
     access.grant([OTHER], [Path(sys.executable).resolve(), Path(sys.prefix), HERE.parent])
