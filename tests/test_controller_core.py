@@ -16,6 +16,7 @@ from conftest import JOB_HEADER
 from pilotfill.allocator import DEFAULT_TYPE
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
+from pilotfill.controller import weighing as weighing_module
 from pilotfill.controller.phases import Phase
 from pilotfill.controller.views import AllocatorViews
 from pilotfill.elastic.simulated import SimulatedRuntime
@@ -341,11 +342,11 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     m.at(1)
     ctl = m.ctl
     room = len(ctl.world.ready)
-    active, problem, answer = ctl._solve(room, extra=0)[:3]
+    active, problem, answer = ctl.weighing.solve(room, extra=0)[:3]
     assert len(active) < 40, f"{len(active)} jobs weighed for {room} nodes"
-    everyone = ctl._active(room)
+    everyone = ctl.weighing.active(room)
     assert len(everyone) >= room  # the machine admits as many as could start
-    full = allocate(ctl._problem(everyone, 0))
+    full = allocate(ctl.weighing.problem(everyone, 0))
     assert answer.objective == pytest.approx(full.objective, rel=1e-9)
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
 
@@ -366,12 +367,12 @@ def test_what_tells_waiting_jobs_apart_is_remembered_while_a_job_of_that_kind_is
     assert len(set(kinds.values())) == 2 and len(kinds) >= 4  # 2 run (2 nodes), the rest wait: of two kinds
     assert {kinds[n] for n in kinds if n[0] == "a"} != {kinds[n] for n in kinds if n[0] == "b"}
     b = next(number for name, number in kinds.items() if name[0] == "b")
-    ctl._copies[(False, b)] = 8
+    ctl.weighing.copies[(False, b)] = 8
     for name in m.specs:
         if name[0] == "b":
             assert ctl.handle({"type": "job.cancel", "job_id": m.ids[name]})["ok"]
     m.at(core.PRUNE_EVERY_S + 1)
-    assert b not in ctl.views.kind_ids.values() and (False, b) not in ctl._copies
+    assert b not in ctl.views.kind_ids.values() and (False, b) not in ctl.weighing.copies
     assert len(ctl.views.kind_ids) == 1
     waiting = [n for n in m.specs if n[0] == "a" and m.job(n).status not in ("running", "finished") and not m.job(n).nodes]
     assert all(ctl.views.kind(m.job(n)) in ctl.views.kind_ids.values() for n in waiting)
@@ -405,22 +406,21 @@ def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no
 
     rates = [(7 * i) % 30 + 1 for i in range(30)]  # every rate once, not in submission order
     m = Machine(tmp_path, write, 12, [linear(f"j{i}", 1, 1, float(r)) for i, r in enumerate(rates)])
-    m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=6))
+    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=6)  # what a decision weighs
     for name in list(m.specs):
         m.submit(name)
         if resumes:
             m.job(name).progress = 1.0  # resumes from a checkpoint
-    import pilotfill.controller.core as core
 
     solves: list[tuple[int, int, list[float]]] = []  # per solve: (nodes, jobs holding nodes, the waiting jobs' rates)
-    real = core.allocate
+    real = weighing_module.allocate
 
     def recording(problem, *args, **kwargs):
         waiting = sorted(j.throughput[DEFAULT_TYPE].at(1) for j in problem.jobs if j.id not in problem.current)
         solves.append((len(problem.pool.nodes), len(problem.current), waiting))
         return real(problem, *args, **kwargs)
 
-    monkeypatch.setattr(core, "allocate", recording)
+    monkeypatch.setattr(weighing_module, "allocate", recording)
     m.at(0)
     admitted = sorted(float(r) for r in rates[:12])
     first = next(i for i, (nodes, _, _) in enumerate(solves) if nodes > 6)  # the first decision with nodes to spare
@@ -443,19 +443,19 @@ def test_stopped_jobs_do_not_crowd_new_ones_out_of_the_waiting_jobs_a_decision_w
 
     jobs = [linear(f"s{i}", 1, 1, 10.0) for i in range(8)] + [linear(f"n{i}", 1, 1, 1.0 + i) for i in range(6)]
     m = Machine(tmp_path, write, 16, jobs)  # room for all fourteen: every one is admitted
-    m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=2))
+    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=2)  # what a decision weighs
     for name in list(m.specs):
         m.submit(name)
         if name.startswith("s"):
             m.job(name).progress = 1.0  # stopped after it ran: resumes from a checkpoint
     weighed: list[list[str]] = []
-    problem = m.ctl._problem
+    problem = m.ctl.weighing.problem
 
     def recording(active, extra, without=()):
         weighed.append(sorted(j.spec["name"] for j in active if not j.nodes))
         return problem(active, extra, without)
 
-    m.ctl._problem = recording
+    m.ctl.weighing.problem = recording
     m.at(0)
     first = next(w for w in weighed if w)
     assert [n for n in first if n.startswith("s")] == ["s0", "s1"]  # the limit of the stopped ones, earliest first among equals
@@ -498,7 +498,6 @@ def test_the_pilots_question_on_a_saturated_machine_is_answered_without_a_solve_
     """With more waiting jobs that gain from one node than nodes could be had, the jobs would use every node: the
     pilots' question is answered so without a solve of the whole machine (at 4,000 open jobs that solve cost as
     much as the decision), and the answer is the solve's."""
-    import pilotfill.controller.core as core
 
     jobs = [linear(f"w{i}", 1, 4, 100 + i) for i in range(12)]
     m = Machine(tmp_path, write, 3, jobs)
@@ -508,14 +507,14 @@ def test_the_pilots_question_on_a_saturated_machine_is_answered_without_a_solve_
     ctl = m.ctl
     assert len(ctl.world.ready) == 3 and sum(1 for j in ctl.world.open.values() if j.status != "running") >= 6
     solves = []
-    real = core.allocate
-    monkeypatch.setattr(core, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
+    real = weighing_module.allocate
+    monkeypatch.setattr(weighing_module, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
     for extra in (1, 4):
-        ctl._wanted_memo = None
+        ctl.weighing.forget_answer()
         solves.clear()
-        shortcut = ctl.wanted(extra, None)
+        shortcut = ctl.weighing.wanted(extra, None)
         assert not solves, "answered with a solve"
-        solved = ctl._solve(len(ctl.world.ready) + extra, extra).answer
+        solved = ctl.weighing.solve(len(ctl.world.ready) + extra, extra).answer
         assert shortcut == sum(solved.counts.values()) == len(ctl.world.ready) + extra
 
 
@@ -705,7 +704,7 @@ def test_a_job_whose_ranks_cannot_lose_a_peer_while_forming_starts_again_on_the_
 def _weigh(m: Machine, n: int) -> None:
     import dataclasses
 
-    m.ctl.config = dataclasses.replace(m.ctl.config, controller=dataclasses.replace(m.ctl.config.controller, weigh_waiting=n))
+    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=n)  # what a decision weighs
 
 
 @pytest.mark.parametrize("changed_between", [False, True], ids=["quiet", "a-submission-between"])
@@ -837,7 +836,6 @@ def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_
     """The pilots' question at machine scale weighs the most promising waiting jobs; the nodes they leave free go to
     the jobs left out. Where enough of those would each gain from one node, every free node is used: the question
     counts them without a second solve, and says what the second solve says. Where too few could, it solves them."""
-    import pilotfill.controller.core as core
 
     # Ten jobs that start on one node, then eight that start on two and earn most (weighed first). The question: with
     # sixteen nodes, which admit the ten and three of the eight (their minimums fill the sixteen).
@@ -848,12 +846,12 @@ def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_
         m.submit(name)
     ctl = m.ctl
     solves = []
-    real = core.allocate
-    monkeypatch.setattr(core, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
-    assert ctl._whole_pool(16) is None  # ten start on one node: fewer than the sixteen nodes
-    counted = ctl.wanted(16, None)
+    real = weighing_module.allocate
+    monkeypatch.setattr(weighing_module, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
+    assert ctl.weighing.whole_pool(16) is None  # ten start on one node: fewer than the sixteen nodes
+    counted = ctl.weighing.wanted(16, None)
     assert len(solves) == 1, "the free nodes were solved for"
-    full = ctl._solve(16, 16).answer  # the free nodes offered to the jobs left out, by a solve of them
+    full = ctl.weighing.solve(16, 16).answer  # the free nodes offered to the jobs left out, by a solve of them
     assert len(solves) == 3
     assert counted == sum(full.counts.values()) == 16
     # Two jobs that start on one node, eight on two: too few to say the free nodes are all used: they are solved for.
@@ -862,9 +860,9 @@ def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_
     for name in list(m2.specs):
         m2.submit(name)
     solves.clear()
-    counted = m2.ctl.wanted(16, None)
+    counted = m2.ctl.weighing.wanted(16, None)
     assert len(solves) == 2
-    assert counted == sum(m2.ctl._solve(16, 16).answer.counts.values())
+    assert counted == sum(m2.ctl.weighing.solve(16, 16).answer.counts.values())
 
 
 def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_next_pass(tmp_path, write, monkeypatch):
@@ -881,9 +879,9 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
         m.submit(name)
     ctl = m.ctl
     passes = []  # per pass: (a solve of it said "again", allocations logged so far, nodes in use)
-    solve, step = ctl._solve, ctl.step
+    solve, step = ctl.weighing.solve, ctl.step
     said = []
-    ctl._solve = lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k))
+    ctl.weighing.solve = lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k))
 
     def recording(now=None, more=False):
         said.clear()
@@ -896,7 +894,7 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     assert passes[again][1:] == passes[again - 1][1:] == (1, 0)  # not applied: nothing logged, nothing started
     assert passes[again + 1][1:] == (1, 0)  # the next pass decides, with the copies that could start, at once…
     assert passes[again + 2][1:] == (2, 10)  # …and the pass after applies it
-    full = allocate(ctl._problem(ctl._active(10), 0))
+    full = allocate(ctl.weighing.problem(ctl.weighing.active(10), 0))
     assert sum(len(j.nodes) for j in ctl.world.open.values()) == sum(full.counts.values()) == 10
     assert not m.job("odd").nodes  # ten copies on one node each earn more than any answer with the odd job
 
@@ -906,7 +904,6 @@ def test_the_pilots_question_that_would_weigh_more_copies_counts_the_nodes_they_
     left out) would each gain from one of the nodes left free, the answer with more copies uses every node: counted
     without asking again, and what the solve weighing every job says."""
     from pilotfill.allocator import allocate
-    from pilotfill.controller import core
 
     # A job that starts on four nodes, then six copies that each earn on one node: with ten nodes to come, the four
     # copies first weighed are all used (again), six nodes are left free... of which two the copies not weighed take.
@@ -915,16 +912,16 @@ def test_the_pilots_question_that_would_weigh_more_copies_counts_the_nodes_they_
     for name in list(m.specs):
         m.submit(name)
     ctl = m.ctl
-    assert ctl._whole_pool(10) is None  # six could start on one node: fewer than the ten nodes
+    assert ctl.weighing.whole_pool(10) is None  # six could start on one node: fewer than the ten nodes
     said = []
-    solve = ctl._solve
-    monkeypatch.setattr(ctl, "_solve", lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k)))
+    solve = ctl.weighing.solve
+    monkeypatch.setattr(ctl.weighing, "solve", lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k)))
     solves = []
-    monkeypatch.setattr(core, "allocate", lambda *a, **k: solves.append(1) or allocate(*a, **k))
-    counted = ctl.wanted(10, None)
+    monkeypatch.setattr(weighing_module, "allocate", lambda *a, **k: solves.append(1) or allocate(*a, **k))
+    counted = ctl.weighing.wanted(10, None)
     assert said == [True] and len(solves) == 1  # every copy weighed was used; not asked again
-    monkeypatch.setattr(core, "allocate", allocate)
-    full = allocate(ctl._problem(ctl._active(10), 10))
+    monkeypatch.setattr(weighing_module, "allocate", allocate)
+    full = allocate(ctl.weighing.problem(ctl.weighing.active(10), 10))
     assert counted == sum(full.counts.values()) == 10
 
 
@@ -1018,7 +1015,7 @@ def test_the_pilots_question_asks_a_waiting_job_once_per_change_of_its_own_not_i
     answers = []
     for t in (60, 90, 120):
         m.at(t)
-        answers.append(m.ctl.wanted(8, None))
+        answers.append(m.ctl.weighing.wanted(8, None))
     assert answers == [len(m.ctl.world.ready) + 8] * 3
     assert asked and set(asked) <= waiting and len(asked) == len(set(asked))  # each once at most, then kept
 
@@ -1031,16 +1028,15 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     m, described = _saturated_counting(tmp_path, write, monkeypatch, "waiting_kind")
     running = [j for j in m.ctl.world.jobs.values() if j.status == "running"]
     assert len(running) == 4 and len(set(described)) == 44 and len(described) == 44  # each once
-    import pilotfill.controller.core as core
 
     solves: list[int] = []
-    real_allocate = core.allocate
+    real_allocate = weighing_module.allocate
 
     def recording(problem, *args, **kwargs):
         solves.append(len(problem.jobs))
         return real_allocate(problem, *args, **kwargs)
 
-    monkeypatch.setattr(core, "allocate", recording)
+    monkeypatch.setattr(weighing_module, "allocate", recording)
     described.clear()
     for t in (60, 90, 120):
         m.ctl.dirty = True  # a decision in each of these passes

@@ -24,23 +24,20 @@ import math
 import os
 import time
 import traceback
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 
 from .. import procs
-from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, allocate, compiled
-from ..allocator import Job as AllocJob
+from ..allocator import Allocation, Problem, ProblemError, Profiler, compiled
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..elastic.ending import exit_words
 from ..elastic.registry import NAMES as RUNTIME_NAMES
 from ..elastic.registry import runtime_class
-from ..elastic.runtimes import JobRuntimes
 from ..lifecycle import TERMINAL, IllegalMove
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
@@ -69,12 +66,14 @@ from ..state import JournalError, State
 from ..transport import Park
 from .gateway import SchedulerGateway
 from .horizon import PoolHorizon
+from .liveness import Heard
 from .meter import Meter
 from .phases import Burst, Decision, Phase
 from .types import NodeTypes
 from .views import AllocatorViews
-from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
+from .waiting import WaitingJobs
 from .walltime import Walltimes, lead_s
+from .weighing import Solved, Weighing
 from .world import Job, Pilot, World
 
 log = logging.getLogger("pilotfill.controller")
@@ -102,24 +101,11 @@ DECIDE_APART_MESSAGES = 16
 the loop's next pass instead (at once: the loop does not wait in between), a pass that reads no request
 (:attr:`Controller.solves_next`): a thousand reports and a whole-machine decision are two passes, not one, and neither
 the replies nor the decision waits for both."""
-MIN_COPIES = 4
-"""Waiting jobs of one kind a decision weighs at least (see Controller._solve)."""
 PRUNE_EVERY_S = 60.0
 KEEP_EVENTS = 50_000
 KEEP_ENDED_PILOTS = 2_000
 VALIDATE = os.environ.get("PILOTFILL_VALIDATE") == "1"
 """Check the world's indexes after every step (the tests set it; it costs a pass over every job, pilot and node)."""
-
-
-class Solved(NamedTuple):
-    """What :meth:`Controller._solve` weighed and answered."""
-
-    active: list[Job]  # the jobs weighed (running, and waiting ones by rank)
-    problem: Problem
-    answer: Allocation
-    left: list[list[Job]]  # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
-    again: bool = False  # a large decision that weighs more copies of a kind in the next pass: not to be applied
-    unweighed: tuple[Job, ...] = ()  # with ``again``: the copies of those kinds not weighed yet
 
 
 class Decided(NamedTuple):
@@ -165,16 +151,13 @@ class Controller:
         self.stopping = False
         self.draining = False  # stopping: ranks are leaving at their commits; nothing is decided any more
         self._leaving_ranks: set[tuple[str, str]] = set()  # (job, host) told to leave while stopping, not yet gone
-        self._heard: OrderedDict[str, float] = OrderedDict()  # live pilot -> last message, oldest first
-        self._heard_floor = 0.0  # after our own stall, silence is counted from here
+        self.heard = Heard(config.pilots.heartbeat_deadline_s, stall_s=max(config.pilots.heartbeat_s, 2 * config.controller.tick_s, 1.0))
         self._last_step: float | None = None
         self._polled_at = 0.0  # the last scheduler poll
         self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
         self._meters: dict[str, Meter] = {}
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
-        self._wanted_memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
-        self._copies: dict[tuple[bool, int], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see _solve)
         self._settle_since: float | None = None
         self.decision = Decision()  # what the next pass owes of a decision spread over passes (controller/phases.py)
         self.burst = Burst()  # requests read in a row: a decision waits for the rest of a burst
@@ -198,7 +181,10 @@ class Controller:
         views = self.views
         self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version, views.waiting_traits)  # kept until a job changes
         self._idle_types: dict[str, int] | None = None
-        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self, ends=self, incarnation=self.incarnation,
+        self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
+        self.weighing = Weighing(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
+                                 clock, fail=lambda job, error, why: self._end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
+        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
                                    wake=self._wake_later)  # fmt: skip
         self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
             PilotRegister.TYPE: self._on_pilot_register,
@@ -218,7 +204,6 @@ class Controller:
         for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
             for type_ in runtime_class(kind).handles:
                 self.handlers[type_] = functools.partial(self._on_runtime_message, kind)
-        self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
         self._recover(new_campaign)
         for pilot in self.world.pilots.values():
             self.walltimes.track(pilot.id, pilot.walltime_end)
@@ -234,6 +219,8 @@ class Controller:
     def _make_runtime(self) -> Runtime:
         """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`); every
         process a runtime puts on a compute node goes through the node's pilot agent (``self.launcher``)."""
+        from ..elastic.runtimes import JobRuntimes
+
         def make(kind: str) -> Runtime:
             return runtime_class(kind).from_config(self.config, self.run_dir, self.launcher, on_spawn=self._record_process)
 
@@ -278,7 +265,7 @@ class Controller:
             adopted = set(self.gateway.call("adopt", self.scheduler.adopt, live) or []) if live else set()
             for pilot in list(world.pilots.values()):
                 if pilot.id in adopted:
-                    self._heard[pilot.id] = now
+                    self.heard.hear(pilot.id, now)
                     continue
                 self.remove_nodes(list(pilot.nodes), now, "lost with the previous controller", "gone", event="node.lost")
                 self.end_pilot(pilot, "lost", now)
@@ -500,7 +487,7 @@ class Controller:
                 world.node_joins(name, pilot, now)
                 world.log("node.joined", now, pilot=pilot.id, node=name)
         pilot.registered_at = now
-        self._hear(pilot.id, now)
+        self.heard.hear(pilot.id, now)
         self.pilots.arrived(pilot, now)
         self.dirty = True
         return {}
@@ -513,7 +500,7 @@ class Controller:
             return {"register": not ended, "stop": ended, "incarnation": self.incarnation}
         if pilot.state == "queued":
             return {"register": True, "stop": False, "incarnation": self.incarnation}
-        self._hear(pilot.id, now)
+        self.heard.hear(pilot.id, now)
         if message.exits is not None:
             self.launcher.reported(message.exits)
         wait = message.wait_s
@@ -542,8 +529,8 @@ class Controller:
 
     def _on_runtime_message(self, kind: str, message: Message, now: float) -> dict[str, Any]:
         """A message of a runtime's own (``Runtime.handles``: the torch agents' ``rdzv.*``), answered by that runtime."""
-        runtime = self.runtime.made(kind) if isinstance(self.runtime, JobRuntimes) else self.runtime
-        if runtime is None or message.TYPE not in runtime.handles:
+        runtime = self.runtime.answering(message.TYPE)
+        if runtime is None:
             raise ProtocolError(f"{message.TYPE}: no {kind} job runs in this campaign")
         return runtime.handle(message, now)
 
@@ -692,7 +679,7 @@ class Controller:
                 self._forget_dead_processes()
                 used = self.views.forget_kinds()
                 if used is not None:  # what was remembered of kinds no waiting job has any more goes with them
-                    self._copies = {key: n for key, n in self._copies.items() if key[1] in used}
+                    self.weighing.forget_kinds(used)
                 # Python's full collections scan every object alive, and at whole-machine scale the controller's memory
                 # (nodes, jobs, curves, the modules it imported) made one cost 20-40 ms in the middle of a decision while
                 # finding nothing to free: what it holds has no cycles to break. What has lived this long is frozen
@@ -728,7 +715,7 @@ class Controller:
             if pilot is not None and not (pilot.state == "running" and pilot.registered_at > polled_before):
                 self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
                 world.set_pilot(pilot, state="queued", nodes=[])
-                self._heard.pop(pilot.id, None)
+                self.heard.forget(pilot.id)
         elif event.kind == EventKind.ENDED:
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
@@ -779,16 +766,8 @@ class Controller:
             self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", "ready")
 
     def _check_heartbeats(self, now: float) -> None:
-        """Pilots silent past the deadline are lost. Oldest first: O(pilots lost), not O(pilots)."""
-        pilots = self.config.pilots
-        if self._last_step is not None and now - self._last_step > max(pilots.heartbeat_s, 2 * self.config.controller.tick_s, 1.0):
-            self._heard_floor = now  # we were stalled (stopped, a slow disk): the agents were not silent
-        while self._heard:
-            pilot_id, last = next(iter(self._heard.items()))
-            silent = now - max(last, self._heard_floor)
-            if silent <= pilots.heartbeat_deadline_s:
-                return
-            del self._heard[pilot_id]
+        """Pilots silent past the deadline are lost (:class:`.Heard`: oldest first, O(pilots lost), not O(pilots))."""
+        for pilot_id, silent in self.heard.silent(now, self._last_step):
             pilot = self.world.pilot_of(pilot_id)
             if pilot is None or pilot.state == "queued":
                 continue
@@ -801,12 +780,8 @@ class Controller:
         """A pilot is over (``ended`` or ``lost``); its nodes must have been removed. Its agent ends what ran there."""
         self.world.end_pilot(pilot, state, now)
         self.launcher.forget(pilot.id)
-        self._heard.pop(pilot.id, None)
+        self.heard.forget(pilot.id)
         self._wake_later(pilot.id)  # a heartbeat it has waiting is told to stop
-
-    def _hear(self, pilot_id: str, now: float) -> None:
-        self._heard.pop(pilot_id, None)
-        self._heard[pilot_id] = now
 
     def _decide_when_due(self, now: float, idle: int | None) -> None:
         """Decide now, unless a burst of requests is still being read (:meth:`_deferring`) or this pass read many
@@ -868,7 +843,7 @@ class Controller:
         decided = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
-            solved = self._solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, apart=apart)
+            solved = self.weighing.solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, apart=apart)
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
             self.methods[solved.answer.method] += 1
@@ -928,232 +903,21 @@ class Controller:
             return None
         return self._idle_types if self._idle_types is not None else (self.types.last_idle or {t: 0 for t in self.types.names})
 
-    def wanted_types(self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str, int]:
-        """:meth:`wanted` per node type: how many nodes of each type the jobs would use with ``extra`` more of each
-        (``without``: ready nodes left out, as in :meth:`wanted`)."""
-        if sum(extra.values()) <= 0 and answer is not None and not without:
-            return self.types.counts_by_type(answer)
-        active = self._active(len(self.world.ready) - len(without) + sum(extra.values()))
-        if not active:
-            return {}
-        potential = allocate(self._problem(active, extra, without), self.config.controller.formulation, self.config.controller.solver_time_limit_s)
-        return self.types.counts_by_type(potential)
 
-    def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
-        """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target. ``without``: ready
-        nodes left out (the question before giving them back: would the jobs ask for them again, as new nodes?)."""
-        if without:
-            if not self.world.open:
-                return 0
-            return self._used(lambda: self._solve(len(self.world.ready) - len(without) + extra, extra, without, apart=True))
-        if extra <= 0 and answer is not None:
-            return sum(answer.counts.values())
-        if not self.world.open:
-            return 0
-        # Asked again at the same instant with nothing the answer rests on changed (a second step of one tick, or
-        # of one replayed event): the same answer, not a second solve of the whole machine.
-        world = self.world
-        key = (self.clock(), len(world.ready), extra, world.jobs_version, self.profiler.changes)
-        if self._wanted_memo is not None and self._wanted_memo[0] == key:
-            return self._wanted_memo[1]
-        every = self._whole_pool(len(world.ready) + extra)
-        if every is None:
-            every = self._used(lambda: self._solve(len(world.ready) + extra, extra, apart=True))
-        self._wanted_memo = (key, every)
-        return every
 
-    def _whole_pool(self, room: int) -> int | None:
-        """The pilots' question answered without a solve where the answer is certain: when at least ``room`` waiting
-        jobs could each start on one node and gain from it, no optimum leaves a node of the pool unused (with one
-        free, one of those jobs would not be running and would gain from it), so the jobs would use the whole pool —
-        the ``room`` nodes less the free ones whose pilot ends too soon to be offered (judged on every job the
-        question weighs, as :meth:`_problem` does). A queue of thousands (a saturated machine) then costs the
-        question no solve. None where it is not certain (several kinds of node; too few jobs that start on one node)."""
-        if self.types.typed:
-            return None
-        waiting = self._admitted(room).jobs
-        if self._starters(waiting, room) < room:
-            return None
-        running = list(self.world.running.values())
-        made_of = [self.views.inputs(job) for job in running]
-        self.views.prepare(running, made_of)
-        try:
-            views = [self.views.view(job, inputs) for job, inputs in zip(running, made_of)]
-        except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
-            return None
-        within = self._rescale_within(views)
-        for job in waiting:  # thousands on a saturated machine: each one's costs kept until it changes
-            traits = self.waiting.traits(job)
-            if traits is None:
-                return None
-            within = max(within, traits[1])
-        return room - len(self._ending_soon(within, self.clock()))
 
-    def _starters(self, waiting: list[Job], enough: int) -> int:
-        """How many of ``waiting`` would gain from one node alone (counted up to ``enough``; 0 where one cannot be
-        told: several kinds of node, a job the allocator cannot use). With that many for as many free nodes, no
-        optimum leaves one of them unused."""
-        if self.types.typed:
-            return 0
-        could = [job for job in waiting if job.spec["min_nodes"] == 1 and job.spec["weight"] > 0]
-        if len(could) < enough:  # too few could start on one node, whatever their curves
-            return 0
-        starters = 0
-        traits_of = self.waiting.traits
-        for job in could:
-            traits = traits_of(job)
-            if traits is None:
-                return 0
-            starters += traits[0]
-            if starters >= enough:
-                break
-        return starters
 
-    def _used(self, ask: Callable[[], Solved]) -> int:
-        """How many nodes the answer to a pilots' question uses (``ask``: :meth:`_solve` ``apart``): those it gives the jobs it weighed,
-        and those of the nodes it leaves free that the jobs it left out would take (:meth:`_offer_left_free`) — all of
-        them, without a second solve, where enough of those jobs would each gain from one node."""
-        solved = ask()
-        while solved.again:  # every copy of a kind weighed was used
-            used = sum(solved.answer.counts.values())
-            free = len(solved.problem.pool.nodes) - used
-            waiting = [*(job for queue in solved.left for job in queue), *solved.unweighed]
-            if free <= 0 or self._starters(waiting, free) >= free:
-                return used + max(free, 0)  # with more copies too, every node is used: no second solve
-            solved = ask()  # asked once more, now, with more copies (a question is answered in its pass)
-        used = sum(solved.answer.counts.values())
-        free = len(solved.problem.pool.nodes) - used
-        if free <= 0 or not any(solved.left):
-            return used
-        if self._starters([job for queue in solved.left for job in queue], free) >= free:
-            return used + free
-        answer, _ = self._offer_left_free(solved.problem, solved.answer, solved.left)
-        return sum(answer.counts.values())
 
-    def _solve(self, room: int, extra: int, without: tuple[str, ...] = (), apart: bool = False) -> Solved:
-        """The jobs a decision weighs, its problem, the allocator's answer and the waiting jobs left out (:class:`Solved`).
 
-        Every running job is weighed. Waiting jobs are weighed from two queues,
-        ``controller.weigh_waiting`` of each, the most promising first (the
-        most a node earns them, by :func:`..allocator.values.worth_per_node`),
-        as Slurm's backfill tests at most ``bf_max_job_test`` jobs: a decision,
-        and a pilots' question, stays as fast with a queue of thousands (a
-        saturated machine) as with a few hundred. One queue holds the jobs that
-        ran (progress to resume, or measured), the other those that never ran,
-        so that neither crowds out the other: resuming the best stopped jobs,
-        and measuring new ones on the nodes they leave (a job JPA has not
-        measured ranks last among measured ones). Unlike a backfill cap it
-        never leaves a node idle for it: nodes the answer leaves free are
-        offered to the jobs left out (:meth:`_offer_left_free`).
-
-        ``apart``: a large decision, one solve of the machine per pass of the loop. The nodes left free are offered
-        by the caller, in the next pass; and copies added to what is weighed (below) are weighed by the next pass's
-        decision: the answer is ``again``, not to be applied.
-
-        Waiting jobs that have never run and that the allocator cannot tell
-        apart (the same curve, bounds, work and weight: a sweep's copies, or
-        every job JPA has not measured yet) join their queue a few at a time,
-        in submission order: while the answer leaves one of them unused, more
-        of the same could not do better, so the answer is the one with all of
-        them; when it uses every one weighed, as many as the room could start
-        join and it is asked once more (``apart``: in the next pass).
-        """
-        admitted = self._admitted(room)
-        jobs, kinds = admitted.jobs, admitted.kinds
-        running = list(self.world.running.values())
-        running += [jobs[i] for i in np.flatnonzero(kinds == HOLDS_NODES).tolist()]
-        alike: dict[int, list[int]] = {}  # kind -> the positions among ``jobs`` of the waiting jobs alike, in submission order
-        for i, kind in zip(np.flatnonzero(kinds >= 0).tolist(), kinds[kinds >= 0].tolist()):
-            alike.setdefault(kind, []).append(i)
-        # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
-        question = extra > 0
-        copies = {kind: self._copies.get((question, kind), MIN_COPIES) for kind in alike}
-        limit = self.config.controller.weigh_waiting
-
-        def ranked(at: np.ndarray) -> list[Job]:  # positions in submission order -> those jobs, the most promising first
-            if 0 < limit < len(at):
-                at = self.waiting.most_promising(admitted, at)
-            return [jobs[i] for i in at.tolist()]
-
-        def fresh() -> list[Job]:
-            return ranked(np.sort(np.fromiter((i for kind, at in alike.items() for i in at[: copies[kind]]), dtype=np.int64)))
-
-        queues = [ranked(np.flatnonzero(kinds == LIKE_NO_OTHER)), fresh()]
-        weigh = [limit if 0 < limit < len(q) else len(q) for q in queues]
-        while True:
-            weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
-            active = sorted(running + weighed, key=lambda j: j.seq)
-            problem = self._problem(active, extra, without)
-            answer = allocate(problem, self.config.controller.formulation, self.config.controller.solver_time_limit_s)
-            left = [q[w:] for q, w in zip(queues, weigh)]
-            if not apart:
-                answer, offered = self._offer_left_free(problem, answer, left)
-                left = []
-                if offered:
-                    weighed += offered
-                    active = sorted(running + weighed, key=lambda j: j.seq)
-            ids = {j.id for j in weighed}
-            added = 0
-            unweighed: list[Job] = []
-            for kind, at in alike.items():
-                offered = [jobs[i] for i in at[: copies[kind]]]
-                fit = room // max(1, jobs[at[0]].spec["min_nodes"])  # no more of them than the room could start
-                if len(offered) < min(len(at), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
-                    copies[kind] = min(len(at), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
-                    added += copies[kind] - len(offered)
-                    unweighed += [jobs[i] for i in at[len(offered) :]]
-            remembered = {key: n for key, n in self._copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
-            if added and apart:
-                self._copies = remembered | {(question, kind): n for kind, n in copies.items()}
-                return Solved(active, problem, answer, left, again=True, unweighed=tuple(unweighed))
-            if added:
-                queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
-                continue
-            for kind, at in alike.items():
-                used = sum(1 for i in at[: copies[kind]] if answer.counts.get(jobs[i].id, 0) > 0)
-                if 2 * used > MIN_COPIES:  # next time: about what this answer used (MIN_COPIES, unless remembered)
-                    remembered[(question, kind)] = 2 * used
-            self._copies = remembered
-            return Solved(active, problem, answer, left)
-
-    def _offer_left_free(self, problem: Problem, answer: Allocation, left: list[list[Job]]) -> tuple[Allocation, list[Job]]:
-        """Nodes ``answer`` leaves free, offered to the waiting jobs a decision left out (``left``: each queue's rest,
-        the most promising first): as many of each as the free nodes could start, then all of them. Those jobs are
-        allocated the free nodes alone — what the weighed jobs were given stands — so a wave of new nodes (or the
-        pilots' question, with every idle node) costs a solve of the jobs that could take them, not a second solve of
-        the whole machine. Returns the answer with theirs joined, and the jobs offered."""
-        offered: list[Job] = []
-        rounds = 0
-        while rounds < 2:
-            free = len(problem.pool.nodes) - sum(answer.counts.values())
-            if free <= 0:
-                break
-            more = []
-            for i, queue in enumerate(left):
-                take = len(queue) if rounds else free  # first as many as the free nodes could start, then all
-                more += [j for j in queue[:take] if j.spec["min_nodes"] <= free]
-                left[i] = queue[take:]
-            rounds += 1
-            views = self._views(more)
-            if not views:
-                continue
-            used = {n for nodes in answer.assignment.values() for n in nodes}
-            nodes = tuple(n for n in problem.pool.nodes if n not in used)
-            types = {n: problem.pool.types[n] for n in nodes if n in problem.pool.types}
-            rest = allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd), self.config.controller.formulation,
-                            self.config.controller.solver_time_limit_s)  # fmt: skip
-            answer = answer.joined(rest)
-            offered += [j for j in more if j.status not in TERMINAL]
-        return answer, offered
 
     def _offer_free(self, offer: tuple[Problem, Allocation, list[list[Job]]], now: float) -> None:
         """The pass after a large decision: the nodes its answer left free, offered to the waiting jobs it left out
-        (:meth:`_offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
+        (:meth:`.Weighing.offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
         taken anew), so its problem still holds; the pilots are sized on both answers together, in the pass after."""
         problem, answer, left = offer
         t0 = time.perf_counter()
         left = [[j for j in queue if j.status == "pending" and not j.nodes] for queue in left]
-        joined, offered = self._offer_left_free(problem, answer, left)
+        joined, offered = self.weighing.offer_left_free(problem, answer, left)
         if not offered:
             return
         solve_ms = (time.perf_counter() - t0) * 1000
@@ -1163,45 +927,9 @@ class Controller:
         if self.decision.phase == Phase.SIZE and self.decision.sizing is not None:
             self.decision.sizing = joined
 
-    def _admitted(self, room: int) -> Admitted:
-        """The waiting jobs a decision admits with ``room`` nodes (:func:`.waiting.admit`), described anew where
-        they changed since the last decision (the world's record of changed jobs, JPA's versions)."""
-        changed = self.world.take_changed() | self.profiler.take_touched()
-        self.waiting.sync(self.world, changed, recheck=self.types.typed)
-        return self.waiting.admitted(room, self.config.controller.max_jobs, len(self.world.running))
 
-    def _active(self, room: int) -> list[Job]:
-        """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while
-        they could start on the ``room`` nodes that could be had (or ``controller.max_jobs`` of them when set)."""
-        return sorted([*self.world.running.values(), *self._admitted(room).jobs], key=lambda j: j.seq)
 
-    def _problem(self, active: list[Job], extra: int | dict[str, int], without: tuple[str, ...] = ()) -> Problem:
-        """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
-        machine with several kinds of node); ``without`` leaves ready nodes out."""
-        jobs = self._views(active)
-        holding = self.world.holding
-        current = {job.id: holding(job) for job in active if job.nodes}  # a job that failed in _views holds none
-        now = self.clock()
-        ending = self._ending_soon(self._rescale_within(jobs), now)
-        left_out = ending.union(without)  # a set: ``without`` may be thousands of nodes (all of them, to give back)
-        ready = tuple(n for n in self.world.ready if n not in left_out)
-        if self.types.typed:
-            pool, types = self.types.pool(self.world, ready, extra if isinstance(extra, dict) else {})
-            return Problem(tuple(jobs), NodePool(pool, types), current, self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra))
-        pool = ready + tuple(f"+{i}" for i in range(extra))
-        return Problem(tuple(jobs), NodePool(pool), current, self.horizon(now, extra))
 
-    def _views(self, jobs: list[Job]) -> list[AllocJob]:
-        """The allocator's views of ``jobs``; a job the allocator cannot use fails, with the reason."""
-        made_of = [self.views.inputs(job) for job in jobs]  # once per job (a thousand in a whole-machine decision)
-        self.views.prepare(jobs, made_of)
-        views = []
-        for job, inputs in zip(jobs, made_of):
-            try:
-                views.append(self.views.view(job, inputs))
-            except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
-                self._end_job(job, self.clock(), "failed", error=f"the allocator cannot use this job: {exc}", why=str(exc)[:200])
-        return views
 
     def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
         """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
@@ -1317,38 +1045,8 @@ class Controller:
         for end, nodes in by_end.items():
             self.remove_nodes(nodes, now, "walltime ending: left at its commit", "leaving", deadline=end, taken=True)
 
-    def job_ending_within(self, seconds: float) -> bool:
-        """Whether a running job should finish its work within ``seconds`` at its current size (its remaining
-        samples at the rate its curve gives there): its nodes, free then, may make a growth worth it that the
-        nodes about to be given back would complete."""
-        for job in self.world.running.values():
-            total = job.spec.get("total_samples")
-            if not total or not job.nodes:
-                continue
-            try:
-                view = self.views.view(job)
-            except (ProblemError, KeyError, TypeError, ValueError):
-                continue
-            rate = max((curve.at(len(job.nodes)) for curve in view.throughput.values()), default=0.0)
-            if rate > 0 and view.remaining_samples / rate <= seconds:
-                return True
-        return False
 
-    @staticmethod
-    def _rescale_within(jobs: list[AllocJob]) -> float:
-        """The costliest rescale among ``jobs`` (scale-up and scale-down seconds): what a free node must outlast."""
-        return max((j.scale_up_cost_s + j.scale_down_cost_s for j in jobs), default=0.0)
 
-    def _ending_soon(self, within: float, now: float) -> set[str]:
-        """Free nodes whose pilot's drain comes within ``within`` seconds (the costliest rescale the jobs weighed would
-        pay, :meth:`_rescale_within`): not offered."""
-        world = self.world
-        ending = set()
-        for pilot_id, _ in self.walltimes.ending_within(now, within) if within > 0 else ():
-            pilot = world.pilots.get(pilot_id)
-            if pilot is not None:
-                ending.update(n for n in pilot.nodes if n in world.ready and world.nodes[n].job is None)
-        return ending
 
     def _why_lost(self, lost: set[str]) -> str:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}

@@ -1,0 +1,359 @@
+"""What a decision and the pilots' question weigh, and the allocator's answer to them.
+
+The controller asks two things of the allocator: the decision (which jobs get
+which nodes now) and the pilots' question (how many nodes would the jobs use
+with ``extra`` more: :class:`~pilotfill.pilots.manager.Question`). Both weigh
+the same jobs the same way — every running job, and waiting ones from two
+queues, the most promising first, copies of a sweep a few at a time — and
+both leave out the free nodes whose pilot ends before a rescale would pay.
+:class:`Weighing` holds that, with what it remembers between questions (how
+many copies of a kind the last answer used, the last question's answer). It
+reads the world and changes nothing in it but a job the allocator cannot use,
+which it fails through the controller (``fail``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, allocate
+from ..allocator import Job as AllocJob
+from ..config import ControllerConfig
+from ..lifecycle import TERMINAL
+from .types import NodeTypes
+from .views import AllocatorViews
+from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
+from .walltime import Walltimes
+from .world import Job, World
+
+MIN_COPIES = 4
+"""Waiting jobs of one kind a decision weighs at least (see :meth:`Weighing.solve`)."""
+
+
+class Solved(NamedTuple):
+    """What :meth:`Weighing.solve` weighed and answered."""
+
+    active: list[Job]  # the jobs weighed (running, and waiting ones by rank)
+    problem: Problem
+    answer: Allocation
+    left: list[list[Job]]  # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
+    again: bool = False  # a large decision that weighs more copies of a kind in the next pass: not to be applied
+    unweighed: tuple[Job, ...] = ()  # with ``again``: the copies of those kinds not weighed yet
+
+
+class Weighing:
+    """The jobs a decision or the pilots' question weighs, its problem and the allocator's answer (the controller's
+    :class:`~pilotfill.pilots.manager.Question`)."""
+
+    def __init__(self, world: World, config: ControllerConfig, profiler: Profiler, types: NodeTypes, views: AllocatorViews,
+                 waiting: WaitingJobs, walltimes: Walltimes, horizon: Callable[[float, int], float], clock: Callable[[], float],
+                 fail: Callable[[Job, str, str], None]):  # fmt: skip
+        """``horizon(now, extra)``: how long an allocation made now lasts; ``fail(job, error, why)``: the controller
+        ends a job the allocator cannot use."""
+        self.world, self.config, self.profiler, self.types = world, config, profiler, types
+        self.views, self.waiting, self.walltimes = views, waiting, walltimes
+        self.horizon, self.clock, self.fail = horizon, clock, fail
+        self.copies: dict[tuple[bool, int], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see solve)
+        self._memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
+
+    def forget_answer(self) -> None:
+        """The next question is solved anew even if nothing it rests on changed (a test compares both ways)."""
+        self._memo = None
+
+    def forget_kinds(self, used: set[int]) -> None:
+        """What was remembered of kinds no waiting job has any more goes with them (``used``: the kinds left)."""
+        self.copies = {key: n for key, n in self.copies.items() if key[1] in used}
+
+    def wanted_types(self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str, int]:
+        """:meth:`wanted` per node type: how many nodes of each type the jobs would use with ``extra`` more of each
+        (``without``: ready nodes left out, as in :meth:`wanted`)."""
+        if sum(extra.values()) <= 0 and answer is not None and not without:
+            return self.types.counts_by_type(answer)
+        active = self.active(len(self.world.ready) - len(without) + sum(extra.values()))
+        if not active:
+            return {}
+        potential = allocate(self.problem(active, extra, without), self.config.formulation, self.config.solver_time_limit_s)
+        return self.types.counts_by_type(potential)
+
+    def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
+        """How many nodes the jobs would use if ``extra`` more were ready: the pilots' target. ``without``: ready
+        nodes left out (the question before giving them back: would the jobs ask for them again, as new nodes?)."""
+        if without:
+            if not self.world.open:
+                return 0
+            return self.used(lambda: self.solve(len(self.world.ready) - len(without) + extra, extra, without, apart=True))
+        if extra <= 0 and answer is not None:
+            return sum(answer.counts.values())
+        if not self.world.open:
+            return 0
+        # Asked again at the same instant with nothing the answer rests on changed (a second step of one tick, or
+        # of one replayed event): the same answer, not a second solve of the whole machine.
+        world = self.world
+        key = (self.clock(), len(world.ready), extra, world.jobs_version, self.profiler.changes)
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        every = self.whole_pool(len(world.ready) + extra)
+        if every is None:
+            every = self.used(lambda: self.solve(len(world.ready) + extra, extra, apart=True))
+        self._memo = (key, every)
+        return every
+
+    def whole_pool(self, room: int) -> int | None:
+        """The pilots' question answered without a solve where the answer is certain: when at least ``room`` waiting
+        jobs could each start on one node and gain from it, no optimum leaves a node of the pool unused (with one
+        free, one of those jobs would not be running and would gain from it), so the jobs would use the whole pool —
+        the ``room`` nodes less the free ones whose pilot ends too soon to be offered (judged on every job the
+        question weighs, as :meth:`problem` does). A queue of thousands (a saturated machine) then costs the
+        question no solve. None where it is not certain (several kinds of node; too few jobs that start on one node)."""
+        if self.types.typed:
+            return None
+        waiting = self.admitted(room).jobs
+        if self.starters(waiting, room) < room:
+            return None
+        running = list(self.world.running.values())
+        made_of = [self.views.inputs(job) for job in running]
+        self.views.prepare(running, made_of)
+        try:
+            views = [self.views.view(job, inputs) for job, inputs in zip(running, made_of)]
+        except (ProblemError, KeyError, TypeError, ValueError):  # a job the allocator cannot use: the solve fails it
+            return None
+        within = self.rescale_within(views)
+        for job in waiting:  # thousands on a saturated machine: each one's costs kept until it changes
+            traits = self.waiting.traits(job)
+            if traits is None:
+                return None
+            within = max(within, traits[1])
+        return room - len(self.ending_soon(within, self.clock()))
+
+    def starters(self, waiting: list[Job], enough: int) -> int:
+        """How many of ``waiting`` would gain from one node alone (counted up to ``enough``; 0 where one cannot be
+        told: several kinds of node, a job the allocator cannot use). With that many for as many free nodes, no
+        optimum leaves one of them unused."""
+        if self.types.typed:
+            return 0
+        could = [job for job in waiting if job.spec["min_nodes"] == 1 and job.spec["weight"] > 0]
+        if len(could) < enough:  # too few could start on one node, whatever their curves
+            return 0
+        starters = 0
+        traits_of = self.waiting.traits
+        for job in could:
+            traits = traits_of(job)
+            if traits is None:
+                return 0
+            starters += traits[0]
+            if starters >= enough:
+                break
+        return starters
+
+    def used(self, ask: Callable[[], Solved]) -> int:
+        """How many nodes the answer to a pilots' question uses (``ask``: :meth:`solve` ``apart``): those it gives the jobs it weighed,
+        and those of the nodes it leaves free that the jobs it left out would take (:meth:`offer_left_free`) — all of
+        them, without a second solve, where enough of those jobs would each gain from one node."""
+        solved = ask()
+        while solved.again:  # every copy of a kind weighed was used
+            used = sum(solved.answer.counts.values())
+            free = len(solved.problem.pool.nodes) - used
+            waiting = [*(job for queue in solved.left for job in queue), *solved.unweighed]
+            if free <= 0 or self.starters(waiting, free) >= free:
+                return used + max(free, 0)  # with more copies too, every node is used: no second solve
+            solved = ask()  # asked once more, now, with more copies (a question is answered in its pass)
+        used = sum(solved.answer.counts.values())
+        free = len(solved.problem.pool.nodes) - used
+        if free <= 0 or not any(solved.left):
+            return used
+        if self.starters([job for queue in solved.left for job in queue], free) >= free:
+            return used + free
+        answer, _ = self.offer_left_free(solved.problem, solved.answer, solved.left)
+        return sum(answer.counts.values())
+
+    def solve(self, room: int, extra: int, without: tuple[str, ...] = (), apart: bool = False) -> Solved:
+        """The jobs a decision weighs, its problem, the allocator's answer and the waiting jobs left out (:class:`Solved`).
+
+        Every running job is weighed. Waiting jobs are weighed from two queues,
+        ``controller.weigh_waiting`` of each, the most promising first (the
+        most a node earns them, by :func:`..allocator.values.worth_per_node`),
+        as Slurm's backfill tests at most ``bf_max_job_test`` jobs: a decision,
+        and a pilots' question, stays as fast with a queue of thousands (a
+        saturated machine) as with a few hundred. One queue holds the jobs that
+        ran (progress to resume, or measured), the other those that never ran,
+        so that neither crowds out the other: resuming the best stopped jobs,
+        and measuring new ones on the nodes they leave (a job JPA has not
+        measured ranks last among measured ones). Unlike a backfill cap it
+        never leaves a node idle for it: nodes the answer leaves free are
+        offered to the jobs left out (:meth:`offer_left_free`).
+
+        ``apart``: a large decision, one solve of the machine per pass of the loop. The nodes left free are offered
+        by the caller, in the next pass; and copies added to what is weighed (below) are weighed by the next pass's
+        decision: the answer is ``again``, not to be applied.
+
+        Waiting jobs that have never run and that the allocator cannot tell
+        apart (the same curve, bounds, work and weight: a sweep's copies, or
+        every job JPA has not measured yet) join their queue a few at a time,
+        in submission order: while the answer leaves one of them unused, more
+        of the same could not do better, so the answer is the one with all of
+        them; when it uses every one weighed, as many as the room could start
+        join and it is asked once more (``apart``: in the next pass).
+        """
+        admitted = self.admitted(room)
+        jobs, kinds = admitted.jobs, admitted.kinds
+        running = list(self.world.running.values())
+        running += [jobs[i] for i in np.flatnonzero(kinds == HOLDS_NODES).tolist()]
+        alike: dict[int, list[int]] = {}  # kind -> the positions among ``jobs`` of the waiting jobs alike, in submission order
+        for i, kind in zip(np.flatnonzero(kinds >= 0).tolist(), kinds[kinds >= 0].tolist()):
+            alike.setdefault(kind, []).append(i)
+        # A decision and a pilot-sizing question (more room) weigh different numbers of copies: each remembers its own.
+        question = extra > 0
+        copies = {kind: self.copies.get((question, kind), MIN_COPIES) for kind in alike}
+        limit = self.config.weigh_waiting
+
+        def ranked(at: np.ndarray) -> list[Job]:  # positions in submission order -> those jobs, the most promising first
+            if 0 < limit < len(at):
+                at = self.waiting.most_promising(admitted, at)
+            return [jobs[i] for i in at.tolist()]
+
+        def fresh() -> list[Job]:
+            return ranked(np.sort(np.fromiter((i for kind, at in alike.items() for i in at[: copies[kind]]), dtype=np.int64)))
+
+        queues = [ranked(np.flatnonzero(kinds == LIKE_NO_OTHER)), fresh()]
+        weigh = [limit if 0 < limit < len(q) else len(q) for q in queues]
+        while True:
+            weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
+            active = sorted(running + weighed, key=lambda j: j.seq)
+            problem = self.problem(active, extra, without)
+            answer = allocate(problem, self.config.formulation, self.config.solver_time_limit_s)
+            left = [q[w:] for q, w in zip(queues, weigh)]
+            if not apart:
+                answer, offered = self.offer_left_free(problem, answer, left)
+                left = []
+                if offered:
+                    weighed += offered
+                    active = sorted(running + weighed, key=lambda j: j.seq)
+            ids = {j.id for j in weighed}
+            added = 0
+            unweighed: list[Job] = []
+            for kind, at in alike.items():
+                offered = [jobs[i] for i in at[: copies[kind]]]
+                fit = room // max(1, jobs[at[0]].spec["min_nodes"])  # no more of them than the room could start
+                if len(offered) < min(len(at), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
+                    copies[kind] = min(len(at), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
+                    added += copies[kind] - len(offered)
+                    unweighed += [jobs[i] for i in at[len(offered) :]]
+            remembered = {key: n for key, n in self.copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
+            if added and apart:
+                self.copies = remembered | {(question, kind): n for kind, n in copies.items()}
+                return Solved(active, problem, answer, left, again=True, unweighed=tuple(unweighed))
+            if added:
+                queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
+                continue
+            for kind, at in alike.items():
+                used = sum(1 for i in at[: copies[kind]] if answer.counts.get(jobs[i].id, 0) > 0)
+                if 2 * used > MIN_COPIES:  # next time: about what this answer used (MIN_COPIES, unless remembered)
+                    remembered[(question, kind)] = 2 * used
+            self.copies = remembered
+            return Solved(active, problem, answer, left)
+
+    def offer_left_free(self, problem: Problem, answer: Allocation, left: list[list[Job]]) -> tuple[Allocation, list[Job]]:
+        """Nodes ``answer`` leaves free, offered to the waiting jobs a decision left out (``left``: each queue's rest,
+        the most promising first): as many of each as the free nodes could start, then all of them. Those jobs are
+        allocated the free nodes alone — what the weighed jobs were given stands — so a wave of new nodes (or the
+        pilots' question, with every idle node) costs a solve of the jobs that could take them, not a second solve of
+        the whole machine. Returns the answer with theirs joined, and the jobs offered."""
+        offered: list[Job] = []
+        rounds = 0
+        while rounds < 2:
+            free = len(problem.pool.nodes) - sum(answer.counts.values())
+            if free <= 0:
+                break
+            more = []
+            for i, queue in enumerate(left):
+                take = len(queue) if rounds else free  # first as many as the free nodes could start, then all
+                more += [j for j in queue[:take] if j.spec["min_nodes"] <= free]
+                left[i] = queue[take:]
+            rounds += 1
+            views = self.views_of(more)
+            if not views:
+                continue
+            used = {n for nodes in answer.assignment.values() for n in nodes}
+            nodes = tuple(n for n in problem.pool.nodes if n not in used)
+            types = {n: problem.pool.types[n] for n in nodes if n in problem.pool.types}
+            rest = allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd), self.config.formulation,
+                            self.config.solver_time_limit_s)  # fmt: skip
+            answer = answer.joined(rest)
+            offered += [j for j in more if j.status not in TERMINAL]
+        return answer, offered
+
+    def admitted(self, room: int) -> Admitted:
+        """The waiting jobs a decision admits with ``room`` nodes (:func:`.waiting.admit`), described anew where
+        they changed since the last decision (the world's record of changed jobs, JPA's versions)."""
+        changed = self.world.take_changed() | self.profiler.take_touched()
+        self.waiting.sync(self.world, changed, recheck=self.types.typed)
+        return self.waiting.admitted(room, self.config.max_jobs, len(self.world.running))
+
+    def active(self, room: int) -> list[Job]:
+        """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while
+        they could start on the ``room`` nodes that could be had (or ``controller.max_jobs`` of them when set)."""
+        return sorted([*self.world.running.values(), *self.admitted(room).jobs], key=lambda j: j.seq)
+
+    def problem(self, active: list[Job], extra: int | dict[str, int], without: tuple[str, ...] = ()) -> Problem:
+        """The allocation problem now; ``extra`` adds hypothetical nodes (what pilots could bring; per type on a
+        machine with several kinds of node); ``without`` leaves ready nodes out."""
+        jobs = self.views_of(active)
+        holding = self.world.holding
+        current = {job.id: holding(job) for job in active if job.nodes}  # a job that failed in _views holds none
+        now = self.clock()
+        ending = self.ending_soon(self.rescale_within(jobs), now)
+        left_out = ending.union(without)  # a set: ``without`` may be thousands of nodes (all of them, to give back)
+        ready = tuple(n for n in self.world.ready if n not in left_out)
+        if self.types.typed:
+            pool, types = self.types.pool(self.world, ready, extra if isinstance(extra, dict) else {})
+            return Problem(tuple(jobs), NodePool(pool, types), current, self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra))
+        pool = ready + tuple(f"+{i}" for i in range(extra))
+        return Problem(tuple(jobs), NodePool(pool), current, self.horizon(now, extra))
+
+    def views_of(self, jobs: list[Job]) -> list[AllocJob]:
+        """The allocator's views of ``jobs``; a job the allocator cannot use fails, with the reason."""
+        made_of = [self.views.inputs(job) for job in jobs]  # once per job (a thousand in a whole-machine decision)
+        self.views.prepare(jobs, made_of)
+        views = []
+        for job, inputs in zip(jobs, made_of):
+            try:
+                views.append(self.views.view(job, inputs))
+            except (ProblemError, KeyError, TypeError, ValueError) as exc:  # a spec that slipped past the checks
+                self.fail(job, f"the allocator cannot use this job: {exc}", str(exc)[:200])
+        return views
+
+    def job_ending_within(self, seconds: float) -> bool:
+        """Whether a running job should finish its work within ``seconds`` at its current size (its remaining
+        samples at the rate its curve gives there): its nodes, free then, may make a growth worth it that the
+        nodes about to be given back would complete."""
+        for job in self.world.running.values():
+            total = job.spec.get("total_samples")
+            if not total or not job.nodes:
+                continue
+            try:
+                view = self.views.view(job)
+            except (ProblemError, KeyError, TypeError, ValueError):
+                continue
+            rate = max((curve.at(len(job.nodes)) for curve in view.throughput.values()), default=0.0)
+            if rate > 0 and view.remaining_samples / rate <= seconds:
+                return True
+        return False
+
+    @staticmethod
+    def rescale_within(jobs: list[AllocJob]) -> float:
+        """The costliest rescale among ``jobs`` (scale-up and scale-down seconds): what a free node must outlast."""
+        return max((j.scale_up_cost_s + j.scale_down_cost_s for j in jobs), default=0.0)
+
+    def ending_soon(self, within: float, now: float) -> set[str]:
+        """Free nodes whose pilot's drain comes within ``within`` seconds (the costliest rescale the jobs weighed would
+        pay, :meth:`rescale_within`): not offered."""
+        world = self.world
+        ending = set()
+        for pilot_id, _ in self.walltimes.ending_within(now, within) if within > 0 else ():
+            pilot = world.pilots.get(pilot_id)
+            if pilot is not None:
+                ending.update(n for n in pilot.nodes if n in world.ready and world.nodes[n].job is None)
+        return ending
