@@ -23,10 +23,12 @@ FULL = [
     ["benchmarks/bench_allocator.py"],
     ["benchmarks/bench_replay.py"],
     ["benchmarks/bench_hetero.py"],
+    ["benchmarks/bench_pbs.py"],  # the real OpenPBS of the tests (root): what pilots cost the main workload
 ]
 QUICK = [
     ["benchmarks/bench_allocator.py", "--quick"],
     ["benchmarks/bench_replay.py", "--only", "64", "--seeds", "1"],
+    ["benchmarks/bench_pbs.py", "--repeats", "3"],
 ]
 
 
@@ -49,10 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME", help="run only the benchmarks whose script name contains NAME (again for more)")
     args = ap.parse_args(argv)
     sections, failed = [], 0
     header = stamp()
-    for cmd in QUICK if args.quick else FULL:
+    for cmd in [c for c in (QUICK if args.quick else FULL) if not args.only or any(name in c[0] for name in args.only)]:
         t0 = time.perf_counter()
         print(f"running {' '.join(cmd)}", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
