@@ -9,6 +9,15 @@ handler table (as dask distributed's scheduler does); every way a node can go
 crashed) ends in :meth:`Controller.remove_nodes`, as every way a dask worker
 goes ends in ``remove_worker``.
 
+The loop is here — dispatch, ``remove_nodes``, the pass, the phases of a
+decision, applying an answer, ending a job — and the rest is in collaborators
+that own their caches: what a decision and the pilots' question weigh
+(:mod:`.weighing`), the allocator's views of the jobs (:mod:`.views`), the
+waiting queue (:mod:`.waiting`), the pilots' liveness — the batch system's
+events, heartbeats, walltimes (:mod:`.liveness`) — taking over from a
+predecessor (:mod:`.recovery`), the batch system behind back-off
+(:mod:`.gateway`), the pilots themselves (:mod:`pilotfill.pilots.manager`).
+
 The controller runs on a clock it is given: the process in
 :mod:`pilotfill.controller.process` gives it the wall clock and a ZeroMQ
 server; ``pilotfill replay`` gives it a simulated clock, a trace-driven batch
@@ -60,13 +69,14 @@ from ..protocol import (
     check_spec,
     parse,
 )
-from ..schedulers.base import BatchScheduler, EndReason, EventKind, PilotEvent, SchedulerConfigError
+from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
 from ..state import JournalError, State
 from ..transport import Park
 from .gateway import SchedulerGateway
 from .horizon import PoolHorizon
-from .liveness import Heard
+from .liveness import Heard, Liveness
+from .recovery import take_over
 from .meter import Meter
 from .phases import Burst, Decision, Phase
 from .types import NodeTypes
@@ -184,6 +194,8 @@ class Controller:
         self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
         self.weighing = Weighing(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
                                  clock, fail=lambda job, error, why: self._end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
+        self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
+                                 changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
                                    wake=self._wake_later)  # fmt: skip
         self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
@@ -204,7 +216,9 @@ class Controller:
         for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
             for type_ in runtime_class(kind).handles:
                 self.handlers[type_] = functools.partial(self._on_runtime_message, kind)
-        self._recover(new_campaign)
+        # Take over from a predecessor (controller/recovery.py): what it ran is gone, its running jobs resume from their commits.
+        take_over(self.world, self.journal, self.gateway, self.scheduler, self.heard, self, self.incarnation, self.clock(), new_campaign, KEEP_ENDED_PILOTS)
+        self.urgent = False
         for pilot in self.world.pilots.values():
             self.walltimes.track(pilot.id, pilot.walltime_end)
         gc.freeze()  # see _step_in_transaction: what is alive now is never scanned by the collector again
@@ -234,51 +248,6 @@ class Controller:
             self._record_process(p, what, None, host)
 
         return adapter_class(self.config.scheduler).from_config(self.config, self.run_dir, on_spawn=record)
-
-    def _recover(self, new_campaign: bool) -> None:
-        """Take over from a predecessor: nothing it ran survives; running jobs are requeued from their
-        committed progress; pilots the batch system still has are adopted, the others are lost.
-
-        ``new_campaign``: a campaign starts anew on this run directory, so the jobs
-        left open are held until its submissions claim them by call (they resume
-        from their commits) — none runs for nobody, none runs twice.
-        """
-        now = self.clock()
-        leftovers = self.journal.processes()
-        for p in leftovers:  # what it ran on this machine (agents of the local cluster, launchers, the store)
-            procs.kill_group(p["pid"], p["start_ticks"])
-        world = self.world
-        with self.journal.transaction():
-            self.journal.clear_processes()
-            requeued = []
-            for job in list(world.open.values()):
-                if job.status == "running":
-                    for node in world.nodes_of(job.nodes):
-                        world.assign(node, None)
-                    world.update_job(job, status="pending", nodes=[])
-                    world.roll_back(job)  # its ranks died with their controller: it resumes from its commit
-                    requeued.append(job.id)
-            if new_campaign:
-                for job in list(world.open.values()):
-                    world.hold(job)
-            live = [(p.id, p.scheduler_id) for p in world.pilots.values() if p.scheduler_id]
-            adopted = set(self.gateway.call("adopt", self.scheduler.adopt, live) or []) if live else set()
-            for pilot in list(world.pilots.values()):
-                if pilot.id in adopted:
-                    self.heard.hear(pilot.id, now)
-                    continue
-                self.remove_nodes(list(pilot.nodes), now, "lost with the previous controller", "gone", event="node.lost")
-                self.end_pilot(pilot, "lost", now)
-            for node in list(world.nodes.values()):
-                if node.state != "gone" and node.pilot not in world.pilots:
-                    world.set_node_state(node, "gone", now)
-                elif node.job is not None:
-                    world.assign(node, None)
-            if leftovers or requeued or self.incarnation > 1:
-                world.log("controller.recovered", now, incarnation=self.incarnation, killed=len(leftovers), requeued=requeued, adopted=sorted(adopted))
-            world.log("controller.started", now, incarnation=self.incarnation)
-            self.journal.prune_ended_pilots(KEEP_ENDED_PILOTS)
-        self.urgent = False
 
     def _record_process(self, proc, kind: str, job: str | None, host: str | None) -> None:
         ticks = procs.start_ticks(proc.pid)
@@ -457,7 +426,7 @@ class Controller:
             self.profiler.observe_cost(job.id, "commit", now - last)
         self._committed_at[job.id] = now
         committed = self.world.commit(job)
-        self._leave_at_commit(job, now)
+        self.liveness.leave_at_commit(job, now)
         return committed
 
     def _on_job_result(self, message: JobResult, now: float) -> dict[str, Any]:
@@ -628,12 +597,12 @@ class Controller:
             put_off = self.decision.due_at_once  # a decision the last pass put off is taken in this one, whatever this one polls
             for _ in range(min(MAX_BATCH, len(self._backlog))):  # a wave of thousands (pilots at their walltime): in passes
                 event, polled_before = self._backlog.popleft()
-                self._on_pilot_event(event, now, polled_before)
+                self.liveness.on_pilot_event(event, now, polled_before)
                 self.burst.handled += not put_off  # counted as requests are: a wave of events and a large decision, not in one pass
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
-            self._drain_walltimes(now)
-            self._check_heartbeats(now)
+            self.liveness.drain_walltimes(now)
+            self.liveness.check_heartbeats(now, self._last_step)
             idle, moved = self._idle(), False
             if self.types.typed:
                 moved = self._idle_types is not None and self._idle_types != self.types.last_idle
@@ -695,35 +664,6 @@ class Controller:
         return (bool(self._backlog) or self.decision.owes_a_pass or self.decision.due_at_once or self.decision.question_owed
                 or (self.pilots.owed and not self.draining))  # fmt: skip
 
-    def _on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
-        """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
-        world = self.world
-        pilot = world.pilot_of(event.pilot)
-        if event.kind == EventKind.STARTED:
-            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes), walltime_end=event.deadline)
-            if pilot is not None:
-                world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
-                self.walltimes.track(pilot.id, event.deadline)
-        elif event.kind == EventKind.PREEMPTED:
-            world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
-            if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
-                self.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline, taken=True)
-        elif event.kind == EventKind.ENDED and event.reason == EndReason.REQUEUED:
-            # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
-            # its next agent registers as it. Unless that agent already did (it ran again between two polls).
-            world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
-            if pilot is not None and not (pilot.state == "running" and pilot.registered_at > polled_before):
-                self.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
-                world.set_pilot(pilot, state="queued", nodes=[])
-                self.heard.forget(pilot.id)
-        elif event.kind == EventKind.ENDED:
-            world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
-            if pilot is not None:
-                self.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone",
-                                  taken=event.reason != EndReason.CANCELLED)  # fmt: skip
-                self.end_pilot(pilot, "ended", now)
-                self.dirty = True
-
     def _on_rank_exit(self, exit_: RankExit, now: float) -> None:
         self._leaving_ranks.discard((exit_.job_id, exit_.host))
         job = self.world.jobs.get(exit_.job_id)
@@ -765,16 +705,9 @@ class Controller:
                 return
             self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", "ready")
 
-    def _check_heartbeats(self, now: float) -> None:
-        """Pilots silent past the deadline are lost (:class:`.Heard`: oldest first, O(pilots lost), not O(pilots))."""
-        for pilot_id, silent in self.heard.silent(now, self._last_step):
-            pilot = self.world.pilot_of(pilot_id)
-            if pilot is None or pilot.state == "queued":
-                continue
-            self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
-            self.remove_nodes(list(pilot.nodes), now, "its pilot went silent", "gone", event="node.lost")
-            self.end_pilot(pilot, "lost", now)
-            self.gateway.call("cancel", self.scheduler.cancel, pilot_id)
+    def _decide_again(self) -> None:
+        """Something the allocation rests on changed: the next pass decides again."""
+        self.dirty = True
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None:
         """A pilot is over (``ended`` or ``lost``); its nodes must have been removed. Its agent ends what ran there."""
@@ -1019,34 +952,6 @@ class Controller:
         if job.status != "running" or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
             return False
         return not self.types.typed or answer.node_type.get(job.id) == self.types.of_nodes(self.world, job.nodes)
-
-    # ------------------------------------------------------------ walltime (controller/walltime.py)
-
-    def _drain_walltimes(self, now: float) -> None:
-        """Pilots at ``end - lead``: their nodes leave their jobs, as on a preemption notice, before the batch system acts."""
-        world = self.world
-        for pilot_id, end in self.walltimes.drained(now):
-            pilot = world.pilots.get(pilot_id)
-            nodes = [n for n in pilot.nodes if world.nodes[n].state == "ready"] if pilot is not None and pilot.walltime_end == end else []
-            if nodes:
-                world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
-                self.remove_nodes(nodes, now, "walltime ending", "leaving", deadline=end, taken=True)
-
-    def _leave_at_commit(self, job: Job, now: float) -> None:
-        """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it loses nothing."""
-        if job.status != "running":
-            return
-        window = self.profiler.cost(job.id, "commit", 0.0)
-        by_end: dict[float, list[str]] = {}
-        for node in self.world.nodes_of(job.nodes):
-            end = self.walltimes.in_window(node.pilot, now, window)
-            if end is not None:
-                by_end.setdefault(end, []).append(node.name)
-        for end, nodes in by_end.items():
-            self.remove_nodes(nodes, now, "walltime ending: left at its commit", "leaving", deadline=end, taken=True)
-
-
-
 
     def _why_lost(self, lost: set[str]) -> str:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}

@@ -1,16 +1,31 @@
-"""Which pilots are alive: when each was last heard from, and which have been silent past the deadline.
+"""Which pilots and nodes are still ours: what the batch system says, who is heard from, whose walltime ends.
 
-A pilot's agent sends a heartbeat every ``heartbeat_s``; one silent longer
-than ``heartbeat_deadline_s`` is lost (its nodes go, its jobs hear of it). The
-pilots are kept in the order they were last heard, oldest first, so a pass
-looks at the silent ones only — O(pilots lost), not O(pilots), with thousands
-of them. A controller that was itself stalled (stopped, a slow disk) does not
-count its own stall as the agents' silence.
+Three ways a pilot's nodes go without a message from its agent, each ending in
+the controller's one ``remove_nodes`` (and ``end_pilot``: :class:`~pilotfill.pilots.manager.Ends`):
+
+* the batch system says so when polled (:meth:`Liveness.on_pilot_event`: it
+  started, is preempted, was requeued, ended);
+* the agent went silent (:class:`Heard`): it sends a heartbeat every
+  ``heartbeat_s``, and one silent longer than ``heartbeat_deadline_s`` is lost.
+  The pilots are kept in the order they were last heard, oldest first, so a
+  pass looks at the silent ones only — O(pilots lost), not O(pilots), with
+  thousands of them. A controller that was itself stalled (stopped, a slow
+  disk) does not count its own stall as the agents' silence;
+* its walltime ends (:mod:`.walltime`): its nodes leave their jobs before the
+  batch system acts, or at a job's commit just before.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+
+from ..allocator import Profiler
+from ..pilots.manager import Ends
+from ..schedulers.base import BatchScheduler, EndReason, EventKind, PilotEvent
+from .gateway import SchedulerGateway
+from .walltime import Walltimes
+from .world import Job, World
 
 
 class Heard:
@@ -52,3 +67,77 @@ class Heard:
             del self._last[pilot_id]
             gone.append((pilot_id, silent))
         return gone
+
+
+class Liveness:
+    """What the batch system said of the pilots, which are silent, whose walltime ends: their nodes removed through
+    ``ends`` (the controller's ``remove_nodes`` and ``end_pilot``)."""
+
+    def __init__(self, world: World, heard: Heard, walltimes: Walltimes, gateway: SchedulerGateway, scheduler: BatchScheduler,
+                 profiler: Profiler, ends: Ends, changed: Callable[[], None]):  # fmt: skip
+        """``changed()``: the allocation must be decided again (a pilot ended)."""
+        self.world, self.heard, self.walltimes = world, heard, walltimes
+        self.gateway, self.scheduler, self.profiler, self.ends, self.changed = gateway, scheduler, profiler, ends, changed
+
+    def on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
+        """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
+        world = self.world
+        pilot = world.pilot_of(event.pilot)
+        if event.kind == EventKind.STARTED:
+            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes), walltime_end=event.deadline)
+            if pilot is not None:
+                world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
+                self.walltimes.track(pilot.id, event.deadline)
+        elif event.kind == EventKind.PREEMPTED:
+            world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
+            if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
+                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline, taken=True)
+        elif event.kind == EventKind.ENDED and event.reason == EndReason.REQUEUED:
+            # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
+            # its next agent registers as it. Unless that agent already did (it ran again between two polls).
+            world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
+            if pilot is not None and not (pilot.state == "running" and pilot.registered_at > polled_before):
+                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
+                world.set_pilot(pilot, state="queued", nodes=[])
+                self.heard.forget(pilot.id)
+        elif event.kind == EventKind.ENDED:
+            world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
+            if pilot is not None:
+                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone",
+                                       taken=event.reason != EndReason.CANCELLED)  # fmt: skip
+                self.ends.end_pilot(pilot, "ended", now)
+                self.changed()
+
+    def check_heartbeats(self, now: float, last_pass: float | None) -> None:
+        """Pilots silent past the deadline are lost (:class:`Heard`: oldest first, O(pilots lost), not O(pilots))."""
+        for pilot_id, silent in self.heard.silent(now, last_pass):
+            pilot = self.world.pilot_of(pilot_id)
+            if pilot is None or pilot.state == "queued":
+                continue
+            self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
+            self.ends.remove_nodes(list(pilot.nodes), now, "its pilot went silent", "gone", event="node.lost")
+            self.ends.end_pilot(pilot, "lost", now)
+            self.gateway.call("cancel", self.scheduler.cancel, pilot_id)
+
+    def drain_walltimes(self, now: float) -> None:
+        """Pilots at ``end - lead``: their nodes leave their jobs, as on a preemption notice, before the batch system acts."""
+        world = self.world
+        for pilot_id, end in self.walltimes.drained(now):
+            pilot = world.pilots.get(pilot_id)
+            nodes = [n for n in pilot.nodes if world.nodes[n].state == "ready"] if pilot is not None and pilot.walltime_end == end else []
+            if nodes:
+                world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
+                self.ends.remove_nodes(nodes, now, "walltime ending", "leaving", deadline=end, taken=True)
+
+    def leave_at_commit(self, job: Job, now: float) -> None:
+        """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it loses nothing."""
+        if job.status != "running":
+            return
+        window = self.profiler.cost(job.id, "commit", 0.0)
+        by_end: dict[float, list[str]] = {}
+        for node in self.world.nodes_of(job.nodes):
+            end = self.walltimes.in_window(node.pilot, now, window)
+            if end is not None:
+                by_end.setdefault(end, []).append(node.name)
+        for end, nodes in by_end.items():
+            self.ends.remove_nodes(nodes, now, "walltime ending: left at its commit", "leaving", deadline=end, taken=True)
