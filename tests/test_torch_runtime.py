@@ -201,9 +201,11 @@ def _assert_resumed_from_last_commit(events: list[dict]) -> None:
 # ------------------------------------------------------------------ real training
 
 
-def test_grow_1_2_3_and_shrink_back_keeps_training(cluster):
+def test_grow_1_2_3_and_shrink_back_keeps_training(cluster, tmp_path):
     ctl = cluster()
-    job = ctl.submit("grow", ["n0"], epochs=30)
+    hold = tmp_path / "hold"  # it trains on while this exists: a busy machine's slow re-forms do not outlast its epochs
+    hold.touch()
+    job = ctl.submit("grow", ["n0"], epochs=30, hold_file=str(hold))
     t = time.time()
     ctl.wait_for(lambda: _training_at(ctl, 1, 0), 120, "training on one node")
     for hosts in (["n0", "n1"], ["n0", "n1", "n2"], ["n0", "n1"], ["n0"]):
@@ -211,6 +213,7 @@ def test_grow_1_2_3_and_shrink_back_keeps_training(cluster):
         ctl.resize(job, hosts)
         ctl.wait_for(lambda: _training_at(ctl, len(hosts), t), 120, f"training on {hosts}")
         assert ctl.status(job) == "running"
+    hold.unlink()
     ctl.wait_for(lambda: ctl.status(job) != "running", 240, "the job to finish")
     assert ctl.status(job) == "finished", ctl.jobs[job]["error"]
     assert ctl.jobs[job]["result"]["val_accuracy"] > 0.8
