@@ -1048,3 +1048,32 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     m.ctl.dirty = True
     m.at(150)
     assert stopped.id in described and described.count(stopped.id) == 1
+
+
+@pytest.mark.parametrize("restarts", [True, False], ids=["ranks-restart", "ranks-go-on"])
+def test_what_old_ranks_report_after_a_resize_that_restarts_them_is_not_the_new_sizes_rate(tmp_path, write, restarts):
+    """Seen on the real OpenPBS (benchmarks/bench_pbs.py): a torch job grown from one node to four was measured at
+    645 samples/s on four nodes, two seconds after the resize — its one old rank, still training alone until the new
+    rendezvous round, reported at the one-node rate, and the meter took that for four nodes. Learning that four nodes
+    did a third of what three did, the controller cancelled the pilot coming back for the fourth: the job never grew
+    back. Where a resize restarts every rank (torch: a new round), what the old ranks report before the new round's
+    first report is not measured; where the ranks go on through it (the processes runtime, the replay's), it is."""
+    from pilotfill.elastic.simulated import SimulatedRuntime
+
+    class Restarting(SimulatedRuntime):
+        def resize_restarts_ranks(self, job_id=None):
+            return restarts
+
+    m = Machine(tmp_path, write, 4, [linear("a", 1, 4, 100)], runtime=Restarting)
+    job_id = m.submit("a", curve=None)  # learned: what the meter measures is what the allocator sees
+    t = 0
+    while len(m.job("a").nodes) < 4:
+        t += 1
+        assert t < 120, "the job never grew"
+        m.at(t)
+    resized = m.events("job.resized")[-1]["time"]
+    assert not [e for e in m.events("job.cost") if e["time"] >= resized], "the new round has not reported yet"
+    m.now = resized + 3.0  # the old rank on n0, 2.5 s of training at the one-node rate, reported after the resize
+    assert m.ctl.handle({"type": "job.report", "job_id": job_id, "host": "n0", "samples": 250.0, "seconds": 2.5, "pid": 1, "first": False})["ok"]
+    at_four = [e["data"]["samples_per_s"] for e in m.events("job.estimate") if e["data"]["nodes"] == 4]
+    assert at_four == ([] if restarts else [100.0])

@@ -84,6 +84,11 @@ class Runtime(ABC):
         """
         return False
 
+    def resize_restarts_ranks(self, job_id: str | None = None) -> bool:
+        """Whether a resize of a job (``job_id``) ends every rank and starts the job's ranks anew at the new size (a new
+        rendezvous round): until they report, what its old ranks still report describes the old size, not the new."""
+        return False
+
     def shrinks_while_forming(self, job_id: str | None = None) -> bool:
         """Whether a job (``job_id``) can lose ranks while the others are still forming the group, before they have
         reported or committed since the job started. Where it cannot, the controller restarts it on the nodes it keeps."""

@@ -63,6 +63,10 @@ class JobRuntimes(Runtime):
         runtime = self._for(job_id) if job_id is not None else None
         return (runtime or self.of_kind(self.default)).resize_keeps_progress(grow_only, job_id)
 
+    def resize_restarts_ranks(self, job_id: str | None = None) -> bool:
+        runtime = self._for(job_id) if job_id is not None else None
+        return (runtime or self.of_kind(self.default)).resize_restarts_ranks(job_id)
+
     def shrinks_while_forming(self, job_id: str | None = None) -> bool:
         runtime = self._for(job_id) if job_id is not None else None
         return (runtime or self.of_kind(self.default)).shrinks_while_forming(job_id)

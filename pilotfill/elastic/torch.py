@@ -75,6 +75,9 @@ class TorchRuntime(Runtime):
 
     handles: ClassVar[tuple[str, ...]] = (RdzvJoin.TYPE, RdzvPoll.TYPE)  # its agents' rendezvous (pilotfill.elastic.rendezvous)
 
+    def resize_restarts_ranks(self, job_id: str | None = None) -> bool:
+        return True  # every resize is a new rendezvous round: each agent restarts its workers at the new size
+
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> TorchRuntime:
         rt, bind = config.runtime, config.controller.bind
