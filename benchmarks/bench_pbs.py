@@ -168,8 +168,9 @@ def ours(cluster: PbsCluster, repeats: int, name: str, place: str, nodes: int, p
 
 
 def torch_rescaling(cluster: PbsCluster, preemptions: int) -> tuple[list[float], list[float]]:
-    """A torch job growing onto one-vnode pilots and preempted ``preemptions`` times (each pilot comes back after the
-    main job's 20 s); the controller's own measure of each grow and shrink (``job.cost``)."""
+    """A torch job growing onto one-vnode pilots and preempted ``preemptions`` times (it grows back once a pilot runs
+    again: the requeued one after the main job's 20 s, or another); the controller's own measure of each grow and
+    shrink (``job.cost``)."""
     campaign = Campaign(cluster, "bench-torch", TORCH, site_config("torch", nodes_per_pilot=1))
 
     def costs(change: str) -> list[float]:
@@ -177,20 +178,38 @@ def torch_rescaling(cluster: PbsCluster, preemptions: int) -> tuple[list[float],
 
     with campaign:
         campaign.start()
-        wait(lambda: costs("up"), 400, "the job to grow")
-        for _ in range(preemptions):
-            mine = set(campaign.pilot_jobs())
-            running = {j: v for j, v in cluster.jobs().items() if j in mine and v.get("substate") == 42}
-            if len(running) < 2:
-                break
-            downs = len(costs("down"))
-            job_id, job = sorted(running.items())[-1]
-            cluster.qsub("-l", f"select=1:ncpus=1:vnode={vnodes_of(job)[0]}", "-o", "/dev/null", "-j", "oe", "--", "/bin/sleep", "20")
-            wait(lambda: len(costs("down")) > downs, 240, "the job to shrink")
-            wait(lambda: (cluster.jobs().get(job_id) or {}).get("substate") == 42, 240, "the preempted pilot to run again")
-            time.sleep(30)  # the job grows back onto it
-        campaign.proc.send_signal(2)
-        campaign.wait(120)
+        try:
+            return _rescale(campaign, cluster, preemptions, costs)
+        except TimeoutError:
+            said = campaign.events()  # what the controller saw and did, to say why it waited
+            print("\n".join(f"{e['time']:.1f} {e['kind']} {json.dumps(e['data'])[:300]}" for e in said[-80:]), file=sys.stderr)
+            print(campaign.text()[-3000:], file=sys.stderr)
+            raise
+
+
+def _rescale(campaign: Campaign, cluster: PbsCluster, preemptions: int, costs) -> tuple[list[float], list[float]]:
+    """The grows and shrinks of :func:`torch_rescaling`, once its campaign runs."""
+    wait(lambda: costs("up"), 400, "the job to grow")
+    for _ in range(preemptions):
+        mine = set(campaign.pilot_jobs())
+        running = {j: v for j, v in cluster.jobs().items() if j in mine and v.get("substate") == 42}
+        if len(running) < 2:
+            break
+        downs, ups = len(costs("down")), len(costs("up"))
+        job_id, job = sorted(running.items())[-1]
+        cluster.qsub("-l", f"select=1:ncpus=1:vnode={vnodes_of(job)[0]}", "-o", "/dev/null", "-j", "oe", "--", "/bin/sleep", "20")
+        wait(lambda: len(costs("down")) > downs, 240, "the job to shrink")
+        # It may grow back once a pilot runs again (the requeued one when the main job is done, or another that took a
+        # free vnode meanwhile) — or not: a grow that costs more than the nodes' expected stay would earn is not made,
+        # and the requeued pilot is then deleted ("no job needs it any more"). Either way, the next preemption.
+        try:
+            wait(lambda: len(costs("up")) > ups, 90, "the job to grow back")
+        except TimeoutError:
+            print(f"  (not grown back within 90 s: {', '.join(e['data'].get('why', '') for e in campaign.events('pilot.cancelled')) or 'no pilot cancelled'})",
+                  file=sys.stderr)  # fmt: skip
+        time.sleep(10)  # training at its size before the next preemption
+    campaign.proc.send_signal(2)
+    campaign.wait(120)
     return costs("up"), costs("down")
 
 

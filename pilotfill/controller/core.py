@@ -388,7 +388,7 @@ class Controller:
             log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
                         job.id, job.name, progress, total)  # fmt: skip
         meter = self._meters.get(job.id)
-        if job.id in self._changed and self.runtime.resize_restarts_ranks(job.id):
+        if job.status == "running" and job.id in self._changed and self.runtime.resize_restarts_ranks(job.id):
             meter = None  # its old ranks, still at the old size until the new round's first report: not this size's rate
         if job.status == "running" and message.host in job.nodes and meter is not None and meter.nodes == len(job.nodes):
             rank = (message.host, message.pid)
