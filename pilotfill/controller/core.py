@@ -47,6 +47,7 @@ from ..elastic.base import RankExit, Runtime
 from ..elastic.ending import exit_words
 from ..elastic.registry import NAMES as RUNTIME_NAMES
 from ..elastic.registry import runtime_class
+from ..elastic.runtimes import JobRuntimes
 from ..lifecycle import TERMINAL, IllegalMove
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
@@ -233,8 +234,6 @@ class Controller:
     def _make_runtime(self) -> Runtime:
         """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`); every
         process a runtime puts on a compute node goes through the node's pilot agent (``self.launcher``)."""
-        from ..elastic.runtimes import JobRuntimes
-
         def make(kind: str) -> Runtime:
             return runtime_class(kind).from_config(self.config, self.run_dir, self.launcher, on_spawn=self._record_process)
 

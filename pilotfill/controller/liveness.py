@@ -38,12 +38,6 @@ class Heard:
         self._last: OrderedDict[str, float] = OrderedDict()
         self._floor = 0.0  # after our own stall, silence is counted from here
 
-    def __contains__(self, pilot_id: str) -> bool:
-        return pilot_id in self._last
-
-    def __len__(self) -> int:
-        return len(self._last)
-
     def hear(self, pilot_id: str, now: float) -> None:
         """``pilot_id`` said something at ``now``: it moves to the end of the line."""
         self._last.pop(pilot_id, None)
