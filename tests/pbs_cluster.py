@@ -327,13 +327,21 @@ class Campaign:
         return self.stdout() + (self.errors.read_text(errors="replace") if self.errors.exists() else "")
 
     def events(self, kind: str | None = None) -> list[dict]:
+        return self._read(lambda state: state.events(kind))
+
+    def training_nodes(self) -> set[str]:
+        """The nodes (vnodes) the campaign's running jobs hold now, as the controller recorded them."""
+        return self._read(lambda state: {n for job in state.jobs(("running",)) for n in job.nodes}) or set()
+
+    def _read(self, query):
+        """``query(state)`` on the run's journal; empty ([]) before the controller has written it."""
         from pilotfill.state import State
 
         if not (self.run_dir / "state.sqlite").exists():
             return []
         state = State(self.run_dir, readonly=True)
         try:
-            return state.events(kind)
+            return query(state)
         except sqlite3.OperationalError as exc:  # the controller made the file and has not written its tables yet
             if "no such table" in str(exc):
                 return []

@@ -69,13 +69,18 @@ def test_each_job_lands_on_the_type_that_suits_it_on_a_typed_local_cluster(local
     run = local(config=TYPED)
     run.start()
     # A is 10x faster on big; B is faster on small. Two nodes each: A on big and B on small is the only best answer.
-    a = run.client.submit(per_type(synthetic_job("a", total=400, hi=2), {"big": 100.0, "small": 10.0}))
-    b = run.client.submit(per_type(synthetic_job("b", total=400, hi=2), {"big": 20.0, "small": 30.0}))
-    run.wait_for(lambda: all(run.client.job(j)["status"] == "finished" for j in (a, b)), 120, "both jobs to finish")
+    # 15-30 s of training: long enough for a pilot that joins late on a busy machine to be grown onto.
+    a = run.client.submit(per_type(synthetic_job("a", total=2400, hi=2), {"big": 100.0, "small": 10.0}))
+    b = run.client.submit(per_type(synthetic_job("b", total=2400, hi=2), {"big": 20.0, "small": 30.0}))
+    run.wait_for(lambda: all(run.client.job(j)["status"] == "finished" for j in (a, b)), 180, "both jobs to finish")
     started = {e["job"]: e["data"] for e in run.events("job.started")}
-    assert started[a]["node_type"] == "big" and set(started[a]["nodes"]) == {"pf-node-0", "pf-node-1"}
-    assert started[b]["node_type"] == "small" and set(started[b]["nodes"]) == {"pf-node-2", "pf-node-3"}
+    assert started[a]["node_type"] == "big" and started[b]["node_type"] == "small"
     assert "fastest here" in started[a]["why"] and "fastest here" in started[b]["why"]
+    # Each held only its type's nodes, both of them at its widest: a job starts on the first of its nodes to join (on a
+    # busy machine its second pilot may come later) and grows onto the next.
+    held = {j: [set(started[j]["nodes"])] + [set(e["data"]["nodes"]) for e in run.events("job.resized") if e["job"] == j] for j in (a, b)}
+    assert set().union(*held[a]) == {"pf-node-0", "pf-node-1"} and {"pf-node-0", "pf-node-1"} in held[a], held[a]
+    assert set().union(*held[b]) == {"pf-node-2", "pf-node-3"} and {"pf-node-2", "pf-node-3"} in held[b], held[b]
     # Pilots asked for one type each.
     submitted = [e["data"] for e in run.events("pilot.submitted")]
     assert {d["node_type"] for d in submitted} == {"big", "small"}

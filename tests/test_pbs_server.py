@@ -91,7 +91,11 @@ def test_a_main_job_gets_a_preempted_pilots_vnode_when_the_agent_has_ended_not_a
         wait_for(lambda: len(campaign.events("job.started")) >= 2, 120, "training on them")
         preempted = []
         for _ in range(2):
-            job_id, job = sorted(running_pilots(campaign).items())[0]
+            # A pilot whose node trains a job: not one the controller is ending meanwhile (it has more pilots than
+            # jobs once a preempted pilot comes back), whose agent may have left just before MOM's kill, its session
+            # empty ("task … force exited" at the first kill_job, at no cost to the main job).
+            job_id, job = wait_for(lambda: sorted((j, v) for j, v in running_pilots(campaign).items() if set(vnodes_of(v)) & campaign.training_nodes()),
+                                   120, "a pilot whose node trains a job")[0]  # fmt: skip
             vnode = vnodes_of(job)[0]
             main = real_pbs.qsub("-l", f"select=1:ncpus=1:vnode={vnode}", "-o", "/dev/null", "-j", "oe", "--", "/bin/sleep", "3")
             wait_for(lambda: (real_pbs.job(main) or {}).get("job_state") in ("R", "E", "F"), 120, f"main job {main} to run on {vnode}")

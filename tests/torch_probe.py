@@ -12,6 +12,8 @@ import json
 import os
 import time
 
+import held_digits
+
 from pilotfill.elastic import state as elastic_state
 from pilotfill.workloads import digits
 
@@ -53,27 +55,10 @@ def report(samples: float):
 _real_report = digits.report
 
 
-class HeldEpochs(int):
-    """A number of epochs that is not reached while ``hold_file`` exists: a test that resizes a job several times keeps
-    it training until it is done resizing, however slow the machine (``state.epoch < epochs`` asks this first)."""
-
-    def __new__(cls, epochs: int, hold_file: str):
-        held = super().__new__(cls, epochs)
-        held.hold_file = hold_file
-        return held
-
-    def __gt__(self, epoch: object) -> bool:
-        return os.path.exists(self.hold_file) or int(self) > epoch
-
-
 def train(startup_s: float = 0.0, hold_file: str | None = None, **kwargs) -> dict:
     """``startup_s``: what a slow start costs before training (loading a big model, say); ``hold_file``: training goes
-    on past its epochs while this file exists (:class:`HeldEpochs`)."""
+    on past its epochs while this file exists (:mod:`held_digits`)."""
     time.sleep(startup_s)
     elastic_state.ElasticState = ProbedState  # digits imports it at call time
     digits.report = report
-    if hold_file is not None:
-        kwargs["epochs"] = HeldEpochs(kwargs.get("epochs", 20), hold_file)
-    result = digits.train(**kwargs)
-    return {**result, "epochs": int(result["epochs"])} if isinstance(result, dict) and "epochs" in result else result
-
+    return held_digits.train(hold_file, **kwargs)
