@@ -1044,7 +1044,7 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     assert len(solves) >= 3 and min(solves) > 4  # decisions that weighed waiting jobs
     assert described == []
     stopped = running[0]
-    m.ctl._stop_for_a_start(stopped, list(stopped.nodes), set(), m.now, "test")  # back to the queue, with its progress
+    m.ctl.enactment.stop_for_a_start(stopped, list(stopped.nodes), set(), m.now, "test")  # back to the queue, with its progress
     m.ctl.dirty = True
     m.at(150)
     assert stopped.id in described and described.count(stopped.id) == 1

@@ -98,7 +98,6 @@ def test_failing_and_hanging_commands_are_clear_errors(slurm, tmp_path, monkeypa
     with pytest.raises(SchedulerCommandError, match=r"`sbatch .*-p nosuch.*` exited 1: sbatch: error: .*Invalid partition"):
         sched.submit_pilot("p1", 1)
     (bin_dir / "sinfo").write_text("#!/bin/sh\nsleep 30\n")
-    sched._idle_cache = None
     began = time.time()
     with pytest.raises(SchedulerCommandError, match=r"`sinfo .*` timed out after 0.5 s"):
         sched.idle_nodes()
@@ -282,7 +281,6 @@ def test_a_purged_pilot_is_asked_about_once_more_and_a_live_one_never_dropped(sl
     # A new adapter is handed both: the purged one is not adopted (squeue alone: "Invalid job id specified").
     new = adapter(tmp_path)
     assert new.adopt([("a", a), ("b", b)]) == ["a"]
-    sched._pilots.clear()
     new.close()
     wait_for(lambda: squeue_states(slurm, a).get(a, "CANCELLED") not in ("RUNNING", "PENDING"), 60, "a cancelled by close()")
 

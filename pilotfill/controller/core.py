@@ -10,13 +10,17 @@ crashed) ends in :meth:`Controller.remove_nodes`, as every way a dask worker
 goes ends in ``remove_worker``.
 
 The loop is here — dispatch, ``remove_nodes``, the pass, the phases of a
-decision, applying an answer, ending a job — and the rest is in collaborators
-that own their caches: what a decision and the pilots' question weigh
-(:mod:`.weighing`), the allocator's views of the jobs (:mod:`.views`), the
-waiting queue (:mod:`.waiting`), the pilots' liveness — the batch system's
-events, heartbeats, walltimes (:mod:`.liveness`) — taking over from a
-predecessor (:mod:`.recovery`), the batch system behind back-off
-(:mod:`.gateway`), the pilots themselves (:mod:`pilotfill.pilots.manager`).
+decision, ending a job, stopping — and the rest is in collaborators that own
+their caches: what the pilots' agents ask (:mod:`.pilot_desk`) and what
+clients and ranks ask about jobs (:mod:`.job_desk`), what a job's reports say
+about its training (:mod:`.training`), making an answer so (:mod:`.enactment`),
+what a decision and the pilots' question weigh (:mod:`.weighing`), the
+allocator's views of the jobs (:mod:`.views`), the waiting queue
+(:mod:`.waiting`), the pilots' liveness — the batch system's events,
+heartbeats, walltimes (:mod:`.liveness`) — taking over from a predecessor
+(:mod:`.recovery`), the batch system behind back-off (:mod:`.gateway`), the
+machine's node-seconds (:mod:`.accounts`), the pilots themselves
+(:mod:`pilotfill.pilots.manager`).
 
 The controller runs on a clock it is given: the process in
 :mod:`pilotfill.controller.process` gives it the wall clock and a ZeroMQ
@@ -29,7 +33,6 @@ from __future__ import annotations
 import functools
 import gc
 import logging
-import math
 import os
 import time
 import traceback
@@ -38,7 +41,6 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
-
 
 from .. import procs
 from ..allocator import Allocation, Problem, ProblemError, Profiler, compiled
@@ -67,19 +69,22 @@ from ..protocol import (
     PilotRegister,
     ProtocolError,
     StateSnapshot,
-    check_spec,
     parse,
 )
 from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
 from ..state import JournalError, State
 from ..transport import Park
+from .accounts import NodeSeconds
+from .enactment import Enactment
 from .gateway import SchedulerGateway
 from .horizon import PoolHorizon
+from .job_desk import JobDesk
 from .liveness import Heard, Liveness
-from .recovery import take_over
-from .meter import Meter
 from .phases import Burst, Decision, Phase
+from .pilot_desk import PilotDesk, Wakes
+from .recovery import take_over
+from .training import Training
 from .types import NodeTypes
 from .views import AllocatorViews
 from .waiting import WaitingJobs
@@ -156,7 +161,6 @@ class Controller:
         self.profiler = Profiler()
         self.pool_horizon = PoolHorizon(self.world, self.journal, config.controller.t_fwd)  # how long an allocation made now lasts
         self.holds, self.lifetimes = self.pool_horizon.holds, self.pool_horizon.lifetimes
-        self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
         self.dirty = True
         self.urgent = False
         self.stopping = False
@@ -166,23 +170,18 @@ class Controller:
         self._last_step: float | None = None
         self._polled_at = 0.0  # the last scheduler poll
         self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
-        self._meters: dict[str, Meter] = {}
-        self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
-        self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
         self._settle_since: float | None = None
         self.decision = Decision()  # what the next pass owes of a decision spread over passes (controller/phases.py)
         self.burst = Burst()  # requests read in a row: a decision waits for the rest of a burst
         self._last_idle: int | None = None
         self._pruned_at = self.started
-        self._account_at = self.started
-        self._held_s = self._used_s = 0.0
+        self.node_seconds = NodeSeconds(self.world, self.started)  # held by pilots, used by jobs (controller/accounts.py)
         self.stats: dict[str, list[float]] = {"solve_ms": [], "decide_ms": []}
         self.methods: Counter[str] = Counter()
         self._errors = 0
         self.last_method: str | None = None
-        self.launcher = AgentLauncher(self.world, wake=self._wake_later)
-        self.wake: Callable[[str], object] | None = None  # answers a pilot's parked heartbeat now (set by the serving process)
-        self._to_wake: set[str] = set()
+        self.wakes = Wakes()  # pilots whose parked heartbeat is answered after the commit (controller/pilot_desk.py)
+        self.launcher = AgentLauncher(self.world, wake=self.wakes.later)
         self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
         self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock)  # every call into the batch system, backed off on failure
@@ -194,24 +193,32 @@ class Controller:
         self._idle_types: dict[str, int] | None = None
         self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
         self.weighing = Weighing(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
-                                 clock, fail=lambda job, error, why: self._end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
+                                 clock, fail=lambda job, error, why: self.end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
         self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
                                  changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)
+        self.training = Training(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
+                                 changed=self._decide_again)  # what reports say: progress, commits, measured rates (controller/training.py)
+        self.enactment = Enactment(self.world, self.runtime, self.types, self.training, self.lifetimes,
+                                   fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
-                                   wake=self._wake_later)  # fmt: skip
+                                   wake=self.wakes.later)  # fmt: skip
+        self.pilot_desk = PilotDesk(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
+                                    heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again)  # what the pilots' agents ask
+        self.job_desk = JobDesk(self.world, self.journal, self.training, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
+                                changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_desk.py)
         self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
-            PilotRegister.TYPE: self._on_pilot_register,
-            PilotHeartbeat.TYPE: self._on_pilot_heartbeat,
-            PilotLeaving.TYPE: self._on_pilot_leaving,
-            JobSubmit.TYPE: self._on_job_submit,
-            JobReport.TYPE: self._on_job_report,
-            JobDescribe.TYPE: self._on_job_describe,
-            JobCommit.TYPE: self._on_job_commit,
-            JobResult.TYPE: self._on_job_result,
-            JobFailed.TYPE: self._on_job_failed,
-            JobCancel.TYPE: self._on_job_cancel,
-            JobGet.TYPE: self._on_job_get,
-            JobStatusQuery.TYPE: self._on_job_status,
+            PilotRegister.TYPE: self.pilot_desk.register,
+            PilotHeartbeat.TYPE: self.pilot_desk.heartbeat,
+            PilotLeaving.TYPE: self.pilot_desk.leaving,
+            JobSubmit.TYPE: self.job_desk.submit,
+            JobReport.TYPE: self.job_desk.report,
+            JobDescribe.TYPE: self.job_desk.describe,
+            JobCommit.TYPE: self.job_desk.commit,
+            JobResult.TYPE: self.job_desk.result,
+            JobFailed.TYPE: self.job_desk.failed,
+            JobCancel.TYPE: self.job_desk.cancel,
+            JobGet.TYPE: self.job_desk.get,
+            JobStatusQuery.TYPE: self.job_desk.status,
             StateSnapshot.TYPE: self._on_state_snapshot,
         }
         for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
@@ -226,6 +233,15 @@ class Controller:
 
 
     # ------------------------------------------------------------ construction
+
+    @property
+    def wake(self) -> Callable[[str], object] | None:
+        """Answers a pilot's parked heartbeat now (set by the process that serves messages; None: nothing parks)."""
+        return self.wakes.wake
+
+    @wake.setter
+    def wake(self, wake: Callable[[str], object] | None) -> None:
+        self.wakes.wake = wake
 
     def horizon(self, now: float, extra: int = 0) -> float:
         """Seconds an allocation made now is expected to last (:meth:`.PoolHorizon.at`)."""
@@ -267,7 +283,7 @@ class Controller:
             with self.journal.transaction():
                 reply = handler(request, now)
             if not self._batching:
-                self._flush_wakes()
+                self.wakes.flush()
             return reply if isinstance(reply, Park) else {"ok": True, **reply}
         except ProtocolError as exc:
             return {"ok": False, "error": str(exc)}
@@ -288,7 +304,7 @@ class Controller:
                 yield
         finally:
             self._batching = False
-        self._flush_wakes()
+        self.wakes.flush()
 
     def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Apply requests that arrived together (:meth:`together`); their replies, in order."""
@@ -296,65 +312,10 @@ class Controller:
         with self.together():
             return [self.handle(m) for m in messages]
 
-    def _on_job_get(self, message: JobGet, now: float) -> dict[str, Any]:
-        job = self._known_job(message.job_id)
-        return {"job": job.record(), "checkpoint": str(self.checkpoint_dir / f"{job.key or job.id}.pt")}
-
-    def _on_job_status(self, message: JobStatusQuery, now: float) -> dict[str, Any]:
-        jobs = {}
-        for job_id in message.job_ids:
-            job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
-            if job is not None:
-                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "committed": job.committed, "result": job.result, "error": job.error,
-                                **self.types.placement_of(job.id)}  # fmt: skip
-        return {"jobs": jobs}
-
     def _on_state_snapshot(self, message: StateSnapshot, now: float) -> dict[str, Any]:
-        self._account(now)
+        self.node_seconds.add_until(now)
         return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "submit_problem": self.pilots.problem,
-                "node_seconds": {"held": self.world.counters["held_node_s"] + self._held_s, "used": self.world.counters["used_node_s"] + self._used_s}}  # fmt: skip
-
-    def _account(self, now: float) -> None:
-        """Integrate node-seconds held by pilots and used by jobs since the last call (kept in memory, journaled each minute)."""
-        dt = now - self._account_at
-        if dt > 0:
-            self._held_s += len(self.world.ready) * dt
-            self._used_s += sum(len(j.nodes) for j in self.world.running.values()) * dt
-        self._account_at = now
-
-    def _journal_accounts(self) -> None:
-        for name, attr in (("held_node_s", "_held_s"), ("used_node_s", "_used_s")):
-            whole = int(getattr(self, attr))
-            if whole:
-                self.world.count(name, whole)
-                setattr(self, attr, getattr(self, attr) - whole)
-
-    def _on_job_submit(self, message: JobSubmit, now: float) -> dict[str, Any]:
-        spec = check_spec(message.spec)
-        world = self.world
-        request = message.rid
-        if request is not None and (done := self.journal.job_by_request(request)) is not None:
-            return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
-        key = spec.get("key")
-        earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
-        if earlier is not None and earlier.status not in ("failed", "cancelled"):
-            # The same call again (a re-run of the campaign): the job it already is — finished, or resuming.
-            if earlier.held:
-                world.claim(earlier)
-                world.log("job.claimed", now, job=earlier.id, name=earlier.name, progress=earlier.progress)
-                self.dirty = True
-            return {"job_id": earlier.id, "reused": True}
-        capacity = self.capacity()
-        if spec["min_nodes"] > capacity:
-            raise ProtocolError(f"job spec: min_nodes {spec['min_nodes']} is more than this machine could ever give ({capacity} nodes)")
-        if spec["max_nodes"] > capacity:
-            spec["max_nodes"] = capacity  # no job can hold more than there is; asking for more is not an error
-        job = world.add_job(world.next_job_id(), spec["name"], spec, now, key=key)
-        if request is not None:
-            self.journal.set_job(job.id, request=request)  # durable, in this reply's transaction
-        world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
-        self.dirty = True
-        return {"job_id": job.id}
+                "node_seconds": self.node_seconds.totals()}  # fmt: skip
 
     def capacity(self) -> int:
         """The most nodes a job could ever get: the machine (if the batch system says) within the configured cap."""
@@ -362,154 +323,12 @@ class Controller:
         cap = self.config.controller.max_job_nodes
         return min(cap, machine) if isinstance(machine, int) and machine > 0 else cap
 
-    def _on_job_cancel(self, message: JobCancel, now: float) -> dict[str, Any]:
-        self._end_job(self._known_job(message.job_id), now, "cancelled")
-        return {}
-
-    def _on_job_report(self, message: JobReport, now: float) -> dict[str, Any]:
-        job = self._known_job(message.job_id)
-        if job.status in TERMINAL:
-            return {"progress": job.progress}
-        progress = self.world.add_progress(job, message.samples)
-        if message.commit:  # the reporting rank committed right after this work
-            self._commit(job, now)
-        changed = self._changed.get(job.id)
-        if changed is not None and message.first and job.status == "running":
-            # Ranks training again after a start or a resize: what the change cost, measured (JPA learns it).
-            when, kind = self._changed.pop(job.id)
-            cost = max(0.0, now - float(message.seconds) - when)
-            self.profiler.observe_cost(job.id, kind, cost)
-            self.world.log("job.cost", now, job=job.id, change=kind, seconds=round(cost, 3))
-        total = job.spec.get("total_samples")
-        if total and progress > total and not job.overran:
-            self.world.mark_overran(job)
-            self.world.log("job.overran", now, job=job.id, progress=progress, total_samples=total)
-            log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
-                        job.id, job.name, progress, total)  # fmt: skip
-        meter = self._meters.get(job.id)
-        if job.status == "running" and job.id in self._changed and self.runtime.resize_restarts_ranks(job.id):
-            meter = None  # its old ranks, still at the old size until the new round's first report: not this size's rate
-        if job.status == "running" and message.host in job.nodes and meter is not None and meter.nodes == len(job.nodes):
-            rank = (message.host, message.pid)
-            measured = meter.add(message.samples, message.seconds, now, first=message.first, rank=rank)
-            if measured is not None and not (job.spec.get("curve") or job.spec.get("curves")):
-                rate, seconds = measured
-                node_type = self.types.of_nodes(self.world, job.nodes)
-                new_scale = meter.nodes not in self.profiler.scales(job.id, node_type)
-                self.profiler.observe(job.id, meter.nodes, rate, weight=seconds, node_type=node_type)
-                if new_scale:
-                    self.world.log("job.estimate", now, job=job.id, nodes=meter.nodes, samples_per_s=round(rate, 3), **({"node_type": node_type} if node_type else {}))
-                    self.dirty = True  # a scale never seen before: the estimate changed
-        return {"progress": progress}
-
-    def _on_job_commit(self, message: JobCommit, now: float) -> dict[str, Any]:
-        """Rank 0 saved the job's state durably: what was counted so far survives any stop."""
-        job = self._known_job(message.job_id)
-        if job.status in TERMINAL:
-            return {"committed": job.committed}
-        return {"committed": self._commit(job, now)}
-
-    def _on_job_describe(self, message: JobDescribe, now: float) -> dict[str, Any]:
-        """A rank computed the job's model descriptor (parameters, FLOPs per sample, layer mix, batch size): the
-        similarity policy predicts its curve on the types it has not run on from it. The first one stands."""
-        job = self._known_job(message.job_id)
-        if job.status in TERMINAL or job.spec.get("model"):
-            return {"kept": False}
-        model = self.types.check_descriptor(message.model)
-        self.world.set_spec(job, {**job.spec, "model": model})
-        self.world.log("job.described", now, job=job.id, model=model)
-        self.dirty = True
-        return {"kept": True}
-
-    def _commit(self, job: Job, now: float) -> float:
-        last = self._committed_at.get(job.id)
-        if last is not None and job.status == "running":
-            self.profiler.observe_cost(job.id, "commit", now - last)
-        self._committed_at[job.id] = now
-        committed = self.world.commit(job)
-        self.liveness.leave_at_commit(job, now)
-        return committed
-
-    def _on_job_result(self, message: JobResult, now: float) -> dict[str, Any]:
-        job = self._known_job(message.job_id)
-        self._end_job(job, now, "finished", result=message.value)
-        return {}
-
-    def _on_job_failed(self, message: JobFailed, now: float) -> dict[str, Any]:
-        job = self._known_job(message.job_id)
-        error = message.error
-        self._end_job(job, now, "failed", error=error, result=message.value, why=(error.strip().splitlines() or [""])[-1][:200])
-        return {}
-
-    def _on_pilot_register(self, message: PilotRegister, now: float) -> dict[str, Any]:
-        world = self.world
-        pilot = world.pilot_of(message.pilot)
-        if pilot is None:
-            if message.pilot in world.ended_pilots:
-                return {"stop": True}
-            pilot = world.add_pilot(message.pilot, message.scheduler_id, len(message.nodes), now, self.incarnation)
-        taken = [n for n in message.nodes if n in world.nodes and world.nodes[n].state != "gone" and world.nodes[n].pilot != pilot.id]
-        self.remove_nodes(taken, now, "taken over by another pilot", "gone")  # a pilot that ended without telling us
-        world.set_pilot(pilot, state="running", scheduler_id=message.scheduler_id or pilot.scheduler_id, pid=message.pid,
-                        nodes=[n for n in pilot.nodes if n in message.nodes])  # fmt: skip
-        for name in message.nodes:
-            if name not in pilot.nodes or world.nodes[name].state != "ready":
-                world.node_joins(name, pilot, now)
-                world.log("node.joined", now, pilot=pilot.id, node=name)
-        pilot.registered_at = now
-        self.heard.hear(pilot.id, now)
-        self.pilots.arrived(pilot, now)
-        self.dirty = True
-        return {}
-
-    def _on_pilot_heartbeat(self, message: PilotHeartbeat, now: float) -> dict[str, Any] | Park:
-        """A pilot is alive; it reports the processes that ended on its nodes and waits for commands (a long poll)."""
-        pilot = self.world.pilot_of(message.pilot)
-        if pilot is None:
-            ended = message.pilot in self.world.ended_pilots
-            return {"register": not ended, "stop": ended, "incarnation": self.incarnation}
-        if pilot.state == "queued":
-            return {"register": True, "stop": False, "incarnation": self.incarnation}
-        self.heard.hear(pilot.id, now)
-        if message.exits is not None:
-            self.launcher.reported(message.exits)
-        wait = message.wait_s
-        if self.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
-            return Park(pilot.id, min(float(wait), self.config.pilots.heartbeat_s), lambda: self._heartbeat_reply(pilot.id))
-        return self._heartbeat_reply(pilot.id)
-
-    def _heartbeat_reply(self, pilot_id: str) -> dict[str, Any]:
-        """What a pilot's agent is told: nodes to give back, commands for its nodes, whether to stop."""
-        live = pilot_id in self.world.pilots
-        return {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id), "stop": not live,
-                "register": False, "incarnation": self.incarnation}  # fmt: skip
-
-    def _has_news(self, pilot_id: str) -> bool:
-        return self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id) or pilot_id not in self.world.pilots
-
-    def _wake_later(self, pilot_id: str) -> None:
-        """A pilot has news: answer its parked heartbeat once what caused the news is committed."""
-        self._to_wake.add(pilot_id)
-
-    def _flush_wakes(self) -> None:
-        if self._to_wake and self.wake is not None:
-            for pilot_id in self._to_wake:
-                self.wake(pilot_id)
-        self._to_wake.clear()
-
     def _on_runtime_message(self, kind: str, message: Message, now: float) -> dict[str, Any]:
         """A message of a runtime's own (``Runtime.handles``: the torch agents' ``rdzv.*``), answered by that runtime."""
         runtime = self.runtime.answering(message.TYPE)
         if runtime is None:
             raise ProtocolError(f"{message.TYPE}: no {kind} job runs in this campaign")
         return runtime.handle(message, now)
-
-    def _on_pilot_leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
-        pilot = self.world.pilot_of(message.pilot)
-        if pilot is not None and pilot.state != "leaving":
-            self.world.set_pilot(pilot, state="leaving")
-        self.remove_nodes(message.nodes, now, "leaving", "leaving", deadline=message.deadline, taken=True)
-        return {}
 
     # ------------------------------------------------------------ every way a node goes
 
@@ -583,11 +402,11 @@ class Controller:
             self.world.validate()
 
     def _step(self, now: float) -> None:
-        self._account(now)
+        self.node_seconds.add_until(now)
         try:
             self._step_in_transaction(now)
         finally:
-            self._flush_wakes()
+            self.wakes.flush()
         if self.pilots.fatal is not None:  # journaled above; the process stops with its one line
             raise self.pilots.fatal
 
@@ -644,7 +463,7 @@ class Controller:
                 self._last_idle = idle
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._pruned_at = now
-                self._journal_accounts()
+                self.node_seconds.journal()
                 self.world.prune(KEEP_EVENTS, KEEP_ENDED_PILOTS)
                 self._forget_dead_processes()
                 used = self.views.forget_kinds()
@@ -679,7 +498,7 @@ class Controller:
             if crashes >= JOB_RETRIES:
                 error = f"the job's launcher exited {exit_.returncode} {crashes} times; last output:\n{self._log_tail(job.id)}"
                 self.world.update_job(job, crashes=crashes)
-                self._end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
+                self.end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
             else:
                 self.world.update_job(job, status="pending", nodes=[], crashes=crashes)
                 self.world.roll_back(job)
@@ -702,7 +521,7 @@ class Controller:
                 error = (f"{tail}\n" if tail else "") + (
                     f"a rank of the app {what} on {exit_.host}, {crashes} times in a row with nothing committed in between: the app's own end, "
                     f"not a lost node (its output: {log_path})")  # fmt: skip
-                self._end_job(job, now, "failed", error=error, why=f"a rank {what}")
+                self.end_job(job, now, "failed", error=error, why=f"a rank {what}")
                 return
             self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", "ready")
 
@@ -715,7 +534,7 @@ class Controller:
         self.world.end_pilot(pilot, state, now)
         self.launcher.forget(pilot.id)
         self.heard.forget(pilot.id)
-        self._wake_later(pilot.id)  # a heartbeat it has waiting is told to stop
+        self.wakes.later(pilot.id)  # a heartbeat it has waiting is told to stop
 
     def _decide_when_due(self, now: float, idle: int | None) -> None:
         """Decide now, unless a burst of requests is still being read (:meth:`_deferring`) or this pass read many
@@ -800,7 +619,7 @@ class Controller:
         answer = offer = None
         if decided is not None:
             active, problem, answer, left = decided.solved.active, decided.solved.problem, decided.solved.answer, decided.solved.left
-            moved = self._apply(active, answer, now)
+            moved = self.enactment.apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(decided.solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
             if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
@@ -838,12 +657,6 @@ class Controller:
         return self._idle_types if self._idle_types is not None else (self.types.last_idle or {t: 0 for t in self.types.names})
 
 
-
-
-
-
-
-
     def _offer_free(self, offer: tuple[Problem, Allocation, list[list[Job]]], now: float) -> None:
         """The pass after a large decision: the nodes its answer left free, offered to the waiting jobs it left out
         (:meth:`.Weighing.offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
@@ -855,112 +668,16 @@ class Controller:
         if not offered:
             return
         solve_ms = (time.perf_counter() - t0) * 1000
-        moved = self._apply(offered, joined, now)
+        moved = self.enactment.apply(offered, joined, now)
         self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method, counts={j: n for j, n in joined.counts.items() if n},
                        moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3), offered=len(offered))  # fmt: skip
         if self.decision.phase == Phase.SIZE and self.decision.sizing is not None:
             self.decision.sizing = joined
 
 
-
-
-
-    def _apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
-        """Make the allocation so: nodes leave their jobs first, then join, so a node moving from one job to
-        another is never seen unused in between; then one start, resize or stop per job that changed."""
-        world = self.world
-        # A running job that keeps its count (on its type) and lost nothing keeps its very nodes (nodes are named
-        # without migration: allocator/moves.py): nothing to do. At machine scale that is most of a thousand jobs.
-        changed = [job for job in active if not self._keeps_its_nodes(job, answer)]
-        new_of = {job.id: list(answer.assignment.get(job.id, ())) for job in changed}
-        for job in changed:
-            keep = set(new_of[job.id])
-            for node in world.nodes_of(job.nodes):
-                if node.name not in keep and node.job == job.id:
-                    world.assign(node, None)
-        moved: dict[str, int] = {}
-        for job in changed:
-            new, old, lost = new_of[job.id], job.nodes, job.lost
-            job.lost = set()
-            for node in world.nodes_of(new):
-                world.assign(node, job.id)
-            running = job.status == "running"
-            cause = f"{', '.join(sorted(lost))} {self._why_lost(lost)}" if lost else None
-            if running and new and not old:
-                # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
-                self.runtime.stop(job.id)
-                world.update_job(job, status="pending", nodes=[])
-                world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause, redone=world.roll_back(job))
-                running = False
-            if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
-                # Another kind of node: a stop (it resumes from its last commit) and a start there.
-                running = self._stop_for_a_start(job, old, lost, now, "moved to another node type")
-            if running and new and old and (lost or not set(old) <= set(new)) and self._forming(job) and not self.runtime.shrinks_while_forming(job.id):
-                # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
-                running = self._stop_for_a_start(job, old, lost, now, f"{cause or 'shrunk'} while its ranks were forming the group")
-            try:
-                if running and new:
-                    if set(new) == set(old) and not lost:
-                        continue
-                    self.runtime.resize(job.id, new, lost=sorted(lost))
-                    world.update_job(job, nodes=new, rescales=job.rescales + 1)
-                    self._changed[job.id] = (now, "up" if len(new) > len(old) else "down")
-                    if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new), job_id=job.id):
-                        world.roll_back(job)
-                    world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
-                elif running:
-                    self.runtime.stop(job.id)
-                    world.update_job(job, status="pending", nodes=[])
-                    why = {"cause": cause} if not old and lost else {"cause": "allocation", "objective": round(answer.objective, 3)}
-                    world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), **why)
-                elif new:
-                    self.runtime.start(job.id, self.types.start_spec(world, job, new), new)
-                    self._changed[job.id] = (now, "start")
-                    self._committed_at[job.id] = now  # a stop loses what it does from here until its first commit
-                    world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
-                    world.log("job.started", now, job=job.id, nodes=new, progress=job.progress, **self.types.placed(world, job, new, now))
-                else:
-                    continue
-            except Exception as exc:  # the runtime could not act: this job fails, the others go on
-                log.exception("runtime could not apply the allocation to %s", job.id)
-                self._end_job(job, now, "failed", error=f"the runtime could not run the job: {exc!r}", why=repr(exc)[:200])
-                continue
-            self._meters[job.id] = Meter(len(new), now)
-            moved[job.id] = len(new)
-            if job.id in self._sized_at:
-                self.lifetimes.observe(now - self._sized_at[job.id])
-            if new:
-                self._sized_at[job.id] = now
-            else:
-                self._sized_at.pop(job.id, None)
-        return moved
-
-    def _stop_for_a_start(self, job: Job, old: list[str], lost: set[str], now: float, cause: str) -> bool:
-        """Stop a running job so that :meth:`_apply` starts it on its new nodes (from its last commit); False: not running."""
-        self.runtime.stop(job.id)
-        self.world.update_job(job, status="pending", nodes=[])
-        self.world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=self.world.roll_back(job), cause=cause)
-        return False
-
-    def _forming(self, job: Job) -> bool:
-        """Whether a job's ranks have neither reported training nor committed since it started: still starting up and
-        forming their group (a survivor of a shrink is not: its process reports on, never "first" again)."""
-        changed = self._changed.get(job.id)
-        return changed is not None and changed[1] == "start" and self._committed_at.get(job.id, math.inf) <= changed[0]
-
-    def _keeps_its_nodes(self, job: Job, answer: Allocation) -> bool:
-        """Whether ``answer`` leaves a running job exactly as it is: the same count on the same type, nothing lost."""
-        if job.status != "running" or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
-            return False
-        return not self.types.typed or answer.node_type.get(job.id) == self.types.of_nodes(self.world, job.nodes)
-
-    def _why_lost(self, lost: set[str]) -> str:
-        states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}
-        return "leaving" if states == {"leaving"} else "gone" if "ready" not in states else "lost"
-
     # ------------------------------------------------------------ helpers
 
-    def _end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None, why: str | None = None) -> None:
+    def end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None, why: str | None = None) -> None:
         """A job is over (the first outcome wins): stop its ranks, free its nodes, record why."""
         if job.status in TERMINAL:
             return
@@ -976,19 +693,11 @@ class Controller:
         self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
         self.types.learned(job, status)  # a measured model joins the similarity library
         self.profiler.forget(job.id)
-        self._meters.pop(job.id, None)
-        self._changed.pop(job.id, None)
-        self._committed_at.pop(job.id, None)
-        self._sized_at.pop(job.id, None)
+        self.training.forget(job.id)
+        self.enactment.forget(job.id)
         self.views.forget(job.id)
         job.lost = set()
         self.dirty = True
-
-    def _known_job(self, job_id: str) -> Job:
-        job = self.world.jobs.get(job_id)
-        if job is None:
-            raise ProtocolError(f"no job {job_id!r}")
-        return job
 
     def _log_tail(self, job_id: str, chars: int = 3000) -> str:
         path = self.run_dir / "logs" / f"{job_id}.horovodrun.log"
@@ -1014,7 +723,7 @@ class Controller:
                     self._leaving_ranks.update((job.id, host) for host in hosts)
                     self.runtime.stop(job.id)
             self.world.log("controller.stopping", self.clock(), ranks=len(self._leaving_ranks))
-        self._flush_wakes()
+        self.wakes.flush()
         return time.monotonic() + self.config.pilots.grace_s + STOP_MARGIN_S
 
     def ranks_gone(self) -> bool:
@@ -1037,8 +746,8 @@ class Controller:
                 self.remove_nodes(list(pilot.nodes), now, "controller stopped", "gone")
                 self.end_pilot(pilot, "ended", now)
             self.journal.clear_processes()
-            self._account(now)
-            self._journal_accounts()
+            self.node_seconds.add_until(now)
+            self.node_seconds.journal()
             world.log("controller.stopped", now, incarnation=self.incarnation, ranks_not_gone=len(self._leaving_ranks))
         self.journal.close()
         gc.unfreeze()  # what this controller froze is the collector's again (a replay or a test goes on in this process)

@@ -569,6 +569,16 @@ class PbsScheduler(BatchScheduler):
             self._vnodes_at = None
         return not_held + gone
 
+    def following(self) -> set[str]:
+        """The pilots this adapter still follows: submitted or adopted, not yet reported ended (what :meth:`poll`
+        asks ``qstat`` about)."""
+        return {pilot_id for pilot_id, pilot in self._pilots.items() if not pilot.ended}
+
+    def primary_host(self, pilot_id: str) -> str | None:
+        """The host of a running pilot that PBS never releases (the first of ``exec_host``), as this adapter knows it."""
+        pilot = self._pilots.get(pilot_id)
+        return pilot.primary if pilot is not None else None
+
     def cancel(self, pilot_id: str) -> None:
         pilot = self._pilots.get(pilot_id)
         if pilot is not None and not pilot.ended:

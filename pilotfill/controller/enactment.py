@@ -1,0 +1,132 @@
+"""Making an allocation so: from the allocator's answer to one runtime call per job that changed.
+
+Nodes leave their jobs first, then join, so a node moving from one job to another is never seen unused in between;
+then each job that changed is started, resized or stopped. What a change may not be is decided here too: a job that
+lost every node it had restarts from its last commit (nothing survives to grow from), a job moved to another kind of
+node is stopped and started there, and a job whose ranks are still forming their group (Horovod's ``hvd.init``) is
+started on the nodes it keeps rather than shrunk. A job the runtime cannot act on fails; the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..allocator import Allocation, HoldModel
+from ..elastic.base import Runtime
+from .training import Training
+from .types import NodeTypes
+from .world import Job, World
+
+log = logging.getLogger("pilotfill.controller")
+
+Fail = Callable[[Job, float, str, str], None]
+"""``fail(job, now, error, why)``: the job is over, failed (the controller's end of a job)."""
+
+
+class Enactment:
+    """Applies answers (:meth:`apply`); remembers when each running job's nodes last changed (how long an allocation
+    lasts is learned from it: ``lifetimes``)."""
+
+    def __init__(self, world: World, runtime: Runtime, types: NodeTypes, training: Training, lifetimes: HoldModel, fail: Fail):
+        self.world, self.runtime, self.types, self.training, self.lifetimes = world, runtime, types, training, lifetimes
+        self._fail = fail
+        self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
+
+    def forget(self, job_id: str) -> None:
+        """The job is over."""
+        self._sized_at.pop(job_id, None)
+
+    def apply(self, active: list[Job], answer: Allocation, now: float) -> dict[str, int]:
+        """Make ``answer`` so for the ``active`` jobs it weighed; returns each changed job's new node count."""
+        world = self.world
+        # A running job that keeps its count (on its type) and lost nothing keeps its very nodes (nodes are named
+        # without migration: allocator/moves.py): nothing to do. At machine scale that is most of a thousand jobs.
+        changed = [job for job in active if not self._keeps_its_nodes(job, answer)]
+        new_of = {job.id: list(answer.assignment.get(job.id, ())) for job in changed}
+        for job in changed:
+            keep = set(new_of[job.id])
+            for node in world.nodes_of(job.nodes):
+                if node.name not in keep and node.job == job.id:
+                    world.assign(node, None)
+        moved: dict[str, int] = {}
+        for job in changed:
+            new, old, lost = new_of[job.id], job.nodes, job.lost
+            job.lost = set()
+            for node in world.nodes_of(new):
+                world.assign(node, job.id)
+            running = job.status == "running"
+            cause = f"{', '.join(sorted(lost))} {self._why_lost(lost)}" if lost else None
+            if running and new and not old:
+                # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
+                self.runtime.stop(job.id)
+                world.update_job(job, status="pending", nodes=[])
+                world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause, redone=world.roll_back(job))
+                running = False
+            if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
+                # Another kind of node: a stop (it resumes from its last commit) and a start there.
+                running = self.stop_for_a_start(job, old, lost, now, "moved to another node type")
+            if running and new and old and (lost or not set(old) <= set(new)) and self.training.forming(job) and not self.runtime.shrinks_while_forming(job.id):
+                # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
+                running = self.stop_for_a_start(job, old, lost, now, f"{cause or 'shrunk'} while its ranks were forming the group")
+            try:
+                if running and new:
+                    if set(new) == set(old) and not lost:
+                        continue
+                    self._resize(job, new, old, lost, cause, now)
+                elif running:
+                    self.runtime.stop(job.id)
+                    world.update_job(job, status="pending", nodes=[])
+                    why = {"cause": cause} if not old and lost else {"cause": "allocation", "objective": round(answer.objective, 3)}
+                    world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), **why)
+                elif new:
+                    self._start(job, new, now)
+                else:
+                    continue
+            except Exception as exc:  # the runtime could not act: this job fails, the others go on
+                log.exception("runtime could not apply the allocation to %s", job.id)
+                self._fail(job, now, f"the runtime could not run the job: {exc!r}", repr(exc)[:200])
+                continue
+            self.training.measure_from(job, len(new), now)
+            moved[job.id] = len(new)
+            if job.id in self._sized_at:
+                self.lifetimes.observe(now - self._sized_at[job.id])
+            if new:
+                self._sized_at[job.id] = now
+            else:
+                self._sized_at.pop(job.id, None)
+        return moved
+
+    def stop_for_a_start(self, job: Job, old: list[str], lost: set[str], now: float, cause: str) -> bool:
+        """Stop a running job so that :meth:`apply` starts it on its new nodes (from its last commit); False: the job
+        is no longer running."""
+        self.runtime.stop(job.id)
+        self.world.update_job(job, status="pending", nodes=[])
+        self.world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=self.world.roll_back(job), cause=cause)
+        return False
+
+    def _resize(self, job: Job, new: list[str], old: list[str], lost: set[str], cause: str | None, now: float) -> None:
+        world = self.world
+        self.runtime.resize(job.id, new, lost=sorted(lost))
+        world.update_job(job, nodes=new, rescales=job.rescales + 1)
+        self.training.resized(job, len(new) > len(old), now)
+        if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new), job_id=job.id):
+            world.roll_back(job)
+        world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
+
+    def _start(self, job: Job, new: list[str], now: float) -> None:
+        world = self.world
+        self.runtime.start(job.id, self.types.start_spec(world, job, new), new)
+        self.training.started(job, now)
+        world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
+        world.log("job.started", now, job=job.id, nodes=new, progress=job.progress, **self.types.placed(world, job, new, now))
+
+    def _keeps_its_nodes(self, job: Job, answer: Allocation) -> bool:
+        """Whether ``answer`` leaves a running job exactly as it is: the same count on the same type, nothing lost."""
+        if job.status != "running" or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
+            return False
+        return not self.types.typed or answer.node_type.get(job.id) == self.types.of_nodes(self.world, job.nodes)
+
+    def _why_lost(self, lost: set[str]) -> str:
+        states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}
+        return "leaving" if states == {"leaving"} else "gone" if "ready" not in states else "lost"
