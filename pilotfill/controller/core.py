@@ -195,17 +195,17 @@ class Controller:
         self.weighing = Weighing(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
                                  clock, fail=lambda job, error, why: self.end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
         self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
-                                 changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)
+                                 changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)  # fmt: skip
         self.training = Training(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
-                                 changed=self._decide_again)  # what reports say: progress, commits, measured rates (controller/training.py)
+                                 changed=self._decide_again)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
         self.enactment = Enactment(self.world, self.runtime, self.types, self.training, self.lifetimes,
-                                   fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so
+                                   fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so  # fmt: skip
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
                                    wake=self.wakes.later)  # fmt: skip
         self.pilot_desk = PilotDesk(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
-                                    heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again)  # what the pilots' agents ask
+                                    heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again)  # what the pilots' agents ask  # fmt: skip
         self.job_desk = JobDesk(self.world, self.journal, self.training, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
-                                changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_desk.py)
+                                changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_desk.py)  # fmt: skip
         self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
             PilotRegister.TYPE: self.pilot_desk.register,
             PilotHeartbeat.TYPE: self.pilot_desk.heartbeat,
@@ -230,7 +230,6 @@ class Controller:
         for pilot in self.world.pilots.values():
             self.walltimes.track(pilot.id, pilot.walltime_end)
         gc.freeze()  # see _step_in_transaction: what is alive now is never scanned by the collector again
-
 
     # ------------------------------------------------------------ construction
 
