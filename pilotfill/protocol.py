@@ -11,9 +11,11 @@ replay cannot drift from production. The table in ``docs/protocol.md`` is made f
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Required, TypedDict
 
 from .elastic.registry import NAMES as RUNTIMES
 
@@ -117,7 +119,7 @@ class PilotLeaving(Message):
 class JobSubmit(Message):
     TYPE: ClassVar[str] = "job.submit"
     REPLY: ClassVar[str] = "job_id: the same for a retry (the request id is journaled with the job: across restarts too)"
-    spec: dict = _field(dict, "{name, entry, min_nodes, max_nodes, …} (see check_spec)")
+    spec: dict = _field(dict, "{name, entry, min_nodes, max_nodes, …}: the job spec (its table below)")
     rid: str | None = _field(str, "the request's id: a retry of it is answered, not applied again", None)
 
 
@@ -274,35 +276,58 @@ def _check_curve(spec: dict[str, Any], key: str, values: str) -> None:
         raise ProtocolError(f"job spec: {key}: {exc}") from None
 
 
-def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """Validate a job spec; return it with defaults filled in.
+class JobSpec(TypedDict, total=False):
+    """A job as ``job.submit`` carries it and the journal keeps it, after :func:`check_spec` (which fills in
+    :data:`SPEC_DEFAULTS`). Each key's type and meaning is here once: a type checker checks the controller's reads against it,
+    and the job spec's table in ``docs/protocol.md`` is made from it (:func:`spec_table`)."""
 
-    name (str), entry ("module:function" run by every rank) or payload (a
-    function and its arguments packed by Parsl's serializer, base64), args (list),
-    kwargs (dict), min_nodes, max_nodes (ints, 1 <= min <= max),
-    total_samples (work, optional), curve ({nodes, samples_per_s}, optional:
-    learned by the profiler when absent), objective ({nodes, values}, optional:
-    a metric the allocator maximises instead of throughput, e.g. speedup),
-    scale_up_cost_s, scale_down_cost_s, restart_cost_s (priors: the controller
-    measures each job's own, unless costs_known is true), weight, key (the app
-    call, optional: a re-run's submission of the same call resumes its job),
-    runtime (optional: torch, horovod or processes, the one the job's code is
-    written for; default: the config's), curves (optional: {TYPE: {nodes,
-    samples_per_s}}, the job's curve on each node type of a machine with
-    several kinds), model (optional: the model's descriptor, for the
-    similarity policy: {parameters, flops_per_sample, layers, batch_size, mix}).
-    """
-    out = {
-        "args": [],
-        "kwargs": {},
-        "total_samples": None,
-        "curve": None,
-        "scale_up_cost_s": 10.0,
-        "scale_down_cost_s": 5.0,
-        "restart_cost_s": 30.0,
-        "weight": 1.0,
-        **spec,
-    }
+    name: Annotated[Required[str], "the job's name"]
+    entry: Annotated[str, "'module:function' every rank runs (or `payload`)"]
+    payload: Annotated[str, "a function and its arguments packed by Parsl's serializer, base64 (or `entry`)"]
+    args: Annotated[list, "its positional arguments"]
+    kwargs: Annotated[dict, "its keyword arguments"]
+    min_nodes: Annotated[Required[int], "the fewest nodes it runs on (1 <= min_nodes <= max_nodes)"]
+    max_nodes: Annotated[Required[int], "the most it can use (more than the machine could ever give: the machine's size)"]
+    total_samples: Annotated[float | None, "its work in samples, when known (it ends when its function returns)"]
+    curve: Annotated[dict | None, "{nodes, samples_per_s}: its throughput per node count (absent: learned online, JPA)"]
+    curves: Annotated[dict, "{TYPE: {nodes, samples_per_s}}: its curve on each node type of a typed machine"]
+    objective: Annotated[dict, "{nodes, values}: a metric the allocator maximises instead of throughput (e.g. speedup)"]
+    scale_up_cost_s: Annotated[float, "what growing costs it (a prior: measured from its own resizes unless costs_known)"]
+    scale_down_cost_s: Annotated[float, "what shrinking costs it (likewise)"]
+    restart_cost_s: Annotated[float, "what a stop and a start cost it (likewise)"]
+    costs_known: Annotated[bool, "the three costs are measured already: not learned again"]
+    weight: Annotated[float, "its share of the objective (positive)"]
+    key: Annotated[str, "the app call: a re-run's submission of the same call resumes its job"]
+    runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
+    model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
+    ranks_per_node: Annotated[int, "set by the controller at a start on a typed machine: the type's ranks per node"]
+    gpus_per_node: Annotated[int, "likewise: the type's GPUs per node"]
+
+
+SPEC_DEFAULTS: JobSpec = {"args": [], "kwargs": {}, "total_samples": None, "curve": None, "scale_up_cost_s": 10.0, "scale_down_cost_s": 5.0,
+                          "restart_cost_s": 30.0, "weight": 1.0}  # fmt: skip
+"""What :func:`check_spec` fills in for a key a submission leaves out."""
+
+
+def spec_table() -> str:
+    """The job spec's keys as a Markdown table, made from :class:`JobSpec` (``docs/protocol.md``)."""
+    import typing
+
+    rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, hint in typing.get_type_hints(JobSpec, include_extras=True).items():
+        kind, doc = typing.get_args(hint)[0], hint.__metadata__[0]
+        required = typing.get_origin(kind) is Required
+        if required:
+            kind = typing.get_args(kind)[0]
+        text = getattr(kind, "__name__", None) if not typing.get_args(kind) else " \\| ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(kind))
+        default = "required" if required else json.dumps(SPEC_DEFAULTS[name]) if name in SPEC_DEFAULTS else "—"
+        rows.append(f"| `{name}` | {text.replace('NoneType', 'null')} | {default} | {doc.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"
+
+
+def check_spec(spec: dict[str, Any]) -> JobSpec:
+    """Validate a job spec (:class:`JobSpec`); return it with :data:`SPEC_DEFAULTS` filled in. An error names the key."""
+    out: JobSpec = {**copy.deepcopy(SPEC_DEFAULTS), **spec}  # type: ignore[typeddict-item]
     if not isinstance(out.get("name"), str) or not out["name"]:
         raise ProtocolError("job spec: name must be a non-empty string")
     if isinstance(out.get("payload"), str) and out["payload"]:
@@ -343,5 +368,7 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-if __name__ == "__main__":  # the table of docs/protocol.md
+if __name__ == "__main__":  # the tables of docs/protocol.md
     print(table(), end="")
+    print()
+    print(spec_table(), end="")

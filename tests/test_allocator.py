@@ -472,6 +472,7 @@ def test_dp_milp_and_node_level_reach_the_same_feasible_optimum(n_nodes):
             assert ref >= objective_of(p, *still) - 1e-6 * abs(ref)
 
 
+@pytest.mark.slow  # ~12 s of MILPs: make test runs it, make test-fast does not
 def test_exact_methods_agree_with_min_sizes_weights_objectives_and_finite_work():
     rng = random.Random(7)
     for _ in range(60):
@@ -635,7 +636,7 @@ def hetero_pool(n_a: int, n_b: int) -> NodePool:
     return NodePool(nodes, {v: ("gpuA" if v[0] == "a" else "gpuB") for v in nodes})
 
 
-@pytest.mark.parametrize("formulation", ["aggregated", "node-level"])
+@pytest.mark.parametrize("formulation", ["aggregated", pytest.param("node-level", marks=pytest.mark.slow)])  # node-level: ~10 s of CBC
 def test_each_job_runs_on_the_type_that_suits_it(formulation):
     pool = hetero_pool(4, 4)
     x = Job("X", 1, 8, {"gpuA": linear(1000.0), "gpuB": linear(100.0)})

@@ -50,6 +50,8 @@ def test_the_protocol_doc_is_made_from_the_classes():
     text = DOC.read_text()
     begin, end = text.index("<!-- table: begin -->\n") + len("<!-- table: begin -->\n"), text.index("<!-- table: end -->")
     assert text[begin:end] == protocol.table(), "docs/protocol.md is stale: python -m pilotfill.protocol makes its table"
+    begin, end = text.index("<!-- spec: begin -->\n") + len("<!-- spec: begin -->\n"), text.index("<!-- spec: end -->")
+    assert text[begin:end] == protocol.spec_table(), "docs/protocol.md's job spec is stale: python -m pilotfill.protocol makes it"
     assert set(protocol.READ_ONLY) == {t for t, m in BY_TYPE.items() if m.READ_ONLY} == {"job.get", "job.status", "state.snapshot", "rdzv.join", "rdzv.poll"}
 
 
@@ -60,3 +62,19 @@ def test_every_request_type_has_one_handler(tmp_path, write):
     assert set(m.ctl.handlers) == set(BY_TYPE)
     reply = m.ctl.handle({"type": "job.report", "job_id": "nope", "host": "n0", "samples": 1.0, "seconds": 1.0})
     assert reply == {"ok": False, "error": "no job 'nope'"}
+
+
+def test_the_job_spec_names_every_key_the_code_reads_and_its_defaults_are_copies():
+    """Every key read from a job spec anywhere in pilotfill is one of JobSpec's (a key read but never declared would
+    be a field nobody documented or checked); a submission's defaults are its own, not shared between jobs."""
+    import re
+
+    declared = set(protocol.JobSpec.__annotations__)
+    read = set()
+    for path in (Path(protocol.__file__).parent).rglob("*.py"):
+        read |= set(re.findall(r"spec(?:\[\"|\.get\(\")([a-z_]+)", path.read_text()))
+    assert read and read <= declared, sorted(read - declared)
+    a, b = (protocol.check_spec({"name": n, "entry": "m:f", "min_nodes": 1, "max_nodes": 1}) for n in "ab")
+    a["args"].append(1)
+    assert b["args"] == [] and protocol.SPEC_DEFAULTS["args"] == []
+    assert set(protocol.SPEC_DEFAULTS) <= declared

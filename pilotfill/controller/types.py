@@ -27,7 +27,7 @@ from typing import Any
 from ..allocator import Allocation, Profiler, ScalingCurve
 from ..allocator.similarity import Descriptor, Library, LibraryError, Measured, Prediction, uninformed
 from ..config import Config
-from ..protocol import ProtocolError
+from ..protocol import JobSpec, ProtocolError
 
 log = logging.getLogger("pilotfill.controller")
 
@@ -159,14 +159,14 @@ class NodeTypes:
 
     # ------------------------------------------------------------ where jobs run, and why
 
-    def start_spec(self, world, job, nodes: list[str]) -> dict[str, Any]:
+    def start_spec(self, world, job, nodes: list[str]) -> JobSpec:
         """The spec the runtime starts the job with: the type's ranks and GPUs per node where the config sets them."""
         if not self.typed:
             return job.spec
         kind = self.config.node_type(self.of_nodes(world, nodes))
         if kind is None:
             return job.spec
-        spec = dict(job.spec)
+        spec: JobSpec = {**job.spec}
         if kind.ranks_per_node > 0:
             spec["ranks_per_node"] = kind.ranks_per_node
         if kind.gpus_per_node >= 0:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..lifecycle import JOB_MOVES, LIVE_PILOT_STATES, NODE_MOVES, PILOT_MOVES, TERMINAL, JobStatus, NodeState, PilotState, checked
+from ..protocol import JobSpec
 from ..state import State
 from .waiting import admit
 
@@ -57,7 +58,7 @@ class Job:
     id: str
     seq: int
     name: str
-    spec: dict[str, Any]
+    spec: JobSpec  # as submitted, checked (protocol.check_spec)
     status: JobStatus
     submitted: float
     progress: float = 0.0
@@ -159,7 +160,7 @@ class World:
 
     # ---------------------------------------------------------------- jobs
 
-    def add_job(self, job_id: str, name: str, spec: dict[str, Any], now: float, key: str | None = None) -> Job:
+    def add_job(self, job_id: str, name: str, spec: JobSpec, now: float, key: str | None = None) -> Job:
         seq = self._seq + 1
         self.journal.add_job(job_id, seq, name, spec, now, key)
         self._seq = seq
@@ -210,7 +211,7 @@ class World:
             out = self._holding[job.id] = frozenset(job.nodes)
         return out
 
-    def set_spec(self, job: Job, spec: dict[str, Any]) -> None:
+    def set_spec(self, job: Job, spec: JobSpec) -> None:
         """Replace a job's spec (a model descriptor learned from its ranks)."""
         self.journal.set_job(job.id, spec=spec)
         job.spec = spec
