@@ -854,7 +854,7 @@ def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing
         tables = random_typed_tables(rng, rng.randint(1, 3), rng.randint(3, 9), types)
         caps = {t: rng.randint(1, 7) for t in types}
         best = reference_optimum(tables, caps)
-        values, stop = typed_module._matrix(tables, caps, types)
+        values, stop = typed_module.value_matrix(tables, caps, types)
         cap = np.array([caps[t] for t in types], dtype=float)
         price, _ = prices(values - stop[:, None, None], np.ones(len(tables)), cap)
         n = np.arange(values.shape[2])
@@ -927,7 +927,7 @@ def test_the_typed_prices_are_near_the_lp_relaxation():
         tables = random_typed_tables(rng, rng.randint(3, 7), rng.randint(40, 80), types, widest=8)
         demand = sum(max(len(tb) - 1 for tb in job.values()) for job in tables)
         cap = np.array([rng.randint(demand // 12, demand // 4) for _ in types], dtype=float)
-        values, stop = typed_module._matrix(tables, dict(zip(types, cap.astype(int))), types)
+        values, stop = typed_module.value_matrix(tables, dict(zip(types, cap.astype(int))), types)
         J, T, W = values.shape
         gain = values - stop[:, None, None]
         price, _ = prices(gain, np.ones(J), cap)
@@ -1173,7 +1173,7 @@ def test_jpa_fitting_many_jobs_at_once_gives_exactly_the_curves_it_gives_one_by_
                 prof.observe(f"j{i}", n, rate)
         jobs.append((f"j{i}", int(rng.choice([16, 64])) if i % 5 else 8))
     together.prepare(jobs)
-    fitted = sum(1 for job_id, hi in jobs if (hi, "optimistic", None) in together._cache.get(job_id, {}))
+    fitted = sum(1 for job_id, hi in jobs if together.ready(job_id, hi))
     assert fitted >= 30  # most of them were fitted together, not left to be made one by one
     for job_id, hi in jobs:
         for trying in (0, 5, hi):
@@ -1360,13 +1360,13 @@ def test_dp_core_is_exact_on_linear_growth_beside_huge_exploring_values(seed, mo
             t[1 : int(rng.integers(2, width + 1))] = -np.inf
         tables.append(t)
     cores = []
-    real_core = dp._core
+    real_core = dp.solve_core
 
     def core(values, keep, capacity, *bound):
         cores.append(int(keep.sum()) - len(keep))  # choices beyond one per job: what the DP weighs
         return real_core(values, keep, capacity, *bound)
 
-    monkeypatch.setattr(dp, "_core", core)
+    monkeypatch.setattr(dp, "solve_core", core)
     choices = sum(int(np.isfinite(t).sum()) for t in tables) - len(tables)
     for capacity in (5, 60, 250, 700):
         cores.clear()
@@ -1466,8 +1466,8 @@ def test_on_a_whole_machine_core_the_floor_leaves_a_fraction_of_the_dp():
     for j, t in enumerate(tables):
         values[j, : len(t)] = t
     capacity = 3000
-    price, fits, over = dp._price(values, capacity)
-    incumbent = dp._round(values, dp._toward(values, fits, over, capacity), capacity)
+    price, fits, over = dp.break_price(values, capacity)
+    incumbent = dp.round_up(values, dp.toward(values, fits, over, capacity), capacity)
     lower = float(values[np.arange(len(values)), incumbent].sum())
     flat, offsets = _flat(tables)
     full = compiled.knapsack_flat(flat, offsets, capacity)
@@ -1496,13 +1496,13 @@ def test_the_node_price_read_from_the_hulls_is_the_one_bisection_finds(seed):
         if rng.random() < 0.3:
             values = np.repeat(values[:1], jobs, axis=0)  # copies: they change their minds at one price
         capacity = int(rng.integers(0, jobs * width))
-        if dp._choose(values, 0.0).sum() <= capacity:
+        if dp.choices_at(values, 0.0).sum() <= capacity:
             continue  # every job's own best fits: no price is asked for
-        price, fits, over = dp._price(values, capacity)
-        bisected, _, _ = dp._bisect_price(values, capacity)
+        price, fits, over = dp.break_price(values, capacity)
+        bisected, _, _ = dp.bisect_break_price(values, capacity)
         assert price == pytest.approx(bisected, rel=1e-9, abs=1e-9)
         assert fits.sum() <= capacity < over.sum()
-        assert fits.tolist() == dp._choose(values, price).tolist()
+        assert fits.tolist() == dp.choices_at(values, price).tolist()
         compared += 1
     assert compared > 60
 

@@ -56,7 +56,7 @@ def test_the_hold_model_keeps_exactly_the_newest_holds_sorted_however_often_it_i
     m = HoldModel()
     for i in range(horizon.MERGE_EVERY + 1):  # never read: what waits to be merged stays bounded
         m.observe(float(i))
-    assert len(m._added) <= horizon.MERGE_EVERY
+    assert m.unmerged <= horizon.MERGE_EVERY
 
 
 def test_the_hold_model_learns_median_residual_holds_and_falls_back_to_lindy():

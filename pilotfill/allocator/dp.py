@@ -111,13 +111,13 @@ def _solve_live(values: np.ndarray, capacity: int) -> tuple[list[int], float]:
     if len(values) == 0:
         return [], 0.0
     width = values.shape[1]
-    best = _choose(values, 0.0)
+    best = choices_at(values, 0.0)
     if best.sum() <= capacity:  # every job's own best fits: that is the optimum
         counts = best.tolist()
         return counts, float(values[np.arange(len(values)), best].sum())
 
-    price, feasible, over = _price(values, capacity)
-    incumbent = _round(values, _toward(values, feasible, over, capacity), capacity)
+    price, feasible, over = break_price(values, capacity)
+    incumbent = round_up(values, toward(values, feasible, over, capacity), capacity)
     n = np.arange(width)
     reduced_best = (values - price * n).max(axis=1)
     upper = price * capacity + float(reduced_best.sum())
@@ -134,7 +134,7 @@ def _solve_live(values: np.ndarray, capacity: int) -> tuple[list[int], float]:
         if int(near.sum()) == len(rows):
             break
         try:
-            better, value = _core(values, near, capacity, price, lower)
+            better, value = solve_core(values, near, capacity, price, lower)
         except TooLarge:
             break
         if value > lower:
@@ -148,7 +148,7 @@ def _solve_live(values: np.ndarray, capacity: int) -> tuple[list[int], float]:
     slack = 4.0 * (len(values) + 1) * np.finfo(float).eps * max(1.0, magnitude)
     keep = finite & (reduced <= gap + slack)
     keep[rows, incumbent] = True
-    return _core(values, keep, capacity, price, lower)
+    return solve_core(values, keep, capacity, price, lower)
 
 
 def _undominated(values: np.ndarray) -> np.ndarray:
@@ -193,12 +193,12 @@ def _contenders(values: np.ndarray, capacity: int) -> np.ndarray:
     return out
 
 
-def _choose(values: np.ndarray, price: float) -> np.ndarray:
+def choices_at(values: np.ndarray, price: float) -> np.ndarray:
     """Each job's best count at node price ``price`` (the smallest on ties; compiled: sixty of these per decision)."""
     return compiled.choose(values, price)
 
 
-def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
+def break_price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
     """The smallest node price at which the jobs' own choices fit, those choices, and the choices just below that
     price (which do not fit).
 
@@ -223,24 +223,24 @@ def _price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.nda
         if i < len(ranked):
             price = float(ranked[i])
             for hi in (price, price * (1 + 1e-12), price * (1 + 1e-9)):
-                choice = _choose(values, hi)
+                choice = choices_at(values, hi)
                 if int(choice.sum()) <= capacity:
                     below = slopes[slopes < price]  # the next price below: every edge it crosses asks
                     lo = (float(below.max()) + price) / 2 if below.size else price / 2
-                    return hi, choice, _choose(values, lo)
-    return _bisect_price(values, capacity)
+                    return hi, choice, choices_at(values, lo)
+    return bisect_break_price(values, capacity)
 
 
-def _bisect_price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """:func:`_price` by bisection (to its precision): where the hulls' slopes, rounded, do not give it."""
+def bisect_break_price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """:func:`break_price` by bisection (to its precision): where the hulls' slopes, rounded, do not give it."""
     finite = np.where(np.isfinite(values), values, np.nan)
     spread = np.nanmax(finite, axis=1) - np.nanmin(finite, axis=1)
     hi = float(np.nanmax(spread)) + 1.0  # above any job's gain per node: every job takes its smallest count
     lo = 0.0
-    choice, over = _choose(values, hi), _choose(values, lo)
+    choice, over = choices_at(values, hi), choices_at(values, lo)
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
-        c = _choose(values, mid)
+        c = choices_at(values, mid)
         if c.sum() <= capacity:
             hi, choice = mid, c
         else:
@@ -250,7 +250,7 @@ def _bisect_price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray,
     return hi, choice, over
 
 
-def _toward(values: np.ndarray, fits: np.ndarray, over: np.ndarray, capacity: int) -> np.ndarray:
+def toward(values: np.ndarray, fits: np.ndarray, over: np.ndarray, capacity: int) -> np.ndarray:
     """From the choices that fit toward those that do not, job by job while they fit: at the break price many
     jobs (copies of one model, say) change their minds at once, and each of them gains about the price per node."""
     counts = fits.copy()
@@ -269,12 +269,12 @@ def _toward(values: np.ndarray, fits: np.ndarray, over: np.ndarray, capacity: in
     return counts
 
 
-def _round(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarray:
+def round_up(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarray:
     """Improve a feasible answer greedily on the nodes it leaves free: the best gain per node first (compiled)."""
     return compiled.round_up(values, counts, capacity)
 
 
-def _core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float = 0.0, lower: float = -np.inf) -> tuple[list[int], float]:
+def solve_core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float = 0.0, lower: float = -np.inf) -> tuple[list[int], float]:
     """The exact DP over the choices left after fixing; jobs with one choice left are fixed at it.
 
     ``lower`` is the value of an answer among the choices kept (the incumbent) and ``price`` a node price: the DP then

@@ -74,6 +74,11 @@ class HoldModel:
     def samples(self) -> int:
         return len(self._order)
 
+    @property
+    def unmerged(self) -> int:
+        """Holds observed since the sorted array was last made (bounded by :data:`MERGE_EVERY` even if never read)."""
+        return len(self._added)
+
     def holds(self) -> np.ndarray:
         """The holds remembered, sorted (read-only)."""
         if self._added or self._dropped:

@@ -251,6 +251,11 @@ class Profiler:
                 cache[(max_nodes, "confirmed", None)] = low
                 cache[(max_nodes, "optimistic", None)] = high
 
+    def ready(self, job_id: str, max_nodes: int) -> bool:
+        """Whether a job's optimistic curve up to ``max_nodes`` (one node type) is made already: :meth:`curve` gives
+        it without fitting (:meth:`prepare` fitted it with others, or an earlier call made it)."""
+        return (max_nodes, "optimistic", None) in self._cache.get(job_id, {})
+
     def typed_curves(self, job_id: str, min_nodes: int, max_nodes: int, node_types: list[str], prediction: Prediction,
                      running_on: str | None = None, trying: tuple[str, int] | None = None) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip
         """Confirmed and optimistic curves per node type (see the module docstring): the job's own where it has

@@ -63,7 +63,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     J, T = len(tables), len(types)
     if J == 0:
         return [], 0.0, "dp"
-    values, stop = _matrix(tables, capacities, types)
+    values, stop = value_matrix(tables, capacities, types)
     caps = np.array([capacities[t] for t in types], dtype=float)
     W = values.shape[2]
 
@@ -136,7 +136,7 @@ def _worth(values: np.ndarray, stop: np.ndarray, ts: np.ndarray, ns: np.ndarray)
     return float(np.where(ns > 0, values[np.arange(len(ns)), ts, ns], stop).sum())
 
 
-def _matrix(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], types: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def value_matrix(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], types: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``values[j, t, n]`` (−inf where not allowed or more nodes than the type has) and ``stop[j]``."""
     J = len(tables)
     width = max(max((len(tb) for job in tables for tb in job.values()), default=1), 1)
