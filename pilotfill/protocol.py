@@ -12,6 +12,7 @@ replay cannot drift from production. The table in ``docs/protocol.md`` is made f
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
@@ -300,6 +301,7 @@ class JobSpec(TypedDict, total=False):
     key: Annotated[str, "the app call: a re-run's submission of the same call resumes its job"]
     runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
     model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
+    runtime_detected: Annotated[str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"]
     ranks_per_node: Annotated[int, "set by the controller at a start on a typed machine: the type's ranks per node"]
     gpus_per_node: Annotated[int, "likewise: the type's GPUs per node"]
 
@@ -327,6 +329,10 @@ def spec_table() -> str:
 
 def check_spec(spec: dict[str, Any]) -> JobSpec:
     """Validate a job spec (:class:`JobSpec`); return it with :data:`SPEC_DEFAULTS` filled in. An error names the key."""
+    unknown = sorted(set(spec) - set(JobSpec.__annotations__))
+    if unknown:  # a typo of an optional key would otherwise be ignored without a word
+        close = difflib.get_close_matches(unknown[0], sorted(JobSpec.__annotations__), n=1, cutoff=0.6)
+        raise ProtocolError(f"job spec: unknown key {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
     out: JobSpec = {**copy.deepcopy(SPEC_DEFAULTS), **spec}  # type: ignore[typeddict-item]
     if not isinstance(out.get("name"), str) or not out["name"]:
         raise ProtocolError("job spec: name must be a non-empty string")

@@ -78,3 +78,11 @@ def test_the_job_spec_names_every_key_the_code_reads_and_its_defaults_are_copies
     a["args"].append(1)
     assert b["args"] == [] and protocol.SPEC_DEFAULTS["args"] == []
     assert set(protocol.SPEC_DEFAULTS) <= declared
+    from pilotfill.executors.elastic import SPEC_KEYS
+
+    assert SPEC_KEYS <= declared, "what elastic_app puts in a spec is declared"
+
+
+def test_a_mistyped_key_of_a_job_spec_is_named_not_ignored():
+    with pytest.raises(ProtocolError, match="job spec: unknown key 'total_sample'; did you mean total_samples"):
+        protocol.check_spec({"name": "j", "entry": "m:f", "min_nodes": 1, "max_nodes": 2, "total_sample": 100})
