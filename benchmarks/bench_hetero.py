@@ -59,6 +59,7 @@ def run(label: str, trace, jobs, **options):
     r = replay(trace, jobs, accounting="realistic", queue_delay_s=30, keep_timeline=False, **options)
     d = r.as_dict()
     print(f"   {label:<34} samples {r.samples:.4g}  completed {r.jobs_completed:>4}  solve p99 {d['solve_ms_p99']:6.1f} ms, max {d['solve_ms_max']:6.1f} ms"
+          f"  controller CPU per pass p50 {d['controller_cpu_ms_p50']:.1f} p99 {d['controller_cpu_ms_p99']:.1f} max {d['controller_cpu_ms_max']:.1f} ms"
           f"  ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
     return r
 

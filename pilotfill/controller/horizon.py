@@ -23,7 +23,7 @@ HORIZON_EXACT_NODES = 1000
 """Below this many ready nodes the horizon reads every node's age and walltime whenever the ready nodes change."""
 HORIZON_REFRESH_S = 5.0
 """Above :data:`HORIZON_EXACT_NODES`, the longest the horizon goes on a read of the pool made before a few nodes
-joined or left (see :meth:`Controller._pool_changed`): reading thousands costs a decision milliseconds."""
+joined or left (see :meth:`PoolHorizon._pool_changed`): reading thousands costs a decision milliseconds."""
 
 
 class PoolHorizon:
