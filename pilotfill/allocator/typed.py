@@ -197,6 +197,14 @@ def _by_type(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, pick: np.nd
     return Solution(_worth(values, stop, ts, ns), lambda: (ts, ns))
 
 
+def warm() -> None:
+    """Import what the exact MILP fallback (:func:`_milp`) needs now — SciPy's optimize and sparse modules, about a
+    third of a second of imports — and not in the first decision that falls back to it: measured in a typed replay,
+    that one decision cost 412 ms of CPU, 320 of them importing."""
+    import scipy.optimize  # noqa: F401
+    import scipy.sparse  # noqa: F401
+
+
 def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """The choices left, exactly: one integer per (group of identical jobs, type, count) kept — copies of one model
     waiting to start are interchangeable, and counting them instead of naming them spares the solver their

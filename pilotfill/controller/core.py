@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 from .. import procs
 from ..allocator import Allocation, Problem, ProblemError, Profiler, compiled
+from ..allocator import typed as typed_solver
 from ..config import Config
 from ..elastic.base import RankExit, Runtime
 from ..elastic.ending import exit_words
@@ -187,6 +188,8 @@ class Controller:
         self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock)  # every call into the batch system, backed off on failure
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
+        if self.types.typed:
+            typed_solver.warm()  # its MILP fallback's imports before the loop, not in the first decision that needs it
         self.views = AllocatorViews(self.world, self.profiler, self.types)  # the allocator's view of each job, made anew when it changed
         views = self.views
         self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version, views.waiting_traits)  # kept until a job changes
