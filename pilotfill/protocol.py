@@ -11,7 +11,6 @@ replay cannot drift from production. The table in ``docs/protocol.md`` is made f
 
 from __future__ import annotations
 
-import copy
 import difflib
 import json
 import math
@@ -333,7 +332,7 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
     if unknown:  # a typo of an optional key would otherwise be ignored without a word
         close = difflib.get_close_matches(unknown[0], sorted(JobSpec.__annotations__), n=1, cutoff=0.6)
         raise ProtocolError(f"job spec: unknown key {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
-    out: JobSpec = {**copy.deepcopy(SPEC_DEFAULTS), **spec}  # type: ignore[typeddict-item]
+    out: JobSpec = {**SPEC_DEFAULTS, "args": [], "kwargs": {}, **spec}  # type: ignore[typeddict-item]  # its own list and dict
     if not isinstance(out.get("name"), str) or not out["name"]:
         raise ProtocolError("job spec: name must be a non-empty string")
     if isinstance(out.get("payload"), str) and out["payload"]:
