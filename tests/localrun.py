@@ -111,7 +111,22 @@ class LocalRun:
             s.close()
 
     def wait_for(self, predicate, timeout_s: float = 60.0, what: str = "condition"):
-        return wait_for(predicate, timeout_s, what, detail=lambda: "controller log:\n" + self.logs[-1].read_text()[-3000:])
+        return wait_for(predicate, timeout_s, what, detail=self.story)
+
+    def story(self) -> str:
+        """What a timed-out test prints: the controller's output, its events but reports and heartbeats (with seconds
+        since the first), and the tail of every job and pilot log — enough to tell a slow machine from a stuck run."""
+        parts = ["controller output:\n" + (self.logs[-1].read_text()[-2000:] if self.logs else "")]
+        try:
+            events = [e for e in self.events() if e["kind"] not in ("job.report", "node.heartbeat")]
+        except Exception as e:  # noqa: BLE001 — a story is printed on a failure already; never hide it
+            events, parts = [], [*parts, f"events unreadable: {e!r}"]
+        t0 = events[0]["time"] if events else 0.0
+        lines = [f"{e['time'] - t0:8.1f} {e['kind']:<20} {e.get('job') or ''} {e.get('node') or ''} {json.dumps(e['data'])[:160]}" for e in events[-60:]]
+        parts.append("events:\n" + "\n".join(lines))
+        for log in sorted((self.run_dir / "logs").glob("*.log")) if (self.run_dir / "logs").is_dir() else []:
+            parts.append(f"{log.name}:\n" + log.read_text(errors="replace")[-1500:])
+        return "\n".join(parts)[-12000:]
 
     def leftover_processes(self) -> list[int]:
         """Processes other than the live controller that belong to this run (by environment or argv)."""
