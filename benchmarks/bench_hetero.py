@@ -16,8 +16,18 @@ type), realistic accounting, pilots queued 30 s. Printed, each from a replay run
    held out. ``--control`` adds the held-out family learning from nothing while the other families use the
    library: the same machine and competitors as the similarity run, so it isolates what the policy does for the
    held-out family from what the library does for the jobs it competes with.
+3. decision time at 1,300 jobs: the typed controller's CPU per pass (p50, p99, max) with known and with learned
+   curves (target: max <= 100 ms). The 1,300 jobs are the data set's 1,000 and ``--extra-jobs`` (a job file with
+   a ``models.csv`` beside it: the held-out families, where one has them); without it a stand-in, the first 300
+   jobs submitted again 271 s later (the same load, not new models).
+4. the share objective (``[controller] objective = "share"``, groups = model families) against the samples
+   objective, known curves: per family, samples and jobs finished under each, and both against the family's
+   *isolated share* — the family alone on 1/G of every type (slice k: every G-th node of each type from the k-th,
+   so the G slices partition the machine), what the share objective guarantees it at every decision. Printed: each family's share/isolated and samples/isolated, and the
+   total samples share/samples (what the guarantee costs).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_hetero.py [--nodes-per-type 64] [--families ResNet-18,...] [--seeds 3] [--control]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_hetero.py [--sections aware,cold,time,share] [--nodes-per-type 64]
+        [--families ResNet-18,...] [--seeds 3] [--control] [--extra-jobs FILE]
 """
 
 from __future__ import annotations
@@ -64,6 +74,14 @@ def run(label: str, trace, jobs, **options):
     return r
 
 
+def by_family_finished(result) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for j in result.jobs:
+        done, n = out.get(family(j.model), (0, 0))
+        out[family(j.model)] = (done + (j.finished is not None), n + 1)
+    return out
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
@@ -74,18 +92,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for learned curves (the median is judged)")
     ap.add_argument("--control", action="store_true", help="also: the held-out family from nothing, the others with the library")
+    ap.add_argument("--sections", default="aware,cold,time,share", help="which of: aware, cold, time, share")
+    ap.add_argument("--extra-jobs", type=Path, help="300 more jobs for the decision-time section (models.csv beside it); default: a stand-in")
     args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
     folder = DATA / "heterogeneous"
     print(f"python {platform.python_version()}, {os.cpu_count()} CPU(s); data {folder}")
     trace = read_trace(DATA / "summit-2021-02-10-week.csv.gz", types=folder / "node-types-summit.csv", nodes_per_type=args.nodes_per_type)
     jobs = with_models(read_jobs(folder / "jobs-hetero-train.csv"), read_models(folder / "models.csv"))
     print(f"{len(trace.nodes)} nodes {trace.type_counts()}, {len(jobs)} jobs, realistic accounting, queue delay 30 s")
     print()
-    print("== 1. known per-type curves: type-aware vs type-blind")
-    known = run("type-aware, known curves", trace, jobs)
-    blind = run("type-blind, known curves", trace, jobs, node_types="blind")
-    print(f"   aware / blind = {known.samples / blind.samples:.3f}   (target >= 1.2)")
+    known = None
+    if sections & {"aware", "cold", "share"}:
+        print("== 1. known per-type curves: type-aware vs type-blind")
+        known = run("type-aware, known curves", trace, jobs)
+    if "aware" in sections:
+        blind = run("type-blind, known curves", trace, jobs, node_types="blind")
+        print(f"   aware / blind = {known.samples / blind.samples:.3f}   (target >= 1.2)")
     print()
+    if "cold" in sections:
+        cold_start(args, folder, trace, jobs, known)
+    if "time" in sections:
+        decision_time(folder, trace, jobs, args.extra_jobs)
+    if "share" in sections:
+        shares(trace, jobs, known)
+    return 0
+
+
+def cold_start(args, folder: Path, trace, jobs, known) -> None:
+    """Section 2: the similarity policy's cold start, leave one family out."""
     print(f"== 2. cold start: similarity (leave one family out) vs per-type learning from nothing; each / known curves, median of {args.seeds} seeds")
     seeds = range(args.seeds)
     k_fam = by_family(known)
@@ -110,7 +145,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {fam:<16} " + "  ".join(f"{_spread(row[c]):>30}" for c in columns))
     ratios = [r.samples / known.samples for r in nothing]
     print(f"   all jobs, nothing/known: {_spread(ratios)}   (targets: similarity >= 0.95 and above nothing, per family, on the medians)")
-    return 0
+    print()
+
+
+def decision_time(folder: Path, trace, jobs, extra_jobs: Path | None) -> None:
+    """Section 3: the typed controller's CPU per pass at 1,300 jobs, known and learned curves."""
+    if extra_jobs is not None:
+        more, what = with_models(read_jobs(extra_jobs), read_models(extra_jobs.parent / "models.csv")), str(extra_jobs)
+    else:
+        more = [replace(j, name=j.name + "-again", submit_time=j.submit_time + 271.0) for j in jobs[:300]]
+        what = "stand-in: the first 300 jobs again, 271 s later"
+    mix = sorted([*jobs, *more], key=lambda j: j.submit_time)
+    print(f"== 3. decision time, {len(mix)} jobs ({len(jobs)} + {len(more)}, {what}); target: controller CPU per pass max <= 100 ms")
+    run("type-aware, known curves", trace, mix)
+    run("type-aware, learned (library: all families)", trace, mix, profiles="learned", seed=0, library=build(folder, set()))
+    print()
+
+
+def shares(trace, jobs, known) -> None:
+    """Section 4: the share objective against the samples objective, per family, and each family's isolated share."""
+    fams = sorted({family(j.model) for j in jobs})
+    print(f"== 4. the share objective (groups: the {len(fams)} model families), known curves, against the samples objective")
+    share = run("type-aware, known curves, share", trace, jobs, objective="share", share_by="family")
+    G = len(fams)
+    isolated = {}
+    for k, fam in enumerate(fams):  # family k alone on slice k: every G-th node of each type from the k-th (the slices partition the machine)
+        part = trace.only(n for t in sorted(trace.type_counts()) for n in [m for m in trace.nodes if trace.types[m] == t][k::G])
+        r = run(f"{fam} alone on its slice ({len(part.nodes)} nodes)", part, [j for j in jobs if family(j.model) == fam])
+        isolated[fam] = by_family(r)[fam]
+        print(f"      its slice's idle node-hours: {r.idle_node_hours:.0f} ({r.idle_node_hours / (known.idle_node_hours / G):.3f} of 1/{G} of the machine's)")
+    s_fam, k_fam = by_family(share), by_family(known)
+    s_done, k_done = by_family_finished(share), by_family_finished(known)
+    print(f"   {'family':<16} {'isolated share':>15} {'samples obj.':>13} {'/isolated':>10} {'finished':>9} {'share obj.':>13} {'/isolated':>10} {'finished':>9}")
+    for fam in fams:
+        print(f"   {fam:<16} {isolated[fam]:>15.4g} {k_fam[fam]:>13.4g} {k_fam[fam] / isolated[fam]:>10.3f} {'%d/%d' % k_done[fam]:>9}"
+              f" {s_fam[fam]:>13.4g} {s_fam[fam] / isolated[fam]:>10.3f} {'%d/%d' % s_done[fam]:>9}")  # fmt: skip
+    worst = min(s_fam[f] / isolated[f] for f in fams), min(k_fam[f] / isolated[f] for f in fams)
+    print(f"   least family / its isolated share: share {worst[0]:.3f}, samples {worst[1]:.3f};  total samples, share / samples = {share.samples / known.samples:.3f}")
+    print()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 from rich.text import Text
 
-from .allocator import Formulation
+from .allocator import Formulation, Objective
 from .allocator.similarity import Library, LibraryError
 from .traces import InputError, format_time, parse_time, read_jobs, read_models, read_trace, with_models
 
@@ -40,6 +40,12 @@ class Profiles(str, Enum):
 class TypeMode(str, Enum):
     aware = "aware"
     blind = "blind"
+
+
+class ShareBy(str, Enum):
+    group = "group"
+    model = "model"
+    family = "family"
 
 
 class Accounting(str, Enum):
@@ -193,6 +199,8 @@ def replay(
     library: Annotated[Optional[Path], typer.Option(help="Similarity library (JSON) of measured models, with --profiles learned on a typed machine.")] = None,
     models: Annotated[Optional[Path], typer.Option(help="Model descriptors (model,parameters,flops_per_sample,layers,…): what each job's model is.")] = None,
     hold_out: Annotated[Optional[str], typer.Option(help="Leave this family (a library entry's family) out of the library.")] = None,
+    objective: Annotated[Objective, typer.Option(help="samples: the most samples in all; share: each group (--share-by) its share of the machine first, then the most samples.")] = Objective.SAMPLES,
+    share_by: Annotated[ShareBy, typer.Option(help="With --objective share, a job's group: the job file's group column, its model, or its model's family (the model less -bsN).")] = ShareBy.group,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
@@ -226,7 +234,7 @@ def replay(
         tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
         time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
         pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
-        node_types=types.value, library=lib,
+        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value,
     )  # fmt: skip
 
     if tui and not as_json:

@@ -104,6 +104,7 @@ class ControllerConfig:
     weigh_waiting: int = 128  # a decision weighs at most this many waiting jobs of each queue (those that ran; those never run), the most promising first (as Slurm's bf_max_job_test), more only for nodes left free; 0: all
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
+    objective: str = "samples"  # the most samples in all (BFTrainer's); "share": each job group (spec "group") its share of the machine first (allocator/shares.py)
     max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
 
 
@@ -190,6 +191,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
 RUNTIMES = RUNTIME_NAMES  # pilotfill/elastic/registry.py
 DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+OBJECTIVES = ("samples", "share")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
 
 
@@ -276,6 +278,10 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     controller = _section(ControllerConfig, data.get("controller", {}), "controller", where)
     if controller.formulation not in FORMULATIONS:
         raise ConfigError(f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}")
+    if controller.objective not in OBJECTIVES:
+        raise ConfigError(f"{where('controller.objective')}: {controller.objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if controller.objective == "share" and controller.formulation != "aggregated":
+        raise ConfigError(f"{where('controller.objective')}: \"share\" is solved by the exact aggregated solvers; formulation {controller.formulation!r} cannot (leave it out)")
     runtime = _section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
     if runtime.kind not in RUNTIMES:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")

@@ -297,6 +297,7 @@ class JobSpec(TypedDict, total=False):
     restart_cost_s: Annotated[float, "what a stop and a start cost it (likewise)"]
     costs_known: Annotated[bool, "the three costs are measured already: not learned again"]
     weight: Annotated[float, "its share of the objective (positive)"]
+    group: Annotated[str, "who it shares the machine as (a campaign, a user, a model family): with objective = \"share\" each group gets its share first"]
     key: Annotated[str, "the app call: a re-run's submission of the same call resumes its job"]
     runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
     model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
@@ -355,6 +356,8 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
         raise ProtocolError(f"job spec: runtime must be one of {', '.join(RUNTIMES)}, got {out['runtime']!r}")
     if out.get("key") is not None and not isinstance(out["key"], str):
         raise ProtocolError("job spec: key must be a string")
+    if out.get("group") is not None and not isinstance(out["group"], str):
+        raise ProtocolError(f"job spec: group must be a string (a campaign, a user, a model family), got {out['group']!r}")
     _check_curve(out, "curve", "samples_per_s")
     _check_curve(out, "objective", "values")
     curves = out.get("curves")

@@ -196,6 +196,17 @@ class ReplayResult:
 
 
 EventHook = Callable[[float, "Replay"], None]
+SHARE_BY = ("group", "model", "family")
+
+
+def group_of(spec: JobSpec, share_by: str) -> str:
+    """A replayed job's group (see :attr:`Replay.share_by`): a model family is its model's name less ``-bsN`` (the
+    heterogeneous data set's ``ResNet-18-bs64`` is of ``ResNet-18``)."""
+    if share_by == "model":
+        return spec.model
+    if share_by == "family":
+        return spec.model.rsplit("-bs", 1)[0]
+    return spec.group
 
 
 @dataclass
@@ -223,12 +234,16 @@ class Replay:
     node_types: str = "aware"  # a typed machine: "aware" (the controller knows the types) or "blind"
     library: Library | None = None  # the similarity policy's measured models (learned profiles; jobs need descriptors)
     library_learns: bool = False  # jobs measured in this replay join the library (False: held-out models stay held out)
+    objective: str = "samples"  # the controller's: "samples" or "share" (each group its share first)
+    share_by: str = "group"  # what a job's group is: the job file's "group" column, its "model", or the model's "family" (its name less "-bsN")
 
     def __post_init__(self) -> None:
         if self.max_jobs < 0:
             raise ValueError(f"max_jobs must be 0 (no cap) or more, got {self.max_jobs}")
         if self.profiles not in ("known", "learned"):
             raise ValueError(f"profiles must be 'known' or 'learned', got {self.profiles!r}")
+        if self.share_by not in SHARE_BY:
+            raise ValueError(f"share_by must be one of {', '.join(SHARE_BY)}, got {self.share_by!r}")
         if self.node_types not in ("aware", "blind"):
             raise ValueError(f"node_types must be 'aware' or 'blind', got {self.node_types!r}")
         self.typed = bool(self.trace.types) and self.node_types == "aware"
@@ -248,7 +263,8 @@ class Replay:
         span = max(1.0, self.trace.end - self.trace.start)
         pilots = PilotConfig(heartbeat_s=span, heartbeat_deadline_s=2 * span + 1, grace_s=self.grace_s, nodes_per_pilot=self.nodes_per_pilot,
                              max_queued_pilots=self.max_queued_pilots, max_submits_per_minute=self.max_submits_per_minute)  # fmt: skip
-        controller = ControllerConfig(tick_s=1.0, t_fwd=self.t_fwd, max_jobs=self.max_jobs, solver_time_limit_s=self.time_limit_s, formulation=self.formulation)
+        controller = ControllerConfig(tick_s=1.0, t_fwd=self.t_fwd, max_jobs=self.max_jobs, solver_time_limit_s=self.time_limit_s, formulation=self.formulation,
+                                      objective=self.objective)  # fmt: skip
         if not self.typed:
             return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
         types = tuple(NodeTypeConfig(t) for t in sorted(self.trace.type_counts()))
@@ -357,6 +373,7 @@ class Replay:
             "scale_down_cost_s": spec.scale_down_cost_s,
             "restart_cost_s": 0.0 if self.accounting == "bftrainer" else self.runtime.start_cost_s + self.runtime.commit_interval_s / 2,
             "weight": spec.weight,
+            "group": group_of(spec, self.share_by),
         }
         if self.profiles == "known":  # BFTrainer's setting: curves and costs known, as the job file gives them
             job["curve"] = {"nodes": list(spec.throughput.nodes), "samples_per_s": list(spec.throughput.values)}

@@ -26,7 +26,7 @@ import gzip
 import io
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -138,6 +138,18 @@ class Trace:
     @property
     def transitions(self) -> int:
         return sum(len(s.to_idle) + len(s.to_busy) for s in self.steps)
+
+    def only(self, nodes: Iterable[str]) -> Trace:
+        """This trace on ``nodes`` alone (those of its own; the order kept): a slice of the machine, as the share
+        objective's isolated share is judged on (``benchmarks/bench_hetero.py``)."""
+        keep = set(nodes)
+        steps = []
+        for s in self.steps:
+            idle, busy = tuple(n for n in s.to_idle if n in keep), tuple(n for n in s.to_busy if n in keep)
+            if idle or busy:
+                steps.append(TraceStep(s.time, idle, busy))
+        return Trace(self.path, tuple(n for n in self.nodes if n in keep), self.start, self.end, self.initial_idle & keep, tuple(steps),
+                     {n: t for n, t in self.types.items() if n in keep})  # fmt: skip
 
     def type_counts(self) -> dict[str, int]:
         """Nodes of each type (the machine's shape; empty for a machine with one kind of node)."""
@@ -358,6 +370,7 @@ class JobSpec:
     line: int = 0
     curves: Mapping[str, ScalingCurve] = field(default_factory=dict)  # per node type (``samples_per_s@TYPE``); empty: untyped
     descriptor: Descriptor | None = None  # the model's descriptor (:mod:`pilotfill.allocator.similarity`), when known
+    group: str = ""  # who it shares the machine as (optional ``group`` column): the share objective's unit
 
     def curve_on(self, node_type: str | None) -> ScalingCurve | None:
         """The job's rate on ``node_type``: its curve there; the base curve for an untyped job (or an untyped
@@ -375,7 +388,7 @@ def read_jobs(path: str | Path) -> list[JobSpec]:
     path = Path(path)
     jobs: list[JobSpec] = []
     names: set[str] = set()
-    for line, row in _rows(path, JOB_COLUMNS, optional=("objective", "weight"), prefixes=("samples_per_s", "nodes")):
+    for line, row in _rows(path, JOB_COLUMNS, optional=("objective", "weight", "group"), prefixes=("samples_per_s", "nodes")):
         jobs.append(_job(path, line, row))
         if jobs[-1].name in names:
             raise InputError(path, line, f"job name {jobs[-1].name!r} used twice")
@@ -457,7 +470,7 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
         curves[kind] = curve(col, grid)
     if any(col.startswith("samples_per_s@") for col in row) and not curves:
         raise InputError(path, line, "no samples_per_s@TYPE curve: the job runs on no node type")
-    return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, weight, line, curves)
+    return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, weight, line, curves, group=row.get("group", "").strip())
 
 
 # ---------------------------------------------------------------- model descriptors

@@ -810,6 +810,7 @@ def test_typed_solver_matches_a_plain_dp_on_small_instances_with_copies_and_torn
 
     if not grid:
         monkeypatch.setattr(typegrid, "CELLS", 0)  # the path of larger machines, on instances the reference can check
+        monkeypatch.setattr(typegrid, "WORK", 0)
     rng = random.Random(7)
     for _ in range(300):
         types = ["k80", "p100", "v100"][: rng.choice([2, 3])]
@@ -826,6 +827,9 @@ def test_typed_solver_reaches_highs_optimum_on_medium_instances_with_many_copies
     and its answer is HiGHS's proven optimum, never worse."""
     from pilotfill.allocator import typecore
 
+    from pilotfill.allocator import typegrid
+
+    monkeypatch.setattr(typegrid, "WORK", 0)  # the grid DP would take some of these: the search is what is checked
     searched = []
     real = typecore.Core.search
     monkeypatch.setattr(typecore.Core, "search", lambda self, theta: searched.append(len(self.order)) or real(self, theta))
@@ -883,6 +887,7 @@ def test_typed_solver_falls_back_to_the_milp_on_a_core_too_large_for_the_search(
 
     monkeypatch.setattr(typecore, "STATE_LIMIT", 0)
     monkeypatch.setattr(typegrid, "CELLS", 0)
+    monkeypatch.setattr(typegrid, "WORK", 0)
     rng = random.Random(5)
     fell_back = 0
     for _ in range(60):
@@ -902,11 +907,14 @@ def test_the_grid_dp_of_a_small_machine_matches_highs_with_hundreds_of_jobs():
     from pilotfill.allocator import typegrid
 
     rng = random.Random(17)
-    for _ in range(6):
+    for i in range(8):
         types = ["k80", "p100", "v100"]
         tables = random_typed_tables(rng, rng.randint(4, 8), 100, types, widest=8)
-        caps = {t: rng.randint(4, 16) for t in types}
-        assert typegrid.fits(np.array([caps[t] for t in types], dtype=float))
+        caps = {t: rng.randint(4, 16) if i < 6 else rng.randint(20, 24) for t in types}
+        counts = np.array([caps[t] for t in types], dtype=float)
+        values, stop = typed_module.value_matrix(tables, caps, types)
+        assert typegrid.fits(counts, values, stop)
+        assert (np.prod(counts + 1) > typegrid.CELLS) == (i >= 6)  # the last two: larger grids, taken for their small work
         choices, value, how = typed_module.solve(tables, caps)
         _, reference, proven = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
         assert proven and how == "dp"

@@ -56,6 +56,18 @@ def test_elastic_app_arguments_fail_at_decoration():
         pilotfill.elastic_app(max_nodes=2, curve={"nodes": [1, 2], "samples_per_s": [1, 2]})
     with pytest.raises(ValueError, match="total_samples must be a positive number"):
         pilotfill.elastic_app(total_samples=-5)
+    with pytest.raises(ValueError, match="group must be a string"):
+        pilotfill.elastic_app(group=3)
+
+
+def test_elastic_app_group_reaches_the_job_spec():
+    import inspect
+
+    import pilotfill
+    from pilotfill.executors.decorator import RESOURCE_KEY
+
+    app = pilotfill.elastic_app(max_nodes=2, group="alice")(lambda x: x)
+    assert inspect.signature(app.func).parameters[RESOURCE_KEY].default["group"] == "alice"
 
 
 def test_remote_exception_reaches_the_future_with_its_traceback(tmp_path, fast_config):

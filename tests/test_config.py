@@ -40,6 +40,8 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("[pilots]\nmax_queued_pilots = 0", "pilots.max_queued_pilots: must be positive"),
         ("[pilots]\nmax_submits_per_minute = 2.5", "pilots.max_submits_per_minute: expected int"),
         ("[controller]\nformulation = 'node-level'", "controller.formulation: 'node-level' is not one of"),
+        ("[controller]\nobjective = 'fair'", "controller.objective: 'fair' is not one of samples, share"),
+        ("[controller]\nobjective = 'share'\nformulation = 'greedy'", "controller.objective: \"share\" is solved by the exact aggregated solvers"),
         ("[runtime]\nranks_per_node = 0", "runtime.ranks_per_node: must be positive"),
         ("[runtime]\ngpus_per_node = -1", "runtime.gpus_per_node: must be zero or more"),
         ("[local]\npilot_walltime_s = -5", "local.pilot_walltime_s: must be zero or more"),

@@ -86,3 +86,10 @@ def test_the_job_spec_names_every_key_the_code_reads_and_its_defaults_are_copies
 def test_a_mistyped_key_of_a_job_spec_is_named_not_ignored():
     with pytest.raises(ProtocolError, match="job spec: unknown key 'total_sample'; did you mean total_samples"):
         protocol.check_spec({"name": "j", "entry": "m:f", "min_nodes": 1, "max_nodes": 2, "total_sample": 100})
+
+
+def test_a_group_is_a_string_and_kept():
+    spec = protocol.check_spec({"name": "j", "entry": "m:f", "min_nodes": 1, "max_nodes": 2, "group": "alice"})
+    assert spec["group"] == "alice"
+    with pytest.raises(ProtocolError, match="job spec: group must be a string"):
+        protocol.check_spec({"name": "j", "entry": "m:f", "min_nodes": 1, "max_nodes": 2, "group": 7})

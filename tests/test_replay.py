@@ -196,6 +196,27 @@ def typed_jobs(write):
     return read_jobs(write("typed-jobs.csv", "\n".join([header, *rows]) + "\n"))
 
 
+def test_the_share_objective_gives_a_slow_group_its_share_and_samples_gives_it_none(write):
+    # Group "fast" has three jobs of 1000/s per node, group "slow" two of 10/s; eight nodes for 1000 s.
+    header = JOB_HEADER + ",group"
+    rows = [f"f{i},m,{T0},1,4,1e12,0,0,0;1;4,0;1000;4000,fast" for i in range(3)]
+    rows += [f"s{i},m,{stamp(1)},1,4,1e12,0,0,0;1;4,0;10;40,slow" for i in range(2)]
+    jobs = read_jobs(write("jobs.csv", "\n".join([header, *rows]) + "\n"))
+    assert {j.group for j in jobs} == {"fast", "slow"}
+    tr = trace_file(write, {f"n{i}": True for i in range(8)}, [], end=1000)
+    rate = lambda r, g: sum(j.samples for j in r.jobs if j.name[0] == g) / 900  # noqa: E731 — past the first moments
+    samples = replay(tr, jobs, t_fwd=600)
+    share = replay(tr, jobs, t_fwd=600, objective="share")
+    assert rate(samples, "s") == 0  # every node earns more on a fast job
+    assert rate(share, "s") >= 0.9 * 4 * 10  # the slow group's half of the machine: 4 nodes, 10/s each
+    assert 0.9 * 4 * 1000 <= rate(share, "f") <= (4 * 1000 * 1000 + 8 * 1000) / 900  # and the fast group its half (all 8 in the first second)
+    assert share.samples < samples.samples
+    by_model = replay(tr, jobs, t_fwd=600, objective="share", share_by="model")  # every job's model is "m": one group
+    assert rate(by_model, "s") == 0
+    with pytest.raises(ValueError, match="share_by must be one of group, model, family"):
+        Replay(tr, jobs, share_by="user")
+
+
 def test_a_type_aware_replay_places_each_job_where_it_is_fastest(write):
     r = replay(typed_trace(write), typed_jobs(write), t_fwd=600)
     assert r.node_types == "aware" and r.type_node_hours["fast"] == pytest.approx(2 * 4000 / 3600)

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from pilotfill.controller.waiting import WaitingJobs, admit, most_promising
+from pilotfill.controller.waiting import WaitingJobs, admit, in_turns, most_promising
 from pilotfill.controller.world import World
 from pilotfill.state import State
 
@@ -124,6 +124,23 @@ def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_
 def test_the_most_promising_rank_first_earlier_submissions_first_among_equals():
     worth = np.array([(1.0, 1.0), (2.0, 0.0), (1.0, 3.0), (2.0, 0.0), (0.0, 9.0), (np.inf, np.inf)])
     assert most_promising(np.array([1, 2, 3, 4, 5, 6]), worth).tolist() == [6, 2, 4, 3, 1, 5]
+
+
+def test_admission_by_groups_takes_them_in_turns_not_one_groups_backlog():
+    lo = np.array([1, 1, 1, 1, 1, 1, 1, 1])
+    groups = ["a"] * 6 + ["b", "b"]  # a's backlog, then b's two jobs
+    assert admit(lo, 4, 0, 0).tolist() == [0, 1, 2, 3]
+    assert admit(lo, 4, 0, 0, groups).tolist() == [0, 1, 6, 7]  # in submission order, two of each group
+    assert admit(np.array([3, 1, 1, 1]), 4, 0, 0, ["a", "a", "b", "b"]).tolist() == [0, 2]  # min_nodes still fit the room
+    assert admit(lo, None, 3, 0, groups).tolist() == [0, 1, 6]  # a limit: the first three in turns
+
+
+def test_in_turns_takes_every_groups_first_then_every_groups_second():
+    groups = ["fast", "fast", "fast", "slow", "fast", "slow", "mid"]
+    order = in_turns(groups).tolist()
+    assert order == [0, 3, 6, 1, 5, 2, 4]  # each group's first (in the order given), then each one's second, ...
+    assert [groups[i] for i in order[:3]] == ["fast", "slow", "mid"]
+    assert in_turns([]).tolist() == []
 
 
 def _synced_queue(tmp_path, n: int):

@@ -3,7 +3,7 @@
 from .horizon import HoldModel
 from .problem import DEFAULT_TYPE, Allocation, Job, NodePool, Problem, ProblemError, ScalingCurve
 from .profiler import Profiler
-from .solve import Formulation, allocate, objective_of
+from .solve import Formulation, Objective, allocate, objective_of
 
 __all__ = [
     "DEFAULT_TYPE",
@@ -12,6 +12,7 @@ __all__ = [
     "HoldModel",
     "Job",
     "NodePool",
+    "Objective",
     "Problem",
     "ProblemError",
     "Profiler",

@@ -191,6 +191,7 @@ class Job:
     ``explore``, when given, is an optimistic curve (the profiler's upper
     confidence bound): the job may grow along it, but only onto nodes that no
     job values by the confirmed curves — exploring never evicts anyone.
+    ``group`` is what the share objective shares the machine among (:mod:`.shares`).
     """
 
     id: str
@@ -204,6 +205,7 @@ class Job:
     objective: Mapping[str, ScalingCurve] | None = None
     explore: Mapping[str, ScalingCurve] | None = None
     restart_cost_s: float = 0.0
+    group: str = ""  # who it shares the machine as (a campaign, a user, a model family): the share objective's unit
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "throughput", _per_type(self.throughput))

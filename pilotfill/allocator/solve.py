@@ -17,7 +17,7 @@ from enum import Enum
 
 import numpy as np
 
-from . import dp, greedy, milp, nodelevel, typed
+from . import dp, greedy, milp, nodelevel, shares, typed
 from .moves import Assignment
 from .problem import DEFAULT_TYPE, Allocation, Problem
 from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
@@ -30,15 +30,26 @@ class Formulation(str, Enum):
     GREEDY = "greedy"
 
 
-def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGREGATED, time_limit_s: float = 1.0) -> Allocation:
+class Objective(str, Enum):
+    SAMPLES = "samples"  # the most total worth (samples, weighted): BFTrainer's objective
+    SHARE = "share"  # every group its share's optimum first, then the most total worth (:mod:`.shares`)
+
+
+def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGREGATED, time_limit_s: float = 1.0,
+             objective: Objective | str = Objective.SAMPLES) -> Allocation:  # fmt: skip
     """Node counts and concrete nodes for every job of ``problem``.
 
-    Two stages: the optimum by the jobs' confirmed curves, then, on the nodes
-    that answer leaves free, growth along the optimistic curves of jobs that
-    have one (the profiler exploring). The second stage never takes a node
-    from the first, so exploring never evicts or shrinks a measured job.
+    Two stages: the optimum by the jobs' confirmed curves (under ``objective``),
+    then, on the nodes that answer leaves free, growth along the optimistic
+    curves of jobs that have one (the profiler exploring). The second stage
+    never takes a node from the first, so exploring never evicts or shrinks a
+    measured job.
     """
-    answer = _allocate(problem, Formulation(formulation), time_limit_s)
+    answer = None
+    if Objective(objective) is Objective.SHARE and len({j.group for j in problem.jobs}) > 1:
+        answer = _shares(problem, time_limit_s)
+    if answer is None:
+        answer = _allocate(problem, Formulation(formulation), time_limit_s)
     if any(j.explore is not None for j in problem.jobs):
         answer = _explore(problem, answer)
     return answer
@@ -145,6 +156,23 @@ def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
     types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
     proven = "time limit" not in how
     return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
+
+
+def _shares(problem: Problem, time_limit_s: float) -> Allocation | None:
+    """The share objective (:mod:`.shares`); None where a knapsack inside it is too large or the solver fails (the
+    samples objective answers then: a decision is never lost to the objective)."""
+    all_tables = value_tables(problem)
+    capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()} or {DEFAULT_TYPE: 0}
+    tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
+              for job_tables in all_tables]  # fmt: skip
+    try:
+        choices, _, how = shares.solve(tables, [j.group for j in problem.jobs], capacities, time_limit_s)
+    except Exception:  # dp.TooLarge, or a solver bug: the samples objective instead
+        return None
+    counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
+    types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
+    proven = "time limit" not in how
+    return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
 def _explore(problem: Problem, answer: Allocation) -> Allocation:

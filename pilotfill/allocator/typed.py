@@ -5,9 +5,9 @@ stops), and each type has its own capacity:
 
     max Σ_j v_j(t_j, n_j)   subject to   Σ_{j: t_j = t} n_j ≤ N_t   for every type t.
 
-0. **A small machine** (a few thousand cells in the grid of node counts per type): the plain DP over that grid
-   (:mod:`.typegrid`), exact, and cheaper there than what follows (the LP relaxation is loose when a job's 8 nodes
-   are a good share of a type).
+0. **A small machine** (a grid of node counts per type whose DP costs at most some 30 million cell updates): the
+   plain DP over that grid (:mod:`.typegrid`), exact, and cheaper there than what follows (the LP relaxation is
+   loose when a job's 8 nodes are a good share of a type).
 1. **Prices.** One node price per type near the LP relaxation's optimum (:mod:`.typeprices`): the bound UB.
 2. **A first answer.** Copies of each model are shared among types as the prices share them, and each type's jobs
    are solved exactly by the one-type solver (:func:`.dp.solve`): the incumbent, LB. (The types jobs run on now
@@ -77,7 +77,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
         ts, ns = np.where(runs, kind, 0), np.where(runs, count, 0)
         return _answer(types, ts, ns), _worth(values, stop, ts, ns), "dp"
 
-    if typegrid.fits(caps):
+    if typegrid.fits(caps, values, stop):
         ts, ns = typegrid.solve(values, stop, caps)
         return _answer(types, ts, ns), _worth(values, stop, ts, ns), "dp"
 

@@ -2,8 +2,9 @@
 
 When few nodes are idle (tens of each type) and hundreds of jobs want them, the LP relaxation is loose — a job
 of 8 nodes is worth its fraction there — so the bound-driven search of :mod:`.typecore` has little to prune, while
-the grid of node counts per type is small: a few thousand cells. Then the plain DP over that grid, one shifted
-maximum per job and choice, is exact and cheaper than pricing and searching.
+the grid of node counts per type is small: a few thousand cells, or some ten thousand with a few thousand choices.
+Then the plain DP over that grid, one shifted maximum per job and choice, is exact and cheaper than pricing and
+searching, and its cost is known before it starts (:func:`fits`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,29 @@ from __future__ import annotations
 import numpy as np
 
 CELLS = 5_000
-"""Largest grid (∏ (nodes of a type + 1)) the DP takes on."""
+"""A grid (∏ (nodes of a type + 1)) this small the DP always takes on..."""
+WORK = 30_000_000
+"""...and a larger one while its cell updates (choices worth more than stopping × cells) are at most this many:
+about 1.8 ns each here (measured on 60 of the typed replay's hardest decisions, 13–750 million updates), so some
+55 ms. Those decisions took the pricing and search 30–660 ms where the grid took 25–56 ms."""
 
 
-def fits(caps: np.ndarray) -> bool:
-    """Whether the grid of node counts per type is small enough for :func:`solve`."""
-    return float(np.prod(caps + 1)) <= CELLS
+def fits(caps: np.ndarray, values: np.ndarray | None = None, stop: np.ndarray | None = None) -> bool:
+    """Whether the grid of node counts per type is small enough for :func:`solve`: ``values``/``stop`` (as
+    :func:`solve` takes them) count its work, for a grid above :data:`CELLS`."""
+    cells = float(np.prod(caps + 1))
+    if cells <= CELLS:
+        return True
+    if values is None or stop is None or cells > WORK:
+        return False
+    return cells * _moves(values, stop, caps) <= WORK
+
+
+def _moves(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> int:
+    """Choices worth more than stopping, on at most a type's nodes: what :func:`solve` visits for each cell."""
+    W = values.shape[2]
+    allowed = (values - stop[:, None, None] > 0) & (np.arange(W) > 0) & (np.arange(W) < (caps + 1)[:, None])
+    return int(allowed.sum())
 
 
 def solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -103,13 +103,13 @@ class AllocatorViews:
     def spec_kind(spec: dict[str, Any]) -> Hashable:
         """Everything in a spec the allocator's view of a waiting job is made from: its curve (or one per node type),
         objective, model (what the similarity policy predicts from on a machine of several kinds of node), bounds,
-        work, weight and costs."""
+        work, weight, costs and group (the share objective's unit)."""
         curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
         curves = tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items())) if spec.get("curves") else None
         objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
         model = json.dumps(spec["model"], sort_keys=True) if spec.get("model") else None
         return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"],
-                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")))  # fmt: skip
+                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")), spec.get("group", ""))  # fmt: skip
 
     def prepare(self, jobs: list[Job], made_of: list[tuple] | None = None) -> None:
         """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
@@ -174,7 +174,8 @@ class AllocatorViews:
         if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
             jpa = self.profiler
             up, down, restart = jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down), jpa.restart_cost(job.id, restart)
-        made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart)
+        made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart,
+                        group=spec.get("group", ""))  # fmt: skip
         self._made[job.id] = (inputs, made)
         return made
 

@@ -36,7 +36,7 @@ _UNMADE = object()
 """A job's traits not asked for yet (None is an answer: the allocator cannot use the job)."""
 
 
-def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> np.ndarray:
+def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int, groups: list[str] | None = None) -> np.ndarray:
     """Positions (in submission order) of the waiting jobs admitted to a decision, given each one's ``min_nodes``.
 
     What bounds them is the machine, not a number: with ``room`` (the nodes
@@ -46,15 +46,21 @@ def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int) -> 
     and one whose ``min_nodes`` alone exceeds it takes no place, so a job
     nothing can place never blocks the rest. ``limit`` > 0 instead admits at
     most that many jobs in all, the ``running`` ones included (BFTrainer's
-    setup: 10 at once)."""
+    setup: 10 at once). ``groups`` (the share objective: each job's group) takes the groups in turns — each
+    one's first in submission order, then each one's second, … (:func:`in_turns`) — so that a group that submitted
+    later is not left behind another's backlog; the positions come back in submission order."""
     lo = np.asarray(min_nodes, dtype=np.int64)
     place = np.flatnonzero(lo <= room) if room is not None else np.arange(len(lo))
+    if groups is not None and len(place):
+        place = place[in_turns([groups[i] for i in place.tolist()])]
     if limit:
-        return place[: max(0, limit - running)]
-    if room is None:
-        return place
-    need = np.cumsum(lo[place])
-    return place[: int(np.searchsorted(need, room, side="right"))]
+        taken = place[: max(0, limit - running)]
+    elif room is None:
+        taken = place
+    else:
+        need = np.cumsum(lo[place])
+        taken = place[: int(np.searchsorted(need, room, side="right"))]
+    return np.sort(taken) if groups is not None else taken
 
 
 @dataclass(frozen=True)
@@ -162,9 +168,10 @@ class WaitingJobs:
             entry[4] = self._traits_of(job)
         return entry[4]
 
-    def admitted(self, room: int | None, limit: int, running: int) -> Admitted:
-        """The waiting jobs :func:`admit` admits, with their kinds."""
-        at = admit(self._lo, room, limit, running)
+    def admitted(self, room: int | None, limit: int, running: int, by_group: bool = False) -> Admitted:
+        """The waiting jobs :func:`admit` admits, with their kinds (``by_group``: the groups in turns)."""
+        groups = [job.spec.get("group", "") for job in self._jobs] if by_group else None
+        at = admit(self._lo, room, limit, running, groups)
         jobs = self._jobs
         return Admitted([jobs[i] for i in at.tolist()], self._kinds[at], at)
 
@@ -178,6 +185,17 @@ class WaitingJobs:
             entry[2] = self._worth_of(entry[0])
             worth[row] = entry[2]
         return most_promising(at, worth[rows])
+
+
+def in_turns(groups: list[str]) -> np.ndarray:
+    """An order of ``groups``' positions that takes each group's first, then each group's second, and so on, keeping
+    the given order within a group and among one turn: under the share objective a decision that weighs only the
+    most promising waiting jobs weighs every group's most promising, not the fastest group's alone."""
+    turn: dict[str, int] = {}
+    rank = np.empty(len(groups), dtype=np.int64)
+    for i, g in enumerate(groups):
+        rank[i] = turn[g] = turn.get(g, -1) + 1
+    return np.lexsort((np.arange(len(groups)), rank))
 
 
 def most_promising(at: np.ndarray, worth: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from ..config import ControllerConfig
 from ..lifecycle import TERMINAL
 from .types import NodeTypes
 from .views import AllocatorViews
-from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs
+from .waiting import HOLDS_NODES, LIKE_NO_OTHER, Admitted, WaitingJobs, in_turns
 from .walltime import Walltimes
 from .world import Job, World
 
@@ -75,7 +75,7 @@ class Weighing:
         active = self.active(len(self.world.ready) - len(without) + sum(extra.values()))
         if not active:
             return {}
-        potential = allocate(self.problem(active, extra, without), self.config.formulation, self.config.solver_time_limit_s)
+        potential = allocate(self.problem(active, extra, without), self.config.formulation, self.config.solver_time_limit_s, self.config.objective)
         return self.types.counts_by_type(potential)
 
     def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
@@ -212,6 +212,8 @@ class Weighing:
         def ranked(at: np.ndarray) -> list[Job]:  # positions in submission order -> those jobs, the most promising first
             if 0 < limit < len(at):
                 at = self.waiting.most_promising(admitted, at)
+                if self.config.objective == "share":  # every group's most promising are weighed, not the best group's alone
+                    at = at[in_turns([jobs[i].spec.get("group", "") for i in at.tolist()])]
             return [jobs[i] for i in at.tolist()]
 
         def fresh() -> list[Job]:
@@ -223,7 +225,7 @@ class Weighing:
             weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
             active = sorted(running + weighed, key=lambda j: j.seq)
             problem = self.problem(active, extra, without)
-            answer = allocate(problem, self.config.formulation, self.config.solver_time_limit_s)
+            answer = allocate(problem, self.config.formulation, self.config.solver_time_limit_s, self.config.objective)
             left = [q[w:] for q, w in zip(queues, weigh)]
             if not apart:
                 answer, offered = self.offer_left_free(problem, answer, left)
@@ -280,7 +282,7 @@ class Weighing:
             nodes = tuple(n for n in problem.pool.nodes if n not in used)
             types = {n: problem.pool.types[n] for n in nodes if n in problem.pool.types}
             rest = allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd), self.config.formulation,
-                            self.config.solver_time_limit_s)  # fmt: skip
+                            self.config.solver_time_limit_s, self.config.objective)  # fmt: skip
             answer = answer.joined(rest)
             offered += [j for j in more if j.status not in TERMINAL]
         return answer, offered
@@ -290,7 +292,7 @@ class Weighing:
         they changed since the last decision (the world's record of changed jobs, JPA's versions)."""
         changed = self.world.take_changed() | self.profiler.take_touched()
         self.waiting.sync(self.world, changed, recheck=self.types.typed)
-        return self.waiting.admitted(room, self.config.max_jobs, len(self.world.running))
+        return self.waiting.admitted(room, self.config.max_jobs, len(self.world.running), by_group=self.config.objective == "share")
 
     def active(self, room: int) -> list[Job]:
         """The jobs a decision weighs: the running ones and the waiting ones admitted in submission order while

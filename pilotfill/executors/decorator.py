@@ -54,6 +54,7 @@ def elastic_app(
     executor: str = "elastic",
     runtime: str | None = None,
     model: dict[str, Any] | None = None,
+    group: str | None = None,
 ) -> Callable:
     """Decorate a training function as an elastic Parsl app (see module docstring).
 
@@ -66,11 +67,17 @@ def elastic_app(
     ``model``: the model's descriptor (``parameters``, ``flops_per_sample``,
     ``layers``, ``batch_size``, ``mix``) for the similarity policy, where
     pilotfill cannot describe it from the model itself (``ElasticState`` does).
+    ``group``: who its jobs share the machine as (a campaign, a user, a model
+    family) when the controller's objective is ``"share"``.
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
     if runtime is not None and runtime not in RUNTIMES:
         raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
     spec["runtime"] = runtime
+    if group is not None:
+        if not isinstance(group, str):
+            raise ElasticAppError(f"elastic_app: group must be a string (a campaign, a user, a model family), got {group!r}")
+        spec["group"] = group
     if model is not None:
         from ..allocator.similarity import Descriptor, LibraryError
 

@@ -1,0 +1,111 @@
+"""The share objective: every group (a campaign, a user, a model family) first gets what its own share of the
+machine would give it; then the nodes no share uses go where they earn most.
+
+Maximising total worth (BFTrainer's objective, :func:`.solve.allocate`'s default) gives every fast node to the
+models with the most samples per second: on a typed machine a family whose models gain little from a V100 may
+finish a few of its jobs in a week. A site sharing its idle nodes among users, or a user sweeping several models,
+expects each group a share. The guarantee here is the *sharing incentive* (DRF, Gavel's isolated share): no group
+does worse than it would on its own 1/G of every node type, G the groups with jobs in the decision.
+
+Two stages, each exact with the solvers the samples objective uses (:func:`.dp.solve` on one type,
+:func:`.typed.solve` across types):
+
+1. **Shares.** Each type's nodes are split evenly among the groups whose jobs can use that type (the remainder one
+   node each to groups in turn, starting at a different group for each type). Each group's jobs are allocated on
+   its share alone, to their most total worth: that is what the group is guaranteed.
+2. **The rest.** The nodes the groups leave unused go to all jobs at once, to the most total worth on top of stage
+   1: a job given nodes in stage 1 may grow on that type, a job given none may start on any type. Stage 1's choices
+   stand, so every group keeps at least its share's optimum, and no node a job would gain from is left idle.
+
+The price is total worth: the samples objective's optimum is an upper bound on what this reaches (``bench_hetero``
+prints both, with each group's samples). Pure: tables in, choices out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import dp, typed
+from .typed import Choice
+
+
+def split(capacities: dict[str, int], users: dict[str, set[str]]) -> dict[str, dict[str, int]]:
+    """``{group: {type: nodes}}``: each type's nodes evenly among the groups that can use it (``users[type]``).
+    The remainder goes one node each to groups in name order, from a different first group for each type (so one
+    group does not take every type's extra node)."""
+    out: dict[str, dict[str, int]] = {}
+    for k, t in enumerate(sorted(capacities)):
+        members = sorted(users.get(t, ()))
+        if not members:
+            continue
+        whole, extra = divmod(int(capacities[t]), len(members))
+        for i, g in enumerate(members):
+            out.setdefault(g, {})[t] = whole + (1 if (i - k) % len(members) < extra else 0)
+    return out
+
+
+def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capacities: dict[str, int],
+          time_limit_s: float = 1.0) -> tuple[list[Choice], float, str]:  # fmt: skip
+    """Choices under the share objective: ``tables[j][t][n]`` as :func:`.typed.solve` takes them (every table of a
+    job the same finite value at 0: stopped), ``groups[j]`` job j's group. Returns the choices, their total worth
+    and how it was solved. May raise :class:`.dp.TooLarge` (the caller's fallback)."""
+    J = len(tables)
+    if J == 0:
+        return [], 0.0, "share"
+    users: dict[str, set[str]] = {}
+    for job, g in zip(tables, groups):
+        for t, tb in job.items():
+            if t in capacities and np.isfinite(tb[1 : capacities[t] + 1]).any():
+                users.setdefault(t, set()).add(g)
+    shares = split(capacities, users)
+    choices: list[Choice] = [Choice(None, 0)] * J
+    how = set()
+    for g in sorted(set(groups)):
+        members = [j for j in range(J) if groups[j] == g]
+        share = shares.get(g)
+        if not share:
+            continue  # none of its jobs can run on any type: they wait for the rest (stage 2 finds none either)
+        picked, method = _exact([tables[j] for j in members], share, time_limit_s)
+        how.add(method)
+        for j, c in zip(members, picked):
+            choices[j] = c
+    left = {t: int(capacities[t]) - sum(c.count for c in choices if c.node_type == t) for t in capacities}
+    if any(n > 0 for n in left.values()):
+        rest = [_on_top(tables[j], choices[j], left) for j in range(J)]
+        extra, method = _exact(rest, left, time_limit_s)
+        how.add(method)
+        choices = [_plus(c, e) for c, e in zip(choices, extra)]
+    value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
+    return choices, value, "share-" + "+".join(sorted(how))
+
+
+def _exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float) -> tuple[list[Choice], str]:
+    """The most total worth of ``tables`` on ``capacities`` (one type: the DP; several: the typed solver)."""
+    kinds = [t for t, n in capacities.items() if n > 0]
+    if len(kinds) == 1:
+        t = kinds[0]
+        cap = int(capacities[t])
+        rows = [tb[t][: cap + 1] if t in tb else next(iter(tb.values()))[:1] for tb in tables]
+        counts, _ = dp.solve(rows, cap)
+        return [Choice(t, n) if n else Choice(None, 0) for n in counts], "dp"
+    if not kinds:
+        return [Choice(None, 0)] * len(tables), "dp"
+    picked, _, method = typed.solve(tables, {t: capacities[t] for t in kinds}, time_limit_s)
+    return picked, method.split(" ")[0]
+
+
+def _on_top(table: dict[str, np.ndarray], first: Choice, left: dict[str, int]) -> dict[str, np.ndarray]:
+    """Job's worth in stage 2, by the nodes added to its stage-1 choice: on its type only where it has nodes (index
+    0: what stage 1 gave it), on any type where it has none."""
+    if first.count == 0:
+        return {t: tb[: left[t] + 1] for t, tb in table.items() if t in left}
+    tb = table[first.node_type]
+    return {first.node_type: tb[first.count : first.count + left[first.node_type] + 1]}
+
+
+def _plus(first: Choice, extra: Choice) -> Choice:
+    if extra.count == 0:
+        return first
+    return Choice(extra.node_type, first.count + extra.count)

@@ -1,0 +1,121 @@
+"""The share objective: each group its share's optimum first, then the most total worth (allocator/shares.py)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from pilotfill.allocator import Job, NodePool, Objective, Problem, ScalingCurve, allocate, shares, typed
+from pilotfill.allocator.typed import Choice
+
+pytestmark = pytest.mark.unit
+
+
+def _brute(tables: list[dict[str, np.ndarray]], caps: dict[str, int]) -> float:
+    """The most total worth, by enumerating every job's choices (a few jobs; more: the typed solver, itself checked
+    against HiGHS in test_allocator)."""
+    if len(tables) > 4:
+        return typed.solve(tables, {t: n for t, n in caps.items()})[1]
+    options = [[(None, 0)] + [(t, n) for t, tb in job.items() for n in range(1, len(tb)) if np.isfinite(tb[n])] for job in tables]
+    best = -np.inf
+    for pick in itertools.product(*options):
+        used = {t: 0 for t in caps}
+        for t, n in pick:
+            if t is not None:
+                used[t] += n
+        if all(used[t] <= caps[t] for t in caps):
+            best = max(best, sum(float(job[t][n]) if n else float(next(iter(job.values()))[0]) for job, (t, n) in zip(tables, pick)))
+    return best
+
+
+def _worth(tables, choices: list[Choice], members) -> float:
+    return sum(float(tables[j][choices[j].node_type][choices[j].count]) if choices[j].count else float(next(iter(tables[j].values()))[0]) for j in members)
+
+
+def _random(rng: random.Random, jobs: int, types: list[str]) -> list[dict[str, np.ndarray]]:
+    out = []
+    for _ in range(jobs):
+        stop = rng.choice([0.0, 0.0, -rng.uniform(0, 50)])  # a running job: stopping it costs
+        lo, hi = rng.choice([1, 1, 2]), rng.randint(2, 4)
+        job = {}
+        for t in rng.sample(types, rng.randint(1, len(types))):
+            rate = 10 ** rng.uniform(0, 2.5)
+            tb = np.array([stop] + [stop + rate * n ** rng.uniform(0.5, 1.0) if n >= lo else -np.inf for n in range(1, hi + 1)])
+            job[t] = tb
+        out.append(job)
+    return out
+
+
+def test_split_is_even_and_spreads_the_remainders():
+    caps = {"a": 10, "b": 7, "c": 2}
+    users = {"a": {"x", "y", "z"}, "b": {"x", "y", "z"}, "c": {"y"}}
+    share = shares.split(caps, users)
+    assert {g: share[g]["a"] for g in "xyz"} in ({"x": 4, "y": 3, "z": 3}, {"x": 3, "y": 4, "z": 3}, {"x": 3, "y": 3, "z": 4})
+    assert sum(share[g]["a"] for g in "xyz") == 10 and sum(share[g]["b"] for g in "xyz") == 7
+    assert share["y"]["c"] == 2 and "c" not in share["x"]  # only the group that can use a type shares it
+    assert sorted(share[g]["a"] + share[g]["b"] for g in "xyz") == [5, 6, 6]  # one group does not take both remainders
+
+
+def test_every_group_gets_at_least_its_share_optimum_and_the_answer_fits():
+    rng = random.Random(7)
+    types = ["k80", "p100", "v100"]
+    for _ in range(60):
+        tables = _random(rng, rng.randint(2, 9), types)
+        groups = [rng.choice("AB C") for _ in tables]
+        caps = {t: rng.randint(0, 6) for t in types}
+        choices, value, how = shares.solve(tables, groups, caps)
+        assert how.startswith("share-")
+        for t in types:
+            assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
+        for j, c in enumerate(choices):
+            assert c.count == 0 or np.isfinite(tables[j][c.node_type][c.count])
+        assert value == pytest.approx(_worth(tables, choices, range(len(tables))))
+        users = {t: {g for job, g in zip(tables, groups) if t in job and np.isfinite(job[t][1 : caps[t] + 1]).any()} for t in types}
+        share = shares.split(caps, users)
+        for g in set(groups):
+            members = [j for j in range(len(tables)) if groups[j] == g]
+            own = _brute([tables[j] for j in members], share.get(g, {t: 0 for t in types}) | {t: 0 for t in types if t not in share.get(g, {})})
+            assert _worth(tables, choices, members) >= own - 1e-6 * max(1.0, abs(own)), f"group {g!r} below its share's optimum"
+        assert value <= typed.solve(tables, caps)[1] + 1e-6 * max(1.0, abs(value))  # never above the samples objective's optimum
+
+
+def test_one_group_is_the_samples_objective():
+    rng = random.Random(3)
+    types = ["k80", "v100"]
+    for _ in range(30):
+        tables = _random(rng, rng.randint(1, 7), types)
+        caps = {t: rng.randint(0, 5) for t in types}
+        _, value, _ = shares.solve(tables, ["g"] * len(tables), caps)
+        _, best, _ = typed.solve(tables, caps)
+        assert value == pytest.approx(best)
+
+
+def test_no_node_a_job_would_gain_from_is_left_idle():
+    # Group "slow" has one job that can use 1 node; its share is 4: the 3 it leaves go to group "fast".
+    fast = {"v100": np.array([0.0] + [100.0 * n for n in range(1, 9)])}
+    slow = {"v100": np.array([0.0, 5.0])}
+    choices, _, _ = shares.solve([fast, slow], ["fast", "slow"], {"v100": 8})
+    assert choices == [Choice("v100", 7), Choice("v100", 1)]
+
+
+def _problem(groups: list[str], rates: list[float], nodes: int, hi: int = 8) -> Problem:
+    jobs = tuple(Job(f"j{i}", 1, hi, ScalingCurve((0, hi), (0.0, rate * hi)), group=g) for i, (g, rate) in enumerate(zip(groups, rates)))
+    return Problem(jobs, NodePool(tuple(f"n{i}" for i in range(nodes))), {}, 10.0)
+
+
+def test_a_slow_group_is_not_starved_under_share_and_is_under_samples():
+    problem = _problem(["fast", "fast", "slow", "slow"], [100.0, 90.0, 1.0, 1.0], nodes=16)
+    samples = allocate(problem)
+    share = allocate(problem, objective=Objective.SHARE)
+    assert samples.counts["j2"] + samples.counts["j3"] == 0  # every node earns more on the fast group's jobs
+    assert share.counts["j2"] + share.counts["j3"] == 8 and share.counts["j0"] + share.counts["j1"] == 8
+    assert share.method.startswith("share-") and share.objective < samples.objective
+    assert allocate(problem, objective="share").counts == share.counts
+
+
+def test_share_without_groups_decides_as_samples():
+    problem = _problem(["", "", ""], [3.0, 2.0, 1.0], nodes=10)
+    assert allocate(problem, objective=Objective.SHARE).counts == allocate(problem).counts
