@@ -78,7 +78,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capaci
         how.add(method)
         choices = [_plus(c, e) for c, e in zip(choices, extra)]
     value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
-    return choices, value, "share-" + "+".join(sorted(how))
+    return choices, value, "share-" + "+".join(sorted(how)) if how else "share"
 
 
 def _exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float) -> tuple[list[Choice], str]:
