@@ -67,7 +67,7 @@ def test_every_group_gets_at_least_its_share_optimum_and_the_answer_fits():
         groups = [rng.choice("AB C") for _ in tables]
         caps = {t: rng.randint(0, 6) for t in types}
         choices, value, how = shares.solve(tables, groups, caps)
-        assert how.startswith("share-")
+        assert how == "share" or how.startswith("share-")
         for t in types:
             assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
         for j, c in enumerate(choices):
