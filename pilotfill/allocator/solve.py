@@ -19,7 +19,7 @@ import numpy as np
 
 from . import dp, greedy, milp, nodelevel, shares, typed
 from .moves import Assignment
-from .problem import DEFAULT_TYPE, Allocation, Problem
+from .problem import DEFAULT_TYPE, Allocation, Job, Problem
 from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
 
 
@@ -259,22 +259,24 @@ def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
             room[running] -= base
     if all(r <= 0 for r in room.values()):
         return answer
-    tables = []
-    for job, running, base in candidates:
-        mine: dict[str, np.ndarray] = {}
+    found: list[dict[str, np.ndarray]] = [{} for _ in candidates]
+    growing: dict[str, list[tuple[int, Job, int]]] = {}  # type -> (candidate, job, base) valued by growth there: one batch per type
+    for i, (job, running, base) in enumerate(candidates):
         for t in job.node_types:
             if room.get(t, 0) <= 0:
                 continue
-            if running == t:
-                mine[t] = exploration_tables(problem, [job], t, [base], room[t])[0]
-            elif running is not None:
+            if running is not None and running != t:
                 if stay_tables is None:
                     stay_tables = {id(j): ts for j, ts in zip(problem.jobs, value_tables(problem))}
                 stay = next(tb for tb in stay_tables[id(job)] if tb.node_type == running).values
-                mine[t] = hop_table(problem, job, t, room[t], float(stay[min(base, len(stay) - 1)]))
-            else:
-                mine[t] = exploration_tables(problem, [job], t, [0], room[t])[0]
-        tables.append(mine or {next(iter(room)): np.zeros(1)})
+                found[i][t] = hop_table(problem, job, t, room[t], float(stay[min(base, len(stay) - 1)]))
+            else:  # grows where it runs, or starts from nothing
+                growing.setdefault(t, []).append((i, job, base if running == t else 0))
+    for t, items in growing.items():
+        rows = exploration_tables(problem, [job for _, job, _ in items], t, [base for _, _, base in items], room[t])
+        for (i, _, _), row in zip(items, rows):
+            found[i][t] = row  # (−inf past the job's own cap: the batch's rows are as wide as its widest)
+    tables = [{t: mine[t] for t in job.node_types if t in mine} or {next(iter(room)): np.zeros(1)} for (job, _, _), mine in zip(candidates, found)]
     capacities = {t: max(0, r) for t, r in room.items()}
     try:
         choices, _, _ = typed.solve(tables, capacities, 0.05)
