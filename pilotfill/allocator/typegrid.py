@@ -27,14 +27,14 @@ def fits(caps: np.ndarray, values: np.ndarray | None = None, stop: np.ndarray | 
         return True
     if values is None or stop is None or cells > WORK:
         return False
-    return cells * _moves(values, stop, caps) <= WORK
+    return cells * int(_allowed(values - stop[:, None, None], caps).sum()) <= WORK
 
 
-def _moves(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> int:
-    """Choices worth more than stopping, on at most a type's nodes: what :func:`solve` visits for each cell."""
-    W = values.shape[2]
-    allowed = (values - stop[:, None, None] > 0) & (np.arange(W) > 0) & (np.arange(W) < (caps + 1)[:, None])
-    return int(allowed.sum())
+def _allowed(gain: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """The choices :func:`solve` visits for each cell: worth more than stopping (``gain`` over it), on at most a
+    type's nodes (a choice worse than stopping never helps)."""
+    W = gain.shape[2]
+    return (gain > 0) & (np.arange(W) > 0) & (np.arange(W) < (caps + 1)[:, None])
 
 
 def solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +43,7 @@ def solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.nd
     J, T, W = values.shape
     dims = tuple(int(c) + 1 for c in caps)
     gain = values - stop[:, None, None]
-    allowed = (gain > 0) & (np.arange(W) > 0) & (np.arange(W) < np.array(dims)[:, None])  # a choice worse than stopping never helps
+    allowed = _allowed(gain, np.asarray(caps, dtype=int))
     j_, t_, n_ = np.nonzero(allowed)
     cuts = np.searchsorted(j_, np.arange(J + 1))
     g_ = gain[j_, t_, n_].tolist()
