@@ -149,6 +149,7 @@ class SimilarityConfig:
     libraries: tuple[str, ...] = ()  # read-only libraries a site ships (JSON)
     library: str = ""  # the user's own, read and added to as models are measured; "" : models.json beside the run directory
     enabled: bool = True  # false: every type of a new job is learned from nothing
+    far: float = 0.25  # a model whose nearest measured model is less similar than this is measured once on every type (0: never)
 
 
 @dataclass(frozen=True)
@@ -170,10 +171,11 @@ class Config:
 
 SCHEDULERS = BATCH_SYSTEM_NAMES  # pilotfill/schedulers/registry.py
 OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
-MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s"}
+MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s", "far"}
 # Values that validate as numbers and then cannot work (issue: tick_s = 1e12 killed the controller four times with an
 # OverflowError in zmq_poll; heartbeat_s = 1e-6 lost 12 pilots in 30 s): (lowest, highest, what goes wrong outside).
 BOUNDS: dict[str, tuple[float, float, str]] = {
+    "similarity.far": (0.0, 1.0, "a similarity is at most 1: above it every model would be measured on every type"),
     "controller.tick_s": (0.01, 60.0, "the controller's loop waits this long between passes; beyond a minute nothing is timely"),
     "controller.solver_time_limit_s": (0.01, 600.0, "a decision may take this long"),
     "pilots.heartbeat_s": (0.05, 600.0, "each agent asks the controller this often; faster floods it"),

@@ -236,6 +236,7 @@ class Replay:
     library_learns: bool = False  # jobs measured in this replay join the library (False: held-out models stay held out)
     objective: str = "samples"  # the controller's: "samples" or "share" (each group its share first)
     share_by: str = "group"  # what a job's group is: the job file's "group" column, its "model", or the model's "family" (its name less "-bsN")
+    far: float = SimilarityConfig.far  # a model less similar than this to every measured one is measured once on every type (0: never)
 
     def __post_init__(self) -> None:
         if self.max_jobs < 0:
@@ -244,6 +245,8 @@ class Replay:
             raise ValueError(f"profiles must be 'known' or 'learned', got {self.profiles!r}")
         if self.share_by not in SHARE_BY:
             raise ValueError(f"share_by must be one of {', '.join(SHARE_BY)}, got {self.share_by!r}")
+        if not 0.0 <= self.far <= 1.0:
+            raise ValueError(f"far must be a similarity from 0 to 1, got {self.far!r}")
         if self.node_types not in ("aware", "blind"):
             raise ValueError(f"node_types must be 'aware' or 'blind', got {self.node_types!r}")
         self.typed = bool(self.trace.types) and self.node_types == "aware"
@@ -269,7 +272,7 @@ class Replay:
             return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
         types = tuple(NodeTypeConfig(t) for t in sorted(self.trace.type_counts()))
         similarity = SimilarityConfig(libraries=(str(self._library_file),) if self.library is not None else (),
-                                      library=str(self._own_library), enabled=self.library is not None)  # fmt: skip
+                                      library=str(self._own_library), enabled=self.library is not None, far=self.far)  # fmt: skip
         return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>", node_types=types, similarity=similarity)
 
     # ------------------------------------------------------------ the loop

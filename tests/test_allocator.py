@@ -832,7 +832,7 @@ def test_typed_solver_reaches_highs_optimum_on_medium_instances_with_many_copies
     monkeypatch.setattr(typegrid, "WORK", 0)  # the grid DP would take some of these: the search is what is checked
     searched = []
     real = typecore.Core.search
-    monkeypatch.setattr(typecore.Core, "search", lambda self, theta: searched.append(len(self.order)) or real(self, theta))
+    monkeypatch.setattr(typecore.Core, "search", lambda self, theta, *deadline: searched.append(len(self.order)) or real(self, theta, *deadline))
     rng = random.Random(11)
     for _ in range(30):
         types = ["k80", "p100", "v100"]
@@ -845,6 +845,109 @@ def test_typed_solver_reaches_highs_optimum_on_medium_instances_with_many_copies
         assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)), f"typed {value} vs HiGHS {reference}"
         assert same(worth_of(tables, caps, choices), value, 1e-9)
     assert sum(1 for h in searched if h > 0) >= 10  # the search over hesitant jobs ran, not only the first answer
+
+
+def unmeasured_running(rng: random.Random, types: list[str], on: str, count: int, lo: int = 1, hi: int = 8) -> dict[str, np.ndarray]:
+    """A job running on ``on`` at ``count`` nodes that has not reported yet: it keeps its nodes until it does, so
+    stopping or moving it loses its change times an exploring rate (some 10¹³), resizing too."""
+    rate = EXPLORE_RATE * rng.uniform(5.0, 20.0)
+    job = {}
+    for t in types:
+        tb = np.full(hi + 1, -1.3e13)
+        tb[1:] = rate - (1.2e13 if t != on else 0.0) - np.where(np.arange(1, hi + 1) != count, 8e12, 0.0) * (t == on)
+        tb[1:lo] = -np.inf
+        job[t] = tb
+    return job
+
+
+def test_jobs_that_must_keep_their_nodes_are_pinned_and_the_rest_decided_exactly():
+    """Jobs whose stop or move costs far more than all other jobs could gain (unmeasured, keeping their nodes) are
+    pinned: in every optimum they run where they are, so they leave the search, and the other jobs' answer is the
+    exact optimum on the nodes left (the plain DP, on the other jobs alone). Their huge values in one sum made the
+    bound's tolerance coarser than most jobs' gains and the search hesitate over all of them."""
+    rng = random.Random(5)
+    types = ["k80", "p100", "v100"]
+    for _ in range(12):
+        others = random_typed_tables(rng, rng.randint(2, 5), rng.randint(6, 12), types, widest=4)
+        caps = {t: rng.randint(3, 9) for t in types}
+        pinned = []
+        for _ in range(rng.randint(1, 3)):
+            on = rng.choice(types)
+            if caps[on] >= 2:
+                count = rng.randint(1, 2)
+                caps[on] -= count
+                pinned.append((on, count, unmeasured_running(rng, types, on, count)))
+        all_caps = {t: caps[t] + sum(c for o, c, _ in pinned if o == t) for t in types}
+        tables = [job for _, _, job in pinned] + others
+        values, stop = typed_module.value_matrix(tables, all_caps, types)
+        _, _, decided, _ = typed_module.pin(values, stop, np.array([all_caps[t] for t in types], dtype=float))
+        assert decided[: len(pinned)].all()  # (others may be too: where all that is left fits, each takes its best)
+        choices, value, how = typed_module.solve(tables, all_caps)
+        assert [(c.node_type, c.count) for c in choices[: len(pinned)]] == [(on, count) for on, count, _ in pinned]
+        rest = worth_of(others, caps, choices[len(pinned) :])
+        assert same(rest, reference_optimum(others, caps), 1e-12), f"the others: {rest} vs {reference_optimum(others, caps)}"
+
+
+def test_a_pinned_job_whose_count_is_open_keeps_its_choice_of_counts():
+    """Pinned to its type, a job whose best count is neither its smallest nor far above the others stays in the
+    search on that type, shifted (its stop a loss larger than the rest could gain): it is never stopped or moved,
+    and a cheaper count it can take is weighed against the other jobs as before."""
+    types = ["k80", "v100"]
+    big = np.array([-1e13, -5e12, 3e12, 3e12])  # 2 or 3 nodes alike: 1 node is far worse
+    tables = [{"v100": big, "k80": np.array([-1e13, -2e13, -2e13, -2e13])},
+              {"v100": np.array([0.0, 50.0, 60.0, 65.0])}, {"k80": np.array([0.0, 40.0])}]  # fmt: skip
+    caps = {"k80": 1, "v100": 3}
+    values, stop = typed_module.value_matrix(tables, caps, types)
+    shifted, shifted_stop, decided, _ = typed_module.pin(values, stop, np.array([1.0, 3.0]))
+    assert not decided[0] and shifted_stop[0] < -(50.0 + 65.0 + 40.0) and np.isneginf(shifted[0, 0]).all()
+    assert list(shifted[0, 1, 2:]) == [0.0, 0.0]
+    choices, value, _ = typed_module.solve(tables, caps)
+    assert [(c.node_type, c.count) for c in choices] == [("v100", 2), ("v100", 1), ("k80", 1)]
+    assert same(value, 3e12 + 50.0 + 40.0, 1e-15)
+
+
+def test_a_lead_the_other_jobs_could_make_up_pins_nothing():
+    """A job ahead on its best type by less than the other jobs could gain is not pinned: which type it takes
+    depends on them."""
+    tables = [{"v100": np.array([0.0, 100.0]), "k80": np.array([0.0, 90.0])},
+              {"v100": np.array([0.0, 30.0])}]  # fmt: skip
+    caps = {"k80": 1, "v100": 1}
+    values, stop = typed_module.value_matrix(tables, caps, ["k80", "v100"])
+    _, _, decided, _ = typed_module.pin(values, stop, np.array([1.0, 1.0]))
+    assert not decided.any()
+    choices, _, _ = typed_module.solve(tables, caps)
+    assert [(c.node_type, c.count) for c in choices] == [("k80", 1), ("v100", 1)]
+
+
+def test_the_typed_solver_keeps_to_its_time_limit(monkeypatch):
+    """A search still running at half the time limit hands its core to the MILP with the rest: the answer fits,
+    is never worse than the first answer, and says it was cut short. (A clock that moves a second per reading stands
+    for a slow machine: the test does not depend on how fast this one is.)"""
+    from pilotfill.allocator import typecore, typegrid
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            Clock.now += 1.0
+            return Clock.now
+
+    monkeypatch.setattr(typegrid, "WORK", 0)
+    monkeypatch.setattr(typecore, "time", Clock())
+    monkeypatch.setattr(typed_module, "time", Clock())
+    rng = random.Random(11)
+    types = ["k80", "p100", "v100"]
+    cut = 0
+    for _ in range(10):
+        tables = random_typed_tables(rng, rng.randint(3, 7), rng.randint(30, 70), types, widest=8)
+        demand = sum(max(len(tb) - 1 for tb in job.values()) for job in tables)
+        caps = {t: rng.randint(demand // 12, demand // 4) for t in types}
+        choices, value, how = typed_module.solve(tables, caps, time_limit_s=3.0)
+        assert same(worth_of(tables, caps, choices), value, 1e-9)
+        _, best, _ = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
+        assert value <= best + 1e-8 * max(1.0, abs(best))
+        cut += how.startswith("dp+milp")
+    assert cut >= 5  # the search was cut short and the MILP answered
 
 
 def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing_below_it():

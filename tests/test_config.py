@@ -53,6 +53,8 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("scheduler = 'pbs'\n[pbs]\nmin_walltime = '00:00:01'\nmax_walltime = '00:00:05'", "pbs.max_walltime: 00:00:05 cannot work"),
         ("scheduler = 'slurm'\n[slurm]\ntime_min = '00:00:01'\ntime_max = '00:00:05'", "slurm.time_max: 00:00:05 cannot work"),
         ("[pbs]\npoll_s = 1e9", "pbs.poll_s: must be between"),
+        ("[similarity]\nfar = 1.5", "similarity.far: must be between 0 and 1"),
+        ("[similarity]\nfar = -0.1", "similarity.far: must be zero or more"),
     ],
 )
 def test_mistakes_name_file_and_key(tmp_path, text, where):

@@ -196,6 +196,31 @@ def typed_jobs(write):
     return read_jobs(write("typed-jobs.csv", "\n".join([header, *rows]) + "\n"))
 
 
+def test_a_model_like_nothing_in_the_library_is_measured_on_every_type_before_its_neighbour_is_trusted(write):
+    """The library's only model (0.1 similar) runs 10x faster on "slow"; the job runs 10x faster on "fast". Trusting
+    the weak neighbour, it is measured on "slow", and "fast" — predicted at a tenth, within the bounds that
+    distance leaves — never looks worth a move: it trains on the slow nodes all along. As a far model (the
+    default threshold, 0.25), it is measured once on "fast" at one node too, and runs there."""
+    from dataclasses import replace
+
+    from pilotfill.allocator import ScalingCurve
+    from pilotfill.allocator.similarity import Descriptor, Library, Measured, similarity
+
+    dense = Descriptor(parameters=4e7, layers=2, batch_size=4096, mix={"linear": 1.0})
+    job_model = Descriptor(parameters=1e8, layers=8, batch_size=256)
+    assert 0.05 < similarity(dense, job_model) < 0.25
+    lib = Library([Measured("dense", dense, {"fast": ScalingCurve((0, 1, 2), (0, 100, 200)), "slow": ScalingCurve((0, 1, 2), (0, 1000, 2000))})])
+    jobs = [replace(j, descriptor=job_model) for j in typed_jobs(write)][:1]  # 1000/s per node on "fast", 100 on "slow"
+    trusting = replay(typed_trace(write), jobs, profiles="learned", t_fwd=600, library=lib, far=0.0)
+    probing = replay(typed_trace(write), jobs, profiles="learned", t_fwd=600, library=lib)
+    assert trusting.type_node_hours.get("fast", 0) < 0.1 * trusting.type_node_hours.get("slow", 0)
+    assert trusting.samples < 0.2 * 4000 * 2000
+    assert probing.type_node_hours.get("fast", 0) > probing.type_node_hours.get("slow", 0)
+    assert probing.samples > 0.8 * 4000 * 2000
+    with pytest.raises(ValueError, match="far must be"):
+        replay(typed_trace(write), jobs, far=1.5)
+
+
 def test_the_share_objective_gives_a_slow_group_its_share_and_samples_gives_it_none(write):
     # Group "fast" has three jobs of 1000/s per node, group "slow" two of 10/s; eight nodes for 1000 s.
     header = JOB_HEADER + ",group"

@@ -134,6 +134,37 @@ def test_jpa_per_type_starts_from_the_prediction_and_gives_way_to_reports():
     assert confirmed["slow"].at(4) == pytest.approx(300.0)  # the other type: what it reported there
 
 
+def test_a_model_like_nothing_measured_is_measured_once_on_every_type_at_its_minimum_size():
+    """A far model's predicted speeds are not trusted for exploring: measured on one type, every other type is worth
+    measuring first (as before any report; the type with the higher upper bound first) while the job runs at its
+    minimum size — a short run there — and its bounds are what they were once it grew. Moves still go by the lower
+    bound."""
+    lib = library()
+    far_model = Descriptor(parameters=3e9, layers=200, batch_size=1)
+    p = lib.predict(far_model, ["fast", "slow", "mid"], 8)
+    assert p.nearest < 0.25
+    jpa = Profiler()
+    jpa.observe("j", 1, 300.0, weight=10.0, node_type="slow")
+    types = ["fast", "slow", "mid"]
+    plain_c, plain_o = jpa.typed_curves("j", 1, 8, types, p, trying=("slow", 1))
+    confirmed, optimistic = jpa.typed_curves("j", 1, 8, types, p, trying=("slow", 1), far=True)
+    for t in ("fast", "mid"):
+        assert confirmed[t].at(1) == pytest.approx(plain_c[t].at(1))  # moves: the lower bound, as before
+        assert optimistic[t].at(1) > 1e6 * plain_o[t].at(1) and optimistic[t].at(1) <= EXPLORE_RATE  # measure it first
+    first = max(("fast", "mid"), key=lambda t: plain_o[t].at(1))
+    assert optimistic[first].at(1) == EXPLORE_RATE >= optimistic[{"fast": "mid", "mid": "fast"}[first]].at(1)
+    assert optimistic["slow"].at(1) == pytest.approx(plain_o["slow"].at(1))  # measured there: its own
+    # Grown past its minimum size: not a cheap measurement any more, the bounds stand.
+    _, grown = jpa.typed_curves("j", 1, 8, types, p, trying=("slow", 4), far=True)
+    _, plain_grown = jpa.typed_curves("j", 1, 8, types, p, trying=("slow", 4))
+    assert grown["fast"].at(4) == pytest.approx(plain_grown["fast"].at(4))
+    # Measured on every type: its own rates decide, nothing is probed.
+    jpa.observe("j", 1, 900.0, weight=10.0, node_type="fast")
+    jpa.observe("j", 1, 500.0, weight=10.0, node_type="mid")
+    _, optimistic = jpa.typed_curves("j", 1, 8, types, p, trying=("mid", 1), far=True)
+    assert max(c.at(1) for c in optimistic.values()) < 1e4
+
+
 def test_single_type_jpa_is_unchanged_by_types():
     a, b = Profiler(), Profiler()
     for n, r in ((1, 100.0), (2, 190.0), (4, 350.0)):

@@ -257,20 +257,25 @@ class Profiler:
         return (max_nodes, "optimistic", None) in self._cache.get(job_id, {})
 
     def typed_curves(self, job_id: str, min_nodes: int, max_nodes: int, node_types: list[str], prediction: Prediction,
-                     running_on: str | None = None, trying: tuple[str, int] | None = None) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip
+                     running_on: str | None = None, trying: tuple[str, int] | None = None,
+                     far: bool = False) -> tuple[dict[str, ScalingCurve], dict[str, ScalingCurve]]:  # fmt: skip
         """Confirmed and optimistic curves per node type (see the module docstring): the job's own where it has
         reported, else the prediction anchored on its own level elsewhere, bounded by how sure it is; before any
         report anywhere, a token rate (confirmed) and measuring first on the type predicted best (optimistic).
         ``running_on``: the type it runs on now, not yet measured there (it keeps its nodes until it is).
-        ``trying``: the type and count it runs at now, where it has reported (see :meth:`confirmed`)."""
-        key = (max_nodes, "typed", tuple(node_types), id(prediction), running_on, trying)
+        ``trying``: the type and count it runs at now, where it has reported (see :meth:`confirmed`).
+        ``far``: the model is like nothing measured (:attr:`.similarity.Prediction.nearest` below the site's
+        threshold): its predicted speed on a type is not worth trusting, so while it has not grown past its minimum
+        size each type it has not run on is worth measuring first, as before any report — a short run there at
+        its minimum size (Sia's bootstrap) — and once every type is measured its own rates decide."""
+        key = (max_nodes, "typed", tuple(node_types), id(prediction), running_on, trying, far)
         cache = self._cache.setdefault(job_id, {})
         if key not in cache:
-            cache[key] = self._typed(job_id, min_nodes, max_nodes, node_types, prediction, running_on, trying)
+            cache[key] = self._typed(job_id, min_nodes, max_nodes, node_types, prediction, running_on, trying, far)
         return cache[key]
 
     def _typed(self, job_id: str, lo: int, hi: int, types: list[str], prediction: Prediction, running_on: str | None,
-               trying: tuple[str, int] | None = None):  # fmt: skip
+               trying: tuple[str, int] | None = None, far: bool = False):  # fmt: skip
         confirmed: dict[str, ScalingCurve] = {}
         optimistic: dict[str, ScalingCurve] = {}
         measured = [t for t in self.measured_types(job_id) if t in types]
@@ -285,6 +290,8 @@ class Profiler:
             return confirmed, optimistic
         anchor = measured[0]
         level = self._level(job_id, lo, hi, anchor, prediction)
+        probing = far and (trying is None or trying[1] <= lo)  # cheap: at its minimum size, before it grows
+        bounds = {}
         for t in types:
             if t in measured:
                 confirmed[t] = self.confirmed(job_id, lo, hi, t, trying=trying[1] if trying and trying[0] == t else 0)
@@ -298,6 +305,11 @@ class Profiler:
             point[0] = 0.0
             confirmed[t] = ScalingCurve.from_table(point * math.exp(-CONFIDENCE * sigma))
             optimistic[t] = ScalingCurve.from_table(point * math.exp(CONFIDENCE * sigma))
+            bounds[t] = mean + CONFIDENCE * sigma
+        if probing and bounds:  # measure the type whose upper bound is highest first
+            top = max(bounds.values())
+            for t, ucb in bounds.items():
+                optimistic[t] = _probe(lo, hi, EXPLORE_RATE * math.exp(min(0.0, ucb - top)))
         return confirmed, optimistic
 
     def _level(self, job_id: str, lo: int, hi: int, node_type: str, prediction: Prediction) -> float:

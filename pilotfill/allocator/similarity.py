@@ -197,6 +197,11 @@ class Prediction:
     samples: tuple[tuple[float, Mapping[str, float]], ...] = ()  # per neighbour: (similarity, log rate at one node per type)
     unknown: float = PRIOR_SPREAD  # what the neighbours' distance leaves open (σ)
 
+    @property
+    def nearest(self) -> float:
+        """How similar the most similar measured model is (0: none was)."""
+        return self.neighbours[0][1] if self.neighbours else 0.0
+
     def relative(self, node_type: str, other: str) -> tuple[float, float]:
         """log(rate on ``node_type`` / rate on ``other``) at one node, and its uncertainty (σ): from the neighbours
         measured on both (their disagreement, plus what their distance leaves open); the prior without any."""

@@ -23,6 +23,11 @@ from .problem import DEFAULT_TYPE, Allocation, Job, Problem
 from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
 
 
+EXPLORE_TIME_S = 0.03
+"""What the typed explore stage may spend, search and MILP together (:func:`.typed.solve`'s limit): exploring is a
+bonus, and a decision has some 100 ms in all; past it, the best exploration found."""
+
+
 class Formulation(str, Enum):
     AGGREGATED = "aggregated"  # exact: DP where it applies, MILP otherwise
     MILP = "milp"  # the aggregated MILP even where the DP applies (cross-checks)
@@ -279,7 +284,7 @@ def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
     tables = [{t: mine[t] for t in job.node_types if t in mine} or {next(iter(room)): np.zeros(1)} for (job, _, _), mine in zip(candidates, found)]
     capacities = {t: max(0, r) for t, r in room.items()}
     try:
-        choices, _, _ = typed.solve(tables, capacities, 0.05)
+        choices, _, _ = typed.solve(tables, capacities, EXPLORE_TIME_S)
     except (dp.TooLarge, ValueError):
         return answer  # exploring is a bonus: never worth a slow or failed decision
     changed = False

@@ -23,6 +23,8 @@ good solutions fast (:func:`.typed.solve` chooses the thresholds and uses the di
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +34,7 @@ from . import dp
 
 
 class TooManyStates(ValueError):
-    """The exact search grew past its limit (the caller solves the core as a MILP instead)."""
+    """The exact search grew past its limit of states or of time (the caller solves the core as a MILP instead)."""
 
 
 @dataclass(frozen=True)
@@ -80,15 +82,16 @@ class Core:
         self.root = self.base + self.charges[0] + float(self.bound[0][self.offsets + self.caps].sum())
         self.starts, self.choices = _choices(keep[hesitant], may_stop[hesitant], gain[hesitant], self.caps)
 
-    def search(self, theta: float) -> Solution | None:
-        """The best solution worth at least ``theta`` (None: there is none); :class:`TooManyStates` past the limit."""
-        return self._layers(theta, STATE_LIMIT, None)
+    def search(self, theta: float, deadline: float = math.inf) -> Solution | None:
+        """The best solution worth at least ``theta`` (None: there is none); :class:`TooManyStates` past the limit
+        of states or past ``deadline`` (:func:`time.perf_counter`)."""
+        return self._layers(theta, STATE_LIMIT, None, deadline)
 
-    def dive(self, theta: float, width: int) -> Solution | None:
+    def dive(self, theta: float, width: int, deadline: float = math.inf) -> Solution | None:
         """A good solution, if the search keeping only the ``width`` states with the best bounds per level finds one."""
-        return self._layers(theta, 10**12, width)
+        return self._layers(theta, 10**12, width, deadline)
 
-    def _layers(self, theta: float, limit: int, width: int | None) -> Solution | None:
+    def _layers(self, theta: float, limit: int, width: int | None, deadline: float) -> Solution | None:
         if not self.root >= theta:  # nothing worth theta (the firm jobs alone may not even fit)
             return None
         if not len(self.order):  # the firm rows alone: the root bound is exact
@@ -111,6 +114,8 @@ class Core:
             total += len(s)
             if total > limit:
                 raise TooManyStates(f"{total:,} states by {h + 1} of {len(self.order)} hesitant jobs")
+            if time.perf_counter() > deadline:
+                raise TooManyStates(f"out of time by {h + 1} of {len(self.order)} hesitant jobs ({total:,} states)")
             trail.append((s, i))
         return None
 

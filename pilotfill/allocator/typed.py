@@ -5,14 +5,18 @@ stops), and each type has its own capacity:
 
     max Σ_j v_j(t_j, n_j)   subject to   Σ_{j: t_j = t} n_j ≤ N_t   for every type t.
 
-0. **A small machine** (a grid of node counts per type whose DP costs at most some 30 million cell updates): the
+0. **Pinned jobs.** A job whose best type beats its every other choice by more than all other jobs could gain
+   (one that has not reported yet keeps its nodes: moving or stopping it costs some 10¹³) runs on that type in every
+   optimum: its other choices go, and where its best count is beyond doubt too it leaves the problem with its nodes
+   (:func:`pin`). Left in, such values made one sum of 10¹⁵ whose rounding was coarser than most jobs' gains.
+1. **A small machine** (a grid of node counts per type whose DP costs at most some 30 million cell updates): the
    plain DP over that grid (:mod:`.typegrid`), exact, and cheaper there than what follows (the LP relaxation is
    loose when a job's 8 nodes are a good share of a type).
-1. **Prices.** One node price per type near the LP relaxation's optimum (:mod:`.typeprices`): the bound UB.
-2. **A first answer.** Copies of each model are shared among types as the prices share them, and each type's jobs
+2. **Prices.** One node price per type near the LP relaxation's optimum (:mod:`.typeprices`): the bound UB.
+3. **A first answer.** Copies of each model are shared among types as the prices share them, and each type's jobs
    are solved exactly by the one-type solver (:func:`.dp.solve`): the incumbent, LB. (The types jobs run on now
    made a worse first answer on every hard decision of the benchmark: not tried.)
-3. **The core, exactly, from the bound down** (:mod:`.typecore`). For a threshold θ, every choice whose reduced
+4. **The core, exactly, from the bound down** (:mod:`.typecore`). For a threshold θ, every choice whose reduced
    cost exceeds UB − θ is in no solution worth θ and is dropped; jobs left on one type are one DP row per type, and
    the jobs that still hesitate between types are searched state by state (nodes of each type taken so far), pruned
    by a bound exact per type: the best solution worth θ, or none. Near UB the core is small and its search cheap,
@@ -20,14 +24,16 @@ stops), and each type has its own capacity:
    since nothing is worth the θ before. After each empty search a dive (the search keeping only its best states)
    on that small core may raise LB; once θ would pass LB, the search at LB finishes.
 
-Were the search ever to grow too large, the core goes to HiGHS (through SciPy) as a MILP, copies of a model counted
-rather than named. :func:`solve_milp` is the whole model solved by HiGHS without the decomposition (one binary per
-job, type and count): the reference the benchmark and the tests compare.
+Were the search ever to grow too large, or still run at half the time limit, the core goes to HiGHS (through SciPy)
+as a MILP, copies of a model counted rather than named, with the time left. :func:`solve_milp` is the whole model
+solved by HiGHS without the decomposition (one binary per job, type and count): the reference the benchmark and the
+tests compare.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,14 +64,86 @@ class Choice:
 def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, str]:
     """Exact optimum: ``tables[j][t][n]`` is job j's worth on type t at n nodes (−inf where not allowed; every
     table of a job has the same finite value at 0, stopped). Returns the choices, the value and how the core was
-    solved (``"dp"``, or ``"dp+milp"`` where the search grew too large; ``time_limit_s`` bounds that MILP)."""
+    solved (``"dp"``, or ``"dp+milp"`` where the search grew too large or ran long; ``time_limit_s`` bounds the
+    search and that MILP together: past it, the best solution found, ``"… (time limit)"``)."""
+    deadline = time.perf_counter() + time_limit_s
     types = sorted(capacities)
     J, T = len(tables), len(types)
     if J == 0:
         return [], 0.0, "dp"
-    values, stop = value_matrix(tables, capacities, types)
+    original, original_stop = value_matrix(tables, capacities, types)
     caps = np.array([capacities[t] for t in types], dtype=float)
-    W = values.shape[2]
+    values, stop, decided, (ts, ns) = pin(original, original_stop, caps)
+    left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
+    (ts[~decided], ns[~decided]), _, how = _solve(values[~decided], stop[~decided], left, deadline)
+    return _answer(types, ts, ns), _worth(original, original_stop, ts, ns), how
+
+
+PIN_MARGIN = 2.0
+"""A job is pinned to its best type when that beats its next best choice by this many times all other jobs could
+gain together (twice: a margin no rounding of the values can close)."""
+
+
+def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Jobs whose type no optimum can doubt, taken out of the search: the values and stops to solve, which jobs are
+    decided already, and a type and count per job (meaningful where decided).
+
+    A job that has not reported yet keeps its nodes until it does: stopping or moving it costs its change times an
+    exploring rate (:data:`.profiler.EXPLORE_RATE`), some 10¹³ where every other job's worth is 10²–10⁸. In one sum
+    such values leave the bound's tolerance (relative to the total) coarser than most jobs' gains and the search
+    hesitating over all of them: a learned typed replay's slowest decisions (150–540 ms) were these. Yet their answer
+    is plain: if the jobs P, each at its best choice (type t*, count c*), fit together and each one's best beats its
+    best choice elsewhere (or stopping) by more than all jobs outside P could gain, then in every optimum each runs
+    on its t* (else all of P at their best and the rest stopped is worth more). Those jobs are *pinned*: their other
+    types and stopping are dropped, their values on t* shifted to 0 at best (the optima do not move: every solution
+    left differs by one constant), stopping replaced by a loss larger than the rest could gain. A pinned job whose
+    best count is also its smallest allowed, or beats every other count by that margin, is decided outright: it
+    takes c* nodes of t* off the capacity and leaves the problem.
+    """
+    J, T, W = values.shape
+    gain = values - stop[:, None, None]
+    gain[:, :, 0] = -np.inf
+    per_type = gain.max(axis=2)
+    best_type = np.argmax(per_type, axis=1)
+    rows = np.arange(J)
+    best = per_type[rows, best_type]
+    others = per_type.copy()
+    others[rows, best_type] = -np.inf
+    margin = best - np.maximum(others.max(axis=1), 0.0)
+    upside = np.maximum(best, 0.0)
+    at = np.argmax(gain[rows, best_type], axis=1)  # the smallest count worth the most
+    order = np.argsort(-margin, kind="stable")
+    rest = upside.sum() - np.cumsum(upside[order])  # what the jobs outside the first k could gain
+    use = np.zeros((J, T))
+    use[order, best_type[order]] = at[order]
+    fits = (np.cumsum(use[order], axis=0) <= caps[None, :]).all(axis=1)
+    ok = np.flatnonzero((margin[order] > PIN_MARGIN * rest) & (margin[order] > 0) & np.minimum.accumulate(fits))
+    ts, ns = best_type.copy(), at.copy()
+    decided = np.zeros(J, dtype=bool)
+    if not ok.size:
+        return values, stop, decided, (ts, ns)
+    k = int(ok[-1]) + 1
+    pinned, bar = order[:k], PIN_MARGIN * rest[k - 1]
+    values, stop = values.copy(), stop.copy()
+    for j in pinned.tolist():
+        t = best_type[j]
+        row = gain[j, t]
+        allowed = np.flatnonzero(np.isfinite(row))
+        second = np.max(np.delete(row, at[j]), initial=-np.inf)
+        if at[j] == allowed[0] or row[at[j]] - second > bar:
+            decided[j] = True
+            continue
+        values[j] = -np.inf
+        values[j, t] = row - row[at[j]]
+        stop[j] = -(bar + 1.0)
+    return values, stop, decided, (ts, ns)
+
+
+def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float) -> tuple[tuple[np.ndarray, np.ndarray], float, str]:
+    """:func:`solve` on the value matrix: (type index, count) per job, the value, how."""
+    J, T, W = values.shape
+    if J == 0:
+        return (np.zeros(0, dtype=int), np.zeros(0, dtype=int)), 0.0, "dp"
 
     # Every job's own best: if that fits every type, it is the optimum.
     own = values.reshape(J, T * W).copy()
@@ -75,11 +153,11 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     kind, count = np.divmod(at, W)
     if all(count[runs & (kind == k)].sum() <= caps[k] for k in range(T)):
         ts, ns = np.where(runs, kind, 0), np.where(runs, count, 0)
-        return _answer(types, ts, ns), _worth(values, stop, ts, ns), "dp"
+        return (ts, ns), _worth(values, stop, ts, ns), "dp"
 
     if typegrid.fits(caps, values, stop):
         ts, ns = typegrid.solve(values, stop, caps)
-        return _answer(types, ts, ns), _worth(values, stop, ts, ns), "dp"
+        return (ts, ns), _worth(values, stop, ts, ns), "dp"
 
     members = _copies(values, stop)
     rep = np.array([m[0] for m in members])
@@ -92,38 +170,40 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     slack = 1e-9 * max(1.0, abs(upper))
     how = "dp"
     if upper - best.value > slack:
-        best, how = _exact(values, stop, caps, price, upper, best, slack, time_limit_s)
+        best, how = _exact(values, stop, caps, price, upper, best, slack, deadline)
     ts, ns = best.spell()
-    return _answer(types, ts, ns), _worth(values, stop, ts, ns), how
+    return (ts, ns), _worth(values, stop, ts, ns), how
 
 
 def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
-           time_limit_s: float) -> tuple[Solution, str]:  # fmt: skip
+           deadline: float) -> tuple[Solution, str]:  # fmt: skip
     """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ is near
     UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or proves
     that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
     incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the
-    best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value)."""
+    best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So
+    does a search still running at half the time (``deadline``, :func:`time.perf_counter`): the MILP has the rest."""
+    searching = time.perf_counter() + (deadline - time.perf_counter()) / 2
     step = (upper - best.value) / FIRST_STEP
     while True:
         theta = max(upper - step, best.value - slack)
         step *= GROW
         core = Core(values, stop, caps, price, upper, theta)
         try:
-            found = core.search(theta) if core.root >= theta else None
+            found = core.search(theta, searching) if core.root >= theta else None
+            if found is not None:
+                return (found if found.value > best.value else best), "dp"
+            if theta <= best.value:  # nothing beats the incumbent
+                return best, "dp"
+            better = core.dive(best.value - slack, DIVE_WIDTH, searching)
         except TooManyStates:
             break
-        if found is not None:
-            return (found if found.value > best.value else best), "dp"
-        if theta <= best.value:  # nothing beats the incumbent
-            return best, "dp"
-        better = core.dive(best.value - slack, DIVE_WIDTH)
         if better is not None and better.value > best.value + slack:
             best = better
-    for keep in (core.keep, None):
+    for tries, keep in ((2, core.keep), (1, None)):
         if keep is None:
             keep = Core(values, stop, caps, price, upper, best.value - slack).keep
-        ts, ns, value, proven = _milp(values, stop, caps, keep, time_limit_s / 2)  # two tries at most: the limit holds
+        ts, ns, value, proven = _milp(values, stop, caps, keep, (deadline - time.perf_counter()) / tries)  # the limit holds
         if proven and value >= theta:
             return Solution(value, lambda: (ts, ns)), "dp+milp"
         theta = best.value - slack
@@ -235,7 +315,7 @@ def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, t
     size = np.array([len(mem) for mem in members], dtype=float)
     G = len(members)
     # Among equal optima prefer fewer nodes (leave them to the main workload), as the other solvers do.
-    scale = max(1.0, float(np.abs(gain).max()))
+    scale = max(1.0, float(gain.max()))  # the largest gain: a hugely negative choice (a costly move) must not swamp the tie-break
     c = -(gain - 1e-9 * scale * nn)
     A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([gg, G + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
                    shape=(G + T, m)).tocsr()  # fmt: skip
@@ -281,7 +361,7 @@ def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, in
     nn = np.array([e[2] for e in entries])
     gain = np.array([e[3] for e in entries]) - stop[jj]
     m = len(entries)
-    scale = max(1.0, float(np.abs(gain).max()))
+    scale = max(1.0, float(gain.max()))  # the largest gain: a hugely negative choice (a costly move) must not swamp the tie-break
     A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([jj, J + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
                    shape=(J + len(types), m)).tocsr()  # fmt: skip
     ub = np.concatenate([np.ones(J), [capacities[t] for t in types]])

@@ -148,7 +148,9 @@ class NodeTypes:
         on = self.of_nodes(world, job.nodes) if job.status == "running" else None
         running = on if job.status == "running" and not self.profiler.measured(job.id, on) else None
         trying = (on, len(job.nodes)) if on is not None and running is None else None
-        return self.profiler.typed_curves(job.id, lo, hi, self.names, self._prediction(job), running, trying)
+        prediction = self._prediction(job)
+        far = prediction.nearest < self.config.similarity.far
+        return self.profiler.typed_curves(job.id, lo, hi, self.names, prediction, running, trying, far)
 
     @staticmethod
     def check_descriptor(model: Any) -> dict[str, Any]:
