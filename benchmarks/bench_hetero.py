@@ -15,9 +15,11 @@ type), realistic accounting, pilots queued 30 s. Printed, each from a replay run
    similar is measured once on every type at its minimum size: the cheap exploration), with the policy trusting any
    neighbour (``far = 0``), and learning from nothing (no library), each the median over ``--seeds`` noise seeds (3:
    one seed's noise moves a small family's share by a few per cent), with min and max; beside each family its
-   nearest model's similarity. Target: >= 0.95 for every family, and above nothing. The library does not learn
-   during these replays: held-out models stay held out. ``--control`` adds the held-out family learning from
-   nothing while the other families use the library (the same machine and competitors as the similarity run).
+   nearest model's similarity (a family no less similar than ``far`` is not far: its two similarity columns are
+   the same replays). ``--cold shared,heldout`` picks the parts. Target: >= 0.95 for every family, and above
+   nothing. The library does not learn during these replays: held-out models stay held out. ``--control`` adds
+   the held-out family learning from nothing while the other families use the library (the same machine and
+   competitors as the similarity run).
 3. decision time at 1,300 jobs: the typed controller's CPU per pass (p50, p99, max) with known and with learned
    curves (target: max <= 100 ms). The 1,300 jobs are the data set's 1,000 and the 300 held-out ones
    (``--heldout``; ``--extra-jobs FILE`` another job file with a ``models.csv`` beside it).
@@ -47,6 +49,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 from gavel_library import build  # noqa: E402
 
+from pilotfill.config import SimilarityConfig  # noqa: E402
 from pilotfill.replay import replay  # noqa: E402
 from pilotfill.traces import read_jobs, read_models, read_trace, with_models  # noqa: E402
 
@@ -96,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true", help="also: the held-out family from nothing, the others with the library")
     ap.add_argument("--sections", default="aware,cold,time,share", help="which of: aware, cold, time, share")
     ap.add_argument("--heldout", type=Path, default=HELDOUT, help="the held-out families' jobs (models.csv beside it)")
+    ap.add_argument("--cold", default="shared,heldout", help="section 2's parts: shared (each shared family left out), heldout (the held-out families)")
     ap.add_argument("--extra-jobs", type=Path, help="the 300 more jobs of the decision-time section (models.csv beside it); default: --heldout")
     args = ap.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(trace.nodes)} nodes {trace.type_counts()}, {len(jobs)} jobs, realistic accounting, queue delay 30 s")
     print()
     known = None
-    if sections & {"aware", "cold", "share"}:
+    if sections & {"aware", "share"} or ("cold" in sections and "shared" in args.cold.split(",")):
         print("== 1. known per-type curves: type-aware vs type-blind")
         known = run("type-aware, known curves", trace, jobs)
     if "aware" in sections:
@@ -130,12 +134,13 @@ def cold_start(args, folder: Path, trace, jobs, known, heldout) -> None:
           f"each / known curves, median of {args.seeds} seeds")  # fmt: skip
     seeds = range(args.seeds)
     rows = []
-    families = [f for f in args.families.split(",") if f]
+    parts = set(args.cold.split(","))
+    families = [f for f in args.families.split(",") if f] if "shared" in parts else []
     if families:
         nothing = [run(f"learned, no library (from nothing), seed {s}", trace, jobs, profiles="learned", seed=s) for s in seeds]
         for fam in families:
             rows.append(_cold_family(args, folder, trace, jobs, known, nothing, fam, build(folder, {fam})))
-    if heldout:
+    if heldout and "heldout" in parts:
         mix = sorted([*jobs, *heldout], key=lambda j: j.submit_time)
         known_mix = run(f"known curves, with the {len(heldout)} held-out jobs", trace, mix)
         nothing = [run(f"with the held-out jobs, learned, no library, seed {s}", trace, mix, profiles="learned", seed=s) for s in seeds]
@@ -160,14 +165,17 @@ def _cold_family(args, folder: Path, trace, jobs, known, nothing, fam: str, lib,
     seeds = range(args.seeds)
     k_fam = by_family(known)
     where = "library without it" if any(family(j.model) == fam for j in jobs) and fam in FAMILIES else "held out"
-    if runs is None:
-        sim = [run(f"learned, {where} ({fam}), seed {s}", trace, jobs, profiles="learned", seed=s, library=lib) for s in seeds]
-        trust = [run(f"learned, {where} ({fam}), trusting any neighbour, seed {s}", trace, jobs, profiles="learned", seed=s, library=lib, far=0.0)
-                 for s in seeds]  # fmt: skip
-    else:
-        sim, trust = runs
     model = next(j for j in jobs if family(j.model) == fam)
     nearest = lib.predict(model.descriptor, sorted(trace.type_counts()), model.max_nodes).nearest if model.descriptor else 0.0
+    if runs is None:
+        sim = [run(f"learned, {where} ({fam}), seed {s}", trace, jobs, profiles="learned", seed=s, library=lib) for s in seeds]
+        if nearest >= SimilarityConfig.far:  # not a far model: trusting its neighbours is what the policy does, the same replays
+            trust = sim
+        else:
+            trust = [run(f"learned, {where} ({fam}), trusting any neighbour, seed {s}", trace, jobs, profiles="learned", seed=s, library=lib, far=0.0)
+                     for s in seeds]  # fmt: skip
+    else:
+        sim, trust = runs
     row = {"similarity": [by_family(r)[fam] / k_fam[fam] for r in sim], "trusting": [by_family(r)[fam] / k_fam[fam] for r in trust],
            "nothing": [by_family(r)[fam] / k_fam[fam] for r in nothing], "all": [r.samples / known.samples for r in sim], "nearest": nearest}  # fmt: skip
     if args.control:  # the family without descriptors: it learns from nothing among the same competitors

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from .allocator import Formulation, Objective
 from .allocator.similarity import Library, LibraryError
+from .config import SimilarityConfig
 from .traces import InputError, format_time, parse_time, read_jobs, read_models, read_trace, with_models
 
 app = typer.Typer(
@@ -201,6 +202,7 @@ def replay(
     hold_out: Annotated[Optional[str], typer.Option(help="Leave this family (a library entry's family) out of the library.")] = None,
     objective: Annotated[Objective, typer.Option(help="samples: the most samples in all; share: each group (--share-by) its share of the machine first, then the most samples.")] = Objective.SAMPLES,
     share_by: Annotated[ShareBy, typer.Option(help="With --objective share, a job's group: the job file's group column, its model, or its model's family (the model less -bsN).")] = ShareBy.group,
+    far: Annotated[float, typer.Option(help="With --library: a model whose nearest library model is less similar than this is measured once on every type (0: trust any neighbour).", min=0.0, max=1.0)] = SimilarityConfig.far,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
@@ -234,7 +236,7 @@ def replay(
         tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
         time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
         pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
-        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value,
+        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value, far=far,
     )  # fmt: skip
 
     if tui and not as_json:

@@ -920,15 +920,15 @@ def test_a_lead_the_other_jobs_could_make_up_pins_nothing():
 
 
 def test_the_typed_solver_keeps_to_its_time_limit(monkeypatch):
-    """A search still running at half the time limit hands its core to the MILP with the rest: the answer fits,
-    is never worse than the first answer, and says it was cut short. (A clock that moves a second per reading stands
-    for a slow machine: the test does not depend on how fast this one is.)"""
+    """A search still running at half the time limit hands its core to the MILP with the rest: the answer is a
+    solution (it fits, worth what it says, never above HiGHS's optimum) and the MILP gave it. (A clock that moves a
+    second per reading stands for a slow machine: the test does not depend on how fast this one is.)"""
     from pilotfill.allocator import typecore, typegrid
 
     class Clock:
         now = 0.0
 
-        def perf_counter(self) -> float:
+        def thread_time(self) -> float:
             Clock.now += 1.0
             return Clock.now
 

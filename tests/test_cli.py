@@ -88,6 +88,8 @@ def test_bad_options_exit_2(write):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     out = pilotfill("replay", "/nonexistent/trace.csv", str(write("j.csv", JOBS)))
     assert out.returncode == 2 and "no such file" in out.stderr
+    out = pilotfill("replay", str(write("t.csv", TRACE)), str(write("j.csv", JOBS)), "--far", "1.5")
+    assert out.returncode == 2 and "--far" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_default_replays_the_bundled_summit_excerpt():

@@ -84,7 +84,7 @@ class Core:
 
     def search(self, theta: float, deadline: float = math.inf) -> Solution | None:
         """The best solution worth at least ``theta`` (None: there is none); :class:`TooManyStates` past the limit
-        of states or past ``deadline`` (:func:`time.perf_counter`)."""
+        of states or past ``deadline`` (:func:`time.thread_time`)."""
         return self._layers(theta, STATE_LIMIT, None, deadline)
 
     def dive(self, theta: float, width: int, deadline: float = math.inf) -> Solution | None:
@@ -114,7 +114,7 @@ class Core:
             total += len(s)
             if total > limit:
                 raise TooManyStates(f"{total:,} states by {h + 1} of {len(self.order)} hesitant jobs")
-            if time.perf_counter() > deadline:
+            if time.thread_time() > deadline:
                 raise TooManyStates(f"out of time by {h + 1} of {len(self.order)} hesitant jobs ({total:,} states)")
             trail.append((s, i))
         return None

@@ -65,8 +65,10 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     """Exact optimum: ``tables[j][t][n]`` is job j's worth on type t at n nodes (−inf where not allowed; every
     table of a job has the same finite value at 0, stopped). Returns the choices, the value and how the core was
     solved (``"dp"``, or ``"dp+milp"`` where the search grew too large or ran long; ``time_limit_s`` bounds the
-    search and that MILP together: past it, the best solution found, ``"… (time limit)"``)."""
-    deadline = time.perf_counter() + time_limit_s
+    search and that MILP together: past it, the best solution found, ``"… (time limit)"``). The search's clock is
+    the CPU time of this thread (:func:`time.thread_time`), not the wall's: on a busy host the same problem gets the
+    same search, and the controller's other threads do not spend its time."""
+    deadline = time.thread_time() + time_limit_s
     types = sorted(capacities)
     J, T = len(tables), len(types)
     if J == 0:
@@ -113,7 +115,8 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
     upside = np.maximum(best, 0.0)
     at = np.argmax(gain[rows, best_type], axis=1)  # the smallest count worth the most
     order = np.argsort(-margin, kind="stable")
-    rest = upside.sum() - np.cumsum(upside[order])  # what the jobs outside the first k could gain
+    after = np.cumsum(upside[order][::-1])[::-1]  # summed from the small end: no huge value cancelled away
+    rest = np.concatenate([after[1:], [0.0]])  # what the jobs outside the first k could gain
     use = np.zeros((J, T))
     use[order, best_type[order]] = at[order]
     fits = (np.cumsum(use[order], axis=0) <= caps[None, :]).all(axis=1)
@@ -182,8 +185,8 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
     that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
     incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the
     best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So
-    does a search still running at half the time (``deadline``, :func:`time.perf_counter`): the MILP has the rest."""
-    searching = time.perf_counter() + (deadline - time.perf_counter()) / 2
+    does a search still running at half the time (``deadline``, :func:`time.thread_time`): the MILP has the rest."""
+    searching = time.thread_time() + (deadline - time.thread_time()) / 2
     step = (upper - best.value) / FIRST_STEP
     while True:
         theta = max(upper - step, best.value - slack)
@@ -203,7 +206,7 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
     for tries, keep in ((2, core.keep), (1, None)):
         if keep is None:
             keep = Core(values, stop, caps, price, upper, best.value - slack).keep
-        ts, ns, value, proven = _milp(values, stop, caps, keep, (deadline - time.perf_counter()) / tries)  # the limit holds
+        ts, ns, value, proven = _milp(values, stop, caps, keep, (deadline - time.thread_time()) / tries)  # the limit holds
         if proven and value >= theta:
             return Solution(value, lambda: (ts, ns)), "dp+milp"
         theta = best.value - slack
