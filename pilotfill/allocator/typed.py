@@ -203,16 +203,20 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
             break
         if better is not None and better.value > best.value + slack:
             best = better
+    found = best
     for tries, keep in ((2, core.keep), (1, None)):
+        left = deadline - time.thread_time()
+        if tries == 1 and left <= 0:  # no time for the core at the incumbent's value: the best found stands
+            break
         if keep is None:
             keep = Core(values, stop, caps, price, upper, best.value - slack).keep
-        ts, ns, value, proven = _milp(values, stop, caps, keep, (deadline - time.thread_time()) / tries)  # the limit holds
+        ts, ns, value, proven = _milp(values, stop, caps, keep, left / tries)  # the limit holds
         if proven and value >= theta:
             return Solution(value, lambda: (ts, ns)), "dp+milp"
+        if value > found.value:
+            found = Solution(value, lambda ts=ts, ns=ns: (ts, ns))
         theta = best.value - slack
-    if value < best.value:  # the MILP ran out of time with less than the incumbent
-        return best, "dp+milp (time limit)"
-    return Solution(value, lambda: (ts, ns)), "dp+milp" if proven else "dp+milp (time limit)"
+    return found, "dp+milp (time limit)"  # the MILP ran out of time: its best, or the incumbent where that is better
 
 
 def _worth(values: np.ndarray, stop: np.ndarray, ts: np.ndarray, ns: np.ndarray) -> float:
