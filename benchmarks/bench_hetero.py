@@ -145,8 +145,10 @@ def cold_start(args, folder: Path, trace, jobs, known, heldout) -> None:
         known_mix = run(f"known curves, with the {len(heldout)} held-out jobs", trace, mix)
         nothing = [run(f"with the held-out jobs, learned, no library, seed {s}", trace, mix, profiles="learned", seed=s) for s in seeds]
         lib = build(folder, set())
-        for fam in sorted({family(j.model) for j in heldout}):
-            rows.append(_cold_family(args, folder, trace, mix, known_mix, nothing, fam, lib, runs=rows[-1][2] if rows and rows[-1][3] else None))
+        held = sorted({family(j.model) for j in heldout})
+        for fam in held:  # one set of replays for all of them: the same jobs, the same library
+            rows.append(_cold_family(args, folder, trace, mix, known_mix, nothing, fam, lib, runs=rows[-1][2] if rows and rows[-1][3] else None,
+                                     label=", ".join(held)))  # fmt: skip
     print()
     columns = ["similarity", "trusting", "nothing", *(["control"] if args.control else []), "all"]
     titles = {"similarity": "similarity/known", "trusting": "trusting any/known", "nothing": "nothing/known",
@@ -159,20 +161,21 @@ def cold_start(args, folder: Path, trace, jobs, known, heldout) -> None:
     print()
 
 
-def _cold_family(args, folder: Path, trace, jobs, known, nothing, fam: str, lib, runs=None):
+def _cold_family(args, folder: Path, trace, jobs, known, nothing, fam: str, lib, runs=None, label: str = ""):
     """One family's row: its samples / known with the policy as it is, trusting any neighbour, and from nothing
     (``runs``: the similarity and trusting runs of the same replay, where the library is the same for two families)."""
     seeds = range(args.seeds)
     k_fam = by_family(known)
     where = "library without it" if any(family(j.model) == fam for j in jobs) and fam in FAMILIES else "held out"
+    label = label or fam
     model = next(j for j in jobs if family(j.model) == fam)
     nearest = lib.predict(model.descriptor, sorted(trace.type_counts()), model.max_nodes).nearest if model.descriptor else 0.0
     if runs is None:
-        sim = [run(f"learned, {where} ({fam}), seed {s}", trace, jobs, profiles="learned", seed=s, library=lib) for s in seeds]
+        sim = [run(f"learned, {where} ({label}), seed {s}", trace, jobs, profiles="learned", seed=s, library=lib) for s in seeds]
         if nearest >= SimilarityConfig.far:  # not a far model: trusting its neighbours is what the policy does, the same replays
             trust = sim
         else:
-            trust = [run(f"learned, {where} ({fam}), trusting any neighbour, seed {s}", trace, jobs, profiles="learned", seed=s, library=lib, far=0.0)
+            trust = [run(f"learned, {where} ({label}), trusting any neighbour, seed {s}", trace, jobs, profiles="learned", seed=s, library=lib, far=0.0)
                      for s in seeds]  # fmt: skip
     else:
         sim, trust = runs
