@@ -43,6 +43,9 @@ only a sure gain pays for it) and tries a type by the upper bound, on free
 nodes only, as it explores sizes. A job's own reports on a type replace the
 prediction there the moment they arrive. With no similar model measured (or
 no descriptor) every type is alike and wide open: per-type learning from nothing.
+A model whose nearest measured model is far (the caller says: ``far``) is measured
+once on every type, at its minimum size, before its bounds decide: a weak
+neighbour's guess is not worth trusting even as a bound.
 
 A job's curves are refitted only when what it reported moves: a new scale,
 or a scale's mean rate moving more than ``REFIT_TOLERANCE`` from the mean the
