@@ -77,7 +77,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     caps = np.array([capacities[t] for t in types], dtype=float)
     values, stop, decided, (ts, ns) = pin(original, original_stop, caps)
     left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
-    (ts[~decided], ns[~decided]), _, how = _solve(values[~decided], stop[~decided], left, deadline)
+    (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline)
     return _answer(types, ts, ns), _worth(original, original_stop, ts, ns), how
 
 
@@ -142,11 +142,12 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
     return values, stop, decided, (ts, ns)
 
 
-def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float) -> tuple[tuple[np.ndarray, np.ndarray], float, str]:
-    """:func:`solve` on the value matrix: (type index, count) per job, the value, how."""
+def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float) -> tuple[tuple[np.ndarray, np.ndarray], str]:
+    """:func:`solve` on the value matrix: (type index, count) per job, and how (the caller values the answer by
+    the tables as given, not these, which :func:`pin` may have shifted)."""
     J, T, W = values.shape
     if J == 0:
-        return (np.zeros(0, dtype=int), np.zeros(0, dtype=int)), 0.0, "dp"
+        return (np.zeros(0, dtype=int), np.zeros(0, dtype=int)), "dp"
 
     # Every job's own best: if that fits every type, it is the optimum.
     own = values.reshape(J, T * W).copy()
@@ -156,11 +157,11 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
     kind, count = np.divmod(at, W)
     if all(count[runs & (kind == k)].sum() <= caps[k] for k in range(T)):
         ts, ns = np.where(runs, kind, 0), np.where(runs, count, 0)
-        return (ts, ns), _worth(values, stop, ts, ns), "dp"
+        return (ts, ns), "dp"
 
     if typegrid.fits(caps, values, stop):
         ts, ns = typegrid.solve(values, stop, caps)
-        return (ts, ns), _worth(values, stop, ts, ns), "dp"
+        return (ts, ns), "dp"
 
     members = _copies(values, stop)
     rep = np.array([m[0] for m in members])
@@ -175,7 +176,7 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
     if upper - best.value > slack:
         best, how = _exact(values, stop, caps, price, upper, best, slack, deadline)
     ts, ns = best.spell()
-    return (ts, ns), _worth(values, stop, ts, ns), how
+    return (ts, ns), how
 
 
 def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
