@@ -31,11 +31,13 @@ figures: 6.11e9 samples, 43 jobs, 98.2 % efficiency) and a saturating demand:
 the shared job file eight times over, submitted evenly through the week
 (8,008 jobs), on the whole machine with realistic accounting and a 30 s queue
 delay — where the question is how much of the idle time becomes training.
+Apart (``--only twice``, not in the default matrix): the next machines, twice Summit — the week beside itself
+(9,468 nodes, its events twice as large at the same instants) under the job file sixteen times over (16,016 jobs).
 
 Controller time is per pass of the controller's loop (at most 256 messages, then a step: what a reply or a decision
 waits for), and, apart, for the busiest instant of the trace in all its passes (a preemption of thousands of nodes).
 
-    python benchmarks/bench_replay.py [--data ../shared/data] [--only 64|whole|bftrainer|horizon|saturating] [--accounting bftrainer|realistic]
+    python benchmarks/bench_replay.py [--data ../shared/data] [--only 64|whole|bftrainer|horizon|saturating|twice] [--accounting bftrainer|realistic]
         [--queue-delay 0|30] [--seeds 3] [--saturating-seeds 1] [--jobs N] [--out results.jsonl]
 
 ``--jobs N`` runs N replays at once in separate processes (each replay's CPU time is its own process's; on a machine
@@ -84,8 +86,11 @@ def _inputs(data: Path, machine: str, demand: str) -> tuple[Trace, list[JobSpec]
     """The trace and job file of a cell (read once per process)."""
     trace_file = data / "summit-2021-02-10-week.csv.gz"
     trace = read_trace(trace_file, nodes=64, **WINDOW) if machine == "64" else read_trace(trace_file)
+    if machine == "twice":  # the next machines: twice Summit, the week beside itself
+        trace = trace.beside(trace, "b/")
     jobs = read_jobs(data / "jobs-imagenet-1001.csv")
-    return trace, saturating_demand(jobs, trace) if demand == "saturating" else jobs
+    copies = 16 if machine == "twice" else 8
+    return trace, saturating_demand(jobs, trace, copies) if demand == "saturating" else jobs
 
 
 def run_one(data: Path, machine: str, demand: str, options: dict) -> dict:
@@ -156,7 +161,7 @@ def show(result: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
-    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating"], action="append", help="run only these parts (repeatable)")
+    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating", "twice"], action="append", help="run only these parts (repeatable)")
     ap.add_argument("--accounting", choices=["bftrainer", "realistic"], action="append", help="64/whole cells: only this accounting (repeatable)")
     ap.add_argument("--queue-delay", type=float, action="append", help="64/whole cells: only this queue delay in s (repeatable)")
     ap.add_argument("--horizon-machine", choices=["64", "whole"], action="append", help="horizon part: only this machine (repeatable)")
@@ -189,9 +194,12 @@ def main() -> None:
     if "saturating" in parts:
         specs.append(("whole machine, saturating demand (the job file 8 times over, submitted through the week), realistic accounting, queue delay 30 s",
                       "whole", "saturating", args.saturating_seeds, dict(accounting="realistic", queue_delay_s=30.0)))  # fmt: skip
+    if "twice" in parts:  # not in the default matrix: about three times the saturating cell's time
+        specs.append(("twice Summit (the week beside itself: 9,468 nodes), saturating demand (the job file 16 times over), realistic accounting, "
+                      "queue delay 30 s", "twice", "saturating", args.saturating_seeds, dict(accounting="realistic", queue_delay_s=30.0)))  # fmt: skip
     # Every cell is started before any is gathered (with --jobs they run side by side), the longest first: the
     # saturating demand, then the whole machine, so the last to finish is not the longest.
-    started = {i: None for i in sorted(range(len(specs)), key=lambda i: (specs[i][2] != "saturating", specs[i][1] != "whole"))}
+    started = {i: None for i in sorted(range(len(specs)), key=lambda i: (specs[i][1] != "twice", specs[i][2] != "saturating", specs[i][1] != "whole"))}
     for i in started:
         label, machine, demand, seeds, options = specs[i]
         started[i] = runner.cell(label, machine, demand, seeds, **options)

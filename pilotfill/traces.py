@@ -151,6 +151,27 @@ class Trace:
         return Trace(self.path, tuple(n for n in self.nodes if n in keep), self.start, self.end, self.initial_idle & keep, tuple(steps),
                      {n: t for n, t in self.types.items() if n in keep})  # fmt: skip
 
+    def beside(self, other: Trace, prefix: str) -> Trace:
+        """This machine and ``other`` as one, ``other``'s nodes named with ``prefix`` (a machine twice the size:
+        ``benchmarks/bench_replay.py``'s next-generation cell puts a week beside itself). Both traces' events keep
+        their times; the window is the union of both."""
+        if any(n.startswith(prefix) for n in self.nodes):
+            raise ValueError(f"prefix {prefix!r} would name some of this trace's own nodes")
+        renamed = lambda names: tuple(prefix + n for n in names)  # noqa: E731
+        at: dict[float, tuple[list[str], list[str]]] = {}
+        for s, names in ((s, (list(s.to_idle), list(s.to_busy))) for s in self.steps):
+            idle, busy = at.setdefault(s.time, ([], []))
+            idle += names[0]
+            busy += names[1]
+        for s in other.steps:
+            idle, busy = at.setdefault(s.time, ([], []))
+            idle += renamed(s.to_idle)
+            busy += renamed(s.to_busy)
+        steps = tuple(TraceStep(t, tuple(idle), tuple(busy)) for t, (idle, busy) in sorted(at.items()))
+        types = {**self.types, **{prefix + n: t for n, t in other.types.items()}}
+        return Trace(f"{self.path} + {other.path}", self.nodes + renamed(other.nodes), min(self.start, other.start), max(self.end, other.end),
+                     self.initial_idle | frozenset(renamed(other.initial_idle)), steps, types)  # fmt: skip
+
     def type_counts(self) -> dict[str, int]:
         """Nodes of each type (the machine's shape; empty for a machine with one kind of node)."""
         out: dict[str, int] = {}

@@ -950,9 +950,14 @@ def test_the_typed_solver_keeps_to_its_time_limit(monkeypatch):
     assert cut >= 5  # the search was cut short and the MILP answered
 
 
-def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing_below_it():
+@pytest.mark.parametrize("merge", ["lexsort", "rank", "dense"])
+def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing_below_it(monkeypatch, merge):
     from pilotfill.allocator import typecore
     from pilotfill.allocator.typeprices import prices
+
+    if merge != "lexsort":  # every level merged as large levels are: by one integer's sort, or scattered by key
+        monkeypatch.setattr(typecore, "RANK_MERGE_ABOVE", 0)
+        monkeypatch.setattr(typecore, "DENSE_KEYS_PER_PAIR", 10**9 if merge == "dense" else 0)
 
     rng = random.Random(3)
     checked = 0
@@ -983,6 +988,23 @@ def test_the_core_search_finds_the_best_solution_worth_the_threshold_and_nothing
             assert dived is None or dived.value <= best + 1e-9 * max(1.0, abs(best))
             checked += bool(len(core.order))
     assert checked >= 50  # cores with jobs torn between types
+
+
+def test_a_search_level_keeps_each_keys_best_worth_the_same_way_whatever_its_size(monkeypatch):
+    """The three ways a level is merged (lexsort; one integer's sort; an array indexed by key) keep, for every key in
+    increasing order, the first of its best worths — ties included."""
+    from pilotfill.allocator import typecore
+
+    rng = np.random.default_rng(7)
+    for n, span in ((1, 1), (50, 10), (3000, 40), (3000, 100_000), (20_000, 5_000)):
+        keys = rng.integers(0, span, n).astype(np.int64)
+        worth = rng.integers(-5, 5, n).astype(float)  # many ties
+        order = np.lexsort((-worth, keys))
+        expected = order[np.r_[True, keys[order][1:] != keys[order][:-1]]]
+        for above, dense in ((10**9, 0), (0, 0), (0, 10**9)):
+            monkeypatch.setattr(typecore, "RANK_MERGE_ABOVE", above)
+            monkeypatch.setattr(typecore, "DENSE_KEYS_PER_PAIR", dense)
+            assert typecore.best_per_key(keys, worth).tolist() == expected.tolist(), (n, span, above, dense)
 
 
 def test_typed_solver_falls_back_to_the_milp_on_a_core_too_large_for_the_search(monkeypatch):
@@ -1023,6 +1045,43 @@ def test_the_grid_dp_of_a_small_machine_matches_highs_with_hundreds_of_jobs():
         assert proven and how == "dp"
         assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)), f"grid {value} vs HiGHS {reference}"
         assert same(worth_of(tables, caps, choices), value, 1e-9)
+
+
+def test_a_large_grid_is_tried_by_a_short_search_first_and_either_way_the_answer_is_the_optimum(monkeypatch):
+    """Past ``PROBE_ABOVE`` cell updates the grid DP waits for a search of a few states: where it proves the optimum
+    the grid is not run, where it gives up the grid answers — the same optimum both ways (HiGHS's, proven)."""
+    from pilotfill.allocator import typegrid
+
+    grids, probes = [], []
+    real, search = typegrid.solve, typed_module._by_search
+    monkeypatch.setattr(typegrid, "solve", lambda *a: grids.append(1) or real(*a))
+    monkeypatch.setattr(typed_module, "_by_search", lambda *a: probes.append(a[-1]) or search(*a))
+    monkeypatch.setattr(typed_module, "PROBE_ABOVE", 0)
+    rng = random.Random(23)
+    searched = gridded = 0
+    for states in (1.0, 1e-12):  # a search of up to a state per update, then one of none (it gives up at once)
+        monkeypatch.setattr(typed_module, "PROBE_STATES", states)
+        for _ in range(12):
+            types = ["k80", "p100", "v100"]
+            tables = random_typed_tables(rng, rng.randint(3, 6), 40, types, widest=8)
+            caps = {t: rng.randint(18, 24) for t in types}
+            counts = np.array([caps[t] for t in types], dtype=float)
+            values, stop = typed_module.value_matrix(tables, caps, types)
+            if typegrid.work(counts, values, stop) == 0:  # a grid small enough to be taken on at once
+                continue
+            grids.clear(), probes.clear()
+            choices, value, how = typed_module.solve(tables, caps)
+            if not probes:
+                continue  # every job's own best fits: no search, no grid
+            _, reference, proven = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
+            assert proven and how == "dp"
+            assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)), f"{value} vs HiGHS {reference}"
+            assert same(worth_of(tables, caps, choices), value, 1e-9)
+            if states < 1:
+                assert grids, "a search of no states cannot prove anything: the grid answers"
+            searched += not grids
+            gridded += bool(grids)
+    assert searched >= 8 and gridded >= 8
 
 
 def test_the_typed_prices_are_near_the_lp_relaxation():

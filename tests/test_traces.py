@@ -40,6 +40,26 @@ def test_trace_whole(write):
     assert tr.transitions == 5
 
 
+def test_a_trace_beside_another_is_one_machine_of_both(write):
+    """Twice a machine (the next-generation cell of the replay benchmark): the other's nodes renamed, every event of
+    both at its time, one step per instant."""
+    a = read_trace(write("t.csv", TRACE))
+    b = read_trace(write("t.csv", TRACE), start=parse_time("2021-02-10T00:01:00Z"))
+    both = a.beside(b, "b/")
+    assert both.nodes == ("n0", "n1", "n2", "b/n0", "b/n1", "b/n2")
+    assert both.initial_idle == {"n1", "b/n0", "b/n1"}
+    assert (both.start, both.end) == (a.start, a.end)
+    assert [(s.time - a.start, set(s.to_idle), set(s.to_busy)) for s in both.steps] == [
+        (60, {"n0"}, set()),
+        (120, {"n2", "b/n2"}, {"n1", "b/n1"}),
+        (180, set(), {"n2", "b/n2"}),
+        (240, set(), {"n0", "b/n0"}),
+    ]
+    assert both.transitions == a.transitions + b.transitions
+    with pytest.raises(ValueError, match="prefix 'n'"):
+        a.beside(b, "n")
+
+
 def test_first_nodes_keep_file_order_and_drop_empty_times(write):
     tr = read_trace(write("t.csv", TRACE), nodes=2)
     assert tr.nodes == ("n0", "n1")

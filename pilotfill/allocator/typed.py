@@ -10,8 +10,11 @@ stops), and each type has its own capacity:
    optimum: its other choices go, and where its best count is beyond doubt too it leaves the problem with its nodes
    (:func:`pin`). Left in, such values made one sum of 10¹⁵ whose rounding was coarser than most jobs' gains.
 1. **A small machine** (a grid of node counts per type whose DP costs at most some 30 million cell updates): the
-   plain DP over that grid (:mod:`.typegrid`), exact, and cheaper there than what follows (the LP relaxation is
-   loose when a job's 8 nodes are a good share of a type).
+   plain DP over that grid (:mod:`.typegrid`), exact, and cheaper there than what follows when the LP relaxation
+   is loose (a job's 8 nodes a good share of a type). Past 5 million updates the steps below are tried first with
+   a search of some thousand states (a probe): where the bound is tight — most pilot-sizing questions, with every
+   idle node counted, and most decisions while learning — they prove the optimum in a few milliseconds where the
+   grid takes 30–40; where it fails the grid runs, some 10 % later.
 2. **Prices.** One node price per type near the LP relaxation's optimum (:mod:`.typeprices`): the bound UB.
 3. **A first answer.** Copies of each model are shared among types as the prices share them, and each type's jobs
    are solved exactly by the one-type solver (:func:`.dp.solve`): the incumbent, LB. (The types jobs run on now
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dp, typegrid
+from . import dp, typecore, typegrid
 from .milp import quiet_solver
 from .typecore import Core, Solution, TooManyStates
 from .typeprices import prices
@@ -79,6 +82,13 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
     (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline)
     return _answer(types, ts, ns), _worth(original, original_stop, ts, ns), how
+
+
+PROBE_ABOVE = 5_000_000
+"""A grid DP of more cell updates than this (some 9 ms here) is tried after a short search: ..."""
+PROBE_STATES = 1 / 20_000
+"""... of at most one search state per this many of the grid's cell updates, in each of its searches (the
+thresholds step down from the bound to the first answer in about nine of them)."""
 
 
 PIN_MARGIN = 2.0
@@ -159,10 +169,22 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
         ts, ns = np.where(runs, kind, 0), np.where(runs, count, 0)
         return (ts, ns), "dp"
 
-    if typegrid.fits(caps, values, stop):
-        ts, ns = typegrid.solve(values, stop, caps)
-        return (ts, ns), "dp"
+    grid = typegrid.work(caps, values, stop)
+    if grid <= typegrid.WORK:
+        if grid > PROBE_ABOVE:  # a large grid: the search may prove the optimum for much less (a loose bound fails fast)
+            try:
+                return _by_search(values, stop, caps, deadline, min(typecore.STATE_LIMIT, int(grid * PROBE_STATES)))
+            except TooManyStates:
+                pass
+        return typegrid.solve(values, stop, caps), "dp"
+    return _by_search(values, stop, caps, deadline)
 
+
+def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float,
+               probe: int | None = None) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
+    """Steps 2–4: prices, a first answer, the exact search of the core (the MILP where that grows too large).
+    ``probe``: a search of at most this many states, and :class:`TooManyStates` rather than the MILP."""
+    J, T, W = values.shape
     members = _copies(values, stop)
     rep = np.array([m[0] for m in members])
     price, share = prices(values[rep] - stop[rep, None, None], np.array([len(m) for m in members], dtype=float), caps)
@@ -174,19 +196,20 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
     slack = 1e-9 * max(1.0, abs(upper))
     how = "dp"
     if upper - best.value > slack:
-        best, how = _exact(values, stop, caps, price, upper, best, slack, deadline)
+        best, how = _exact(values, stop, caps, price, upper, best, slack, deadline, probe)
     ts, ns = best.spell()
     return (ts, ns), how
 
 
 def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
-           deadline: float) -> tuple[Solution, str]:  # fmt: skip
+           deadline: float, probe: int | None = None) -> tuple[Solution, str]:  # fmt: skip
     """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ is near
     UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or proves
     that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
     incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the
     best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So
-    does a search still running at half the time (``deadline``, :func:`time.thread_time`): the MILP has the rest."""
+    does a search still running at half the time (``deadline``, :func:`time.thread_time`): the MILP has the rest.
+    ``probe``: every search of at most this many states, and :class:`TooManyStates` instead of the MILP."""
     searching = time.thread_time() + (deadline - time.thread_time()) / 2
     step = (upper - best.value) / FIRST_STEP
     while True:
@@ -194,13 +217,15 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
         step *= GROW
         core = Core(values, stop, caps, price, upper, theta)
         try:
-            found = core.search(theta, searching) if core.root >= theta else None
+            found = core.search(theta, searching, probe) if core.root >= theta else None
             if found is not None:
                 return (found if found.value > best.value else best), "dp"
             if theta <= best.value:  # nothing beats the incumbent
                 return best, "dp"
             better = core.dive(best.value - slack, DIVE_WIDTH, searching)
         except TooManyStates:
+            if probe is not None:
+                raise
             break
         if better is not None and better.value > best.value + slack:
             best = better

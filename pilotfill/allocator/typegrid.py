@@ -9,6 +9,8 @@ searching, and its cost is known before it starts (:func:`fits`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 CELLS = 5_000
@@ -16,18 +18,27 @@ CELLS = 5_000
 WORK = 30_000_000
 """...and a larger one while its cell updates (choices worth more than stopping × cells) are at most this many:
 about 1.8 ns each here (measured on 60 of the typed replay's hardest decisions, 13–750 million updates), so some
-55 ms. Those decisions took the pricing and search 30–660 ms where the grid took 25–56 ms."""
+55 ms. Those decisions took the pricing and search 30–660 ms where the grid took 25–56 ms. (Past a few million
+updates :func:`.typed.solve` tries a short search first: where the bound is tight it proves the optimum sooner.)"""
 
 
 def fits(caps: np.ndarray, values: np.ndarray | None = None, stop: np.ndarray | None = None) -> bool:
     """Whether the grid of node counts per type is small enough for :func:`solve`: ``values``/``stop`` (as
     :func:`solve` takes them) count its work, for a grid above :data:`CELLS`."""
+    if values is None or stop is None:
+        return float(np.prod(caps + 1)) <= CELLS
+    return work(caps, values, stop) <= WORK
+
+
+def work(caps: np.ndarray, values: np.ndarray, stop: np.ndarray) -> float:
+    """The cell updates :func:`solve` would make (0 for a grid of at most :data:`CELLS`, which it always takes on;
+    infinite past :data:`WORK` where counting them is not worth it)."""
     cells = float(np.prod(caps + 1))
     if cells <= CELLS:
-        return True
-    if values is None or stop is None or cells > WORK:
-        return False
-    return cells * int(_allowed(values - stop[:, None, None], caps).sum()) <= WORK
+        return 0.0
+    if cells > WORK:
+        return math.inf
+    return cells * int(_allowed(values - stop[:, None, None], caps).sum())
 
 
 def _allowed(gain: np.ndarray, caps: np.ndarray) -> np.ndarray:
