@@ -55,12 +55,27 @@ def status(job: str) -> JobStatus | None:
     return None
 
 
+def until_running(job: str, timeout_s: float = 180.0) -> JobStatus:
+    """Wait until ``job`` is R with substate 42 (running): before that — substate 41, its sister MOMs still joining —
+    ``pbs_release_nodes`` refuses it (168). The adapter retries that only briefly (a pilot's agents join after it
+    anyway); on a busy host the join may take longer than that, and this scenario is about what a release gives
+    back, not about the join's timing (``test_pbs.py`` covers the 168 window)."""
+    end = time.monotonic() + timeout_s
+    found = None
+    while time.monotonic() < end:
+        found = status(job)
+        if found is not None and found.state == "R" and found.substate == 42:
+            return found
+        time.sleep(0.2)
+    raise TimeoutError(f"{job} not running (R, substate 42) within {timeout_s:.0f} s: {found}")
+
+
 def release(run_dir: Path) -> dict:
     """A pilot with a chunk on each of three hosts: a sister host's vnode is released, the primary host's kept."""
     s = adapter(run_dir)
     job = s.submit_pilot("rel", 3)
     started = events_until(s, lambda e: e.kind == "started")[-1]
-    primary = status(job).chunk_hosts[0]  # exec_host's first: the primary execution host
+    primary = until_running(job).chunk_hosts[0]  # exec_host's first: the primary execution host
     sister = next(n for n in started.nodes if n.split("[")[0] != primary)
     on_primary = next(n for n in started.nodes if n.split("[")[0] == primary)
     released = s.release("rel", [sister])
