@@ -29,7 +29,7 @@ type), realistic accounting, pilots queued 30 s. Printed, each from a replay run
    so the G slices partition the machine), what the share objective guarantees it at every decision. Printed: each family's share/isolated and samples/isolated, and the
    total samples share/samples (what the guarantee costs).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_hetero.py [--sections aware,cold,time,share] [--nodes-per-type 64]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_hetero.py [--sections aware,cold,time,share] [--nodes-per-type 64] [--twice]
         [--families ResNet-18,...] [--seeds 3] [--control] [--heldout FILE] [--extra-jobs FILE]
 """
 
@@ -94,6 +94,7 @@ def _spread(values: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes-per-type", type=int, default=64)
+    ap.add_argument("--twice", action="store_true", help="the machine beside itself (twice the nodes of every type: the next machines)")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for learned curves (the median is judged)")
     ap.add_argument("--control", action="store_true", help="also: the held-out family from nothing, the others with the library")
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = DATA / "heterogeneous"
     print(f"python {platform.python_version()}, {os.cpu_count()} CPU(s); data {folder}")
     trace = read_trace(DATA / "summit-2021-02-10-week.csv.gz", types=folder / "node-types-summit.csv", nodes_per_type=args.nodes_per_type)
+    if args.twice:
+        trace = trace.beside(trace, "b/")
     jobs = with_models(read_jobs(folder / "jobs-hetero-train.csv"), read_models(folder / "models.csv"))
     heldout = with_models(read_jobs(args.heldout), read_models(args.heldout.parent / "models.csv"))
     print(f"{len(trace.nodes)} nodes {trace.type_counts()}, {len(jobs)} jobs, realistic accounting, queue delay 30 s")

@@ -1084,6 +1084,42 @@ def test_a_large_grid_is_tried_by_a_short_search_first_and_either_way_the_answer
     assert searched >= 8 and gridded >= 8
 
 
+def test_a_grid_longer_than_the_time_limit_is_left_to_the_search_which_stops_on_time(monkeypatch):
+    """The grid DP runs to its end once started, so a solve takes it only where its cell updates fit the time limit
+    (the explore stage's 30 ms: a 55 ms grid had made its passes 90 ms); else the search, which stops on time — here
+    with time enough to prove the same optimum."""
+    from pilotfill.allocator import typegrid
+
+    grids = []
+    real = typegrid.solve
+    monkeypatch.setattr(typegrid, "solve", lambda *a: grids.append(1) or real(*a))
+    monkeypatch.setattr(typed_module, "PROBE_ABOVE", math.inf)  # no search before the grid: the limit alone decides
+    rng = random.Random(29)
+    left, taken = 0, 0
+    for _ in range(10):
+        types = ["k80", "p100", "v100"]
+        tables = random_typed_tables(rng, rng.randint(3, 6), 40, types, widest=8)
+        caps = {t: rng.randint(18, 24) for t in types}
+        counts = np.array([caps[t] for t in types], dtype=float)
+        values, stop = typed_module.value_matrix(tables, caps, types)
+        work = typegrid.work(counts, values, stop)
+        if not 0 < work <= typegrid.WORK:
+            continue
+        _, reference, proven = typed_module.solve_milp(tables, caps, time_limit_s=60.0)
+        assert proven
+        for over in (True, False):  # the grid would take 10 s of a 5 s limit; or next to nothing
+            monkeypatch.setattr(typegrid, "UPDATE_S", 10.0 / work if over else 1e-12)
+            grids.clear()
+            choices, value, how = typed_module.solve(tables, caps, time_limit_s=5.0)
+            if over:
+                assert grids == [], "a grid over the limit is never started"
+                left += how == "dp"
+            else:
+                taken += grids == [1]
+            assert abs(value - reference) <= 1e-8 * max(1.0, abs(reference)) and same(worth_of(tables, caps, choices), value, 1e-9)
+    assert left >= 5 and taken >= 5
+
+
 def test_the_typed_prices_are_near_the_lp_relaxation():
     """Any prices bound the optimum, but the search is fast only with prices near the LP relaxation's optimum: the
     bound at the smoothed-and-polished prices is the LP's value (HiGHS) within 0.1 % (mostly within 1e-10)."""

@@ -80,7 +80,8 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     caps = np.array([capacities[t] for t in types], dtype=float)
     values, stop, decided, (ts, ns) = pin(original, original_stop, caps)
     left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
-    (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline)
+    grid = min(typegrid.WORK, time_limit_s / typegrid.UPDATE_S)  # the grid DP is not cut short: taken where it fits the limit
+    (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline, grid)
     return _answer(types, ts, ns), _worth(original, original_stop, ts, ns), how
 
 
@@ -152,9 +153,11 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
     return values, stop, decided, (ts, ns)
 
 
-def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float) -> tuple[tuple[np.ndarray, np.ndarray], str]:
+def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float,
+           grid_work: float = typegrid.WORK) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
     """:func:`solve` on the value matrix: (type index, count) per job, and how (the caller values the answer by
-    the tables as given, not these, which :func:`pin` may have shifted)."""
+    the tables as given, not these, which :func:`pin` may have shifted). ``grid_work``: the most cell updates the
+    grid DP may take on (it runs to its end: a short time limit takes the search, which stops on time)."""
     J, T, W = values.shape
     if J == 0:
         return (np.zeros(0, dtype=int), np.zeros(0, dtype=int)), "dp"
@@ -170,7 +173,7 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
         return (ts, ns), "dp"
 
     grid = typegrid.work(caps, values, stop)
-    if grid <= typegrid.WORK:
+    if grid <= grid_work:
         if grid > PROBE_ABOVE:  # a large grid: the search may prove the optimum for much less (a loose bound fails fast)
             try:
                 return _by_search(values, stop, caps, deadline, min(typecore.STATE_LIMIT, int(grid * PROBE_STATES)))

@@ -22,6 +22,11 @@ about 1.8 ns each here (measured on 60 of the typed replay's hardest decisions, 
 updates :func:`.typed.solve` tries a short search first: where the bound is tight it proves the optimum sooner.)"""
 
 
+UPDATE_S = 1.8e-9
+"""What a cell update costs here (as measured for :data:`WORK`): a solve with a time limit of t seconds takes the grid
+on at most t / this many updates (the typed explore stage's 30 ms: some 17 million)."""
+
+
 def fits(caps: np.ndarray, values: np.ndarray | None = None, stop: np.ndarray | None = None) -> bool:
     """Whether the grid of node counts per type is small enough for :func:`solve`: ``values``/``stop`` (as
     :func:`solve` takes them) count its work, for a grid above :data:`CELLS`."""
