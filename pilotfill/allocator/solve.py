@@ -24,8 +24,8 @@ from .values import ValueTable, exploration_tables, hop_table, value_matrices, v
 
 
 EXPLORE_TIME_S = 0.03
-"""What the typed explore stage may spend, search and MILP together (:func:`.typed.solve`'s limit): exploring is a
-bonus, and a decision has some 100 ms in all; past it, the best exploration found."""
+"""What the typed explore stage may spend (:func:`.typed.solve`'s limit, its search alone: HiGHS overran a limit this
+short by a third): exploring is a bonus, and a decision has some 100 ms in all; past it, the best exploration found."""
 
 
 class Formulation(str, Enum):
@@ -284,7 +284,7 @@ def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
     tables = [{t: mine[t] for t in job.node_types if t in mine} or {next(iter(room)): np.zeros(1)} for (job, _, _), mine in zip(candidates, found)]
     capacities = {t: max(0, r) for t, r in room.items()}
     try:
-        choices, _, _ = typed.solve(tables, capacities, EXPLORE_TIME_S)
+        choices, _, _ = typed.solve(tables, capacities, EXPLORE_TIME_S, milp=False)
     except (dp.TooLarge, ValueError):
         return answer  # exploring is a bonus: never worth a slow or failed decision
     changed = False

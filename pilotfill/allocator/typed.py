@@ -64,13 +64,16 @@ class Choice:
     count: int
 
 
-def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, str]:
+def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0,
+          milp: bool = True) -> tuple[list[Choice], float, str]:  # fmt: skip
     """Exact optimum: ``tables[j][t][n]`` is job j's worth on type t at n nodes (−inf where not allowed; every
     table of a job has the same finite value at 0, stopped). Returns the choices, the value and how the core was
     solved (``"dp"``, or ``"dp+milp"`` where the search grew too large or ran long; ``time_limit_s`` bounds the
     search and that MILP together: past it, the best solution found, ``"… (time limit)"``). The search's clock is
     the CPU time of this thread (:func:`time.thread_time`), not the wall's: on a busy host the same problem gets the
-    same search, and the controller's other threads do not spend its time."""
+    same search, and the controller's other threads do not spend its time. ``milp=False``: no MILP — a search
+    past its limit, or out of time, leaves the best solution it found (``"dp (search limit)"``): for a stage whose
+    answer is a bonus (HiGHS may overrun a limit of a few tens of milliseconds)."""
     deadline = time.thread_time() + time_limit_s
     types = sorted(capacities)
     J, T = len(tables), len(types)
@@ -81,7 +84,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     values, stop, decided, (ts, ns) = pin(original, original_stop, caps)
     left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
     grid = min(typegrid.WORK, time_limit_s / typegrid.UPDATE_S)  # the grid DP is not cut short: taken where it fits the limit
-    (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline, grid)
+    (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline, grid, milp)
     return _answer(types, ts, ns), _worth(original, original_stop, ts, ns), how
 
 
@@ -153,8 +156,8 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
     return values, stop, decided, (ts, ns)
 
 
-def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float,
-           grid_work: float = typegrid.WORK) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
+def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float, grid_work: float = typegrid.WORK,
+           milp: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
     """:func:`solve` on the value matrix: (type index, count) per job, and how (the caller values the answer by
     the tables as given, not these, which :func:`pin` may have shifted). ``grid_work``: the most cell updates the
     grid DP may take on (it runs to its end: a short time limit takes the search, which stops on time)."""
@@ -180,11 +183,11 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
             except TooManyStates:
                 pass
         return typegrid.solve(values, stop, caps), "dp"
-    return _by_search(values, stop, caps, deadline)
+    return _by_search(values, stop, caps, deadline, milp=milp)
 
 
-def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float,
-               probe: int | None = None) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
+def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float, probe: int | None = None,
+               milp: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
     """Steps 2–4: prices, a first answer, the exact search of the core (the MILP where that grows too large).
     ``probe``: a search of at most this many states, and :class:`TooManyStates` rather than the MILP."""
     J, T, W = values.shape
@@ -199,13 +202,13 @@ def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline:
     slack = 1e-9 * max(1.0, abs(upper))
     how = "dp"
     if upper - best.value > slack:
-        best, how = _exact(values, stop, caps, price, upper, best, slack, deadline, probe)
+        best, how = _exact(values, stop, caps, price, upper, best, slack, deadline, probe, milp)
     ts, ns = best.spell()
     return (ts, ns), how
 
 
 def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
-           deadline: float, probe: int | None = None) -> tuple[Solution, str]:  # fmt: skip
+           deadline: float, probe: int | None = None, milp: bool = True) -> tuple[Solution, str]:  # fmt: skip
     """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ is near
     UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or proves
     that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
@@ -213,7 +216,7 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
     best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So
     does a search still running at half the time (``deadline``, :func:`time.thread_time`): the MILP has the rest.
     ``probe``: every search of at most this many states, and :class:`TooManyStates` instead of the MILP."""
-    searching = time.thread_time() + (deadline - time.thread_time()) / 2
+    searching = time.thread_time() + (deadline - time.thread_time()) / 2 if milp else deadline
     step = (upper - best.value) / FIRST_STEP
     while True:
         theta = max(upper - step, best.value - slack)
@@ -232,6 +235,8 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
             break
         if better is not None and better.value > best.value + slack:
             best = better
+    if not milp:
+        return best, "dp (search limit)"
     found = best
     for tries, keep in ((2, core.keep), (1, None)):
         left = deadline - time.thread_time()
