@@ -35,6 +35,7 @@ tests compare.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -178,10 +179,8 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
     grid = typegrid.work(caps, values, stop)
     if grid <= grid_work:
         if grid > PROBE_ABOVE:  # a large grid: the search may prove the optimum for much less (a loose bound fails fast)
-            try:
+            with contextlib.suppress(TooManyStates):  # the bound is loose here: the grid answers
                 return _by_search(values, stop, caps, deadline, min(typecore.STATE_LIMIT, int(grid * PROBE_STATES)))
-            except TooManyStates:
-                pass
         return typegrid.solve(values, stop, caps), "dp"
     return _by_search(values, stop, caps, deadline, milp=milp)
 
