@@ -220,6 +220,23 @@ def prepare_run_dir(run_dir: Path) -> Path:
         raise cannot_use(run_dir, exc) from None
 
 
+def reuse_notes(reused: list[tuple[str, tuple, dict]], changed: list[tuple[str, tuple, dict]], call_name: Callable[[str, tuple, dict], str]) -> list[str]:
+    """What the summary says of results taken from earlier calls, and of apps whose code changed since a run."""
+    def calls(items: list[tuple[str, tuple, dict]]) -> str:
+        names = [call_name(*item) for item in items]
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    notes = []
+    if reused:
+        notes.append(f"{calls(reused)}: {'its result was' if len(reused) == 1 else 'their results were'} taken from an earlier call with the same "
+                     f"code and arguments (cached apps; edit the app, or give it cache=False, to run it again)")  # fmt: skip
+    for function in dict.fromkeys(name for name, _, _ in changed):
+        count = sum(name == function for name, _, _ in changed)
+        notes.append(f"{function}: its code changed since an earlier run: {count} call{'s' if count != 1 else ''} ran anew instead of taking "
+                     f"{'its' if count == 1 else 'their'} earlier result")  # fmt: skip
+    return notes
+
+
 def _script_frames(exc: BaseException, script: Path) -> str:
     """The traceback of ``exc`` from the campaign's first frame on (pilotfill's and runpy's frames dropped)."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -376,6 +393,7 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
             if not is_app_failure(stopped, [e for _, e in outcome.failed]):
                 raise CampaignScriptError(_script_frames(stopped, script))
             outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
+        outcome.notes += reuse_notes(memoizer.reused, memoizer.changed, call_name)
         for name, args, kwargs, why in memoizer.unsaved:
             outcome.notes.append(f"{call_name(name, args, kwargs)}: its result is kept for this run but cannot be checkpointed ({why}); a re-run runs it again")
     finally:

@@ -29,17 +29,6 @@ from typing import Any
 
 from parsl.dataflow.memoization import BasicMemoizer, id_for_memo
 
-
-@id_for_memo.register(bytes)
-@id_for_memo.register(bytearray)
-@id_for_memo.register(complex)
-@id_for_memo.register(bool)
-def _id_for_plain_value(obj: object, output_ref: bool = False) -> bytes:
-    """Values Parsl's memoizer has no rule for, though their pickle is their identity (an app taking ``bytes`` was
-    refused: "unknown type for memoization")."""
-    return pickle.dumps(bytes(obj) if isinstance(obj, bytearray) else obj)
-
-
 log = logging.getLogger("pilotfill.checkpoints")
 
 
@@ -120,12 +109,44 @@ def _salvage(tasks: Path) -> None:
 class CampaignMemoizer(BasicMemoizer):
     """Parsl's memoizer with a checkpoint entry written as each app finishes (Parsl's ``task_exit`` mode, in
     Parsl's own file format, read back by ``checkpoint_files``); a result that cannot be stored is kept in
-    memory and listed in :attr:`unsaved` as ``(function name, args, kwargs, why)``."""
+    memory and listed in :attr:`unsaved` as ``(function name, args, kwargs, why)``.
+
+    A function is identified by its code (:mod:`pilotfill.executors.identity`), so an edited app runs anew. What
+    the summary tells the user: :attr:`reused`, the calls answered by an earlier result of the same code and
+    arguments, and :attr:`changed`, calls that an earlier run made with other code (each entry also records its
+    call without the code, for that)."""
 
     def __init__(self, checkpoint_files: list[str]):
+        from .executors import identity  # noqa: F401 - functions are identified by their code from here on
+
         super().__init__(checkpoint_files=checkpoint_files, checkpoint_mode=None)  # the checkpoints are written here
         self.unsaved: list[tuple[str, tuple, dict, str]] = []
+        self.reused: list[tuple[str, tuple, dict]] = []
+        self.changed: list[tuple[str, tuple, dict]] = []
+        self._earlier: dict[str, set[str]] = {}  # a call without its code -> the hashes (with the code) it finished with
         self._write_lock = threading.Lock()
+
+    def _load_checkpoints(self, checkpoint_dirs):
+        table = super()._load_checkpoints(checkpoint_dirs)
+        for folder in checkpoint_dirs:
+            try:
+                with open(os.path.join(folder, "tasks.pkl"), "rb") as f:
+                    while True:
+                        entry = pickle.load(f)
+                        if isinstance(entry, dict) and entry.get("call"):
+                            self._earlier.setdefault(entry["call"], set()).add(entry["hash"])
+            except (EOFError, OSError, pickle.UnpicklingError):
+                continue
+        return table
+
+    def check_memo(self, task: Any):
+        found = super().check_memo(task)
+        call = (str(task["func_name"]), tuple(task.get("args") or ()), _plain_kwargs(task))
+        if found is not None:
+            self.reused.append(call)
+        elif task.get("hashsum") and self._earlier.get(_call_id(task), set()) - {task["hashsum"]}:
+            self.changed.append(call)
+        return found
 
     def update_memo_result(self, task: Any, r: Any) -> None:
         super().update_memo_result(task, r)
@@ -133,7 +154,7 @@ class CampaignMemoizer(BasicMemoizer):
         if not hashsum:
             return  # not a cached app: nothing to checkpoint
         try:
-            entry = pickle.dumps({"hash": hashsum, "exception": None, "result": r})
+            entry = pickle.dumps({"hash": hashsum, "exception": None, "result": r, "call": _call_id(task)})
         except Exception as exc:  # noqa: BLE001 - anything pickle raises: the result stays, the checkpoint goes
             why = f"{type(exc).__name__}: {exc}"[:300]
             log.warning("the result of %s cannot be checkpointed (%s): a re-run runs it again", task.get("func_name"), why)
@@ -157,3 +178,18 @@ class CampaignMemoizer(BasicMemoizer):
             finally:
                 os.close(fd)
             self.checkpointed_tasks += 1
+
+
+def _plain_kwargs(task: Any) -> dict:
+    return {k: v for k, v in (task.get("kwargs") or {}).items() if k not in (task.get("ignore_for_cache") or ())}
+
+
+def _call_id(task: Any) -> str | None:
+    """The call without its function's code (name and arguments): which earlier entries were the same call."""
+    import hashlib
+
+    try:
+        ident = id_for_memo(_plain_kwargs(task)) + id_for_memo(task.get("args") or ())
+    except Exception:
+        return None
+    return hashlib.md5(str(task["func_name"]).encode() + b"\0" + ident).hexdigest()

@@ -107,7 +107,7 @@ def run(
     print_failures(outcome.failed, err)
     table = Table(title=f"campaign {script.name}: run directory {outcome.run_dir}")
     table.add_column("apps finished", justify="right")
-    table.add_column("from earlier runs", justify="right")
+    table.add_column("reused results", justify="right")
     table.add_column("failed or not run", justify="right")
     table.add_row(str(outcome.done), str(outcome.cached), str(len(outcome.failed)))
     err.print(table)

@@ -299,6 +299,7 @@ class JobSpec(TypedDict, total=False):
     weight: Annotated[float, "its share of the objective (positive)"]
     group: Annotated[str, "who it shares the machine as (a campaign, a user, a model family): with objective = \"share\" each group gets its share first"]
     key: Annotated[str, "the app call: a re-run's submission of the same call resumes its job"]
+    fresh: Annotated[bool, "elastic_app(cache=False): a call never answered by a finished job of the same key, nor resumed from its commits"]
     runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
     model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
     runtime_detected: Annotated[str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"]
@@ -356,6 +357,8 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
         raise ProtocolError(f"job spec: runtime must be one of {', '.join(RUNTIMES)}, got {out['runtime']!r}")
     if out.get("key") is not None and not isinstance(out["key"], str):
         raise ProtocolError("job spec: key must be a string")
+    if not isinstance(out.get("fresh", False), bool):
+        raise ProtocolError("job spec: fresh must be true or false")
     if out.get("group") is not None and not isinstance(out["group"], str):
         raise ProtocolError(f"job spec: group must be a string (a campaign, a user, a model family), got {out['group']!r}")
     _check_curve(out, "curve", "samples_per_s")

@@ -328,7 +328,7 @@ def test_an_app_result_that_pickle_cannot_store_is_kept_and_said_never_a_hang(tm
     second = run(campaign, "--config", str(fast), timeout=300)
     assert second.returncode == 0 and "[42, 2]" in second.stdout, second.stderr[-3000:]
     table = second.stderr.splitlines()
-    row = next(i for i, line in enumerate(table) if "from earlier runs" in line)
+    row = next(i for i, line in enumerate(table) if "reused results" in line)
     assert [c.strip() for c in table[row + 2].strip("│ ").split("│")] == ["2", "1", "0"]  # plain(1) came from its checkpoint
 
 

@@ -370,3 +370,88 @@ def test_each_shipped_campaign_says_which_runtime_each_app_uses():
             assert f"`workflows/{path.name}`" in readme or f"`{path.name}`" in readme, f"README does not mention {path.name}"
         in_readme = readme[readme.index(path.name):][:600]
         assert "runtime" in in_readme, f"README: no word on the runtime of {path.name}"
+
+
+# ---------------------------------------------------------------- issue 54, items 1 and 2: nothing answered silently from the past
+
+
+def test_an_uncached_app_runs_every_call_one_after_the_other_and_at_once(tmp_path, fast_config):
+    campaign = tmp_path / "sample.py"
+    campaign.write_text(
+        """
+import json
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1, cache=False)
+def sample(x):
+    import os, random
+    return [os.getpid(), random.random()]
+
+first = sample(1).result()
+second = sample(1).result()
+together = [sample(1), sample(1)]
+print(json.dumps([first, second] + [f.result() for f in together]))
+"""
+    )
+    result = pilotfill_run(campaign, "--config", str(fast_config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    draws = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len({tuple(d) for d in draws}) == 4, draws  # four bodies ran: four processes, four draws
+    again = pilotfill_run(campaign, "--config", str(fast_config))  # and a re-run runs them all again
+    assert again.returncode == 0, again.stderr[-3000:]
+    redrawn = json.loads(again.stdout.strip().splitlines()[-1])
+    assert not {tuple(d) for d in redrawn} & {tuple(d) for d in draws}
+
+
+def test_a_cached_call_made_twice_at_once_is_one_training_and_said(tmp_path, fast_config):
+    campaign = tmp_path / "twice.py"
+    campaign.write_text(
+        """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def sample(x):
+    import os, time
+    time.sleep(3)
+    return os.getpid()
+
+a, b = sample(1), sample(1)
+print(a.result() == b.result())
+"""
+    )
+    result = pilotfill_run(campaign, "--config", str(fast_config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "True"
+    said = " ".join(result.stderr.split())
+    assert "sample(1) was called again while it trains: one training answers both calls" in said, said
+
+
+def test_an_edited_app_runs_anew_and_the_summary_says_why(tmp_path, fast_config):
+    campaign = tmp_path / "edited.py"
+    source = """
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1)
+def train(x):
+    return "v1"
+
+print("result", train(7).result())
+"""
+    campaign.write_text(source)
+    first = pilotfill_run(campaign, "--config", str(fast_config))
+    assert first.returncode == 0 and "result v1" in first.stdout, first.stderr[-3000:]
+    campaign.write_text(source.replace('"v1"', '"v2"'))
+    edited = pilotfill_run(campaign, "--config", str(fast_config))
+    assert edited.returncode == 0, edited.stderr[-3000:]
+    assert "result v2" in edited.stdout
+    said = " ".join(edited.stderr.split())
+    assert "train: its code changed since an earlier run: 1 call ran anew" in said, said
+    same = pilotfill_run(campaign, "--config", str(fast_config))
+    assert "result v2" in same.stdout
+    said = " ".join(same.stderr.split())
+    assert "train(7): its result was taken from an earlier call with the same code and arguments" in said, said
+    # Another campaign beside it with an app of the same name and arguments but other code gets its own result.
+    other = tmp_path / "other.py"
+    other.write_text(source.replace('"v1"', '"other"'))
+    beside = pilotfill_run(other, "--config", str(fast_config))
+    assert beside.returncode == 0 and "result other" in beside.stdout, beside.stderr[-3000:]

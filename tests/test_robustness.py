@@ -415,7 +415,7 @@ def test_a_rerun_resumes_unfinished_trainings_from_their_commits_and_never_runs_
     assert len(claimed) == 2
     # A third run in a fresh run directory trains nothing: both are Parsl's finished apps.
     third = run(campaign, "--config", str(fast))
-    assert third.returncode == 0 and "from earlier runs" in third.stderr
+    assert third.returncode == 0 and "reused results" in third.stderr
 
 
 # ---------------------------------------------------------------- 12. tracebacks that became one line

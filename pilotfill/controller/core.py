@@ -693,6 +693,8 @@ class Controller:
             fields["error"] = error
         self.world.update_job(job, **fields)
         self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
+        if status == "finished":
+            self.job_desk.finished(job, now)
         self.types.learned(job, status)  # a measured model joins the similarity library
         self.profiler.forget(job.id)
         self.training.forget(job.id)

@@ -54,8 +54,9 @@ class JobDesk:
             return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
         earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
-        if earlier is not None and earlier.status not in ("failed", "cancelled"):
-            # The same call again (a re-run of the campaign): the job it already is — finished, or resuming.
+        if earlier is not None and earlier.status not in ("failed", "cancelled") and not (spec.get("fresh") and earlier.status == "finished"):
+            # The same call again (a re-run of the campaign): the job it already is — finished, or resuming. A fresh
+            # call (cache=False) is never answered by a finished one.
             if earlier.held:
                 world.claim(earlier)
                 world.log("job.claimed", now, job=earlier.id, name=earlier.name, progress=earlier.progress)
@@ -79,7 +80,19 @@ class JobDesk:
 
     def get(self, message: JobGet, now: float) -> dict[str, Any]:
         job = self.known(message.job_id)
-        return {"job": job.record(), "checkpoint": str(self.checkpoint_dir / f"{job.key or job.id}.pt")}
+        return {"job": job.record(), "checkpoint": str(self.commit_path(job))}
+
+    def commit_path(self, job: Job) -> Path:
+        """Where the job's ranks commit: by its call, so that a re-run of the same call resumes it."""
+        return self.checkpoint_dir / f"{job.key or job.id}.pt"
+
+    def finished(self, job: Job, now: float) -> None:
+        """A fresh call (cache=False) that finished leaves no commit: the next call of it trains anew, from the start."""
+        if job.spec.get("fresh"):
+            try:
+                self.commit_path(job).unlink(missing_ok=True)
+            except OSError as exc:  # its result stands; only a later call of it could resume from this commit
+                self.world.log("job.commit_kept", now, job=job.id, error=str(exc))
 
     def status(self, message: JobStatusQuery, now: float) -> dict[str, Any]:
         jobs = {}

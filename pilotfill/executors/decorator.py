@@ -68,12 +68,16 @@ def elastic_app(
     ``layers``, ``batch_size``, ``mix``) for the similarity policy, where
     pilotfill cannot describe it from the model itself (``ElasticState`` does).
     ``group``: who its jobs share the machine as (a campaign, a user, a model
-    family) when the controller's objective is ``"share"``.
+    family) when the controller's objective is ``"share"``. ``cache``: a call
+    with the same code and arguments as one that finished takes its result
+    (:mod:`pilotfill.executors.identity`); ``cache=False`` runs every call.
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
     if runtime is not None and runtime not in RUNTIMES:
         raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
     spec["runtime"] = runtime
+    if not cache:
+        spec["fresh"] = True  # every call trains anew: no result and no finished training is taken from an earlier call
     if group is not None:
         if not isinstance(group, str):
             raise ElasticAppError(f"elastic_app: group must be a string (a campaign, a user, a model family), got {group!r}")

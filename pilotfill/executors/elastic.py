@@ -15,7 +15,6 @@ thread pool instead of being turned into a training job.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import queue
 import threading
@@ -31,29 +30,17 @@ from ..client import ControllerClient
 from ..lifecycle import TERMINAL
 from ..results import ResultUnavailable, is_packed, unpack
 from ..transport import ControllerUnavailable, Interrupted
+from .identity import call_key
 from .shipping import CannotShip, pack_call
 
 log = logging.getLogger("pilotfill.executor")
 
 SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "curves", "model", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime",
-             "runtime_detected", "group"}
+             "runtime_detected", "group", "fresh"}
 
 
 class CampaignHalted(RuntimeError):
     """The app did not finish because the campaign could not go on (its controller is gone for good)."""
-
-
-def call_key(name: str, args: tuple, kwargs: dict) -> str | None:
-    """Which call this is, stably across runs (the function's name and its arguments, as Parsl's memoizer
-    identifies them): a re-run's submission of the same call resumes the same training. None when an
-    argument has no stable identity."""
-    from parsl.dataflow.memoization import id_for_memo
-
-    try:
-        ident = id_for_memo(list(args)) + id_for_memo({k: v for k, v in kwargs.items() if not k.startswith("parsl_")})
-    except Exception:  # an argument Parsl cannot identify: no resume for this call, nothing worse
-        return None
-    return hashlib.sha256(name.encode() + b"\0" + ident).hexdigest()[:32]
 
 
 def call_name(name: str, args: tuple, kwargs: dict, limit: int = 48) -> str:
@@ -77,7 +64,8 @@ class ElasticExecutor(ParslExecutor):
         self.default_runtime, self.on_note = default_runtime, on_note
         self._noted: set[str] = set()
         self._outbox: queue.Queue = queue.Queue()
-        self._pending: dict[str, list[Future]] = {}  # job -> the futures of the calls it is (a call made twice is one job)
+        self._pending: dict[str, list[Future]] = {}  # job -> the futures of the calls it is (a cached call made twice is one job)
+        self._calls: dict[str, int] = {}  # an uncached call's key -> how often this campaign made it (each its own job)
         self._stop = threading.Event()
         self._failed: str | None = None
         self._thread: threading.Thread | None = None
@@ -110,7 +98,11 @@ class ElasticExecutor(ParslExecutor):
         except CannotShip as exc:  # said when the app is called, naming what cannot go
             future.set_exception(exc)
             return future
-        key = call_key(function, args, kwargs)
+        key = call_key(func, args, kwargs)
+        if key is not None and job.get("fresh"):
+            # cache=False: every call is a job of its own; the n-th such call still resumes the n-th of an interrupted run
+            n = self._calls[key] = self._calls.get(key, -1) + 1
+            key = f"{key}#{n}"
         if key is not None:
             job["key"] = key
         job["payload"] = payload
@@ -171,6 +163,10 @@ class ElasticExecutor(ParslExecutor):
             except Exception as exc:  # refused (a bad spec, an impossible job): the app fails, clearly
                 future.set_exception(exc)
                 continue
+            if job_id in self._pending and job["name"] not in self._noted:
+                self._noted.add(job["name"])
+                self.on_note(f"{job['name']} was called again while it trains: one training answers both calls (cached apps share a call's "
+                             f"result; elastic_app(cache=False) runs every call)")  # fmt: skip
             self._pending.setdefault(job_id, []).append(future)
         for item in waiting:
             self._outbox.put(item)
