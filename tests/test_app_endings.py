@@ -58,6 +58,7 @@ ENDINGS = {
     "KeyboardInterrupt": ("raise KeyboardInterrupt", "the app raised KeyboardInterrupt"),
     "segfault": ("import ctypes; ctypes.string_at(0)", "killed by SIGSEGV (segmentation fault)"),
     "os._exit": ("import os; os._exit(7)", "exited 7"),
+    "os._exit(0)": ("import os; os._exit(0)", "exited 0 without returning a value"),
 }
 
 

@@ -498,7 +498,7 @@ class Controller:
             for node in self.world.nodes_of(job.nodes):
                 self.world.assign(node, None)
             if crashes >= JOB_RETRIES:
-                error = f"the job's launcher exited {exit_.returncode} {crashes} times; last output:\n{self._log_tail(job.id)}"
+                error = f"the job's launcher {exit_words(exit_.returncode)}, {crashes} times in a row; last output:\n{self._log_tail(job.id)}"
                 self.world.update_job(job, crashes=crashes)
                 self.end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
             else:

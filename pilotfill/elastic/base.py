@@ -38,7 +38,9 @@ class RankExit:
 
     @property
     def crashed(self) -> bool:
-        return not self.requested and self.returncode != 0
+        """Ended without being asked: the app's own end, status 0 included (``os._exit(0)``: a rank that returns
+        normally reports first, so its job is over before its exit is seen)."""
+        return not self.requested
 
 
 class Runtime(ABC):

@@ -41,6 +41,8 @@ def exited_text(exc: BaseException) -> str:
 
 def exit_words(returncode: int) -> str:
     """``-11`` -> ``killed by SIGSEGV (segmentation fault)``; ``3`` -> ``exited 3``; 128+N as shells report signals."""
+    if returncode == 0:
+        return "exited 0 without returning a value or raising (os._exit ends a process at once)"
     number = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else None
     if number is not None:
         try:

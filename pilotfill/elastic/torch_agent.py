@@ -176,6 +176,8 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             # is the app's own end: this agent leaves with that status instead of restarting it up to max_restarts
             # times, and the controller counts such ends (a few in a row with nothing committed fail the job).
             result = super()._monitor_workers(worker_group)
+            if not result.is_failed() and _exited_without_returning(self._pcontext):
+                raise WorkerEnded(0)
             if result.is_failed():
                 for failure in result.failures.values():
                     code = failure.exitcode
@@ -208,6 +210,18 @@ def make_agent(args: argparse.Namespace, run_dir: str):
     agent = PilotfillAgent(spec, logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method="forkserver",
                            shutdown_timeout=grace)  # fmt: skip
     return agent, handler
+
+
+def _exited_without_returning(pcontext) -> bool:
+    """Whether a worker's process ended with status 0 before handing back its function's return value (``os._exit(0)``):
+    torch waits for every return value, so it would count such a worker as running for ever. A worker that returns
+    hands its value over and then waits for the others, so it never ends first."""
+    processes = getattr(getattr(pcontext, "_pc", None), "processes", None) or ()
+    returned = getattr(pcontext, "_return_values", {})
+    finished = getattr(pcontext, "_worker_finished_event", None)
+    if finished is None or finished.is_set():
+        return False
+    return any(p.exitcode == 0 and i not in returned for i, p in enumerate(processes))
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
