@@ -192,6 +192,9 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
 }
 RUNTIMES = RUNTIME_NAMES  # pilotfill/elastic/registry.py
 DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)
+MIN_TRAIN_S = 15.0
+"""A pilot must train at least this long before its drain: a job's start and stop cost that much by default (its
+scale-up and scale-down costs), and no job is started on a node that ends sooner — pilots would come and go, unused."""
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 OBJECTIVES = ("samples", "share")
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
@@ -274,9 +277,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     if pilots.heartbeat_deadline_s <= pilots.heartbeat_s:
         raise ConfigError(f"{where('pilots.heartbeat_deadline_s')}: must be longer than pilots.heartbeat_s")
     lead = pilots.grace_s + DRAIN_MARGIN_S  # a pilot's nodes are drained this long before its walltime ends
-    if 0 < local.pilot_walltime_s <= lead:
-        raise ConfigError(f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: a pilot's nodes are drained "
-                          f"pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s before its walltime ends, so none would ever train (0: no walltime)")  # fmt: skip
+    if 0 < local.pilot_walltime_s < lead + MIN_TRAIN_S:
+        raise ConfigError(f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: {_too_short(local.pilot_walltime_s, lead)} "
+                          f"(0: no walltime)")  # fmt: skip
     controller = _section(ControllerConfig, data.get("controller", {}), "controller", where)
     if controller.formulation not in FORMULATIONS:
         raise ConfigError(f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}")
@@ -384,9 +387,14 @@ def _check_range(lo: str, hi: str, lo_key: str, hi_key: str, where) -> None:
 
 def _check_walltime(longest: str, key: str, lead: float, where) -> None:
     """A pilot's longest walltime must outlast the drain before its end, or no pilot would ever train."""
-    if parse_duration(longest) <= lead:
-        raise ConfigError(f"{where(key)}: {longest} cannot work: a pilot's nodes are drained pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s "
-                          "before its walltime ends, so none would ever train")  # fmt: skip
+    if parse_duration(longest) < lead + MIN_TRAIN_S:
+        raise ConfigError(f"{where(key)}: {longest} cannot work: {_too_short(parse_duration(longest), lead)}")
+
+
+def _too_short(walltime: float, lead: float) -> str:
+    return (f"a pilot's nodes are drained pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s before its walltime ends, which leaves "
+            f"{max(0.0, walltime - lead):g} s to train: less than the {MIN_TRAIN_S:g} s a job's start and stop cost, so no job would ever "
+            f"start on a pilot (make it at least {lead + MIN_TRAIN_S:g} s)")  # fmt: skip
 
 
 def _section(cls, raw: Any, name: str, where) -> Any:

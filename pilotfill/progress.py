@@ -71,17 +71,18 @@ class Machine:
     running: int = 0
     nodes: int = 0
     rate: float = 0.0
-    problem: str | None = None  # a refused pilot submission, in the batch system's words (until one goes through)
+    notice: tuple[str, str] | None = None  # (line, level): the first of the controller's notices (why the campaign waits)
     _last: tuple[float, float] | None = None
 
     def read(self, run_dir: Path) -> None:
-        from .tui import RunUnreadable, read_snapshot, submit_problem_line
+        from .tui import RunUnreadable, notice_lines, read_snapshot
 
         try:
             snap, _ = read_snapshot(run_dir)
         except (RunUnreadable, OSError):
             return
-        self.problem = submit_problem_line(snap.get("submit_problem"))
+        lines = notice_lines(snap)
+        self.notice = lines[0] if lines else None
         jobs = snap.get("jobs", [])
         self.running = sum(1 for j in jobs if j["status"] == "running")
         self.nodes = sum(1 for n in snap.get("nodes", []) if n["state"] == "ready")
@@ -102,8 +103,8 @@ def training(machine: Machine) -> str:
 
 def line(apps: AppCounts, machine: Machine) -> str:
     failed = f", {apps.failed} failed" if apps.failed else ""
-    problem = f" · {machine.problem}" if machine.problem else ""
-    return f"{apps.done} of {plural(apps.launched, 'app')} done{failed} · {training(machine)}{problem}"
+    notice = f" · {machine.notice[0]}" if machine.notice else ""
+    return f"{apps.done} of {plural(apps.launched, 'app')} done{failed} · {training(machine)}{notice}"
 
 
 def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False) -> T:
@@ -140,8 +141,10 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
                     if run_dir() is not None:
                         machine.read(run_dir())
                     failed = f"{apps.failed} failed · " if apps.failed else ""
-                    problem = f" · [bold red]{escape(machine.problem)}[/]" if machine.problem else ""
-                    bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine) + problem)
+                    notice = ""
+                    if machine.notice:
+                        notice = f" · [{'bold red' if machine.notice[1] == 'failing' else 'yellow'}]{escape(machine.notice[0])}[/]"
+                    bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine) + notice)
     else:
         said, said_at, told = "", 0.0, 0
         while thread.is_alive():

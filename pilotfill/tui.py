@@ -81,7 +81,7 @@ class View:
     harvested_node_hours: float = 0.0
     training_node_hours: float = 0.0
     source: str = ""
-    submit_problem: str | None = None  # the batch system's refusal of the last pilot submission, until one succeeds
+    notices: list[tuple[str, str]] = field(default_factory=list)  # (line, level): why the campaign waits (controller/notices.py)
 
     @property
     def efficiency(self) -> float | None:
@@ -120,20 +120,19 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
     else:
         harvested, training = node_hours(snap["events"])
     names = {j["id"]: j["name"] for j in snap["jobs"]}
-    problem = submit_problem_line(snap.get("submit_problem"), now)
-    return View(title, nodes, jobs, pilots, [describe(e, names) for e in snap["events"][-50:]], harvested, training, submit_problem=problem)
+    return View(title, nodes, jobs, pilots, [describe(e, names) for e in snap["events"][-50:]], harvested, training, notices=notice_lines(snap, now))
 
 
-def submit_problem_line(problem: dict[str, Any] | None, now: float | None = None) -> str | None:
-    """One line for a refused or failed pilot submission (the controller's ``submit_problem``): the batch system's
-    words, and when pilotfill asks again; None when the last submission went through."""
-    if not problem or not problem.get("kind"):
-        return None
-    now = time.time() if now is None else now
-    retry_at = problem.get("retry_at")
-    when = "it will not ask again" if retry_at is None else ("asking again now" if retry_at <= now else f"next try in {retry_at - now:.0f} s")
-    what = "pilot refused" if problem["kind"] == "refused" else "pilot submission failed"
-    return f"{what}: {problem.get('reason') or problem.get('error') or '?'} · {when}"
+def notice_lines(snap: dict[str, Any], now: float | None = None) -> list[tuple[str, str]]:
+    """(line, level) of each notice in a snapshot: why the campaign waits, failing ones first."""
+    from .controller.notices import notice_line
+
+    out = []
+    for notice in snap.get("notices") or []:
+        line = notice_line(notice, now) if isinstance(notice, dict) else None
+        if line:
+            out.append((line, str(notice.get("level", "failing"))))
+    return out
 
 
 def placement(snap: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
@@ -241,7 +240,7 @@ def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
             counters = state.counters()
             return {
                 "jobs": [j.__dict__ for j in state.jobs()],
-                "submit_problem": json.loads(state.get_meta("submit_problem") or "null"),
+                "notices": json.loads(state.get_meta("notices") or "[]"),
                 "pilots": state.pilots(("queued", "running", "leaving")),
                 "nodes": state.nodes(),
                 "events": state.events(limit=50),
@@ -385,8 +384,8 @@ def _pilots(view: View, width: int) -> Table:
         table.add_row(p.scheduler_id or p.id, Text(p.state, style="red" if p.state == "leaving" else ""), str(p.nodes), left)
     if len(view.pilots) > 6:
         table.add_row(f"… {len(view.pilots) - 6} more", "", "", "")
-    if view.submit_problem:
-        table.caption = Text(view.submit_problem, style="bold red")
+    if view.notices:
+        table.caption = Text("\n".join(line for line, _ in view.notices), style="bold red" if view.notices[0][1] == "failing" else "yellow")
         table.caption_justify = "left"
     return table
 

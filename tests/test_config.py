@@ -50,6 +50,7 @@ def test_embedded_default_is_a_four_node_local_cluster(tmp_path, monkeypatch):
         ("[controller]\ntick_s = 1e12", "controller.tick_s: must be between 0.01 and 60"),
         ("[pilots]\nheartbeat_s = 1e-6", "pilots.heartbeat_s: must be between 0.05 and 600"),
         ("[local]\npilot_walltime_s = 1", "local.pilot_walltime_s: 1 s cannot work: a pilot's nodes are drained"),
+        ("[local]\npilot_walltime_s = 8\n[pilots]\ngrace_s = 5", "local.pilot_walltime_s: 8 s cannot work: a pilot's nodes are drained pilots.grace_s + 2 s = 7 s before its walltime ends, which leaves 1 s to train"),
         ("scheduler = 'pbs'\n[pbs]\nmin_walltime = '00:00:01'\nmax_walltime = '00:00:05'", "pbs.max_walltime: 00:00:05 cannot work"),
         ("scheduler = 'slurm'\n[slurm]\ntime_min = '00:00:01'\ntime_max = '00:00:05'", "slurm.time_max: 00:00:05 cannot work"),
         ("[pbs]\npoll_s = 1e9", "pbs.poll_s: must be between"),

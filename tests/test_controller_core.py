@@ -8,6 +8,8 @@ would make on a machine, and can be counted.
 
 from __future__ import annotations
 
+import time
+
 import json
 
 import pytest
@@ -1077,3 +1079,55 @@ def test_what_old_ranks_report_after_a_resize_that_restarts_them_is_not_the_new_
     assert m.ctl.handle({"type": "job.report", "job_id": job_id, "host": "n0", "samples": 250.0, "seconds": 2.5, "pid": 1, "first": False})["ok"]
     at_four = [e["data"]["samples_per_s"] for e in m.events("job.estimate") if e["data"]["nodes"] == 4]
     assert at_four == ([] if restarts else [100.0])
+
+
+def test_a_submission_with_nothing_idle_is_a_wait_not_a_failure_and_asked_again_when_a_node_is(tmp_path, write, monkeypatch):
+    """The batch system counted an idle node a moment ago and had none when asked for it (the main workload took it):
+    the campaign waits for an idle node — said as a wait, never as a failed submission, with no back-off (issue 54,
+    item 9: a full OpenPBS read as "pilot submission failed" for minutes)."""
+    from pilotfill.schedulers.base import NothingIdle
+
+    m = Machine(tmp_path, write, 2, [linear("a", 1, 2, 100)])
+    submit = m.scheduler.submit_pilot
+    full = {"now": True}
+
+    def racing(pilot_id, nodes, node_type=None):
+        if full["now"]:
+            raise NothingIdle("qsub: not submitted: 1 node(s) wanted, 0 idle of 2 usable vnode(s)", reason="0 idle of 2 usable vnodes")
+        return submit(pilot_id, nodes)
+
+    monkeypatch.setattr(m.scheduler, "submit_pilot", racing)
+    m.submit("a")
+    m.at(0)
+    [notice] = m.ctl.notices.as_list()
+    assert (notice["level"], notice["text"]) == ("waiting", "waiting for an idle node (0 idle of 2 usable vnodes)")
+    assert not m.events("pilot.submit_failed") and len(m.events("pilot.waiting")) == 1
+    full["now"] = False
+    m.ctl.dirty = True  # the next event (here: any) sizes the pilots again, with no back-off to wait out
+    m.at(1)
+    assert m.ctl.world.counters["pilots_submitted"] >= 1 and m.ctl.notices.as_list() == []
+
+
+def test_a_batch_system_that_does_not_answer_is_a_notice_until_it_does(tmp_path, write, monkeypatch):
+    from pilotfill.schedulers.commands import SchedulerCommandError
+
+    m = Machine(tmp_path, write, 2, [linear("a", 1, 2, 100)])
+    answers = {"ok": False}
+    idle = m.scheduler.idle_nodes
+
+    def unreachable():
+        if not answers["ok"]:
+            raise SchedulerCommandError(["sinfo"], "exited 1: sinfo: error: Unable to contact slurm controller", returncode=1,
+                                        output="sinfo: error: Unable to contact slurm controller (connect failure)")  # fmt: skip
+        return idle()
+
+    monkeypatch.setattr(m.scheduler, "idle_nodes", unreachable)
+    m.submit("a")
+    m.at(0)
+    notice = m.ctl.notices.as_list()[0]  # failing ones first: the progress line shows it
+    assert notice["key"] == "scheduler.idle" and notice["level"] == "failing" and notice["retry_at"] is not None
+    assert "did not answer (idle): sinfo: error: Unable to contact slurm controller (connect failure) (exit 1)" in notice["text"]
+    answers["ok"] = True
+    time.sleep(1.1)  # the first back-off (1 s, on the monotonic clock) is over
+    m.at(2)
+    assert [n["key"] for n in m.ctl.notices.as_list()] == []

@@ -29,7 +29,7 @@ from conftest import PBS_STANDIN, PbsStandin
 
 from pilotfill.config import PbsConfig, PilotConfig, load_config
 from pilotfill.schedulers import pbs as pbs_module
-from pilotfill.schedulers.base import PilotRefused, SchedulerConfigError, agent_argv
+from pilotfill.schedulers.base import NothingIdle, PilotRefused, SchedulerConfigError, agent_argv
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import (
     JobStatus,
@@ -673,7 +673,7 @@ def test_never_more_nodes_than_exist_or_are_idle(make, pbs):
     pbs("qsub", "-q", "workq", "-l", "select=7:ncpus=1", "--", "/bin/true")  # 1.vm: the main workload takes 7
     s.submit_pilot("small", 4)
     assert "select=1:ncpus=1" in pbs.calls("qsub")[-1]
-    with pytest.raises(SchedulerCommandError, match="0 idle of 8 usable"):
+    with pytest.raises(NothingIdle, match="0 idle of 8 usable"):
         s.submit_pilot("none", 2)
     assert len(pbs.calls("qsub")) == 3  # nothing submitted when nothing is idle
 
@@ -976,7 +976,7 @@ def test_a_preempted_pilots_vnodes_are_not_idle_while_it_exits(make, pbs):
     [ended] = s.poll(t())
     assert (ended.kind, ended.detail) == ("ended", "requeued (preempted)")
     assert s.idle_nodes() == 0, "six are the main job's, the rest the requeued pilot's"
-    with pytest.raises(SchedulerCommandError, match="0 idle"):
+    with pytest.raises(NothingIdle, match="0 idle"):
         s.submit_pilot("q", 4)
     pbs("pbs_standin", "delay", "exit", "0")
     pbs("pbs_standin", "run")

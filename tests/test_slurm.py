@@ -18,7 +18,7 @@ from waiting import wait_for
 
 from pilotfill.client import ControllerClient
 from pilotfill.config import PilotConfig, SlurmConfig
-from pilotfill.schedulers.base import PilotRefused
+from pilotfill.schedulers.base import NothingIdle, PilotRefused
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.slurm import SlurmScheduler, hostnames, is_policy_refusal
 from pilotfill.state import State
@@ -243,7 +243,7 @@ def test_idle_nodes_subtract_what_pending_pilots_asked_for(slurm, tmp_path):
     assert sched.idle_nodes() == 2, "the nodes a pending pilot asked for are not idle"
     sched.submit_pilot("b", 4)  # -N 1-2: max_nodes
     assert sched.idle_nodes() == 0
-    with pytest.raises(SchedulerCommandError, match="not submitted: 1 node.* 0 idle"):
+    with pytest.raises(NothingIdle, match="not submitted: 1 node.* 0 idle"):
         sched.submit_pilot("c", 1)
     partition(slurm, "UP")
     started = []

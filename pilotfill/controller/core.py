@@ -82,6 +82,7 @@ from .gateway import SchedulerGateway
 from .horizon import PoolHorizon
 from .job_desk import JobDesk
 from .liveness import Heard, Liveness
+from .notices import Notices
 from .phases import Burst, Decision, Phase
 from .pilot_desk import PilotDesk, Wakes
 from .recovery import take_over
@@ -185,7 +186,8 @@ class Controller:
         self.launcher = AgentLauncher(self.world, wake=self.wakes.later)
         self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
-        self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock)  # every call into the batch system, backed off on failure
+        self.notices = Notices(self.journal)  # why the campaign waits, for the progress line and `pilotfill top` (controller/notices.py)
+        self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock, self.notices)  # every call into the batch system, backed off on failure
         self.runtime = runtime or self._make_runtime()
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
         if self.types.typed:
@@ -200,11 +202,11 @@ class Controller:
         self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
                                  changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)  # fmt: skip
         self.training = Training(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
-                                 changed=self._decide_again)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
+                                 changed=self._decide_again, notices=self.notices)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
         self.enactment = Enactment(self.world, self.runtime, self.types, self.training, self.lifetimes,
                                    fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so  # fmt: skip
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
-                                   wake=self.wakes.later)  # fmt: skip
+                                   wake=self.wakes.later, notices=self.notices)  # fmt: skip
         self.pilot_desk = PilotDesk(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
                                     heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again)  # what the pilots' agents ask  # fmt: skip
         self.job_desk = JobDesk(self.world, self.journal, self.training, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
@@ -316,7 +318,7 @@ class Controller:
 
     def _on_state_snapshot(self, message: StateSnapshot, now: float) -> dict[str, Any]:
         self.node_seconds.add_until(now)
-        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "submit_problem": self.pilots.problem,
+        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "notices": self.notices.as_list(),
                 "node_seconds": self.node_seconds.totals()}  # fmt: skip
 
     def capacity(self) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ..allocator import Allocation, HoldModel
 from ..elastic.base import Runtime
-from .training import Training
+from .training import OUTLIVED_LIMIT, Training
 from .types import NodeTypes
 from .world import Job, World
 
@@ -53,6 +53,8 @@ class Enactment:
         for job in changed:
             new, old, lost = new_of[job.id], job.nodes, job.lost
             job.lost = set()
+            if job.status == "running" and not old and lost and self._outlived(job, lost, now):
+                continue  # failed: it cannot train between commits as long as a pilot lasts
             for node in world.nodes_of(new):
                 world.assign(node, job.id)
             running = job.status == "running"
@@ -126,6 +128,28 @@ class Enactment:
         if job.status != "running" or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
             return False
         return not self.types.typed or answer.node_type.get(job.id) == self.types.of_nodes(self.world, job.nodes)
+
+    def _outlived(self, job: Job, lost: set[str], now: float) -> bool:
+        """A job stopped because its pilots' walltime drained every node it had, after training most of their time
+        without a commit, has lost that work; the :data:`~.training.OUTLIVED_LIMIT`-th such run in a row fails it
+        (True) rather than restart it for ever."""
+        world = self.world
+        nodes = [world.nodes[n] for n in lost if n in world.nodes]
+        pilots = [world.pilots.get(node.pilot) if node.pilot else None for node in nodes]
+        if not nodes or any(p is None or p.walltime_end is None or node.deadline != p.walltime_end or node.state != "leaving" for node, p in zip(nodes, pilots)):
+            return False  # not (only) a walltime: a preemption, a lost node
+        usable = max(node.since - p.registered_at for node, p in zip(nodes, pilots))  # a pilot's time from its start to its drain
+        if self.training.uncommitted_s(job, now) < 0.5 * usable:
+            return False  # it started late in its pilots' lives: no sign that it cannot fit in one
+        count = self.training.outlived(job, now)
+        world.log("job.outlived", now, job=job.id, runs=count, uncommitted_s=round(self.training.uncommitted_s(job, now), 3), pilot_s=round(usable, 3))
+        if count < OUTLIVED_LIMIT:
+            return False
+        self._fail(job, now, f"the job lost its work to its pilots' walltime {count} times in a row with nothing committed in between: it trains "
+                   f"longer between commits than a pilot lasts (about {usable:.0f} s from a pilot's start to its drain): commit more often "
+                   f"(ElasticState.commit()), or let pilots run longer (the site config's pilot walltime)",  # fmt: skip
+                   f"lost to its pilots' walltime {count} times")
+        return True
 
     def _why_lost(self, lost: set[str]) -> str:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}

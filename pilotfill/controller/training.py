@@ -18,10 +18,15 @@ from ..allocator import Profiler
 from ..elastic.base import Runtime
 from ..protocol import JobReport
 from .meter import Meter
+from .notices import Notices
 from .types import NodeTypes
 from .world import Job, World
 
 log = logging.getLogger("pilotfill.controller")
+
+OUTLIVED_LIMIT = 3
+"""Runs in a row a job may lose to its pilots' walltime with nothing committed in between before it fails: it needs
+longer between commits than a pilot lasts, and would be restarted for ever."""
 
 
 class Training:
@@ -32,9 +37,11 @@ class Training:
     curve changed, so the allocation rests on something new."""
 
     def __init__(self, world: World, profiler: Profiler, types: NodeTypes, runtime: Runtime, at_commit: Callable[[Job, float], None],
-                 changed: Callable[[], None]):  # fmt: skip
+                 changed: Callable[[], None], notices: Notices | None = None):  # fmt: skip
         self.world, self.profiler, self.types, self.runtime = world, profiler, types, runtime
         self._at_commit, self._estimate_changed = at_commit, changed
+        self.notices = notices
+        self._outlived: dict[str, tuple[int, float]] = {}  # job -> (runs lost to walltimes in a row, its committed progress then)
         self._meters: dict[str, Meter] = {}
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
@@ -66,6 +73,23 @@ class Training:
         self._meters.pop(job_id, None)
         self._changed.pop(job_id, None)
         self._committed_at.pop(job_id, None)
+        if self._outlived.pop(job_id, None) is not None and self.notices is not None:
+            self.notices.clear(f"job.{job_id}.walltime")
+
+    def uncommitted_s(self, job: Job, now: float) -> float:
+        """Seconds since the job last committed or started: what a stop now loses."""
+        return now - self._committed_at.get(job.id, now)
+
+    def outlived(self, job: Job, now: float) -> int:
+        """The job lost a run to its pilots' walltime with nothing committed: how many such runs in a row (the
+        count starts again once it commits). Said on the progress line until it commits or ends."""
+        count, committed = self._outlived.get(job.id, (0, job.committed))
+        count = count + 1 if committed == job.committed else 1
+        self._outlived[job.id] = (count, job.committed)
+        if self.notices is not None:
+            self.notices.say(f"job.{job.id}.walltime", f"{job.name} lost its work to its pilots' walltime {count} time{'s' if count > 1 else ''} with "
+                             f"nothing committed (at {OUTLIVED_LIMIT} it fails: it needs to commit more often, or longer pilots)", now)  # fmt: skip
+        return count
 
     # ------------------------------------------------------------ what its ranks said
 
@@ -106,6 +130,8 @@ class Training:
             self.profiler.observe_cost(job.id, "commit", now - last)
         self._committed_at[job.id] = now
         committed = self.world.commit(job)
+        if self._outlived.pop(job.id, None) is not None and self.notices is not None:
+            self.notices.clear(f"job.{job.id}.walltime")
         self._at_commit(job, now)
         return committed
 

@@ -42,11 +42,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..allocator import Allocation
 from ..config import PilotConfig
-from ..schedulers.base import PilotRefused, SchedulerConfigError
-from ..schedulers.commands import SchedulerCommandError
+from ..schedulers.base import NothingIdle, PilotRefused, SchedulerConfigError
+from ..schedulers.commands import reason_of
 
 if TYPE_CHECKING:
     from ..controller.gateway import SchedulerGateway
+    from ..controller.notices import Notices
     from ..controller.world import Pilot, World
 
 log = logging.getLogger("pilotfill.pilots")
@@ -98,8 +99,9 @@ class PilotManager:
     ends, not on the controller."""
 
     def __init__(self, world: World, config: PilotConfig, gateway: SchedulerGateway, question: Question, ends: Ends, incarnation: int,
-                 wake: Callable[[str], None]):  # fmt: skip
+                 wake: Callable[[str], None], notices: Notices):  # fmt: skip
         self.world = world
+        self.notices = notices
         self.config = config
         self.gateway = gateway
         self.question = question
@@ -174,8 +176,10 @@ class PilotManager:
         if not unused:
             self._unused_since.clear()
         if not (unused or idle > 0 or pending > 0):
-            return  # everything held is used and nothing more could be had: nothing to size
+            self._waiting(self._jobs_waiting(), now)  # everything held is used and nothing more could be had: nothing to size
+            return
         if answer is None and not world.open and not unused and pending == 0:
+            self._waiting(0, now)
             return
         wanted = self.question.wanted(idle + pending, answer) if world.open else 0
         surplus = ready - wanted
@@ -197,9 +201,7 @@ class PilotManager:
         queued_surplus = pending - max(0, wanted - ready)
         if queued_surplus > 0 and wanted <= ready:
             self._cancel_queued(now)
-        missing = wanted - ready - pending
-        if missing > 0 and idle > 0:
-            self._submit(min(missing, idle), now)
+        self._ask_for(wanted - ready - pending, idle, now)
 
     def _adjust_types(self, now: float, idle: dict[str, int], answer: Allocation | None) -> None:
         """:meth:`adjust`, per node type: what the jobs would use of each type with every idle node of every type."""
@@ -219,8 +221,10 @@ class PilotManager:
         if not any(unused.values()):
             self._unused_since.clear()
         if not (any(unused.values()) or any(idle.values()) or any(pending.values())):
+            self._waiting(self._jobs_waiting(), now)
             return
         if answer is None and not world.open and not any(unused.values()) and not any(pending.values()):
+            self._waiting(0, now)
             return
         extra = {t: idle.get(t, 0) + pending.get(t, 0) for t in ready}
         wanted = self.question.wanted_types(extra, answer) if world.open else {}
@@ -239,13 +243,34 @@ class PilotManager:
                 due = self._not_wanted_again(due, extra, ready, pending)
             if due:
                 self._give_back(due, now)
+        missing = {}
         for t in ready:
             want = wanted.get(t, 0)
             if pending[t] - max(0, want - ready[t]) > 0 and want <= ready[t]:
                 self._cancel_queued(now, t)
-            missing = want - ready[t] - pending[t]
-            if missing > 0 and idle.get(t, 0) > 0:
-                self._submit(min(missing, idle[t]), now, t)
+            missing[t] = want - ready[t] - pending[t]
+        for t in ready:
+            self._ask_for(missing[t], idle.get(t, 0), now, t, waiting=sum(m for m in missing.values() if m > 0))
+
+    def _ask_for(self, missing: int, idle: int, now: float, node_type: str | None = None, waiting: int | None = None) -> None:
+        """Submit pilots for the ``missing`` nodes the idle ones can give; with none idle, the campaign waits for one
+        (``waiting``: the nodes wanted of every type)."""
+        if missing > 0 and idle > 0:
+            self._submit(min(missing, idle), now, node_type)
+        else:
+            self._waiting(missing if waiting is None else waiting, now, "more wanted")
+
+    def _jobs_waiting(self) -> int:
+        """Open jobs that hold no node: waiting to start."""
+        return sum(1 for job in self.world.open.values() if not job.nodes)
+
+    def _waiting(self, count: int, now: float, what: str = "jobs waiting") -> None:
+        """Say that the campaign waits for an idle node (``count`` of ``what``), or stop saying it when nothing waits;
+        a refusal or a failure being said is not replaced."""
+        if count > 0 and (self.problem is None or self.problem["kind"] == "waiting"):
+            self._set_problem("waiting", f"{count} {what if count != 1 or what != 'jobs waiting' else 'job waiting'}, none idle", "", now, None)
+        elif count <= 0 and self.problem is not None and self.problem["kind"] == "waiting":
+            self._set_problem(None, "", "", now, None)
 
     def _not_wanted_again(self, due: list[str], extra: dict[str, int], ready: dict[str, int], pending: dict[str, int]) -> list[str]:
         """Of the nodes about to be given back, those the jobs would not ask for again, type by type: given back,
@@ -325,9 +350,15 @@ class PilotManager:
             self._asked_at.pop(pilot.id, None)
 
     def _set_problem(self, kind: str | None, reason: str, error: str, now: float, retry_at: float | None) -> None:
-        """What ``pilotfill run`` and ``top`` show until a submission succeeds (journaled, for a view without a controller)."""
+        """What ``pilotfill run`` and ``top`` show until a submission succeeds (a notice: controller/notices.py)."""
         self.problem = {"kind": kind, "reason": reason, "error": error[-1000:], "at": now, "retry_at": retry_at} if kind else None
-        self.world.journal.set_meta("submit_problem", json.dumps(self.problem) if self.problem else "")
+        if kind is None:
+            self.notices.clear("pilots")
+        elif kind == "waiting":
+            self.notices.say("pilots", f"waiting for an idle node ({reason})", now, level="waiting")
+        else:
+            what = "pilot refused" if kind == "refused" else "pilot submission failed"
+            self.notices.say("pilots", f"{what}: {reason or error or '?'}", now, retry_at=retry_at)
 
     def _submit(self, nodes: int, now: float, node_type: str | None = None) -> None:
         """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time, within the site's limits."""
@@ -356,6 +387,11 @@ class PilotManager:
                     scheduler_id = self.gateway.scheduler.submit_pilot(pilot_id, size)
                 else:
                     scheduler_id = self.gateway.scheduler.submit_pilot(pilot_id, size, node_type=node_type)
+            except NothingIdle as exc:  # the machine is full: nothing failed; asked again when a node is idle
+                if self.problem is None or self.problem["kind"] != "waiting":
+                    self.world.log("pilot.waiting", now, reason=exc.reason)
+                self._set_problem("waiting", exc.reason, str(exc), now, None)
+                return
             except SchedulerConfigError as exc:  # the same answer every time: stop, naming the config key
                 log.error("pilot submission refused for good: %s", exc)
                 self.world.log("pilot.submit_refused", now, error=str(exc)[-1000:], reason=exc.reason, final=True)
@@ -380,17 +416,3 @@ class PilotManager:
             self.world.count("pilots_submitted")
             self._asked_at[pilot_id] = now
             asked += size
-
-
-def reason_of(exc: BaseException) -> str:
-    """The batch system's own words for a failed submission, short enough for a progress line."""
-    reason = getattr(exc, "reason", "")
-    if reason:
-        return str(reason)
-    if isinstance(exc, SchedulerCommandError):
-        said = exc.output.strip().splitlines()
-        if exc.returncode is None:  # timed out, could not be run, not run: what it says after the command line
-            text = str(exc)
-            return f"{exc.argv[0] if exc.argv else 'command'}: {text.split('` ', 1)[1] if text.startswith('`') and '` ' in text else text}"[:200]
-        return f"{said[-1] if said else 'no message'} (exit {exc.returncode})"
-    return str(exc).splitlines()[0][-200:] if str(exc) else type(exc).__name__

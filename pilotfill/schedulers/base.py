@@ -198,6 +198,15 @@ class PilotRefused(RuntimeError):
         self.reason = reason or message
 
 
+class NothingIdle(RuntimeError):
+    """No node is idle to ask for (the main workload holds them all, or took the last one since it was counted): not
+    a failure. The pilots are sized again when the batch system's idle nodes change. ``reason``: what it counted."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
 class SchedulerConfigError(RuntimeError):
     """The site config can never work with this batch system: asking again would get the same answer (a resource
     or queue the server does not know, a chunk no node can satisfy). The campaign stops with this one line, which

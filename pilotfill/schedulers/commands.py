@@ -74,3 +74,17 @@ def _text(data: bytes | str | None) -> str:
     if data is None:
         return ""
     return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def reason_of(exc: BaseException) -> str:
+    """The batch system's own words for a failed submission, short enough for a progress line."""
+    reason = getattr(exc, "reason", "")
+    if reason:
+        return str(reason)
+    if isinstance(exc, SchedulerCommandError):
+        said = exc.output.strip().splitlines()
+        if exc.returncode is None:  # timed out, could not be run, not run: what it says after the command line
+            text = str(exc)
+            return f"{exc.argv[0] if exc.argv else 'command'}: {text.split('` ', 1)[1] if text.startswith('`') and '` ' in text else text}"[:200]
+        return f"{said[-1] if said else 'no message'} (exit {exc.returncode})"
+    return str(exc).splitlines()[0][-200:] if str(exc) else type(exc).__name__

@@ -38,7 +38,7 @@ import numpy as np
 from .. import procs
 from ..config import Config, LocalConfig, PilotConfig, ScriptedChange
 from ..traces import read_trace
-from .base import BatchScheduler, EndReason, EventKind, NodeAccess, OnSpawn, PilotEvent
+from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent
 
 EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-week-64nodes.csv.gz"
 WINDOW_HOURS = 6.0
@@ -189,7 +189,7 @@ class LocalScheduler(BatchScheduler):
         free = [n for n in self._free() if node_type is None or self.node_types.get(n) == node_type]
         free = free[: max(1, min(nodes, self.pilots.nodes_per_pilot))]
         if not free:
-            raise RuntimeError(f"no idle node{' of type ' + repr(node_type) if node_type else ''} to start a pilot on")
+            raise NothingIdle(f"no idle node{' of type ' + repr(node_type) if node_type else ''} to start a pilot on", reason="0 idle")
         self._next_id += 1
         scheduler_id = f"local.{self._next_id}"
         argv = [

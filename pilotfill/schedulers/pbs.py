@@ -75,7 +75,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..config import Config, NodeTypeConfig, PbsConfig, PilotConfig
-from .base import BatchScheduler, EndReason, EventKind, NodeAccess, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, SchedulerConfigError, agent_argv, host_of
+from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, SchedulerConfigError, agent_argv, host_of
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
@@ -480,7 +480,7 @@ class PbsScheduler(BatchScheduler):
         idle = self._idle(vnodes, kind.name if kind is not None else None)
         count = min(nodes, self.config.nodes_per_pilot, usable, idle)
         if count < 1:
-            raise SchedulerCommandError(["qsub"], f"not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)")
+            raise NothingIdle(f"qsub: not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)", reason=f"{idle} idle of {usable} usable vnodes")
         argv = [
             "qsub", "-q", queue, "-N", f"pf-{pilot_id}", "-r", "y",
             "-l", f"select={count}:{chunk_text}", "-l", f"place={self.config.place}",

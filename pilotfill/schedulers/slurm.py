@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..config import Config, NodeTypeConfig, PilotConfig, SlurmConfig
-from .base import BatchScheduler, EndReason, EventKind, NodeAccess, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, agent_command
+from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, agent_command
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.slurm")
@@ -281,7 +281,7 @@ class SlurmScheduler(BatchScheduler):
         idle = self.idle_nodes() if kind is None else (self.idle_by_type() or {}).get(kind.name, 0)
         hi = min(nodes, self.config.max_nodes, idle)
         if hi < 1:
-            raise SchedulerCommandError(["sbatch"], f"not submitted: {nodes} node(s) wanted, {idle} idle")
+            raise NothingIdle(f"sbatch: not submitted: {nodes} node(s) wanted, {idle} idle", reason=f"{idle} idle")
         lo = min(self.config.min_nodes, hi)
         script = self.run_dir / "pilots" / f"{pilot_id}.sh"
         python = self.config.python or sys.executable
