@@ -39,7 +39,8 @@ import sys
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -169,8 +170,10 @@ def _record_submissions(dfk, apps=None) -> list:
 
 
 def check_script(script: Path) -> Path:
-    """The campaign file, resolved; one line if it is missing, unreadable or not Python."""
+    """The campaign file, resolved; one line if it is missing, a directory, unreadable or not Python."""
     script = Path(script).resolve()
+    if script.is_dir():
+        raise CampaignError(f"{script}: is a directory: give the campaign's file (a Python script), e.g. {script / 'campaign.py'}")
     if not script.is_file():
         raise CampaignError(f"{script}: no such campaign file")
     try:
@@ -201,15 +204,39 @@ def cannot_use(path: Path, exc: OSError) -> CampaignError:
     return CampaignError(f"{path}: cannot use it: {why}")
 
 
+MIN_FREE_BYTES = 1 << 20
+"""A run starts only with this much room on its disk: less cannot hold the controller's journal and first logs, and the
+controller would die before it could say why."""
+
+
+def short_of_space(path: Path) -> str | None:
+    """Why the disk holding ``path`` (or its nearest existing parent) is too full to start a run, else None."""
+    import shutil
+
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return None
+    if free >= MIN_FREE_BYTES:
+        return None
+    return f"its disk is full ({free // 1024} KB free; a run needs at least {MIN_FREE_BYTES >> 20} MB for its journal and logs): free some space"
+
+
 def prepare_run_dir(run_dir: Path) -> Path:
     """The run directory, created private; one line if it cannot be, or if anything the run writes there cannot be
-    written (an immutable or append-only file, a read-only filesystem): said now, naming the file."""
+    written (an immutable or append-only file, a read-only filesystem, a full disk): said now, naming the file."""
     from .security import private_dir
     from .state import unwritable
 
     run_dir = Path(run_dir).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise CampaignError(f"--run-dir {run_dir}: is a file, not a directory")
+    full = short_of_space(run_dir)
+    if full is not None:
+        raise CampaignError(f"{run_dir}: cannot use it: {full}")
     for name in WRITTEN if run_dir.exists() else ():
         why = unwritable(run_dir / name)
         if why is not None:
@@ -235,6 +262,58 @@ def reuse_notes(reused: list[tuple[str, tuple, dict]], changed: list[tuple[str, 
         notes.append(f"{function}: its code changed since an earlier run: {count} call{'s' if count != 1 else ''} ran anew instead of taking "
                      f"{'its' if count == 1 else 'their'} earlier result")  # fmt: skip
     return notes
+
+
+class LoadedByPilotfill:
+    """What a campaign's own ``parsl.load(config)`` returns under ``pilotfill run``: Parsl is already loaded (the
+    elastic executor, a thread pool, the checkpoints), so the campaign's config is not loaded again — its ``retries``
+    and ``retry_handler`` are taken, the rest is said to be pilotfill's — and leaving ``with parsl.load(...)`` waits
+    for the apps instead of shutting Parsl down under ``pilotfill run``."""
+
+    ADOPTED = ("retries", "retry_handler")
+
+    def __init__(self, dfk, note: Callable[[str], None]):
+        self._dfk, self._note = dfk, note
+
+    def load(self, config=None):
+        if config is not None:
+            taken = []
+            for name in self.ADOPTED:
+                value = getattr(config, name, None)
+                if value not in (None, 0) and value != getattr(self._dfk.config, name, None):
+                    setattr(self._dfk.config, name, value)
+                    taken.append(f"{name}={value!r}")
+            self._note("parsl.load(): pilotfill run has loaded Parsl with its own executors (elastic apps on harvested nodes, python_apps "
+                       "in a local thread pool); " + (f"took {', '.join(taken)} from the campaign's config" if taken else "the campaign's config is not used"))  # fmt: skip
+        return self
+
+    def __enter__(self):
+        return self._dfk
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self._dfk.wait_for_current_tasks()
+
+    def __getattr__(self, name):
+        return getattr(self._dfk, name)
+
+
+@contextmanager
+def campaigns_parsl(dfk, note: Callable[[str], None]) -> Iterator[None]:
+    """While the campaign's script runs, its ``parsl.load(...)`` is :class:`LoadedByPilotfill`, not Parsl's "Config has
+    already been loaded"."""
+    import parsl
+    from parsl.dataflow.dflow import DataFlowKernelLoader
+
+    loaded = LoadedByPilotfill(dfk, note)
+    saved = parsl.load, DataFlowKernelLoader.__dict__["load"]
+    parsl.load = loaded.load
+    DataFlowKernelLoader.load = staticmethod(loaded.load)
+    try:
+        yield
+    finally:
+        parsl.load = saved[0]
+        DataFlowKernelLoader.load = saved[1]
 
 
 def _script_frames(exc: BaseException, script: Path) -> str:
@@ -302,8 +381,12 @@ def lock_runs(run_dir: Path) -> _Lock:
         os.close(fd)
         raise CampaignError(f"{runs}: another pilotfill run is using it ({holder or 'pid unknown'}); a second one would train the "
                             "same calls again: wait for it to end, or run this campaign from another directory") from None  # fmt: skip
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}, run directory {run_dir}".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, run directory {run_dir}".encode(), 0)
+    except OSError as exc:  # a full disk: one line naming the file, not a traceback
+        os.close(fd)
+        raise cannot_use(runs / "checkpoints" / LOCK_FILE, exc) from None
     return _Lock(fd)
 
 
@@ -368,7 +451,8 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
         sys.path.insert(0, str(script.parent))
         stopped = None
         try:
-            runpy.run_path(str(script), run_name="__main__")
+            with campaigns_parsl(dfk, apps.note if apps is not None else outcome.notes.append):
+                runpy.run_path(str(script), run_name="__main__")
         except ElasticAppError as exc:
             raise CampaignError(f"{script}:{_line_in(exc, script) or '?'}: {exc}") from None
         except Exception as exc:

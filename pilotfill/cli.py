@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.markup import escape
 from rich.text import Text
 
 from .allocator import Formulation, Objective
@@ -133,6 +134,8 @@ def top(
     from .tui import top as show
     from .tui import unreadable
 
+    if run_dir is not None:
+        run_dir = _run_dir_or_exit(run_dir)
     if run_dir is None:
         candidates, closed = [], []
         for p in sorted(Path("runs").glob("*")) if not unreadable(Path("runs")) else []:
@@ -146,13 +149,6 @@ def top(
             err.print("[bold red]error:[/]", Text(why or "no run directory given and none under ./runs"), highlight=False)
             raise typer.Exit(2)
         run_dir = candidates[-1]
-    why = unreadable(run_dir) or unreadable(run_dir / "state.sqlite")
-    if why:
-        err.print("[bold red]error:[/]", Text(why), highlight=False)
-        raise typer.Exit(2)
-    if not (run_dir / "state.sqlite").is_file():
-        err.print(f"[bold red]error:[/] {run_dir} is not a pilotfill run directory (no state.sqlite)", highlight=False)
-        raise typer.Exit(2)
     from .tui import RunUnreadable, read_snapshot
 
     try:
@@ -309,6 +305,24 @@ def _summary_table(s: dict, result) -> Table:
     return table
 
 
+def _run_dir_or_exit(run_dir: Path) -> Path:
+    """``run_dir`` if it is a run directory this user can read; else one line saying what it is, and exit 2."""
+    from .tui import unreadable
+
+    why = unreadable(run_dir)
+    if why is None and run_dir.is_file():
+        why = f"{run_dir}: is a file, not a run directory (a campaign's runs are under runs/ beside it: pilotfill top runs/<id>)"
+    elif why is None and not run_dir.exists():
+        why = f"{run_dir}: no such run directory"
+    why = why or unreadable(run_dir / "state.sqlite")
+    if why is None and not (run_dir / "state.sqlite").is_file():
+        why = f"{run_dir} is not a pilotfill run directory (no state.sqlite)"
+    if why:
+        err.print("[bold red]error:[/]", Text(why), highlight=False)
+        raise typer.Exit(2)
+    return run_dir
+
+
 # ---------------------------------------------------------------- remote (Globus Compute)
 
 Endpoint = Annotated[str, typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint on the login node.")]
@@ -340,31 +354,50 @@ def submit(
 
 @app.command()
 def status(
-    run_id: Annotated[str, typer.Argument(help="The id `pilotfill submit` printed.")],
-    endpoint: Endpoint,
+    run: Annotated[str, typer.Argument(help="A run directory here, or with --endpoint the id `pilotfill submit` printed.")],
+    endpoint: Annotated[Optional[str], typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint of a remote run.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
-    """A remote run's jobs and pilots."""
+    """A run's jobs, pilots and what it waits for: a run directory here, or a remote run (--endpoint)."""
     from . import remote
 
-    info = _remote(lambda: remote.status(endpoint, run_id))
+    if endpoint is None:
+        run_dir = _run_dir_or_exit(Path(run))
+        from .status import run_dir_status
+        from .tui import RunUnreadable, read_snapshot
+
+        try:
+            _, source = read_snapshot(run_dir)
+        except RunUnreadable as exc:
+            err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
+            raise typer.Exit(2) from None
+        info = {"run_dir": str(run_dir), "phase": "running" if source == "live" else "stopped", **run_dir_status(run_dir)}
+    else:
+        info = _remote(lambda: remote.status(endpoint, run))
     if as_json:
         typer.echo(remote.as_json(info))
         return
-    table = Table(title=f"run {run_id}: {info['phase']}")
+    table = Table(title=f"run {run}: {info['phase']}")
     for col in ("job", "status", "nodes", "progress", "rescales", "result"):
         table.add_column(col, justify="right" if col in ("nodes", "progress", "rescales") else "left", overflow="ellipsis")
     for j in info["jobs"]:
         shown = j.get("error") if j["status"] == "failed" else j.get("result")
         table.add_row(j["name"], j["status"], str(j["nodes"]), f"{j['progress']:,.0f}", str(j["rescales"]), "" if shown is None else str(shown)[:60])
     Console().print(table)
-    if info["pilots"]:
-        pilots = Table(title="pilots")
+    from .controller.notices import notice_line
+
+    for notice in info.get("notices") or []:
+        err.print(f"[{'bold red' if notice.get('level') == 'failing' else 'yellow'}]{escape(notice_line(notice) or '')}[/]", highlight=False)
+    live = [p for p in info["pilots"] if p["state"] in ("queued", "running", "leaving")]
+    if live:
+        pilots = Table(title="pilots", caption=f"and {len(info['pilots']) - len(live)} ended" if len(live) < len(info["pilots"]) else None)
         for col in ("scheduler id", "state", "nodes"):
             pilots.add_column(col)
-        for p in info["pilots"]:
+        for p in live:
             pilots.add_row(str(p["scheduler_id"]), p["state"], str(p["nodes"]))
         Console().print(pilots)
+    elif info["pilots"]:
+        err.print(f"pilots: {len(info['pilots'])} ended, none queued or running", highlight=False)
 
 
 @app.command()

@@ -86,43 +86,18 @@ def _phase(home: Path) -> str:
 
 def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     """The run's phase, jobs and pilots, read from its durable state."""
-    from .state import State
+    from .status import run_dir_status
 
     home = _home(run_id, base_dir)
     if home is None:
         return {"error": "not_found", "run_id": run_id}
-    out: dict[str, Any] = {"run_id": run_id, "phase": _phase(home), "jobs": [], "pilots": []}
-    if (home / "run" / "state.sqlite").exists():
-        state = State(home / "run", readonly=True)
-        try:
-            out["jobs"] = [
-                {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "committed": j.committed,
-                 "redone": j.redone, "rescales": j.rescales,
-                 "result": _value(j, home / "run") if j.status == "finished" else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
-                for j in state.jobs()
-            ]  # fmt: skip
-            out["pilots"] = [{"id": p["id"], "scheduler_id": p["scheduler_id"], "state": p["state"], "nodes": len(p["nodes"])} for p in state.pilots()]
-        finally:
-            state.close()
-    return out
-
-
-def _value(job, run_dir: Path) -> Any:
-    """A finished job's result; values shipped back by the Parsl executor are decoded (a large one is read from the run
-    directory, :mod:`pilotfill.results`)."""
-    from parsl.serialize import deserialize
-
-    from .results import is_packed, unpack
-
-    value = job.result
-    if is_packed(value):
-        value = deserialize(unpack(run_dir, value))
-    return value
+    return {"run_id": run_id, "phase": _phase(home), **run_dir_status(home / "run")}
 
 
 def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     """Finished jobs' results (Parsl-serialized values decoded) and the campaign's output (e.g. the leaderboard)."""
     from .state import State
+    from .status import result_of
 
     home = _home(run_id, base_dir)
     if home is None:
@@ -132,7 +107,7 @@ def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
         state = State(home / "run", readonly=True)
         try:
             for j in state.jobs(("finished",)):
-                results.append({"job": j.id, "name": j.name, "value": _value(j, home / "run")})
+                results.append({"job": j.id, "name": j.name, "value": result_of(j, home / "run")})
         finally:
             state.close()
     output = (home / "pilotfill-run.out").read_text(errors="replace") if (home / "pilotfill-run.out").exists() else ""

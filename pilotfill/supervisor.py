@@ -130,6 +130,12 @@ class ControllerSupervisor:
         line = last_line(self.run_dir / "controller.out")
         if code in (EXIT_CONFIG, EXIT_JOURNAL) and line:
             return line.removeprefix("pilotfill controller: ")
+        if not line:  # it could not even say why: a full disk is the usual reason
+            from .campaign import short_of_space
+
+            full = short_of_space(self.run_dir)
+            if full is not None:
+                return f"the controller could not run on {self.run_dir}: {full}"
         if code < 0:
             return f"the controller was killed ({signal.Signals(-code).name}); see {self.run_dir / 'controller.out'}"
         return f"the controller exited ({code}); see {self.run_dir / 'controller.out'}"

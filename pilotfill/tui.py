@@ -205,6 +205,8 @@ def unreadable(path: Path) -> str | None:
             os.stat(part)
         except FileNotFoundError:
             return None
+        except NotADirectoryError:
+            return f"{part.parent}: is a file, not a directory"
         except PermissionError:
             return f"{part}: cannot be reached (a directory above it is not yours to enter)"
     if os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):

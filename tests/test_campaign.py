@@ -455,3 +455,66 @@ print("result", train(7).result())
     other.write_text(source.replace('"v1"', '"other"'))
     beside = pilotfill_run(other, "--config", str(fast_config))
     assert beside.returncode == 0 and "result other" in beside.stdout, beside.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- issue 54, items 8 and 10: the commands say what is wrong in one line
+
+
+def test_the_readmes_status_command_shows_a_run_directory_once(tmp_path, fast_config):
+    campaign = tmp_path / "done.py"
+    campaign.write_text("import pilotfill\n\n@pilotfill.elastic_app(min_nodes=1, max_nodes=1)\ndef work(x):\n    return x * 2\n\nprint(work(21).result())\n")
+    result = pilotfill_run(campaign, "--config", str(fast_config), "--run-dir", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = subprocess.run([sys.executable, "-m", "pilotfill", "status", "--json", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["phase"] == "stopped" and [(j["name"], j["status"], j["result"]) for j in info["jobs"]] == [("work(21)", "finished", 42)]
+    table = subprocess.run([sys.executable, "-m", "pilotfill", "status", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0 and "work(21)" in table.stdout and "finished" in table.stdout, table.stderr
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["top", "{campaign}"], "is a file, not a run directory"),
+        (["status", "{campaign}"], "is a file, not a run directory"),
+        (["status", "{tmp}/nothing"], "no such run directory"),
+        (["run", "{tmp}"], "is a directory: give the campaign's file"),
+    ],
+)
+def test_a_command_given_the_wrong_kind_of_path_says_so_in_one_line(tmp_path, args, said):
+    campaign = tmp_path / "c.py"
+    campaign.write_text("print(1)\n")
+    argv = [a.format(campaign=campaign, tmp=tmp_path) for a in args]
+    result = subprocess.run([sys.executable, "-m", "pilotfill", *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and said in " ".join(result.stderr.split()), result.stderr
+
+
+def test_a_campaigns_own_parsl_load_is_taken_for_its_retries(tmp_path, fast_config):
+    campaign = tmp_path / "loads.py"
+    campaign.write_text(
+        """
+import os
+import parsl
+from parsl.config import Config
+import pilotfill
+
+@pilotfill.elastic_app(min_nodes=1, max_nodes=1, cache=False)
+def flaky(marks):
+    import os
+    with open(marks, "a") as f:
+        f.write("try\\n")
+    if open(marks).read().count("try") < 2:
+        raise RuntimeError("the first try fails")
+    return "second try"
+
+with parsl.load(Config(retries=2)):
+    print("result", flaky(os.environ["MARKS"]).result())
+"""
+    )
+    result = pilotfill_run(campaign, "--config", str(fast_config), env={"MARKS": str(tmp_path / "marks")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "result second try" in result.stdout
+    said = " ".join(result.stderr.split())
+    assert "parsl.load(): pilotfill run has loaded Parsl with its own executors" in said and "took retries=2" in said, said

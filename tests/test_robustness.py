@@ -235,6 +235,29 @@ def test_a_full_disk_stops_the_campaign_cleanly_and_a_rerun_after_freeing_space_
     assert "[600, 600]" in again.stdout
 
 
+@pytest.mark.parametrize("left_kb", [0, 64])
+def test_a_disk_full_at_the_start_is_one_line(tiny_fs, fast, left_kb):
+    """Issue 54, item 6: with nothing left it was a 40-line traceback (lock_runs); with 64 KB left, "the controller
+    exited (1); see controller.out" — an empty file, since nothing could be written there either."""
+    campaign = tiny_fs / "train.py"
+    campaign.write_text(TRAINING.format(total=40, apps=1))
+    filler = tiny_fs / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    if left_kb:
+        os.truncate(filler, filler.stat().st_size - left_kb * 1024)
+    message = one_line_error(run(campaign, "--config", str(fast), cwd=tiny_fs))
+    assert "cannot use it" in message and ("No space left on device" in message or "its disk is full" in message), message
+    assert "controller.out" not in message, message
+    filler.unlink()
+    again = run(campaign, "--config", str(fast), cwd=tiny_fs)
+    assert again.returncode == 0 and "[40]" in again.stdout, again.stderr[-3000:]
+
+
 def test_a_read_only_state_is_one_line_not_a_hang(tiny_fs, fast):
     """A run directory the controller cannot write (here: a read-only bind mount of a real one)."""
     campaign = tiny_fs / "train.py"
