@@ -523,7 +523,9 @@ def test_standin_rerun_of_a_script_whose_shell_dies_first_ends_at_moms_kill_chec
     (d) B took the same for "nothing SIGKILLs it": its child ended by itself 20 s later, before the check."""
     pbs("pbs_standin", "init", "--hosts", "vm:1")  # one vnode: the requeued pilot waits for it
     pbs("pbs_standin", "exec", "on")
-    pbs("pbs_standin", "delay", "kill", "3")
+    # MOM's kill check comes when the test says: with a delay of seconds, a busy machine passed it between two commands
+    # (the main job, 1.vm, already held the vnode the test expected the pilot, 0.vm, to hold).
+    pbs("pbs_standin", "delay", "kill", "600")
     done = tmp_path / "done"
     child = tmp_path / "child.py"
     child.write_text(f"""import os, signal, sys, time
@@ -551,6 +553,7 @@ while true; do sleep 0.1; done
         assert (pbs.job(pilot)["job_state"], pbs.job(pilot)["substate"]) == ("R", 60)
         assert pbs.job(main)["job_state"] == "Q"
         assert (pbs.vnode("vm[0]")["state"], pbs.vnode("vm[0]")["jobs"]) == ("job-busy", [pilot])
+        pbs("pbs_standin", "delay", "kill", "0")  # the kill check is due now
         wait_until(lambda: pbs("pbs_standin", "run") and pbs.job(main)["job_state"] == "R", "the main job to start at the kill check")
         assert pbs.job(pilot)["job_state"] == "Q"
         assert "child done" not in log.read_text()  # SIGKILLed at the check
@@ -612,12 +615,12 @@ def test_standin_refuses_an_unknown_resource_with_187(shared_data, pbs):
     assert pbs("qsub", "-q", "scavenger", "-l", "select=1:ncpus=1", "-l", "filesystems=home", "--", "/bin/true").returncode == 0
 
 
-def wait_for_text(path: Path, text: str, count: int = 1, timeout_s: float = 60) -> str:
+def wait_for_text(path: Path, text: str, count: int = 1, timeout_s: float = 240) -> str:
     """The file's content once it holds ``text`` (``count`` times)."""
     return wait_until(lambda: path.exists() and path.read_text().count(text) >= count and path.read_text(), f"{text!r} in {path.name}", timeout_s)
 
 
-def wait_until(predicate, what: str, timeout_s: float = 60):
+def wait_until(predicate, what: str, timeout_s: float = 240):
     from waiting import wait_for
 
     return wait_for(predicate, timeout_s, what, poll_s=0.05)
