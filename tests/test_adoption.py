@@ -1,0 +1,180 @@
+"""A controller restarted by ``pilotfill run`` adopts the trainings that run on healthy nodes: their ranks go on.
+
+Issue 54 (5): controller deaths 60 s apart relaunched every running training from its last commit (two 900 s apps
+took 1,672 s) and the fourth death ended the campaign. Here the supervisor of ``pilotfill run`` keeps a real
+controller on the embedded local cluster; the test SIGKILLs it while a job trains, and the job's ranks — the same
+processes, in the same rendezvous round — train on under the new controller and finish.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from localrun import digits_job, synthetic_job
+from waiting import wait_for
+
+from pilotfill import procs
+from pilotfill.campaign import prepare_run_dir
+from pilotfill.client import ControllerClient
+from pilotfill.state import State
+from pilotfill.supervisor import ControllerSupervisor
+
+pytestmark = pytest.mark.local
+HERE = Path(__file__).resolve().parent
+RANKS_S = 300
+"""A limit for what waits on torch ranks (imports, rendezvous, training) on a busy machine."""
+
+CONFIG = """scheduler = "local"
+[local]
+nodes = 2
+workload = "none"
+[pilots]
+heartbeat_s = 0.5
+heartbeat_deadline_s = 10.0
+grace_s = 3.0
+[controller]
+tick_s = 0.1
+t_fwd = 10.0
+[runtime]
+kind = "{runtime}"
+"""
+
+
+class Campaign:
+    """A supervised controller on a run directory (what ``pilotfill run`` keeps) and a client of it."""
+
+    def __init__(self, root: Path, runtime: str):
+        config = root / "config.toml"
+        config.write_text(CONFIG.format(runtime=runtime))
+        self.run_dir = prepare_run_dir(root / "runs" / "r")
+        self.sup = ControllerSupervisor(self.run_dir, str(config), root / "runs" / "checkpoints", new_campaign=False, max_restarts=3)
+
+    def __enter__(self) -> Campaign:
+        self.sup.start()
+        self.client = ControllerClient(self.run_dir, timeout_s=120)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+        self.sup.stop()
+        wait_for(lambda: not self.leftovers(), 30, "no process of the run left", detail=self.story)
+
+    def kill_controller(self) -> None:
+        """SIGKILL the controller; return once the supervisor's next one listens."""
+        pid = self.sup.proc.pid
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: self.sup.fatal is not None or (self.sup.proc.pid != pid and self.sup.proc.poll() is None
+                                                        and json.loads((self.run_dir / "controller.json").read_text())["pid"] == self.sup.proc.pid),
+                 120, "the supervisor's next controller", detail=self.story)  # fmt: skip
+        assert self.sup.fatal is None, self.sup.fatal
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        state = State(self.run_dir, readonly=True)
+        try:
+            return state.events(kind)
+        finally:
+            state.close()
+
+    def ranks(self, job: str) -> dict[int, str]:
+        """The job's processes on this machine (pid -> host), by their environment."""
+        return {pid: env.get("PILOTFILL_HOST", "") for pid, env in procs.environments(PILOTFILL_RUN_DIR=str(self.run_dir), PILOTFILL_JOB_ID=job).items()}
+
+    def leftovers(self) -> list[int]:
+        marker = str(self.run_dir).encode()
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+                env = open(f"/proc/{pid}/environ", "rb").read()
+            except OSError:
+                continue
+            if (marker in cmd or b"PILOTFILL_RUN_DIR=" + marker in env) and procs.alive(int(pid)):
+                found.append(int(pid))
+        return found
+
+    def story(self) -> str:
+        parts = []
+        for path in [self.run_dir / "controller.out", *sorted((self.run_dir / "logs").glob("*.log"))]:
+            try:
+                parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-1500:]}")
+            except OSError:
+                pass
+        try:
+            events = [e for e in self.events() if e["kind"] not in ("job.report", "node.heartbeat")]
+            parts.append("events:\n" + "\n".join(f"{e['time']:.1f} {e['kind']} {e.get('job') or ''} {json.dumps(e['data'])[:160]}" for e in events[-50:]))
+        except Exception as exc:  # noqa: BLE001 — printed on a failure already: never hide it
+            parts.append(f"events unreadable: {exc!r}")
+        return "\n".join(parts)[-12000:]
+
+
+def _after(events: list[dict], seq: int, kind: str, job: str) -> list[dict]:
+    return [e for e in events if e["seq"] > seq and e["kind"] == kind and e["job"] == job]
+
+
+def test_a_torch_job_trains_on_through_a_controller_restart(tmp_path, torch_runtime, monkeypatch):
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))  # torch_probe
+    monkeypatch.setenv("PROBE_LOG", str(probe))
+    hold = tmp_path / "hold"
+    hold.touch()
+
+    def probed(event: str) -> list[dict]:
+        try:
+            return [r for r in map(json.loads, probe.read_text().splitlines()) if r["event"] == event]
+        except (OSError, ValueError):
+            return []
+
+    with Campaign(tmp_path, "torch") as run:
+        spec = digits_job("adopted", lo=2, hi=2, epochs=2)
+        job = run.client.submit({**spec, "entry": "torch_probe:train", "kwargs": {**spec["kwargs"], "hold_file": str(hold)}})
+        wait_for(lambda: len(probed("commit")) >= 2 and len(probed("start")) >= 2, RANKS_S, "the job training on two nodes", detail=run.story)
+        starts = probed("start")
+        workers = {r["pid"] for r in starts}
+        rounds = {r["round"] for r in starts}
+        ranks = run.ranks(job)
+        assert len(rounds) == 1 and len(workers) == 2, starts
+
+        killed_at = time.time()
+        run.kill_controller()
+        # It trains on under the new controller: commits after the restart, from the same worker processes.
+        wait_for(lambda: [c for c in probed("commit") if c["time"] > killed_at + 2.0], RANKS_S, "a commit after the restart", detail=run.story)
+        assert set(run.ranks(job)) >= set(ranks), "a rank of the job was restarted"
+        hold.unlink()
+        done = run.client.wait([job], timeout_s=RANKS_S)[job]
+        assert done["status"] == "finished", done
+        assert {r["pid"] for r in probed("start")} == workers, "the workers were started again"
+        assert {r["round"] for r in probed("start")} == rounds, "a new rendezvous round was formed"
+        events = run.events()
+        restart = max(e["seq"] for e in events if e["kind"] == "controller.started")
+        recovered = next(e for e in events if e["kind"] == "controller.recovered")["data"]
+        assert recovered["adopted_jobs"] == [job] and recovered["requeued"] == [], recovered
+        for kind in ("job.stopped", "job.started", "job.resized"):
+            assert not _after(events, restart, kind, job), f"{kind} after the restart"
+        assert not [e for e in events if e["kind"] == "job.crashed"]
+
+
+def test_a_processes_job_trains_on_through_controller_restarts(tmp_path):
+    with Campaign(tmp_path, "processes") as run:
+        job = run.client.submit(synthetic_job("adopted", total=2400, per_rank=40.0, lo=2, hi=2))
+        wait_for(lambda: run.client.job(job)["progress"] > 200 and len(run.ranks(job)) == 2, 120, "the job training on two nodes", detail=run.story)
+        ranks = run.ranks(job)
+        for _ in range(2):  # two deaths in a row: the second controller adopts what the first adopted
+            progress = run.client.job(job)["progress"]
+            run.kill_controller()
+            wait_for(lambda: run.client.job(job)["progress"] > progress + 200, 120, "progress after the restart", detail=run.story)
+            assert run.ranks(job) == ranks, "the job's ranks were restarted"
+        done = run.client.wait([job], timeout_s=180)[job]
+        assert done["status"] == "finished", done
+        assert done["result"]["resumed_from"] < 200  # the rank that returned ran from the start: never relaunched
+        events = run.events()
+        assert len([e for e in events if e["kind"] == "job.started" and e["job"] == job]) == 1
+        assert not [e for e in events if e["kind"] in ("job.stopped", "job.crashed")]
+        recovered = [e["data"] for e in events if e["kind"] == "controller.recovered"]
+        assert [r["adopted_jobs"] for r in recovered] == [[job], [job]], recovered
