@@ -118,6 +118,14 @@ def _after(events: list[dict], seq: int, kind: str, job: str) -> list[dict]:
     return [e for e in events if e["seq"] > seq and e["kind"] == kind and e["job"] == job]
 
 
+def _confirmed(run: Campaign, job: str, hosts: set[str], after: float) -> float | None:
+    """When the agents of ``hosts`` last told the new controller that ``job``'s ranks still run there (None: not yet)."""
+    told = [e for e in run.events("ranks.adopted") if e["time"] >= after and any(j == job for _, j in e["data"]["kept"])]
+    seen = {h for e in told for h, j in e["data"]["kept"] if j == job}
+    assert not [e for e in told if e["data"]["lost"]], told
+    return max(e["time"] for e in told) if seen >= hosts else None
+
+
 def test_a_torch_job_trains_on_through_a_controller_restart(tmp_path, torch_runtime, monkeypatch):
     probe = tmp_path / "probe.jsonl"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))  # torch_probe
@@ -143,8 +151,9 @@ def test_a_torch_job_trains_on_through_a_controller_restart(tmp_path, torch_runt
 
         killed_at = time.time()
         run.kill_controller()
-        # It trains on under the new controller: commits after the restart, from the same worker processes.
-        wait_for(lambda: [c for c in probed("commit") if c["time"] > killed_at + 2.0], RANKS_S, "a commit after the restart", detail=run.story)
+        # Both agents tell the new controller the job's ranks run on; it trains on: commits after that, from the same workers.
+        told = wait_for(lambda: _confirmed(run, job, set(ranks.values()), killed_at), 120, "the agents to confirm the job's ranks", detail=run.story)
+        wait_for(lambda: [c for c in probed("commit") if c["time"] > told], RANKS_S, "a commit after the restart", detail=run.story)
         assert set(run.ranks(job)) >= set(ranks), "a rank of the job was restarted"
         hold.unlink()
         done = run.client.wait([job], timeout_s=RANKS_S)[job]
@@ -166,8 +175,9 @@ def test_a_processes_job_trains_on_through_controller_restarts(tmp_path):
         wait_for(lambda: run.client.job(job)["progress"] > 200 and len(run.ranks(job)) == 2, 120, "the job training on two nodes", detail=run.story)
         ranks = run.ranks(job)
         for _ in range(2):  # two deaths in a row: the second controller adopts what the first adopted
-            progress = run.client.job(job)["progress"]
+            progress, killed_at = run.client.job(job)["progress"], time.time()
             run.kill_controller()
+            wait_for(lambda: _confirmed(run, job, set(ranks.values()), killed_at), 120, "the agents to confirm the job's ranks", detail=run.story)
             wait_for(lambda: run.client.job(job)["progress"] > progress + 200, 120, "progress after the restart", detail=run.story)
             assert run.ranks(job) == ranks, "the job's ranks were restarted"
         done = run.client.wait([job], timeout_s=180)[job]
