@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from localrun import digits_job, synthetic_job
+from localrun import committed_step, digits_job, synthetic_job
 from waiting import wait_for
 
 from pilotfill import procs
@@ -188,3 +188,31 @@ def test_a_processes_job_trains_on_through_controller_restarts(tmp_path):
         assert not [e for e in events if e["kind"] in ("job.stopped", "job.crashed")]
         recovered = [e["data"] for e in events if e["kind"] == "controller.recovered"]
         assert [r["adopted_jobs"] for r in recovered] == [[job], [job]], recovered
+
+
+def test_a_horovod_job_is_requeued_from_its_commit(tmp_path, horovod, monkeypatch):
+    """Not adopted (docs/reliability.md says why): ``horovodrun`` is the controller's child and dies with it. The agents,
+    which outlive the controller, end its ranks; the job resumes from its last durable commit."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))  # held_digits
+    hold = tmp_path / "hold"
+    hold.touch()
+    with Campaign(tmp_path, "horovod") as run:
+        spec = digits_job("requeued", lo=1, hi=2, epochs=2)
+        job = run.client.submit({**spec, "entry": "held_digits:train", "kwargs": {**spec["kwargs"], "hold_file": str(hold)}})
+        wait_for(lambda: committed_step(run.run_dir.parent, job), RANKS_S, "a durable commit", detail=run.story)
+        ranks = run.ranks(job)
+        run.kill_controller()
+        wait_for(lambda: not set(ranks) & set(run.ranks(job)), 60, "the old ranks to end", detail=run.story)
+        events = run.events()
+        recovered = next(e for e in events if e["kind"] == "controller.recovered")["data"]
+        assert recovered["requeued"] == [job] and recovered["adopted_jobs"] == [], recovered
+        started = wait_for(lambda: _after(run.events(), recovered_seq(run), "job.started", job), RANKS_S, "the job started again", detail=run.story)
+        assert started[0]["data"]["progress"] > 0  # from its commit, not from zero
+        hold.unlink()
+        done = run.client.wait([job], timeout_s=RANKS_S)[job]
+        assert done["status"] == "finished", done
+        assert done["result"]["restored"] is True
+
+
+def recovered_seq(run: Campaign) -> int:
+    return max(e["seq"] for e in run.events("controller.recovered"))
