@@ -187,11 +187,11 @@ class Adopted:
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             if end is not None and time.monotonic() >= end:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
             time.sleep(0.05)
-        return self.returncode
+        return code
 
 
 def alive(pid: int, ticks: int | None = None) -> bool:
