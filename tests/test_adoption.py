@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,7 +34,7 @@ RANKS_S = 300
 CONFIG = """scheduler = "local"
 [local]
 nodes = 2
-workload = "none"
+{workload}
 [pilots]
 heartbeat_s = 0.5
 heartbeat_deadline_s = 10.0
@@ -48,9 +50,9 @@ kind = "{runtime}"
 class Campaign:
     """A supervised controller on a run directory (what ``pilotfill run`` keeps) and a client of it."""
 
-    def __init__(self, root: Path, runtime: str):
+    def __init__(self, root: Path, runtime: str, workload: str = 'workload = "none"'):
         config = root / "config.toml"
-        config.write_text(CONFIG.format(runtime=runtime))
+        config.write_text(CONFIG.format(runtime=runtime, workload=workload))
         self.run_dir = prepare_run_dir(root / "runs" / "r")
         self.sup = ControllerSupervisor(self.run_dir, str(config), root / "runs" / "checkpoints", new_campaign=False, max_restarts=3)
 
@@ -216,3 +218,79 @@ def test_a_horovod_job_is_requeued_from_its_commit(tmp_path, horovod, monkeypatc
 
 def recovered_seq(run: Campaign) -> int:
     return max(e["seq"] for e in run.events("controller.recovered"))
+
+
+def test_the_local_clusters_main_workload_keeps_its_clock_across_a_restart(tmp_path):
+    """The embedded cluster is a batch system to the controller: its main workload takes pf-node-1 back 25 s after the
+    campaign began, whichever controller is listening then (a restarted cluster used to start its trace anew)."""
+    workload = 'workload = "script"\nscript = [{ at = 25.0, node = "pf-node-1", state = "busy" }]'
+    began = time.time()  # before the cluster's clock starts
+    with Campaign(tmp_path, "processes", workload) as run:
+        job = run.client.submit(synthetic_job("steady", total=1e9, per_rank=40.0, lo=1, hi=2))
+        wait_for(lambda: len(run.ranks(job)) == 2 and time.time() - began > 15.0, 60, "the job on both nodes", detail=run.story)
+        run.kill_controller()  # a cluster that started its clock anew would take pf-node-1 40 s after `began` or later
+        taken = wait_for(lambda: [e for e in run.events("node.leaving") if e["node"] == "pf-node-1"], 120, "pf-node-1 taken back", detail=run.story)
+        assert 25.0 <= taken[0]["time"] - began < 38.0, taken[0]["time"] - began
+        assert run.client.job(job)["status"] == "running"
+        run.client.cancel(job)
+
+
+LONG_TORCH_APP = """
+import time
+import pilotfill
+
+
+@pilotfill.elastic_app(min_nodes=2, max_nodes=2)
+def train():
+    for _ in range(3000):
+        time.sleep(0.1)
+        pilotfill.report(samples=1)
+    return "done"
+
+print(train().result())
+"""
+
+
+def test_nothing_outlives_a_sigkilled_pilotfill_run(tmp_path, torch_runtime):
+    """What outlives a restarted controller — the local cluster's agents, the torch store — must not outlive the
+    campaign: with ``pilotfill run`` SIGKILLed, its lease goes unrenewed and they end within the heartbeat deadline."""
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG.format(runtime="torch", workload='workload = "none"').replace("heartbeat_deadline_s = 10.0", "heartbeat_deadline_s = 3.0"))
+    campaign = tmp_path / "long.py"
+    campaign.write_text(LONG_TORCH_APP)
+    run_dir = tmp_path / "runs" / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(config), "--run-dir", str(run_dir)], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        def training() -> bool:
+            try:
+                state = State(run_dir, readonly=True)
+            except Exception:  # noqa: BLE001 — not there yet
+                return False
+            try:
+                return any(j.progress > 0 for j in state.jobs())
+            finally:
+                state.close()
+
+        wait_for(training, RANKS_S, "the app training")
+        outliving = [pid for pid, env in procs.environments(PILOTFILL_ROLE="torch-store").items() if env.get("PILOTFILL_RUN_DIR") == str(run_dir)]
+        assert outliving, "no torch store"
+        proc.send_signal(signal.SIGKILL)  # pilotfill run alone: the controller dies with it, its agents and store do not at once
+        proc.wait()
+        marker = str(run_dir).encode()
+
+        def left() -> list[int]:
+            found = []
+            for pid in os.listdir("/proc"):
+                try:
+                    cmd, env = open(f"/proc/{pid}/cmdline", "rb").read(), open(f"/proc/{pid}/environ", "rb").read()
+                except OSError:
+                    continue
+                if (marker in cmd or b"PILOTFILL_RUN_DIR=" + marker in env) and procs.alive(int(pid)):
+                    found.append(int(pid))
+            return found
+
+        wait_for(lambda: not left(), 90, "every process of the campaign to end")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
