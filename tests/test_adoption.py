@@ -294,3 +294,24 @@ def test_nothing_outlives_a_sigkilled_pilotfill_run(tmp_path, torch_runtime):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_job_that_lost_a_node_while_no_controller_listened_is_adopted_on_the_rest(tmp_path):
+    with Campaign(tmp_path, "processes") as run:
+        job = run.client.submit(synthetic_job("halved", total=1e9, per_rank=40.0, lo=1, hi=2))
+        wait_for(lambda: len(run.ranks(job)) == 2, 60, "the job on both nodes", detail=run.story)
+        pilots = {p["nodes"][0]: p for p in run.client.snapshot()["pilots"] if p["state"] == "running"}
+        survivor = {pid for pid, host in run.ranks(job).items() if host == "pf-node-0"}
+        os.kill(pilots["pf-node-1"]["pid"], signal.SIGKILL)  # its node goes with it, and the controller right after
+        run.kill_controller()
+        events = wait_for(lambda: [e for e in run.events() if e["kind"] == "job.resized" and "pf-node-1" in e["data"].get("cause", "")], 60,
+                          "the job shrunk to the node it kept", detail=run.story)  # fmt: skip
+        recovered = next(e for e in run.events() if e["kind"] == "controller.recovered")["data"]
+        assert recovered["adopted"] == [pilots["pf-node-0"]["id"]] and recovered["adopted_jobs"] == [job], recovered
+        assert events[0]["data"]["after"] == 1
+        progress = run.client.job(job)["progress"]
+        wait_for(lambda: run.client.job(job)["progress"] > progress + 40, 60, "progress on the node it kept", detail=run.story)
+        assert survivor <= set(run.ranks(job)), "the rank on the node it kept was restarted"
+        restart = recovered_seq(run)
+        assert not [e for e in run.events() if e["kind"] in ("job.stopped", "job.started") and e["seq"] > restart and e["job"] == job]
+        run.client.cancel(job)
