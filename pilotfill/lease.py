@@ -11,6 +11,11 @@ in place: a reader on NFS revalidates a file it reopens) and marks it ended
 when it stops; an agent that cannot reach the controller ends its pilot when
 the lease is ended or has not changed for the heartbeat deadline, as seen by
 its own clock (no clock is compared across hosts).
+
+What a supervised controller starts for its campaign on this machine (the
+local cluster's pilot agents, the torch store) outlives the controller so
+that the next one adopts it (:func:`restarted_if_it_dies`), and ends by the
+same rule as an agent: when the lease is ended or no longer renewed.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import socket
 import threading
 import time
 from pathlib import Path
+
+from . import procs
 
 LEASE_FILE = "supervisor.json"
 RENEW_S = 1.0
@@ -96,3 +103,23 @@ class LeaseWatch:
         except ValueError:
             pass  # a torn read: it changed, which is all we need
         return "gone" if now - self._changed_at > self.deadline_s else "running"
+
+
+def holder(run_dir: Path | str) -> tuple[int, int] | None:
+    """The ``pilotfill run`` renewing the run's lease on this host now: its pid and kernel start time; None where there
+    is no lease, it has ended, or its process is gone."""
+    try:
+        info = json.loads((Path(run_dir) / LEASE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("state") != "running" or info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+        return None
+    ticks = procs.start_ticks(info["pid"])
+    return (info["pid"], ticks) if ticks is not None else None
+
+
+def restarted_if_it_dies(run_dir: Path | str) -> bool:
+    """Whether this process (a controller) is the child of the ``pilotfill run`` that renews the run's lease: if it
+    dies, a new controller starts on the run directory and adopts what this one left running."""
+    found = holder(run_dir)
+    return found is not None and found[0] == os.getppid()

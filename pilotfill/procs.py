@@ -1,4 +1,4 @@
-"""Child processes that cannot outlive the controller.
+"""Child processes that cannot outlive the controller — unless a restarted controller adopts them.
 
 Every process the controller starts (pilot agents of the local cluster,
 training ranks) runs in its own session (so its whole group can be signalled)
@@ -7,6 +7,13 @@ so a controller killed with SIGKILL takes them along. As a second line, each
 is recorded in the state with its kernel start time, and a new controller on
 the same run directory kills whatever a predecessor left (checking the start
 time, so a recycled pid is never hit).
+
+The exception: a controller that ``pilotfill run`` restarts if it dies
+(:func:`pilotfill.lease.restarted_if_it_dies`) starts what its campaign
+needs across a restart — the local cluster's pilot agents, the torch store —
+with ``outlive_parent``, and its successor takes them over as :class:`Adopted`
+processes (:mod:`pilotfill.controller.recovery`). Those end themselves when
+the campaign's lease is ended or no longer renewed (:mod:`pilotfill.lease`).
 """
 
 from __future__ import annotations
@@ -100,9 +107,12 @@ prints a gigabyte fills no disk."""
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | None = None, cwd: str | None = None,
-          log_limit_bytes: int | None = None) -> subprocess.Popen:  # fmt: skip
+          log_limit_bytes: int | None = None, outlive_parent: bool = False) -> subprocess.Popen:  # fmt: skip
     """Start ``argv`` in a new session, dying with this process; output to ``log_path`` — through a pipe this process
-    reads when ``log_limit_bytes`` caps it (the log then rotates: ``LOG.1`` holds the previous part)."""
+    reads when ``log_limit_bytes`` caps it (the log then rotates: ``LOG.1`` holds the previous part).
+
+    ``outlive_parent``: the process does not die with this one (a restarted controller adopts it); it must end itself
+    when nobody will (the campaign's lease)."""
     capped = bool(log_path) and log_limit_bytes is not None
     out = subprocess.PIPE if capped else open(log_path, "ab") if log_path else subprocess.DEVNULL
     try:
@@ -114,7 +124,7 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: s
             stderr=subprocess.STDOUT,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=die_with_parent,
+            preexec_fn=None if outlive_parent else die_with_parent,
         )
     finally:
         if log_path and not capped:
@@ -156,6 +166,32 @@ def start_ticks(pid: int) -> int | None:
         return None
     # Field 22; the command name (field 2) may contain spaces, so split after its ')'.
     return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+UNKNOWN_EXIT = 255
+"""The exit status :class:`Adopted` gives for a process it saw go: not its child, it cannot know the real one."""
+
+
+class Adopted:
+    """A process this one did not start (a predecessor controller's), watched as a ``Popen`` is: by pid and kernel start
+    time, so a recycled pid is never taken for it. Its exit status is not ours to read: :data:`UNKNOWN_EXIT`."""
+
+    def __init__(self, pid: int, ticks: int | None):
+        self.pid, self.ticks = pid, ticks
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not alive(self.pid, self.ticks):
+            self.returncode = UNKNOWN_EXIT
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.05)
+        return code
 
 
 def alive(pid: int, ticks: int | None = None) -> bool:

@@ -97,10 +97,12 @@ class PilotRegister(Message):
 @dataclass(slots=True)
 class PilotHeartbeat(Message):
     TYPE: ClassVar[str] = "pilot.heartbeat"
-    REPLY: ClassVar[str] = "release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; stop; register; incarnation"
+    REPLY: ClassVar[str] = ("release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; stop; register; incarnation; "
+                             "keep [[host, job]]: a new controller adopted these jobs' processes (the others end)")
     pilot: str = _field(str, "the pilot's id")
     wait_s: float | None = _field(_NUMBER, "a long poll: answered at once when there is news, else after this long", None)
     exits: list | None = _field(list, "processes that ended on its nodes [{host, job, code, requested}]", None)
+    running: list | None = _field(list, "after a reply with keep: the jobs' processes running on its nodes [[host, job]]", None)
 
 
 @dataclass(slots=True)

@@ -85,7 +85,7 @@ from .liveness import Heard, Liveness
 from .notices import Notices
 from .phases import Burst, Decision, Phase
 from .pilot_desk import PilotDesk, Wakes
-from .recovery import take_over
+from .recovery import Adoption, TakeOver
 from .training import Training
 from .types import NodeTypes
 from .views import AllocatorViews
@@ -207,8 +207,9 @@ class Controller:
                                    fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so  # fmt: skip
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
                                    wake=self.wakes.later, notices=self.notices)  # fmt: skip
+        self.adoption = Adoption()  # the ranks taken over from a predecessor, until their agents confirm them (controller/recovery.py)
         self.pilot_desk = PilotDesk(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
-                                    heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again)  # what the pilots' agents ask  # fmt: skip
+                                    heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again, adoption=self.adoption)  # what the pilots' agents ask  # fmt: skip
         self.job_desk = JobDesk(self.world, self.journal, self.training, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
                                 changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_desk.py)  # fmt: skip
         self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
@@ -229,8 +230,10 @@ class Controller:
         for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
             for type_ in runtime_class(kind).handles:
                 self.handlers[type_] = functools.partial(self._on_runtime_message, kind)
-        # Take over from a predecessor (controller/recovery.py): what it ran is gone, its running jobs resume from their commits.
-        take_over(self.world, self.journal, self.gateway, self.scheduler, self.heard, self, self.incarnation, self.clock(), new_campaign, KEEP_ENDED_PILOTS)
+        # Take over from a predecessor (controller/recovery.py): what still runs is adopted, the other running jobs resume from their commits.
+        TakeOver(self.world, self.journal, self.gateway, self.scheduler, self.runtime, self.heard, self, self.adoption,
+                 spec_of=lambda job, nodes: self.types.start_spec(self.world, job, nodes), measure=self.training.measure_from, incarnation=self.incarnation,
+                 now=self.clock(), new_campaign=new_campaign, keep_ended_pilots=KEEP_ENDED_PILOTS).run()  # fmt: skip
         self.urgent = False
         for pilot in self.world.pilots.values():
             self.walltimes.track(pilot.id, pilot.walltime_end)
@@ -537,6 +540,7 @@ class Controller:
         """A pilot is over (``ended`` or ``lost``); its nodes must have been removed. Its agent ends what ran there."""
         self.world.end_pilot(pilot, state, now)
         self.launcher.forget(pilot.id)
+        self.adoption.forget(pilot.id)
         self.heard.forget(pilot.id)
         self.wakes.later(pilot.id)  # a heartbeat it has waiting is told to stop
 

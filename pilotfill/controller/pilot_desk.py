@@ -17,6 +17,7 @@ from ..pilots.manager import Ends, PilotManager
 from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
 from ..transport import Park
 from .liveness import Heard
+from .recovery import Adoption
 from .world import World
 
 
@@ -46,9 +47,11 @@ class PilotDesk:
     changed, the next pass decides again."""
 
     def __init__(self, world: World, heard: Heard, launcher: AgentLauncher, pilots: PilotManager, wakes: Wakes, ends: Ends, incarnation: int,
-                 heartbeat_s: float, changed: Callable[[], None]):  # fmt: skip
+                 heartbeat_s: float, changed: Callable[[], None], adoption: Adoption | None = None):  # fmt: skip
+        """``adoption``: the jobs' processes this controller adopted from its predecessor, per pilot (controller/recovery.py)."""
         self.world, self.heard, self.launcher, self.pilots, self.wakes, self.ends = world, heard, launcher, pilots, wakes, ends
         self.incarnation, self.heartbeat_s, self._changed = incarnation, heartbeat_s, changed
+        self.adoption = adoption or Adoption()
 
     def register(self, message: PilotRegister, now: float) -> dict[str, Any]:
         """A pilot's agent started: its nodes join the pool (a pilot we already ended is told to stop)."""
@@ -83,6 +86,14 @@ class PilotDesk:
         self.heard.hear(pilot.id, now)
         if message.exits is not None:
             self.launcher.reported(message.exits)
+        answer = self.adoption.answered(pilot.id, message.running, message.exits) if message.running is not None else None
+        if answer is not None:
+            kept, lost = answer
+            self.world.log("ranks.adopted", now, pilot=pilot.id, kept=[list(p) for p in kept], lost=[list(p) for p in lost])
+            for host, job_id in lost:
+                node = self.world.nodes.get(host)
+                if node is not None and node.job == job_id:  # kept for its job, but nothing of it runs there: a node it lost
+                    self.ends.remove_nodes([host], now, f"its rank of {job_id} did not outlive the controller", "ready")
         wait = message.wait_s
         if self.wakes.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
             return Park(pilot.id, min(float(wait), self.heartbeat_s), lambda: self.reply(pilot.id))
@@ -91,8 +102,12 @@ class PilotDesk:
     def reply(self, pilot_id: str) -> dict[str, Any]:
         """What a pilot's agent is told: nodes to give back, commands for its nodes, whether to stop."""
         live = pilot_id in self.world.pilots
-        return {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id), "stop": not live,
-                "register": False, "incarnation": self.incarnation}  # fmt: skip
+        reply = {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id), "stop": not live,
+                 "register": False, "incarnation": self.incarnation}  # fmt: skip
+        keep = self.adoption.ask(pilot_id) if live else None
+        if keep is not None:
+            reply["keep"] = keep  # until the agent says which still run (its next heartbeat's ``running``)
+        return reply
 
     def leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
         """The batch system told a pilot to go (SIGTERM): its nodes leave their jobs now, gone within the grace."""
@@ -103,4 +118,5 @@ class PilotDesk:
         return {}
 
     def _has_news(self, pilot_id: str) -> bool:
-        return self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id) or pilot_id not in self.world.pilots
+        return (self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id) or pilot_id not in self.world.pilots
+                or self.adoption.pending(pilot_id))  # fmt: skip

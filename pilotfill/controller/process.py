@@ -4,9 +4,10 @@
 
 Each tick serves a bounded batch of requests, committed together, then steps
 the controller, so a flood of messages can never starve heartbeat checks or the
-allocation. A controller started on a run directory that a dead one left behind kills what
-its predecessor ran, requeues the jobs that were running (their committed
-progress kept), keeps finished results, and carries on. When the journal
+allocation. A controller started on a run directory that a dead one left behind adopts
+the pilots and trainings that still run, requeues the other running jobs (their
+committed progress kept), kills what its predecessor ran that nobody adopted,
+keeps finished results, and carries on (:mod:`pilotfill.controller.recovery`). When the journal
 cannot be written (a full disk, a read-only file) it stops everything it
 started and exits with :data:`EXIT_JOURNAL` and one line saying why: nothing
 it answered is lost, and a controller started after space is freed carries on.

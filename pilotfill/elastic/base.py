@@ -96,6 +96,12 @@ class Runtime(ABC):
         reported or committed since the job started. Where it cannot, the controller restarts it on the nodes it keeps."""
         return True
 
+    def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
+        """Take over a job a predecessor controller started, whose ranks still run on ``hosts``: this runtime's
+        bookkeeping for it is rebuilt so that they go on as if nothing happened (:mod:`pilotfill.controller.recovery`).
+        False: it cannot (the default), and the job is requeued from its last commit."""
+        return False
+
     @abstractmethod
     def stop(self, job_id: str) -> None:
         """Stop every rank of the job (not an error: it may be restarted later)."""

@@ -57,6 +57,13 @@ class ProcessRuntime(Runtime):
     def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
         return True  # ranks are independent processes: the survivors go on, new ones start from the commit
 
+    def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
+        """A predecessor's job: its ranks are independent processes that talk only to the controller, so knowing its
+        hosts is all it takes (each was told its node rank and size at launch; new ones get theirs)."""
+        self._specs[job_id] = spec
+        self._hosts[job_id] = list(hosts)
+        return True
+
     def stop(self, job_id: str) -> None:
         for host in self._hosts.pop(job_id, []):
             self.launcher.terminate(host, job_id)

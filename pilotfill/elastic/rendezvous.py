@@ -42,6 +42,12 @@ so the old members keep training while the new node boots. A host that left
 counts at once: the survivors re-form now. An agent whose workers failed
 without any membership change re-joins the round it already had; that opens a
 fresh round with the same hosts, which the others see as ``waiting`` too.
+
+A restarted controller adopts the rounds its predecessor opened: the book says
+what changed (:meth:`RendezvousBook.take_changed`), the torch runtime writes
+each changed job's :meth:`~RendezvousBook.saved` form, and the next book
+restores it with :meth:`~RendezvousBook.restore` — the same round numbers, hosts, ranks
+and store prefix, so agents polling their round hear "keep training".
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class RendezvousBook:
         self._jobs: dict[str, _Job] = {}
         self._next_round = 1
         self.store: tuple[str, int] | None = None
+        self._changed: set[str] = set()  # jobs whose round opened, closed or ended since take_changed
 
     # ------------------------------------------------------------ controller side
 
@@ -104,7 +111,31 @@ class RendezvousBook:
 
     def forget(self, job_id: str) -> None:
         """Drop everything about ``job_id`` (it ended); its agents are told ``ended``."""
-        self._jobs.pop(job_id, None)
+        if self._jobs.pop(job_id, None) is not None:
+            self._changed.add(job_id)
+
+    # ------------------------------------------------------------ across controller restarts
+
+    def take_changed(self) -> set[str]:
+        """The jobs whose round opened, closed or was forgotten since the last call (what a successor must know)."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def saved(self, job_id: str) -> dict[str, Any] | None:
+        """What a successor's book needs of ``job_id`` (plain JSON), or None: the job has no round."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        rnd = job.current
+        return {"number": rnd.number, "hosts": list(rnd.hosts), "prefix": rnd.prefix, "opened": rnd.opened, "joined": sorted(rnd.joined),
+                "closed_at": rnd.closed_at, "history": [[n, list(h)] for n, h in job.history.items()]}  # fmt: skip
+
+    def restore(self, job_id: str, saved: dict[str, Any]) -> Round:
+        """Take ``job_id``'s round back from a predecessor's :meth:`saved`: its agents carry on in it."""
+        rnd = Round(int(saved["number"]), tuple(saved["hosts"]), str(saved["prefix"]), float(saved["opened"]), set(saved["joined"]), saved["closed_at"])
+        self._jobs[job_id] = _Job(rnd, {int(n): tuple(h) for n, h in saved["history"]})
+        self._next_round = max(self._next_round, rnd.number + 1)
+        return rnd
 
     def hosts(self, job_id: str) -> list[str]:
         job = self._jobs.get(job_id)
@@ -128,6 +159,7 @@ class RendezvousBook:
         rnd.joined.add(host)
         if not rnd.closed and rnd.joined >= set(rnd.hosts) and self.store is not None:
             rnd.closed_at = now
+            self._changed.add(job_id)
         if not rnd.closed:
             return {"state": "wait", "round": rnd.number}
         store_host, store_port = self.store if self.store is not None else ("", 0)
@@ -172,6 +204,7 @@ class RendezvousBook:
         job.history[rnd.number] = hosts
         while len(job.history) > HISTORY:
             del job.history[min(job.history)]
+        self._changed.add(job_id)
         return rnd
 
 

@@ -54,6 +54,18 @@ class JobRuntimes(Runtime):
         self._of[job_id] = kind
         runtime.start(job_id, spec, hosts)
 
+    def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
+        """A predecessor's job, on the runtime its spec names (made now if need be: the torch store is adopted with it)."""
+        kind = self.kind_of(spec)
+        try:
+            runtime = self.of_kind(kind)
+        except Exception:  # a runtime that cannot be made adopts nothing: the job is requeued, and its start will say why
+            return False
+        if not runtime.adopt(job_id, spec, hosts):
+            return False
+        self._of[job_id] = kind
+        return True
+
     def resize(self, job_id: str, hosts: list[str], lost: Sequence[str] = ()) -> None:
         runtime = self._for(job_id)
         if runtime is not None:

@@ -22,12 +22,21 @@ not the job: it is dropped from the job's rendezvous at once (the survivors
 re-form without waiting for the controller's next allocation) and reported as
 a crashed :class:`RankExit` for that host.
 
+Across a controller restart (where ``pilotfill run`` restarts it) the store
+outlives the controller, and each job's current round is written to
+``RUN/rendezvous/<job>.json`` whenever it opens, closes or ends: the next
+controller's runtime adopts the store and the rounds (:meth:`TorchRuntime.adopt`)
+and the agents, polling their round, keep training — no new round unless the
+job's hosts must change.
+
 This module imports no torch: the controller does not pay for it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -36,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import procs
+from ..lease import restarted_if_it_dies
 from ..protocol import RdzvJoin, RdzvPoll
 from .base import OnSpawn, RankExit, Runtime
 from .collectives import DEFAULT_TIMEOUT_S
@@ -48,6 +58,8 @@ if TYPE_CHECKING:
 from .torch_store import PORT_FILE, read_port_file
 
 STORE_RESTART_BACKOFF_S = 2.0
+ROUNDS_DIR = "rendezvous"
+"""Each job's current round, for a restarted controller (written only where one will adopt them)."""
 
 
 def store_environment(run_dir: Path) -> dict[str, str]:
@@ -71,6 +83,9 @@ class TorchRuntime(Runtime):
     ``agent_env`` is added to every agent's environment. ``grace_s``: the pilot's
     grace, what workers get between SIGTERM and SIGKILL; ``collective_timeout_s``:
     the timeout of their process groups (:mod:`pilotfill.elastic.collectives`).
+    ``store_lease_s``: the store outlives this runtime's controller, and a store
+    such a predecessor left is adopted, ending once the campaign's lease is ended or
+    unrenewed this long (None: the store dies with the controller, nothing is adopted).
     """
 
     handles: ClassVar[tuple[str, ...]] = (RdzvJoin.TYPE, RdzvPoll.TYPE)  # its agents' rendezvous (pilotfill.elastic.rendezvous)
@@ -82,19 +97,22 @@ class TorchRuntime(Runtime):
     def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> TorchRuntime:
         rt, bind = config.runtime, config.controller.bind
         store_host = socket.getfqdn() if bind in ("0.0.0.0", "*") else bind  # the address compute nodes reach
+        restarted = restarted_if_it_dies(run_dir)  # a successor adopts the store and the rounds: see the module
         return cls(run_dir, launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host,
-                   grace_s=config.pilots.grace_s, collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
+                   grace_s=config.pilots.grace_s, collective_timeout_s=rt.collective_timeout_s, on_spawn=on_spawn,
+                   store_lease_s=config.pilots.heartbeat_deadline_s if restarted else None)  # fmt: skip
 
     def handle(self, message: Any, now: float) -> dict[str, Any]:
         """A torch elastic agent joining its job's round, or asking whether membership changed."""
         reply = rendezvous_handle(self.rendezvous, message.to_dict(), now)
         reply.pop("ok", None)
+        self._save_rounds()  # a join may close a round, or re-form one
         return reply
 
     def __init__(self, run_dir: Path | str, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int | None = None,
                  store_host: str = "127.0.0.1", python: str = sys.executable, agent_env: dict[str, str] | None = None,
                  poll_interval_s: float = 0.2, clock: Callable[[], float] = time.time, grace_s: float = 5.0,
-                 collective_timeout_s: float = DEFAULT_TIMEOUT_S):  # fmt: skip
+                 collective_timeout_s: float = DEFAULT_TIMEOUT_S, on_spawn: OnSpawn | None = None, store_lease_s: float | None = None):  # fmt: skip
         self.run_dir = Path(run_dir)
         self.launcher = launcher
         self.ranks_per_node = ranks_per_node
@@ -109,10 +127,14 @@ class TorchRuntime(Runtime):
         self.rendezvous = RendezvousBook()
         self._hosts: dict[str, list[str]] = {}
         self._specs: dict[str, dict[str, Any]] = {}
-        self._store: Any = None  # the store's Popen
+        self._on_spawn: OnSpawn = on_spawn or (lambda process, what, job, host: None)
+        self.store_lease_s = store_lease_s
+        self._store: Any = None  # the store's Popen, or procs.Adopted: a predecessor's
         self._store_started = 0.0
+        self._rounds = self.run_dir / ROUNDS_DIR
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self._start_store()
+        if store_lease_s is None or not self._adopt_store():
+            self._start_store()
 
     # ------------------------------------------------------------ Runtime
 
@@ -138,9 +160,28 @@ class TorchRuntime(Runtime):
         for host in dict.fromkeys([*before, *lost]):
             if host not in hosts:
                 self.launcher.terminate(host, job_id)
+        self._save_rounds()
         for host in hosts:
             if host not in before:
                 self.launcher.launch(host, job_id, self.agent_argv(job_id, host), self.agent_environment(job_id))
+
+    def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
+        """A predecessor's job whose agents run on ``hosts``: its round as that controller left it (``rendezvous/``)
+        and the store it adopted, so the agents polling their round keep training. Where the journal's hosts differ
+        from the round's (the predecessor died between the two), a new round opens for them. False: nothing to adopt
+        (the store is new, or the job's round was never written)."""
+        if self.store_lease_s is None or not isinstance(self._store, procs.Adopted):
+            return False  # a new store has none of the round's keys: its ranks would fail at their next use of them
+        try:
+            saved = json.loads((self._rounds / f"{job_id}.json").read_text())
+            self.rendezvous.restore(job_id, saved)
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        self._specs[job_id] = dict(spec)
+        self._hosts[job_id] = list(dict.fromkeys(hosts))
+        self.rendezvous.expect(job_id, self._hosts[job_id], self._clock())
+        self._save_rounds()
+        return True
 
     def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
         return False  # torch elastic restarts every worker on a membership change: they resume from the commit
@@ -149,6 +190,7 @@ class TorchRuntime(Runtime):
         hosts = self._hosts.pop(job_id, [])
         self._specs.pop(job_id, None)
         self.rendezvous.forget(job_id)
+        self._save_rounds()
         for host in hosts:
             self.launcher.terminate(host, job_id)
 
@@ -167,6 +209,7 @@ class TorchRuntime(Runtime):
             self._hosts[ended.job_id] = [h for h in held if h != ended.host]
             self.rendezvous.expect(ended.job_id, self._hosts[ended.job_id], self._clock())
             out.append(RankExit(ended.job_id, ended.host, ended.returncode, requested=False))
+        self._save_rounds()
         return out
 
     def close(self, wait_s: float = 10.0) -> None:
@@ -178,10 +221,11 @@ class TorchRuntime(Runtime):
             pending -= {(e.host, e.job_id) for e in self.launcher.exits()}
             time.sleep(0.05)
         if self._store is not None:
-            procs.kill_group(self._store.pid, grace_s=2.0)
+            procs.kill_group(self._store.pid, getattr(self._store, "ticks", None), grace_s=2.0)
             self._store.wait()
             self._store = None
         (self.run_dir / PORT_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self._rounds, ignore_errors=True)  # nothing runs that a successor could adopt
 
     # ------------------------------------------------------------ agents
 
@@ -215,8 +259,45 @@ class TorchRuntime(Runtime):
         self.rendezvous.store = None
         log = self.run_dir / "logs" / "torch_store.log"
         argv = [self.python, "-m", "pilotfill.elastic.torch_store", "--run-dir", str(self.run_dir), "--host", self.store_host]
-        self._store = procs.spawn(argv, env=store_environment(self.run_dir), log_path=str(log))
+        if self.store_lease_s is not None:
+            argv += ["--lease-deadline", str(self.store_lease_s)]
+        self._store = procs.spawn(argv, env=store_environment(self.run_dir), log_path=str(log), outlive_parent=self.store_lease_s is not None)
         self._store_started = time.monotonic()
+        self._on_spawn(self._store, "store", None, self.store_host)
+
+    def _adopt_store(self) -> bool:
+        """Take over the store a predecessor controller left running (its port file names it by pid and start time)."""
+        info = read_port_file(self.run_dir)
+        if info is None or not isinstance(info.get("pid"), int) or not isinstance(info.get("ticks"), int):
+            return False
+        store = procs.Adopted(info["pid"], info["ticks"])
+        if store.poll() is not None:
+            return False
+        self._store, self._store_started = store, time.monotonic()
+        self.rendezvous.set_store(info["host"], info["port"])
+        self._on_spawn(store, "store", None, info["host"])  # this controller's now: not killed as a predecessor's leftover
+        return True
+
+    def _save_rounds(self) -> None:
+        """Write the rounds that opened, closed or ended, for a successor (only where one will adopt them)."""
+        changed = self.rendezvous.take_changed()
+        if self.store_lease_s is None:
+            return
+        for job_id in changed:
+            path = self._rounds / f"{job_id}.json"
+            saved = self.rendezvous.saved(job_id)
+            try:
+                if saved is None:
+                    path.unlink(missing_ok=True)
+                    continue
+                self._rounds.mkdir(mode=0o700, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.tmp")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the prefix opens the round's keys: private
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(saved))
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a full disk: the journal says so; a successor then requeues the job from its commit
 
     def _check_store(self) -> None:
         """Learn the store's port once it listens; restart it if it died (new rounds then use the new one)."""

@@ -1,12 +1,16 @@
 """The run's torch store: a key-value store only the run's processes can use, on the controller's machine.
 
-    python -m pilotfill.elastic.torch_store --run-dir RUN [--host ADDRESS]
+    python -m pilotfill.elastic.torch_store --run-dir RUN [--host ADDRESS] [--lease-deadline S]
 
 Started once by the torch runtime (:mod:`pilotfill.elastic.torch`); it listens
-on a random port and writes ``{"host", "port", "pid"}`` to
+on a random port and writes ``{"host", "port", "pid", "ticks"}`` to
 ``RUN/torch_store.json`` (mode 0600, atomically) for the runtime, which hands
 it out in rendezvous replies. Rank 0's node holds nothing: when any node goes,
-the store and every other round's keys stay.
+the store and every other round's keys stay. It dies with the controller that
+started it — unless ``pilotfill run`` restarts that controller
+(``--lease-deadline``): then it outlives it, the next controller adopts it
+with every round's keys (the jobs' ranks train on), and it ends when the
+campaign's lease is ended or not renewed for that long (:mod:`pilotfill.lease`).
 
 What torch elastic and gloo need from a store (``set``, blocking ``get`` and
 ``wait``, ``add``, ``compare_set``, …) is served here over pilotfill's own
@@ -48,7 +52,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from ..procs import die_with_parent
+from ..lease import LeaseWatch
+from ..procs import die_with_parent, start_ticks
 from ..transport import Park, Server
 
 PORT_FILE = "torch_store.json"
@@ -273,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch_store")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--host", default="127.0.0.1", help="the address clients on the nodes connect to")
+    ap.add_argument("--lease-deadline", type=float, default=None,
+                    help="outlive the controller (a restarted one adopts the store); end once the campaign's lease is ended or unrenewed this long")
     args = ap.parse_args(argv)
-    die_with_parent()
+    campaign = None
+    if args.lease_deadline is None:
+        die_with_parent()
+    else:
+        campaign = LeaseWatch(args.run_dir, args.lease_deadline)
     store = StoreServer(args.run_dir, load_secret(args.run_dir), host="127.0.0.1" if args.host in LOOPBACK else "0.0.0.0")
 
     def stop(signum, frame) -> None:
@@ -282,11 +293,14 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    write_port_file(args.run_dir, {"host": args.host, "port": store.port, "pid": os.getpid()})
+    write_port_file(args.run_dir, {"host": args.host, "port": store.port, "pid": os.getpid(), "ticks": start_ticks(os.getpid())})
     print(f"torch store listening on port {store.port} (clients use {args.host})", flush=True)
     try:
         while not store.stopping:
             store.serve()
+            if campaign is not None and campaign.state() in ("ended", "gone"):
+                print(f"the campaign is over ({campaign.state()}): the torch store ends", flush=True)
+                break
     finally:
         store.close()
     return 0

@@ -9,7 +9,8 @@ the next heartbeat.
 
 Every process of a job on the pilot's nodes goes through here, and here it
 ends: on a ``stop`` command, when its node is given back, when the controller
-that started it is replaced (its jobs were requeued), and on SIGTERM — the
+that started it is replaced and the new one did not adopt its job (the new one
+says which to ``keep``; the agent answers with those still ``running``), and on SIGTERM — the
 batch system's preemption notice, or a cancel — which the agent first turns
 into an immediate ``pilot.leaving`` (the controller reallocates at once), then
 ends what runs on its nodes within the grace period, and exits only once all
@@ -31,6 +32,7 @@ by running itself there with ``--end-on``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -48,10 +50,13 @@ from ..lease import LeaseWatch
 from ..schedulers.base import NodeAccess
 from ..schedulers.registry import NAMES as BATCH_SYSTEM_NAMES
 from ..schedulers.registry import adapter_class
-from ..transport import Client, ControllerUnavailable, Interrupted, RequestRefused
+from ..transport import ENDPOINT_FILE, Client, ControllerUnavailable, Interrupted, RequestRefused
 
 log = logging.getLogger("pilotfill.agent")
 
+REPLACED_READ_S = 1.0
+"""While a request waits, ``controller.json`` is read at most this often: a restarted controller is asked at once, not
+after the attempt to its dead predecessor times out (a heartbeat's waits past the heartbeat deadline)."""
 ORPHAN_AFTER_S = 600.0
 """An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot even while the
 campaign's lease is renewed (a supervisor that restarts no controller that answers)."""
@@ -72,6 +77,9 @@ class Agent:
         self.launcher = LocalLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)  # a job's processes get the pilot's grace to go
         self.leaving_at: float | None = None
         self.incarnation: int | None = None
+        self._asking: int | None = None  # a new controller the agent turned to before hearing from it
+        self._replaced_read_at = -1e18
+        self._asked_running = False  # a new controller asked which of the processes it keeps still run
         self.orphan_after_s = max(ORPHAN_AFTER_S, 60 * heartbeat_s)
         self._heard_at = time.monotonic()
         self._exits: list[dict] = []
@@ -106,7 +114,7 @@ class Agent:
                     log.info("registered %s", self.nodes)
                 reply = self._heartbeat()
                 self._heard_at = time.monotonic()
-                self._follow_controller(reply.get("incarnation"))
+                self._follow_controller(reply.get("incarnation"), reply.get("keep"))
                 if reply.get("register"):
                     registered = False  # a new controller does not know us yet
                     continue
@@ -135,9 +143,11 @@ class Agent:
         """One long poll: returns when the controller has something for us, or after ``heartbeat_s``."""
         self._exits += [{"host": e.host, "job": e.job_id, "code": e.returncode, "requested": e.requested} for e in self.launcher.exits()]
         exits, self._exits = self._exits, []
+        message = {"type": "pilot.heartbeat", "pilot": self.pilot, "wait_s": self.heartbeat_s, "exits": exits}
+        if self._asked_running:
+            message["running"] = [list(pair) for pair in sorted(self._running_jobs())]
         try:
-            return self.client.request({"type": "pilot.heartbeat", "pilot": self.pilot, "wait_s": self.heartbeat_s, "exits": exits},
-                                       timeout_s=self.heartbeat_s + 30.0, attempt_s=self.heartbeat_s + 10.0, interrupt=self._interrupted)  # fmt: skip
+            return self.client.request(message, timeout_s=self.heartbeat_s + 30.0, attempt_s=self.heartbeat_s + 10.0, interrupt=self._interrupted)
         except BaseException:
             self._exits = exits + self._exits  # told next time
             raise
@@ -146,8 +156,26 @@ class Agent:
         return self.leaving_at is not None
 
     def _interrupted(self) -> bool:
-        """A request waiting for the controller stops waiting: SIGTERM, or nobody is left to restart a controller."""
-        return self.leaving_at is not None or self._campaign_gone() is not None
+        """A request waiting for the controller stops waiting: SIGTERM, nobody is left to restart a controller, or a new
+        controller listens (the old one will never answer: ask the new one)."""
+        return self.leaving_at is not None or self._campaign_gone() is not None or self._replaced()
+
+    def _replaced(self) -> bool:
+        """Whether a controller other than the one this agent talks to has published itself since (it restarted)."""
+        now = time.monotonic()
+        if self.incarnation is None or now - self._replaced_read_at < REPLACED_READ_S:
+            return False
+        self._replaced_read_at = now
+        try:
+            incarnation = json.loads((Path(self.run_dir) / ENDPOINT_FILE).read_text()).get("incarnation")
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not isinstance(incarnation, int) or incarnation in (self.incarnation, self._asking):
+            return False
+        self._asking = incarnation
+        self._asked_running = False  # that was the old controller's question: the new one asks its own
+        log.info("controller %d replaced %d: asking it", incarnation, self.incarnation)
+        return True
 
     def _campaign_gone(self) -> str | None:
         """Why no controller will come back for this pilot, if none will: the campaign's ``pilotfill run`` ended or is
@@ -162,14 +190,29 @@ class Agent:
             return f"the campaign's pilotfill run is gone (no lease renewal for {self.deadline_s:.0f} s)"
         return None
 
-    def _follow_controller(self, incarnation) -> None:
-        """A new controller requeued every job the old one ran: what the old one started here must end."""
+    def _follow_controller(self, incarnation, keep) -> None:
+        """A new controller adopts the jobs it says to ``keep`` (a list of [host, job]; none without one) and requeued the
+        others: what the old one started here for those must end. While it asks, it is told which kept ones still run."""
+        kept = {(k[0], k[1]) for k in keep if isinstance(k, list) and len(k) == 2} if isinstance(keep, list) else set()
         if isinstance(incarnation, int):
             if self.incarnation is not None and incarnation != self.incarnation:
-                log.info("controller %s replaced %s: ending its jobs' processes", incarnation, self.incarnation)
+                log.info("controller %s replaced %s: keeping %s, ending its other jobs' processes", incarnation, self.incarnation,
+                         ", ".join(f"{j} on {h}" for h, j in sorted(kept)) or "none")  # fmt: skip
+                hosts_kept = {host for host, _ in kept}
                 for node in self.nodes:
-                    self._end_on(node)
+                    if node not in hosts_kept:
+                        self._end_on(node)  # nothing of it kept: everything there ends, wherever it runs
+                for host, job in sorted(self._running_jobs() - kept):
+                    if host in hosts_kept:
+                        self._sweep([host], job)
             self.incarnation = incarnation
+        self._asked_running = isinstance(keep, list)
+
+    def _running_jobs(self) -> set[tuple[str, str]]:
+        """(node, job) of every job process on this pilot's nodes: those it started and those found by their
+        environment (ranks that Horovod started over ssh)."""
+        started = {(host, job) for host, job in self.launcher.running() if host in self.nodes}
+        return started | set(job_processes_on(self.run_dir, self.nodes).values())
 
     # ------------------------------------------------------------ commands
 
@@ -309,12 +352,17 @@ def job_processes(run_dir: str, nodes: list[str], job: str | None = None) -> dic
     job it is (``PILOTFILL_JOB_ID``) and which node it is on (``PILOTFILL_HOST``, or Horovod's ``HOROVOD_HOSTNAME``):
     a process that does not — the controller's torch store or horovodrun, the controller, another agent — is no
     job's, whatever host it shares (recheck (a): agents on the controller's host SIGTERMed the torch store)."""
+    return {pid: owner for pid, (_, owner) in job_processes_on(run_dir, nodes, job).items()}
+
+
+def job_processes_on(run_dir: str, nodes: list[str], job: str | None = None) -> dict[int, tuple[str, str]]:
+    """:func:`job_processes` with the node of each: pid -> (node, job)."""
     wanted = {"PILOTFILL_JOB_ID": job} if job else {}
     found = {}
     for pid, env in procs.environments(PILOTFILL_RUN_DIR=run_dir, **wanted).items():
         on, owner = env.get("PILOTFILL_HOST") or env.get("HOROVOD_HOSTNAME"), env.get("PILOTFILL_JOB_ID")
         if owner and on in nodes:
-            found[pid] = owner
+            found[pid] = (on, owner)
     return found
 
 

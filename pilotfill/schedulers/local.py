@@ -20,10 +20,27 @@ on a machine with several kinds of node. They are labels only: every virtual
 node is this machine's CPU, so a job runs as fast on one type as on another —
 what differs is where pilotfill places it (by its curves per type or the
 similarity policy), not how fast it then runs.
+
+Across a controller restart it behaves as a batch system does: pilots keep
+running and the main workload keeps its clock. The cluster lives inside the
+controller's process, but where ``pilotfill run`` restarts a controller that
+dies (:func:`pilotfill.lease.restarted_if_it_dies`) its pilot agents are
+started to outlive it, and everything else it knows — the workload's clock and
+position in its schedule, the nodes it has taken, each running pilot's id,
+nodes, agent (pid and kernel start time) and walltime — is written to
+``RUN_DIR/local_cluster.json`` whenever it changes, so the next controller's
+cluster re-attaches to them (:meth:`LocalScheduler.adopt`), as PBS's adapter
+re-attaches to its jobs. Why not a process of its own: it would be a second
+long-lived server with its own protocol, lease and failure modes, to keep a
+few hundred bytes of state that a file keeps; the agents it starts already end
+themselves when the campaign's lease is gone. A controller nobody restarts
+keeps today's rule: its agents die with it (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,6 +54,7 @@ import numpy as np
 
 from .. import procs
 from ..config import Config, LocalConfig, PilotConfig, ScriptedChange
+from ..lease import holder, restarted_if_it_dies
 from ..traces import read_trace
 from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent
 
@@ -44,6 +62,8 @@ EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-w
 WINDOW_HOURS = 6.0
 MIN_PERIOD_S = 4.0
 """Idle or busy spells shorter than this (after compression) are dropped: too short to be seen."""
+STATE_FILE = "local_cluster.json"
+"""What a restarted controller's local cluster re-attaches to (written only where a controller is restarted)."""
 FAILURE_NOTICE_S = 15.0
 """A pilot that dies on its own is a failed node to a batch system, which notices only after its own
 timeout (Slurm's SlurmdTimeout, PBS's node down detection). Until then, only the missed heartbeats tell."""
@@ -108,7 +128,8 @@ class _Pilot:
     id: str
     scheduler_id: str
     nodes: list[str]
-    process: subprocess.Popen
+    process: subprocess.Popen | procs.Adopted  # Adopted: started by a predecessor controller
+    ticks: int | None = None  # its agent's kernel start time (a recycled pid is never taken for it)
     started_reported: bool = False
     walltime_end: float | None = None
     kill_at: float | None = None
@@ -146,6 +167,7 @@ class LocalScheduler(BatchScheduler):
     _running: dict[str, _Pilot] = field(default_factory=dict)
     _events: list[PilotEvent] = field(default_factory=list)
     _next_id: int = 0
+    _saved: str = ""  # what local_cluster.json holds now
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> LocalScheduler:
@@ -153,6 +175,10 @@ class LocalScheduler(BatchScheduler):
 
     def __post_init__(self) -> None:
         self.nodes = [f"{self.config.node_prefix}{i}" for i in range(self.config.nodes)]
+        # A controller `pilotfill run` restarts: its pilots outlive it and the next one re-attaches (see the module).
+        self.outlives = restarted_if_it_dies(self.run_dir)
+        self._campaign = list(holder(self.run_dir) or ()) if self.outlives else []
+        self._predecessor = self._load()  # read before anything of ours overwrites it
         self._t0 = self.clock()
         self._cursor = 0
         self._period: float | None = None
@@ -198,10 +224,12 @@ class LocalScheduler(BatchScheduler):
             "--scheduler-id", scheduler_id, "--heartbeat-s", str(self.pilots.heartbeat_s), "--deadline-s", str(self.pilots.heartbeat_deadline_s),
             "--grace-s", str(self.pilots.grace_s),
         ]  # fmt: skip
-        proc = procs.spawn(argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"))
+        proc = procs.spawn(argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"), outlive_parent=self.outlives)
         self.on_spawn(proc, "pilot", ",".join(free))
         walltime = self.config.pilot_walltime_s
-        self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc, walltime_end=self.clock() + walltime if walltime > 0 else None)
+        self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc, procs.start_ticks(proc.pid),
+                                         walltime_end=self.clock() + walltime if walltime > 0 else None)  # fmt: skip
+        self._save()
         return scheduler_id
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
@@ -211,12 +239,14 @@ class LocalScheduler(BatchScheduler):
         pilot.nodes = [n for n in pilot.nodes if n not in nodes]
         if not pilot.nodes:
             self.cancel(pilot_id)
+        self._save()
         return list(nodes)
 
     def cancel(self, pilot_id: str) -> None:
         pilot = self._running.get(pilot_id)
         if pilot is not None and pilot.kill_at is None:
             self._terminate(pilot, "cancelled", EndReason.CANCELLED)
+            self._save()
 
     def poll(self, now: float) -> list[PilotEvent]:
         self._advance_workload(now)
@@ -238,15 +268,80 @@ class LocalScheduler(BatchScheduler):
                 self._events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), detail=pilot.why or f"exit {code}",
                                                       reason=pilot.reason))  # fmt: skip
             elif pilot.kill_at is not None and now >= pilot.kill_at:
-                procs.kill_group(pilot.process.pid)
+                procs.kill_group(pilot.process.pid, pilot.ticks)
+        self._save()
         events, self._events = self._events, []
         return events
 
+    def adopt(self, pilots: list[tuple[str, str]]) -> list[str]:
+        """A restarted controller's cluster carries on where its predecessor's left off (``local_cluster.json``, written
+        by a cluster of the same ``pilotfill run``): the main workload's clock and the pilots whose agents still run.
+        An agent the journal no longer lists as a live pilot is ended; a pilot whose agent is gone is not adopted (the
+        controller takes it for lost)."""
+        saved, self._predecessor = self._predecessor, None
+        if saved is None:
+            return []
+        self._t0, self._cursor, self._busy = float(saved["t0"]), int(saved["cursor"]), set(saved["busy"])
+        self._next_id = max(self._next_id, int(saved["next_id"]))
+        wanted = dict(pilots)
+        for row in saved["pilots"]:
+            agent = procs.Adopted(int(row["pid"]), row["ticks"])
+            if agent.poll() is not None:
+                continue
+            if wanted.get(row["id"]) != row["scheduler_id"]:
+                procs.kill_group(agent.pid, agent.ticks)  # a pilot its controller had ended: nobody's now
+                continue
+            self._running[row["id"]] = _Pilot(row["id"], row["scheduler_id"], list(row["nodes"]), agent, agent.ticks, started_reported=row["started_reported"],
+                                              walltime_end=row["walltime_end"], kill_at=row["kill_at"], why=row["why"], reason=EndReason(row["reason"]),
+                                              died_at=row["died_at"])  # fmt: skip
+            self.on_spawn(agent, "pilot", ",".join(row["nodes"]))  # this controller's now: not killed as a predecessor's leftover
+        self._save()
+        return list(self._running)
+
     def close(self) -> None:
         for pilot in list(self._running.values()):
-            procs.kill_group(pilot.process.pid)
-            pilot.process.wait()
+            procs.kill_group(pilot.process.pid, pilot.ticks)
+            try:
+                pilot.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass  # unkillable (uninterruptible sleep): nothing more to do here
         self._running.clear()
+        self._save()
+
+    # ------------------------------------------------------------ across controller restarts
+
+    def _save(self) -> None:
+        """Write what a restarted controller's cluster re-attaches to, when it changed (only where one will)."""
+        if not self.outlives:
+            return
+        text = json.dumps({
+            "campaign": self._campaign, "t0": self._t0, "cursor": self._cursor, "busy": sorted(self._busy), "next_id": self._next_id,
+            "pilots": [{"id": p.id, "scheduler_id": p.scheduler_id, "nodes": p.nodes, "pid": p.process.pid, "ticks": p.ticks,
+                        "started_reported": p.started_reported, "walltime_end": p.walltime_end, "kill_at": p.kill_at, "why": p.why,
+                        "reason": str(p.reason), "died_at": p.died_at} for p in self._running.values()],
+        })  # fmt: skip
+        if text == self._saved:
+            return
+        path = self.run_dir / STATE_FILE
+        tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError:
+            return  # a full disk: the journal says so; a restart then finds the cluster as it was last written
+        self._saved = text
+
+    def _load(self) -> dict | None:
+        """``local_cluster.json`` if a cluster of this same ``pilotfill run`` wrote it (a new campaign starts a new machine)."""
+        if not self.outlives:
+            return None
+        try:
+            saved = json.loads((self.run_dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return saved if isinstance(saved, dict) and saved.get("campaign") == self._campaign else None
 
     # ------------------------------------------------------------ the main workload
 
