@@ -17,13 +17,13 @@ class Stopped(SystemExit):
     """The run left at a commit, as asked."""
 
 
-def train(record: str, checkpoint: str, stop_after: int | None = None, epochs: int = 1, **kwargs) -> None:
+def train(record: str | None, checkpoint: str, stop_after: int | None = None, epochs: int = 1, runtime: str = "torch", **kwargs) -> None:
     from pilotfill.elastic import state as elastic_state
     from pilotfill.workloads import digits
 
-    os.environ["PILOTFILL_RUNTIME"] = "torch"
+    os.environ["PILOTFILL_RUNTIME"] = runtime
     os.environ["PILOTFILL_CHECKPOINT"] = checkpoint
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = int(os.environ.get("RANK", os.environ.get("HOROVOD_RANK", 0))), int(os.environ.get("WORLD_SIZE", os.environ.get("HOROVOD_SIZE", 1)))
     real_data, real_model, real_commit = digits.data, digits.make_model, elastic_state.ElasticState.commit
 
     def data(seed: int = 0):
@@ -39,7 +39,7 @@ def train(record: str, checkpoint: str, stop_after: int | None = None, epochs: i
         def seen(module, inputs):
             x = inputs[0]
             mine = [int(i) for i in x[:, 0].tolist() if i >= 0]
-            if mine:
+            if mine and record:
                 with open(record, "a") as f:
                     f.write(json.dumps({"rank": rank, "world": world, "pid": os.getpid(), "indices": mine}) + "\n")
             x = x.clone()
@@ -60,6 +60,9 @@ def train(record: str, checkpoint: str, stop_after: int | None = None, epochs: i
 
     digits.data, digits.make_model, elastic_state.ElasticState.commit = data, make_model, commit
     try:
-        digits.train(epochs=epochs, durable=True, **kwargs)
+        result = digits.train(epochs=epochs, durable=True, **kwargs)
     except Stopped:
-        pass
+        return
+    if rank == 0 and record:
+        with open(record, "a") as f:
+            f.write(json.dumps({"result": result}) + "\n")

@@ -11,6 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from gloo_ranks import run_ranks
 
 pytestmark = pytest.mark.local
@@ -19,7 +20,18 @@ DIGITS_TRAIN = 1347  # scikit-learn's digits, 75 % of 1,797 (digits.data)
 
 
 def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """What the ranks trained on (one line per forward), without rank 0's result line."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [r for r in lines if "indices" in r]
+
+
+def _parameters(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+
+
+def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest difference between two models' parameters, relative to each tensor's largest magnitude."""
+    return max(float((a[k] - b[k]).abs().max() / b[k].abs().max()) for k in b)
 
 
 @pytest.mark.parametrize(("first", "stop_after", "then"), [(1, 7, 2), (4, 2, 1), (3, 3, 4)])
@@ -36,3 +48,21 @@ def test_digits_trains_every_sample_once_in_an_epoch_resumed_on_another_world_si
     never = sorted(set(range(DIGITS_TRAIN)) - set(seen))
     twice = sorted(i for i, n in seen.items() if n > 1)
     assert not never and not twice, f"{len(never)} samples never trained, {len(twice)} trained more than once"
+
+
+def test_the_same_training_on_one_three_and_four_ranks_learns_the_same_model(tmp_path, torch_runtime):
+    """A global batch of 32 for 3 epochs on 1 rank, on 3 ranks in micro-batches of 4 (11 samples each: 3 micro-batches,
+    DDP's no_sync) and on 4 ranks: the parameters differ only by the all-reduce's order of addition."""
+    runs = {}
+    for world, micro in ((1, None), (3, 4), (4, None)):
+        out = tmp_path / f"w{world}"
+        (out / "ckpt").mkdir(parents=True, mode=0o700)
+        record = out / "result.jsonl"
+        assert run_ranks("digits_order:train", world, out / "rdzv", record=str(record), checkpoint=str(out / "ckpt" / "job.pt"), epochs=3,
+                         micro_batch=micro) == [0] * world  # fmt: skip
+        result = next(json.loads(line)["result"] for line in record.read_text().splitlines() if "result" in line)
+        runs[world] = (_parameters(out / "ckpt" / "job.pt"), result["val_accuracy"])
+    one, accuracy = runs[1]
+    for world in (3, 4):
+        assert max_relative_difference(runs[world][0], one) < 1e-5, world
+        assert f"{runs[world][1]:.3f}" == f"{accuracy:.3f}"
