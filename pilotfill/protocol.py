@@ -134,10 +134,13 @@ class JobReport(Message):
     pid: Any = _field(object, "the reporting rank's process (ranks are measured apart)", None)
     first: bool = _field(bool, "its first report since it started: covers the start, not training", False)
     commit: bool = _field(bool, "it committed right after this work", False)
+    position: float | None = _field(_NUMBER, "where its loader is after this work: global samples since the job began (rank 0 of an ElasticLoader)", None)
 
     def validate(self) -> None:
         if not (math.isfinite(self.samples) and self.samples >= 0):
             raise ProtocolError("job.report: samples must be finite and >= 0")
+        if self.position is not None and not (math.isfinite(self.position) and self.position >= self.samples):
+            raise ProtocolError("job.report: position must be finite and at least the samples reported")
         if not (math.isfinite(self.seconds) and self.seconds > 0):
             raise ProtocolError("job.report: seconds must be finite and > 0")
 

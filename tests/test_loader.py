@@ -168,11 +168,11 @@ def test_a_committed_position_is_restored_by_elastic_state(tmp_path):
 
 def test_rank_0_reports_each_global_batch_as_it_hands_it_out(monkeypatch):
     said: list[float] = []
-    monkeypatch.setattr(sys.modules["pilotfill.report"], "report", lambda samples: said.append(samples))
+    monkeypatch.setattr(sys.modules["pilotfill.report"], "report", lambda samples, position: said.append((samples, position)))
     data = _data(20)
     for rank in range(3):
         list(ElasticLoader(data, 6, world=lambda rank=rank: (rank, 3)))
-    assert said == [6, 6, 8]  # rank 0 only, the global batch: the controller's count is the position
+    assert said == [(6, 6), (6, 12), (8, 20)]  # rank 0 only, each global batch and where the job is after it
 
 
 def test_the_global_batch_is_the_apps_declaration_unless_the_loader_names_a_larger_one(monkeypatch):

@@ -19,8 +19,9 @@ same on any world size:
   ``offset``); it is in every commit (``ElasticState(..., loader=loader)``,
   Horovod's ``TorchState`` likewise), so a resume on any world size continues at
   the same sample: every sample once per epoch;
-* rank 0 reports each global batch to the controller as it hands it out
-  (``pilotfill.report``), so the job's progress is its position.
+* rank 0 reports each global batch to the controller as it hands it out, with
+  the position (``pilotfill.report``): the job's progress is its position, and
+  what a stop makes it do again is counted redone exactly.
 
 The samples an epoch's order has beyond its last full global batch join that
 batch (so no step is smaller than the one the allocator sized the job for),
@@ -270,6 +271,8 @@ class ElasticLoader:
             raise ValueError("ElasticLoader: the dataset is empty")
         self.global_batch, self.seed, self.shuffle, self.drop_last = global_batch, int(seed), shuffle, drop_last
         self.micro_batch, self.report = micro_batch, report
+        self._sizes = self._epoch_sizes()
+        self._per_epoch = sum(self._sizes)
         self._world = world or current_world
         self.epoch, self.offset = 0, 0
         self._sampler = _ShareSampler(empty_fetch=isinstance(data, _Tensors))
@@ -282,7 +285,7 @@ class ElasticLoader:
     @property
     def epoch_samples(self) -> int:
         """Samples one epoch consumes: the whole dataset, or its full global batches with ``drop_last``."""
-        return sum(self._sizes())
+        return self._per_epoch
 
     @property
     def position(self) -> int:
@@ -291,7 +294,7 @@ class ElasticLoader:
 
     def __len__(self) -> int:
         """Optimizer steps in one epoch."""
-        return len(self._sizes())
+        return len(self._sizes)
 
     def order(self, epoch: int) -> torch.Tensor:
         """Epoch ``epoch``'s order of the dataset's indices: the same on every rank and every world size."""
@@ -318,7 +321,7 @@ class ElasticLoader:
 
     # ------------------------------------------------------------ the steps
 
-    def _sizes(self) -> list[int]:
+    def _epoch_sizes(self) -> list[int]:
         """The global batches of an epoch: ``global_batch`` each, the rest of the order folded into the last one (so
         no step is ever smaller than the allocator sized the job for), or dropped with ``drop_last``."""
         full, rest = divmod(self.length, self.global_batch)
@@ -333,7 +336,7 @@ class ElasticLoader:
     def _plan(self, rank: int, world: int) -> list[_Step]:
         """The rest of this epoch's global batches, and this rank's micro-batches of each."""
         steps, start = [], 0
-        for size in self._sizes():
+        for size in self._sizes:
             if start >= self.offset:
                 lo, hi = shares(size, world)[rank]
                 largest = -(-size // world)
@@ -373,7 +376,7 @@ class ElasticLoader:
                 if self.report and rank == 0:
                     from ..report import report
 
-                    report(samples=step.size)
+                    report(samples=step.size, position=self.position)
                 yield Batch(self.epoch, step.start, step.size, step.start // self.global_batch, rank, world, tuple(micro))
             else:
                 break

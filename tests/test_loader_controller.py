@@ -1,5 +1,6 @@
-"""A job is never given more ranks than its global batch feeds (issue 55, point 5): the declaration, its checks, and
-the controller's cap at submission — before the job's first report."""
+"""What the controller does with an elastic loader's job (issue 55): it never gives it more ranks than its global batch
+feeds (the declaration, its checks, the cap at submission, before the first report), and its progress is the loader's
+position, its redone samples what the ranks did again — whatever the order of a stop and their reports."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_the_declaration_rides_in_the_spec_and_reaches_the_ranks_loader(monkeypa
 
     spec = train.func.__signature__.parameters[RESOURCE_KEY].default
     assert (spec["global_batch"], spec["min_per_rank"]) == (256, 4)
-    monkeypatch.delenv(GLOBAL_BATCH_ENV, raising=False)
+    monkeypatch.setenv(GLOBAL_BATCH_ENV, "")  # so that what the call sets is undone after the test
     assert train.func(**{RESOURCE_KEY: spec}) == "256"  # what a rank runs: the loader finds the batch the job was sized for
 
 
@@ -80,3 +81,61 @@ def test_on_a_machine_of_several_kinds_the_node_with_most_ranks_sets_the_cap(tmp
     types = (NodeTypeConfig(name="cpu", nodes=32), NodeTypeConfig(name="gpu", nodes=32, ranks_per_node=8))
     ctl = _controller(tmp_path, write, ranks_per_node=1, node_types=types)
     assert _submit(ctl, global_batch=64)["max_nodes"] == 8
+
+
+def _report(ctl: Controller, job: str, position: float, samples: float = 64.0) -> float:
+    reply = ctl.handle({"type": "job.report", "job_id": job, "host": "n0", "samples": samples, "seconds": 1.0, "position": position})
+    assert reply["ok"], reply
+    return reply["progress"]
+
+
+def _job(ctl: Controller):
+    reply = ctl.handle({"type": "job.submit", "spec": {"name": "j", "entry": "m:f", "min_nodes": 1, "max_nodes": 4, "global_batch": 64}})
+    return ctl.world.jobs[reply["job_id"]]
+
+
+def test_progress_is_the_loaders_position_and_redone_what_the_ranks_did_again(tmp_path, write):
+    ctl = _controller(tmp_path, write)
+    job = _job(ctl)
+    for k in range(1, 5):
+        assert _report(ctl, job.id, 64.0 * k) == 64.0 * k
+    ctl.handle({"type": "job.commit", "job_id": job.id})
+    for k in range(5, 8):
+        _report(ctl, job.id, 64.0 * k)
+    assert (job.progress, job.committed, job.redone) == (448.0, 256.0, 0.0)
+    # A hard stop: the controller falls back to the commit; the new ranks resume there and redo 3 batches.
+    ctl.world.roll_back(job)
+    assert (job.progress, job.redone) == (256.0, 192.0)
+    for k in range(5, 9):
+        _report(ctl, job.id, 64.0 * k)
+    assert (job.progress, job.redone) == (512.0, 192.0)
+
+
+def test_ranks_that_trained_on_after_the_controller_fell_back_are_counted_as_what_they_did(tmp_path, write):
+    """The torch runtime restarts ranks a moment after the controller decided a resize: the old ones train on, may
+    commit, and the new ones resume from that commit — or from the one before, when the old ones did not get there."""
+    ctl = _controller(tmp_path, write)
+    job = _job(ctl)
+    for k in range(1, 5):
+        _report(ctl, job.id, 64.0 * k)
+    ctl.handle({"type": "job.commit", "job_id": job.id})
+    _report(ctl, job.id, 320.0)
+    ctl.world.roll_back(job)  # the resize: the controller expects a redo from 256
+    _report(ctl, job.id, 384.0)  # ... but the old ranks train on
+    ctl.handle({"type": "job.commit", "job_id": job.id})  # and commit at 384: the new ranks will resume there
+    assert (job.progress, job.committed, job.redone) == (384.0, 384.0, 0.0)
+    _report(ctl, job.id, 448.0)
+    ctl.world.roll_back(job)  # another resize; the old ranks do one more batch, then are ended without a commit
+    _report(ctl, job.id, 512.0)
+    _report(ctl, job.id, 448.0)  # the new ranks: from the commit at 384, again
+    assert (job.progress, job.redone) == (448.0, 128.0)  # 384-512 was done twice, so far 448 of it
+    _report(ctl, job.id, 512.0)
+    assert (job.progress, job.redone) == (512.0, 128.0)
+    assert ctl.world.counters["samples_redone"] == 128
+
+
+def test_a_report_with_a_position_behind_its_samples_is_refused(tmp_path, write):
+    ctl = _controller(tmp_path, write)
+    job = _job(ctl)
+    reply = ctl.handle({"type": "job.report", "job_id": job.id, "host": "n0", "samples": 64.0, "seconds": 1.0, "position": 10.0})
+    assert not reply["ok"] and "position must be" in reply["error"]
