@@ -66,3 +66,57 @@ def test_the_same_training_on_one_three_and_four_ranks_learns_the_same_model(tmp
     for world in (3, 4):
         assert max_relative_difference(runs[world][0], one) < 1e-5, world
         assert f"{runs[world][1]:.3f}" == f"{accuracy:.3f}"
+
+
+HOROVOD_STATE = """
+import json, sys
+import horovod.torch as hvd
+import torch
+from pilotfill.elastic import ElasticLoader, TorchState
+
+hvd.init()
+path, phase = sys.argv[1], sys.argv[2]
+model = torch.nn.Linear(4, 2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+loader = ElasticLoader((torch.randn(50, 4), torch.randint(0, 2, (50,))), global_batch=8, micro_batch=3, report=False)
+state = TorchState(model, opt, path=path, loader=loader)
+seen = {"restored": loader.offset}
+if phase == "first":
+    batches = iter(loader)
+    for _ in range(3):
+        opt.zero_grad()
+        next(batches).backward(lambda x, y: torch.nn.functional.cross_entropy(model(x), y), model)  # micro-batches: no extra all-reduce
+        opt.step()
+    state.commit()
+    next(batches), next(batches)
+    seen["before_restore"] = loader.offset
+    state.restore()  # what hvd.elastic.run does after a lost rank
+    seen["after_restore"] = loader.offset
+    state.sync()  # what it does for a joiner: rank 0's position to all
+    seen["after_sync"] = loader.offset
+print(json.dumps(seen))
+"""
+
+
+def test_horovod_state_commits_restores_syncs_and_saves_the_position(tmp_path, horovod):
+    """Horovod's TorchState handles the loader as its own ElasticSampler (in memory), and pilotfill's writes its
+    position with every commit, in the format ElasticState reads: the two runtimes resume each other's commits."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "ckpt" / "job.pt"
+    path.parent.mkdir(mode=0o700)
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def phase(name: str) -> dict:
+        out = subprocess.run([sys.executable, "-c", HOROVOD_STATE, str(path), name], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert phase("first") == {"restored": 0, "before_restore": 40, "after_restore": 24, "after_sync": 24}
+    assert phase("again") == {"restored": 24}  # the durable commit, in a new process
+    from pilotfill.elastic import ElasticLoader, ElasticState
+
+    loader = ElasticLoader(torch.zeros(50, 4), global_batch=8, report=False)
+    ElasticState(torch.nn.Linear(4, 2), path=path, loader=loader)
+    assert loader.offset == 24
