@@ -60,7 +60,9 @@ def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "
     """Train elastically; returns {"val_accuracy", "epochs", "restored", "size_at_end"} from rank 0.
 
     ``batch``: samples per optimizer step, whatever the world size (the global batch); ``micro_batch``: the most a rank
-    forwards at once; ``on_step(batch)``: called after each optimizer step (tests pace and watch training with it)."""
+    forwards at once; ``step_delay_s``: what a step would take on one rank (each rank sleeps its share: a model bigger
+    than this one, as the allocator sees it); ``on_step(batch)``: called after each optimizer step (tests pace and
+    watch training with it)."""
     loop = (train_torch if os.environ.get("PILOTFILL_RUNTIME") == "torch" else train_horovod)
     return loop(epochs, depth, width, activation, lr, batch, seed, step_delay_s, fail_at_epoch, durable, micro_batch, on_step)
 
@@ -80,7 +82,7 @@ def _epochs(state, loader: ElasticLoader, forward: torch.nn.Module, optimizer, e
             step.backward(lambda x, y: F.cross_entropy(forward(x), y), forward)
             optimizer.step()
             if step_delay_s:
-                time.sleep(step_delay_s)
+                time.sleep(step_delay_s * len(step.indices) / step.size)  # its share of the step: more ranks, faster
             if on_step is not None:
                 on_step(step)
             if (step.step + 1) % COMMIT_EVERY == 0:
