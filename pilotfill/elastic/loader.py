@@ -12,9 +12,10 @@ same on any world size:
   differ by at most one sample; a share above ``micro_batch`` is taken in
   micro-batches with gradient accumulation (DDP's ``no_sync``);
 * each micro-batch carries the factor its per-sample-mean loss is scaled by,
-  ``len(micro) * world / global_batch``: DDP and Horovod average gradients over
+  ``len(micro) * world / batch.size``: DDP and Horovod average gradients over
   the world, so the step's gradient is the mean over the whole global batch
-  whatever the split (``batch.backward`` does it all);
+  whatever the split (``batch.backward`` does it all; Horovod's micro-batches
+  before the last accumulate without firing its all-reduce);
 * the job's position is the count of global samples consumed (``epoch`` and
   ``offset``); it is in every commit (``ElasticState(..., loader=loader)``,
   Horovod's ``TorchState`` likewise), so a resume on any world size continues at
