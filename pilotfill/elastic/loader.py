@@ -54,6 +54,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
+from ..report import report
+
 GLOBAL_BATCH_ENV = "PILOTFILL_GLOBAL_BATCH"
 """Set on the ranks by ``elastic_app(global_batch=…)``: the loader's global batch when it names none, and the least it may
 name (the allocator sized the job for it)."""
@@ -96,7 +98,7 @@ def current_world() -> tuple[int, int]:
     return 0, 1
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Micro:
     """One micro-batch of a rank's share: its data as the ``DataLoader`` collated it, the factor its per-sample-mean
     loss is scaled by (0 for an empty share, forwarded only to keep an idle rank in step), and the dataset indices it holds."""
@@ -106,7 +108,7 @@ class Micro:
     indices: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Batch:
     """This rank's share of one global batch: ``size`` samples at ``start`` of epoch ``epoch``'s order, ``world`` ranks."""
 
@@ -163,9 +165,9 @@ class Batch:
                         p.grad = g if p.grad is None else p.grad.add_(g)
             else:
                 value = loss(*args)
-                (value * micro.scale).backward()
+                (value if micro.scale == 1.0 else value * micro.scale).backward()
             if micro.scale:
-                part = value.detach() * (micro.scale / self.world)
+                part = value.detach() if micro.scale == self.world else value.detach() * (micro.scale / self.world)
                 total = part if total is None else total + part
         return total if total is not None else torch.zeros(())
 
@@ -205,7 +207,7 @@ def _whole(batch: Any) -> Any:
     return batch
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Step:
     start: int
     size: int
@@ -216,7 +218,7 @@ class _ShareSampler(Sampler[list[int]]):
     """The batch sampler under the ``DataLoader``: the index lists of this rank's micro-batches for the steps planned."""
 
     def __init__(self, empty_fetch: bool) -> None:
-        self.order = torch.zeros(0, dtype=torch.long)
+        self.order = np.zeros(0, dtype=np.int64)
         self.steps: list[_Step] = []
         self.empty_fetch = empty_fetch  # the dataset answers an empty list of indices with an empty batch
 
@@ -227,7 +229,7 @@ class _ShareSampler(Sampler[list[int]]):
                 if end > start or self.empty_fetch:
                     yield order[start:end].tolist()
                 else:
-                    yield [int(order[step.start])]  # one sample, to know the shape of an empty share (cut to none)
+                    yield order[step.start : step.start + 1].tolist()  # one sample, to know the shape of an empty share (cut to none)
 
     def __len__(self) -> int:
         return sum(len(step.fetches) for step in self.steps)
@@ -278,7 +280,7 @@ class ElasticLoader:
         self.epoch, self.offset = 0, 0
         self._sampler = _ShareSampler(empty_fetch=isinstance(data, _Tensors))
         self._loader = DataLoader(data, batch_sampler=self._sampler, **dataloader)
-        self._order_of: tuple[int, torch.Tensor] | None = None
+        self._order_of: tuple[int, np.ndarray] | None = None
         self._warned = False
 
     # ------------------------------------------------------------ where the job is
@@ -299,14 +301,16 @@ class ElasticLoader:
 
     def order(self, epoch: int) -> torch.Tensor:
         """Epoch ``epoch``'s order of the dataset's indices: the same on every rank and every world size."""
-        if self._order_of is not None and self._order_of[0] == epoch:
-            return self._order_of[1]
-        if self.shuffle:
-            order = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(self.length))  # (seed, epoch) mixed whole
-        else:
-            order = torch.arange(self.length)
-        self._order_of = (epoch, order)
-        return order
+        return torch.from_numpy(self._order(epoch))
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if self._order_of is None or self._order_of[0] != epoch:
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(self.length)  # (seed, epoch) mixed whole
+            else:
+                order = np.arange(self.length)
+            self._order_of = (epoch, order.astype(np.int64))
+        return self._order_of[1]
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "offset": self.offset, "position": self.position, "global_batch": self.global_batch, "seed": self.seed,
@@ -362,7 +366,7 @@ class ElasticLoader:
             steps = self._plan(rank, world)
             if not steps:
                 break
-            self._sampler.order, self._sampler.steps = self.order(self.epoch), steps
+            self._sampler.order, self._sampler.steps = self._order(self.epoch), steps
             fetched = iter(self._loader)
             for step in steps:
                 if self._world() != (rank, world):
@@ -375,8 +379,6 @@ class ElasticLoader:
                     micro.append(Micro(got, scale, tuple(self._sampler.order[start:end].tolist())))
                 self.offset = step.start + step.size  # handed out: a commit from here on resumes after it
                 if self.report and rank == 0:
-                    from ..report import report
-
                     report(samples=step.size, position=self.position)
                 yield Batch(self.epoch, step.start, step.size, step.start // self.global_batch, rank, world, tuple(micro))
             else:
