@@ -8,9 +8,10 @@
    per epoch followed its nodes.
 2. **The loader's cost per step against a plain ``DataLoader``**: the digits MLP trained a step at a time, its batches
    from ``torch.utils.data.DataLoader(dataset, batch_size, shuffle=True)`` or from ``ElasticLoader(dataset,
-   global_batch)`` (one rank), the same map-style dataset through the same fetch path; rounds alternate and the
-   median round is taken. Also the data alone (no training step), and the loader on tensors (fetched a batch at a
-   time) against ``DataLoader(TensorDataset)``.
+   global_batch)`` (one rank), the same map-style dataset through the same fetch path, a step of one then a step of
+   the other (a busy machine slows both alike): the median step, and the time per sample with epochs' starts included.
+   Also the data alone (no training step), and the loader on tensors (fetched a batch at a time) against
+   ``DataLoader(TensorDataset)``.
 
     python benchmarks/bench_loader.py [--epochs 6] [--lr 0.05] [--only all|nas|cost] [--rounds 15]
 """
@@ -124,10 +125,9 @@ def cost(rounds: int, steps: int, batch: int) -> None:
         F.cross_entropy(model(x), y).backward()
         opt.step()
 
-    def per_step(make, dataset, train: bool) -> float:
-        loader, done = make(dataset), 0
-        t0 = time.perf_counter()
-        while done < steps:
+    def steps_of(loader, train: bool):
+        """One step at a time, for ever: fetch (and train on) a batch."""
+        while True:
             for item in loader:
                 if isinstance(loader, ElasticLoader):
                     if train:
@@ -138,25 +138,27 @@ def cost(rounds: int, steps: int, batch: int) -> None:
                         item.data  # noqa: B018 - what the step would read
                 elif train:
                     train_plain(*item)
-                done += 1
-                if done == steps:
-                    break
-        return (time.perf_counter() - t0) / steps
+                yield item.size if isinstance(loader, ElasticLoader) else len(item[0])
 
     cases = [("map-style dataset, training step", Digits(), True), ("map-style dataset, data only", Digits(), False),
              ("tensors, training step", TensorDataset(xtr, ytr), True)]  # fmt: skip
-    print(f"\nThe loader's cost per step (digits MLP, batch {batch}, one rank, {steps} steps a round, {rounds} rounds alternating: the median "
-          f"round, and the fastest — least disturbed by whatever else the machine runs)")  # fmt: skip
-    print(f"  {'':<34} {'DataLoader':>12} {'ElasticLoader':>14} {'ratio':>7} {'fastest: DataLoader':>20} {'ElasticLoader':>14} {'ratio':>7}")
+    print(f"\nThe loader's cost per step (digits MLP, batch {batch}, one rank; {rounds} x {steps} steps of each, one of one then one of the "
+          f"other, so that whatever else the machine runs slows both alike). The median step; and the time per sample, epochs' starts "
+          f"included (DataLoader ends an epoch with a short batch, ElasticLoader folds those samples into its last one)")  # fmt: skip
+    print(f"  {'':<34} {'median step: DataLoader':>24} {'ElasticLoader':>14} {'ratio':>7}   {'per sample':>11} {'':>10} {'ratio':>7}")
     for name, dataset, train in cases:
         times: dict[str, list[float]] = {"plain": [], "elastic": []}
-        per_step(plain, dataset, train), per_step(elastic, dataset, train)  # warm
+        samples = {"plain": 0, "elastic": 0}
         for _ in range(rounds):
-            times["plain"].append(per_step(plain, dataset, train))
-            times["elastic"].append(per_step(elastic, dataset, train))
-        p, e = statistics.median(times["plain"]), statistics.median(times["elastic"])
-        pf, ef = min(times["plain"]), min(times["elastic"])
-        print(f"  {name:<34} {p * 1e6:>9.0f} µs {e * 1e6:>11.0f} µs {e / p:>7.3f} {pf * 1e6:>17.0f} µs {ef * 1e6:>11.0f} µs {ef / pf:>7.3f}")
+            runs = {"plain": steps_of(plain(dataset), train), "elastic": steps_of(elastic(dataset), train)}
+            for _ in range(steps):
+                for kind, run in runs.items():
+                    t0 = time.perf_counter()
+                    samples[kind] += next(run)
+                    times[kind].append(time.perf_counter() - t0)
+        pm, em = statistics.median(times["plain"]), statistics.median(times["elastic"])
+        ps, es = sum(times["plain"]) / samples["plain"], sum(times["elastic"]) / samples["elastic"]
+        print(f"  {name:<34} {pm * 1e6:>21.0f} µs {em * 1e6:>11.0f} µs {em / pm:>7.3f}   {ps * 1e6:>8.2f} µs {es * 1e6:>7.2f} µs {es / ps:>7.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=6, help="the NAS campaign's epochs (NAS_EPOCHS)")
     ap.add_argument("--lr", type=float, default=0.05, help="the NAS campaign's learning rate (NAS_LR)")
     ap.add_argument("--only", choices=["all", "nas", "cost"], default="all")
-    ap.add_argument("--rounds", type=int, default=21)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=64)
     args = ap.parse_args(argv)
     if args.only in ("all", "nas"):

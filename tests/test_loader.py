@@ -168,6 +168,7 @@ def test_a_committed_position_is_restored_by_elastic_state(tmp_path):
 
 def test_rank_0_reports_each_global_batch_as_it_hands_it_out(monkeypatch):
     said: list[float] = []
+    monkeypatch.setenv("PILOTFILL_JOB_ID", "j1")  # a rank of a job (outside one there is nobody to tell)
     monkeypatch.setattr(sys.modules["pilotfill.elastic.loader"], "report", lambda samples, position: said.append((samples, position)))
     data = _data(20)
     for rank in range(3):

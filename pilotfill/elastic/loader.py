@@ -98,6 +98,14 @@ def current_world() -> tuple[int, int]:
     return 0, 1
 
 
+def _grouped() -> bool:
+    """Whether this process is in a torch.distributed or Horovod group (of one, maybe: it can grow)."""
+    import torch.distributed as dist
+
+    hvd = sys.modules.get("horovod.torch")
+    return (dist.is_available() and dist.is_initialized()) or (hvd is not None and hvd.is_initialized())
+
+
 @dataclass(slots=True)
 class Micro:
     """One micro-batch of a rank's share: its data as the ``DataLoader`` collated it, the factor its per-sample-mean
@@ -368,8 +376,10 @@ class ElasticLoader:
                 break
             self._sampler.order, self._sampler.steps = self._order(self.epoch), steps
             fetched = iter(self._loader)
+            reporting = self.report and rank == 0 and bool(os.environ.get("PILOTFILL_JOB_ID"))  # outside pilotfill: nobody to tell
+            watch = self._world if self._world is not current_world or world > 1 or _grouped() else None  # alone and in no group: nothing changes
             for step in steps:
-                if self._world() != (rank, world):
+                if watch is not None and watch() != (rank, world):
                     break  # the group changed under this epoch (an in-place reset): plan the rest for the new one
                 micro = []
                 for start, end, scale in step.fetches:
@@ -378,7 +388,7 @@ class ElasticLoader:
                         got = _none_of(got)
                     micro.append(Micro(got, scale, tuple(self._sampler.order[start:end].tolist())))
                 self.offset = step.start + step.size  # handed out: a commit from here on resumes after it
-                if self.report and rank == 0:
+                if reporting:
                     report(samples=step.size, position=self.position)
                 yield Batch(self.epoch, step.start, step.size, step.start // self.global_batch, rank, world, tuple(micro))
             else:
