@@ -114,6 +114,13 @@ def test_the_scaled_gradient_is_the_mean_over_the_global_batch_on_any_world_size
             assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
+def test_micro_batches_need_the_model_to_accumulate_before_the_all_reduce():
+    (step,) = _steps(_loaders(_data(20), 1, global_batch=8, micro_batch=3), count=1)
+    model = torch.nn.Linear(6, 3)
+    with pytest.raises(ValueError, match="needs the model"):
+        step[0].backward(lambda x, y: F.cross_entropy(model(x), y))
+
+
 def test_more_ranks_than_samples_keep_the_idle_ones_in_step_with_nothing_learned():
     data = _data(3)
     with pytest.warns(UserWarning, match="5 ranks for a global batch of 3"):

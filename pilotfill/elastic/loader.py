@@ -156,6 +156,9 @@ class Batch:
         under Horovod, the module ``hvd.DistributedOptimizer`` wraps (their gradients accumulate without firing its
         all-reduce). Returns this rank's part of the global batch's mean loss (summed over ranks: the mean)."""
         last = len(self.micro) - 1
+        if last and model is None:
+            raise ValueError(f"this share is {len(self.micro)} micro-batches: batch.backward(loss, model) needs the model, so that they "
+                             "accumulate before the gradients are all-reduced")  # fmt: skip
         no_sync = getattr(model, "no_sync", None)
         params = [p for p in model.parameters() if p.requires_grad] if model is not None and no_sync is None and last else []
         total: torch.Tensor | None = None
