@@ -58,16 +58,13 @@ import os, sys, time, json
 sys.argv = ["worker"]
 from pilotfill.workloads import digits
 first = {}
-import pilotfill.workloads.digits as d
-real = d.report
-def report(samples):
+def step(batch):
     host = os.environ.get("PILOTFILL_HOST", "?")
     if host not in first:
         first[host] = time.time()
         with open(os.environ["BENCH_FIRST_STEPS"], "a") as f:
             f.write(json.dumps({"host": host, "time": first[host], "pid": os.getpid()}) + "\\n")
-d.report = report
-digits.train(epochs=10_000, step_delay_s=0.05, durable=False)
+digits.train(epochs=10_000, step_delay_s=0.05, durable=False, on_step=step)
 """
 
 
@@ -132,14 +129,11 @@ def bare(repeats: int, root: Path) -> tuple[list[float], list[float]]:
 STEP_WORKER = """
 import json, os, time
 from pilotfill.workloads import digits
-_report = digits.report
-def report(samples):
+def step(batch):
     with open(os.environ["BENCH_STEPS"], "a") as f:
-        f.write(json.dumps({"host": os.environ.get("PILOTFILL_HOST", "?"), "world": int(os.environ.get("WORLD_SIZE", "1")), "time": time.time()}) + "\\n")
-    return _report(samples)
+        f.write(json.dumps({"host": os.environ.get("PILOTFILL_HOST", "?"), "world": batch.world, "time": time.time()}) + "\\n")
 def train(**kwargs):
-    digits.report = report
-    return digits.train(**kwargs)
+    return digits.train(on_step=step, **kwargs)
 if __name__ == "__main__":
     train(epochs=10_000, step_delay_s=0.05, durable=False)
 """

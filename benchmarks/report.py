@@ -24,11 +24,13 @@ FULL = [
     ["benchmarks/bench_replay.py"],
     ["benchmarks/bench_hetero.py"],
     ["benchmarks/bench_pbs.py"],  # the real OpenPBS of the tests (root): what pilots cost the main workload
+    ["benchmarks/bench_loader.py"],  # the NAS leaderboard held still and under churn; the elastic loader's cost per step
 ]
 QUICK = [
     ["benchmarks/bench_allocator.py", "--quick"],
     ["benchmarks/bench_replay.py", "--only", "64", "--seeds", "1"],
     ["benchmarks/bench_pbs.py", "--repeats", "3"],
+    ["benchmarks/bench_loader.py", "--epochs", "3", "--rounds", "5"],
 ]
 
 

@@ -136,10 +136,13 @@ class JobReport(Message):
     pid: Any = _field(object, "the reporting rank's process (ranks are measured apart)", None)
     first: bool = _field(bool, "its first report since it started: covers the start, not training", False)
     commit: bool = _field(bool, "it committed right after this work", False)
+    position: float | None = _field(_NUMBER, "where its loader is after this work: global samples since the job began (rank 0 of an ElasticLoader)", None)
 
     def validate(self) -> None:
         if not (math.isfinite(self.samples) and self.samples >= 0):
             raise ProtocolError("job.report: samples must be finite and >= 0")
+        if self.position is not None and not (math.isfinite(self.position) and self.position >= self.samples):
+            raise ProtocolError("job.report: position must be finite and at least the samples reported")
         if not (math.isfinite(self.seconds) and self.seconds > 0):
             raise ProtocolError("job.report: seconds must be finite and > 0")
 
@@ -305,6 +308,8 @@ class JobSpec(TypedDict, total=False):
     runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
     model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
     runtime_detected: Annotated[str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"]
+    global_batch: Annotated[int, "samples per optimizer step whatever the world size (ElasticLoader): it is given at most the ranks that feeds"]
+    min_per_rank: Annotated[int, "with global_batch: the fewest samples of a step a rank takes (absent: 1)"]
     ranks_per_node: Annotated[int, "set by the controller at a start on a typed machine: the type's ranks per node"]
     gpus_per_node: Annotated[int, "likewise: the type's GPUs per node"]
 
@@ -363,6 +368,12 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
         raise ProtocolError("job spec: fresh must be true or false")
     if out.get("group") is not None and not isinstance(out["group"], str):
         raise ProtocolError(f"job spec: group must be a string (a campaign, a user, a model family), got {out['group']!r}")
+    for name in ("global_batch", "min_per_rank"):
+        value = out.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ProtocolError(f"job spec: {name} must be an integer >= 1, got {value!r}")
+    if out.get("min_per_rank") is not None and out.get("global_batch") is None:
+        raise ProtocolError("job spec: min_per_rank needs global_batch")
     _check_curve(out, "curve", "samples_per_s")
     _check_curve(out, "objective", "values")
     curves = out.get("curves")

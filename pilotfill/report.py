@@ -2,7 +2,10 @@
 
 Every rank reports the samples it processed since its last report; the
 controller sums them over ranks into the job's progress and its throughput
-(for the profiler). Progress counted since the job's last commit is
+(for the profiler). With :class:`~pilotfill.elastic.loader.ElasticLoader`,
+rank 0 alone reports each global batch as it hands it out, with the loader's
+position: the job's progress is then that position, and what a stop makes it
+do again is counted redone exactly. Progress counted since the job's last commit is
 provisional: a stop, or a resize that restarts ranks, loses it, and the job
 redoes it from its commit — so the controller's count falls back there too.
 :func:`committed` (called by ``ElasticState.commit`` and pilotfill's Horovod
@@ -32,8 +35,9 @@ def _connect() -> Client:
     return _client
 
 
-def report(samples: float) -> float | None:
-    """Report ``samples`` processed by this rank since its previous report."""
+def report(samples: float, position: float | None = None) -> float | None:
+    """Report ``samples`` processed by this rank since its previous report; ``position``: where the job is after
+    them, in global samples since it began (the elastic loader's, on rank 0)."""
     global _client, _last
     job_id = os.environ.get("PILOTFILL_JOB_ID")
     if not job_id:
@@ -45,7 +49,8 @@ def report(samples: float) -> float | None:
     client = _connect()
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
-    reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first).to_dict())
+    where = None if position is None else float(position)
+    reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first, position=where).to_dict())
     return float(reply["progress"])
 
 

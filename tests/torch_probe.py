@@ -15,7 +15,6 @@ import time
 import held_digits
 
 from pilotfill.elastic import state as elastic_state
-from pilotfill.workloads import digits
 
 _stepped = False
 
@@ -44,15 +43,12 @@ class ProbedState(elastic_state.ElasticState):
             log("commit", epoch=self.epoch, batch=self.batch)
 
 
-def report(samples: float):
+def first_step(batch) -> None:
+    """After each optimizer step (digits' ``on_step``): the process's first is logged."""
     global _stepped
     if not _stepped:
         _stepped = True
         log("step")
-    return _real_report(samples)
-
-
-_real_report = digits.report
 
 
 def train(startup_s: float = 0.0, hold_file: str | None = None, **kwargs) -> dict:
@@ -60,5 +56,4 @@ def train(startup_s: float = 0.0, hold_file: str | None = None, **kwargs) -> dic
     on past its epochs while this file exists (:mod:`held_digits`)."""
     time.sleep(startup_s)
     elastic_state.ElasticState = ProbedState  # digits imports it at call time
-    digits.report = report
-    return held_digits.train(hold_file, **kwargs)
+    return held_digits.train(hold_file, on_step=first_step, **kwargs)

@@ -1,10 +1,14 @@
-"""A hyper-parameter sweep (learning rate × batch size) of one network, trained elastically.
+"""A hyper-parameter sweep (learning rate × global batch) of one network, trained elastically.
 
     pilotfill run workflows/hpo_campaign.py
 
 Same shape as the NAS campaign: every configuration is an elastic training
 job that grows and shrinks with the nodes the machine leaves idle; an ordinary
-Parsl app picks the best once all have reported.
+Parsl app picks the best once all have reported. The batch swept is the global
+batch — the samples of each optimizer step, however many ranks share it
+(``pilotfill.elastic.ElasticLoader``) — so the sweep measures the
+configurations, not the nodes each happened to get; the app declares the
+smallest, so no job is given more ranks than its batch feeds.
 
 Runtime: ``train`` names ``runtime="torch"`` — torch.distributed.elastic with
 ``ElasticState`` (``pilotfill.workloads.digits`` under the torch runtime) —
@@ -23,7 +27,7 @@ BATCHES = [16, 64]
 EPOCHS = int(os.environ.get("HPO_EPOCHS", "10"))
 
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2, runtime="torch")  # torch.distributed.elastic, whatever the config says
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2, runtime="torch", global_batch=16)  # torch.distributed.elastic, whatever the config says
 def train(lr: float, batch: int, epochs: int = EPOCHS) -> dict:
     """One configuration, trained with torch.distributed and ElasticState; returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits

@@ -6,8 +6,10 @@
 Each architecture (depth × width × activation) is one elastic training job on
 however many nodes the allocator gives it (1 to 2 here),
 growing and shrinking as the machine's main workload takes nodes back and
-returns them. Every rank reports its samples (``pilotfill.report``, inside the
-training loop of ``pilotfill.workloads.digits``); rank 0 returns the validation
+returns them. Every architecture trains with the same global batch (32
+samples a step, ``pilotfill.elastic.ElasticLoader`` inside
+``pilotfill.workloads.digits``) whatever nodes it was given, so the leaderboard
+ranks the models, not the machine's history; rank 0 returns the validation
 accuracy. An ordinary Parsl app ranks the results once all are in.
 
 Runtime: ``train`` names none, so it runs on the config's (``[runtime] kind``):
@@ -28,14 +30,15 @@ import pilotfill
 
 SEARCH_SPACE = {"depth": [1, 2], "width": [32, 96], "activation": ["relu", "tanh"]}
 EPOCHS = int(os.environ.get("NAS_EPOCHS", "12"))
+LR = float(os.environ.get("NAS_LR", "0.05"))
 
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2)  # runtime: the config's (digits trains under torch elastic or Horovod)
-def train(depth: int, width: int, activation: str, epochs: int = EPOCHS) -> dict:
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2, global_batch=32)  # runtime: the config's (digits trains under torch elastic or Horovod)
+def train(depth: int, width: int, activation: str, epochs: int = EPOCHS, lr: float = LR) -> dict:
     """Train one architecture on the configured runtime; returns its validation accuracy."""
     from pilotfill.workloads.digits import train as train_digits
 
-    result = train_digits(epochs=epochs, depth=depth, width=width, activation=activation, lr=0.05, step_delay_s=0.02)
+    result = train_digits(epochs=epochs, depth=depth, width=width, activation=activation, lr=lr, batch=32, step_delay_s=0.02)
     return {"depth": depth, "width": width, "activation": activation, "val_accuracy": result["val_accuracy"]}
 
 

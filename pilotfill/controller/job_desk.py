@@ -15,11 +15,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..lifecycle import TERMINAL
-from ..protocol import JobCancel, JobCommit, JobDescribe, JobFailed, JobGet, JobReport, JobResult, JobStatusQuery, JobSubmit, ProtocolError, check_spec
+from ..config import Config
+from ..protocol import JobCancel, JobCommit, JobDescribe, JobFailed, JobGet, JobReport, JobResult, JobSpec, JobStatusQuery, JobSubmit, ProtocolError, check_spec
 from ..state import State
 from .training import Training
 from .types import NodeTypes
 from .world import Job, World
+
+
+def nodes_fed(spec: JobSpec, config: Config) -> int | None:
+    """The most nodes a job's global batch feeds, ``min_per_rank`` samples to each of a node's ranks (the most ranks
+    any node here runs), or None when it declares none."""
+    if not spec.get("global_batch"):
+        return None
+    per_node = max([config.runtime.ranks_per_node, *(t.ranks_per_node for t in config.node_types)])
+    return spec["global_batch"] // (spec.get("min_per_rank") or 1) // max(1, per_node)
 
 
 class JobEnds(Protocol):
@@ -67,6 +77,11 @@ class JobDesk:
             raise ProtocolError(f"job spec: min_nodes {spec['min_nodes']} is more than this machine could ever give ({capacity} nodes)")
         if spec["max_nodes"] > capacity:
             spec["max_nodes"] = capacity  # no job can hold more than there is; asking for more is not an error
+        fed = nodes_fed(spec, self.types.config)
+        if fed is not None and fed < spec["min_nodes"]:
+            raise ProtocolError(f"job spec: global_batch {spec['global_batch']} feeds {fed} node(s) of this machine's ranks, fewer than min_nodes {spec['min_nodes']}")
+        if fed is not None and spec["max_nodes"] > fed:
+            spec["max_nodes"] = fed  # more ranks than its global batch feeds would idle
         job = world.add_job(world.next_job_id(), spec["name"], spec, now, key=key)
         if request is not None:
             self.journal.set_job(job.id, request=request)  # durable, in this reply's transaction

@@ -98,7 +98,10 @@ class Training:
         of the change before it measured, its rate measured when it describes steady training at the job's size.
         Returns the job's progress."""
         world = self.world
-        progress = world.add_progress(job, message.samples)
+        if message.position is not None:  # rank 0 of an elastic loader: the job is where its loader is
+            progress = world.at_position(job, message.position, message.samples)
+        else:
+            progress = world.add_progress(job, message.samples)
         if message.commit:  # the reporting rank committed right after this work
             self.commit(job, now)
         changed = self._changed.get(job.id)

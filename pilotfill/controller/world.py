@@ -246,6 +246,24 @@ class World:
                 self._changed.add(job.id)
         return job.progress
 
+    def at_position(self, job: Job, position: float, samples: float) -> float:
+        """The job's loader is at ``position`` (global samples) after ``samples`` more: its progress is that position.
+        A batch that began before what was counted is work done again (its ranks resumed from a commit): redone; one
+        that began past it is work a stop counted redone that its ranks kept (they trained on and committed before
+        they were restarted): not redone after all. So progress and redone are what the ranks did, whatever the order
+        of a stop and their reports."""
+        start = position - samples
+        again = max(0.0, job.progress - start)
+        kept = min(job.redone, max(0.0, start - job.progress))
+        if position != job.progress or again != kept:
+            self.journal.set_job(job.id, progress=position, redone=job.redone + again - kept)
+            job.progress, job.redone = position, job.redone + again - kept
+            if job.status != "running":
+                self._changed.add(job.id)
+        if round(again - kept):
+            self.count("samples_redone", int(round(again - kept)))
+        return job.progress
+
     def commit(self, job: Job) -> float:
         """The job's ranks committed: everything counted so far survives a stop."""
         if job.committed != job.progress:

@@ -2,6 +2,9 @@
 
 For training code (imported lazily: they need torch, and Horovod for ``TorchState``):
 
+* ``from pilotfill.elastic import ElasticLoader`` — global batches of one seeded
+  order per epoch, split over the ranks there are now: what is learned does not
+  depend on the allocation, and every sample is trained once per epoch;
 * ``from pilotfill.elastic import ElasticState`` — plain ``torch.distributed``
   (``runtime.kind = "torch"``): a model, an optimizer and named values that
   survive every change of nodes, committed durably;
@@ -17,6 +20,10 @@ def __getattr__(name: str) -> Any:
         from .torch_state import TorchState
 
         return TorchState
+    if name == "ElasticLoader":
+        from .loader import ElasticLoader
+
+        return ElasticLoader
     if name == "ElasticState":
         from .state import ElasticState
 

@@ -12,21 +12,23 @@ the two runtimes resume each other's commits.
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    import pilotfill
-    from pilotfill.elastic.state import ElasticState
+    from pilotfill.elastic import ElasticLoader, ElasticState
 
     dist.init_process_group("gloo")                  # env:// — the runtime set it all up
+    loader = ElasticLoader(dataset, global_batch=256, seed=0)
+    state = ElasticState(model, optimizer, loader=loader)   # the last commit (the loader's position too), or these
     ddp = DistributedDataParallel(model)
-    state = ElasticState(model, optimizer, epoch=0, batch=0)   # the last commit, or these values
-    while state.epoch < EPOCHS:
-        for batch in my_shard(dist.get_rank(), dist.get_world_size(), state.epoch)[state.batch:]:
-            step(ddp, batch)
-            pilotfill.report(samples=len(batch))
-            state.batch += 1
-            if state.batch % 10 == 0:
+    while loader.epoch < EPOCHS:
+        for batch in loader:                          # one global batch per step, whatever the world size
+            optimizer.zero_grad()
+            batch.backward(lambda x, y: F.cross_entropy(ddp(x), y), ddp)
+            optimizer.step()
+            if batch.step % 10 == 9:
                 state.commit()
-        state.epoch, state.batch = state.epoch + 1, 0
         state.commit()
+
+A named value with ``state_dict``/``load_state_dict`` (the loader, a learning
+rate scheduler) is committed as its ``state_dict`` and restored in place.
 
 Outside pilotfill (no ``PILOTFILL_RUN_DIR``/``PILOTFILL_JOB_ID``) and without
 ``path=``, commits are kept nowhere and nothing is restored.
@@ -45,6 +47,11 @@ from ..checkpoints import checkpoint_path
 from ..report import committed
 
 
+def stateful(value: Any) -> bool:
+    """Whether a named value is restored in place from its ``state_dict`` (a loader, a scheduler) rather than replaced."""
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -59,7 +66,7 @@ def device() -> torch.device:
 
 
 class ElasticState:
-    """A model, an optimizer and named values (``epoch=0, batch=0``) that survive worker restarts."""
+    """A model, an optimizer and named values (``loader=loader``, ``epoch=0``) that survive worker restarts."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  path: str | Path | None = None, durable: bool = True, **extra: Any):  # fmt: skip
@@ -80,7 +87,7 @@ class ElasticState:
         return {
             "model": self.model.state_dict() if self.model is not None else None,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "extra": {k: getattr(self, k) for k in self.keys},
+            "extra": {k: (v.state_dict() if stateful(v) else v) for k in self.keys for v in [getattr(self, k)]},
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -89,7 +96,9 @@ class ElasticState:
         if self.optimizer is not None and saved.get("optimizer") is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
         for key, value in saved.get("extra", {}).items():
-            if key in self.keys:
+            if key in self.keys and stateful(getattr(self, key)):
+                getattr(self, key).load_state_dict(value)  # the loader: restored in place, where the training loop holds it
+            elif key in self.keys:
                 setattr(self, key, value)
 
     def commit(self) -> None:

@@ -8,8 +8,14 @@ atomically (write, fsync, rename), and loads it when constructed, so the job
 picks up at its last commit. Code that uses Horovod's ``TorchState`` runs
 unchanged; it just starts from the beginning after a crash.
 
-    from pilotfill.elastic import TorchState
-    state = TorchState(model, optimizer, epoch=0, batch=0)
+    from pilotfill.elastic import ElasticLoader, TorchState
+    loader = ElasticLoader(dataset, global_batch=256, seed=0)
+    state = TorchState(model, optimizer, loader=loader)   # the loader's position is committed, restored and synced too
+
+An :class:`~pilotfill.elastic.loader.ElasticLoader` among the named values is
+handled as Horovod handles its own ``ElasticSampler``: saved at each commit,
+restored after a lost rank, broadcast from rank 0 to joiners; durably, its
+``state_dict`` is written with the model (the format ``ElasticState`` reads).
 """
 
 from __future__ import annotations
@@ -20,9 +26,34 @@ from typing import Any
 
 import horovod.torch as hvd
 import torch
+from horovod.torch.elastic.state import StateHandler, get_handler_registry, set_handler_registry
+from horovod.torch.functions import broadcast_object
 
 from ..checkpoints import checkpoint_path
 from ..report import committed
+from .loader import ElasticLoader
+from .state import stateful
+
+
+class LoaderStateHandler(StateHandler):
+    """Horovod's in-memory life of an :class:`ElasticLoader`'s position, as of its ``ElasticSampler``'s."""
+
+    def __init__(self, loader: ElasticLoader):
+        super().__init__(loader)
+        self._saved = loader.state_dict()
+
+    def save(self) -> None:
+        self._saved = self.value.state_dict()
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved)
+
+    def sync(self) -> None:
+        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0))
+
+
+if not any(kind is ElasticLoader for kind, _ in get_handler_registry()):
+    set_handler_registry([*get_handler_registry(), (ElasticLoader, LoaderStateHandler)])
 
 
 class TorchState(hvd.elastic.TorchState):
@@ -36,7 +67,11 @@ class TorchState(hvd.elastic.TorchState):
                 model.load_state_dict(saved["model"])
             if optimizer is not None and saved.get("optimizer") is not None:
                 optimizer.load_state_dict(saved["optimizer"])
-            kwargs = {**kwargs, **{k: v for k, v in saved["extra"].items() if k in kwargs}}
+            for key, value in saved["extra"].items():
+                if key in kwargs and stateful(kwargs[key]):
+                    kwargs[key].load_state_dict(value)  # the loader: restored in place, where the training loop holds it
+                elif key in kwargs:
+                    kwargs[key] = value
         # Horovod's ObjectState routes attribute writes through handlers set up in __init__:
         # plain attributes go in with object.__setattr__.
         object.__setattr__(self, "_durable_path", durable_path)
@@ -51,7 +86,7 @@ class TorchState(hvd.elastic.TorchState):
         payload = {
             "model": self.model.state_dict() if getattr(self, "model", None) is not None else None,
             "optimizer": self.optimizer.state_dict() if getattr(self, "optimizer", None) is not None else None,
-            "extra": {k: getattr(self, k) for k in self._durable_keys},
+            "extra": {k: (v.state_dict() if stateful(v) else v) for k in self._durable_keys for v in [getattr(self, k)]},
         }
         self._durable_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self._durable_path.with_name(f".{self._durable_path.name}.{os.getpid()}.tmp")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
 from typing import Any, Callable
 
 from parsl import python_app
@@ -35,6 +36,8 @@ from ..config import RUNTIMES
 from .detect import detect_runtime
 
 RESOURCE_KEY = "parsl_resource_specification"
+GLOBAL_BATCH_ENV = "PILOTFILL_GLOBAL_BATCH"
+"""Where a rank finds its app's ``global_batch`` (``pilotfill.elastic.loader`` reads it; torch is not imported here)."""
 MAX_NODES = 1_000_000
 """No job asks for more nodes than this; the controller further caps a job at the machine it runs on."""
 
@@ -55,6 +58,8 @@ def elastic_app(
     runtime: str | None = None,
     model: dict[str, Any] | None = None,
     group: str | None = None,
+    global_batch: int | None = None,
+    min_per_rank: int = 1,
 ) -> Callable:
     """Decorate a training function as an elastic Parsl app (see module docstring).
 
@@ -71,8 +76,14 @@ def elastic_app(
     family) when the controller's objective is ``"share"``. ``cache``: a call
     with the same code and arguments as one that finished takes its result
     (:mod:`pilotfill.executors.identity`); ``cache=False`` runs every call.
+    ``global_batch``: the samples each optimizer step takes whatever the world
+    size (the smallest, where calls differ); the job is never given more ranks
+    than it feeds, ``min_per_rank`` samples each, and its ``ElasticLoader``
+    takes it when it names none.
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
+    if global_batch is not None:
+        spec.update(_check_batch(global_batch, min_per_rank, min_nodes))
     if runtime is not None and runtime not in RUNTIMES:
         raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
     spec["runtime"] = runtime
@@ -96,7 +107,9 @@ def elastic_app(
 
         @functools.wraps(func)
         def task(*args: Any, **kwargs: Any) -> Any:
-            kwargs.pop(RESOURCE_KEY, None)
+            declared = (kwargs.pop(RESOURCE_KEY, None) or {}).get("global_batch")
+            if declared:
+                os.environ[GLOBAL_BATCH_ENV] = str(declared)  # this rank's ElasticLoader: the batch the allocator sized the job for
             return func(*args, **kwargs)
 
         # No runtime named: the one the code is written for (executors/detect.py), else the config's.
@@ -123,6 +136,18 @@ class ElasticAppError(ValueError):
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_batch(global_batch: Any, min_per_rank: Any, min_nodes: int) -> dict[str, int]:
+    """``global_batch`` and ``min_per_rank`` as a job spec carries them; a job that could never feed its ``min_nodes``
+    fails here, at import, not when the controller refuses it."""
+    for name, value in (("global_batch", global_batch), ("min_per_rank", min_per_rank)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ElasticAppError(f"elastic_app: {name} must be an integer >= 1, got {value!r}")
+    if global_batch // min_per_rank < min_nodes:
+        raise ElasticAppError(f"elastic_app: global_batch={global_batch} feeds {global_batch // min_per_rank} rank(s) of min_per_rank={min_per_rank} samples, "
+                              f"fewer than min_nodes={min_nodes}")  # fmt: skip
+    return {"global_batch": global_batch, "min_per_rank": min_per_rank}
 
 
 def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down, restart) -> dict[str, Any]:
