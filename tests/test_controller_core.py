@@ -1131,3 +1131,22 @@ def test_a_batch_system_that_does_not_answer_is_a_notice_until_it_does(tmp_path,
     time.sleep(1.1)  # the first back-off (1 s, on the monotonic clock) is over
     m.at(2)
     assert [n["key"] for n in m.ctl.notices.as_list()] == []
+
+
+def test_a_pilots_leaving_that_arrives_after_the_batch_system_requeued_it_is_normal(tmp_path, write):
+    """Issue 58: the controller's poll saw PBS requeue a preempted pilot before its agent's "leaving" arrived, and the
+    life cycle refused queued -> leaving (an internal error for the agent, 20 times in the recordings). Both orders are
+    normal: the pilot stays queued, its run's nodes gone."""
+    from pilotfill.schedulers.base import EndReason, EventKind, PilotEvent
+
+    m = Machine(tmp_path, write, 2, [linear("a", 1, 2, 100)])
+    m.submit("a")
+    m.at(0)
+    pilot = next(p for p in m.ctl.world.pilots.values() if p.state == "running")
+    nodes = list(pilot.nodes)
+    m.ctl.liveness.on_pilot_event(PilotEvent(EventKind.ENDED, pilot.id, pilot.scheduler_id or "", tuple(nodes), reason=EndReason.REQUEUED), m.now, m.now)
+    assert m.ctl.world.pilots[pilot.id].state == "queued"
+    reply = m.ctl.handle({"type": "pilot.leaving", "pilot": pilot.id, "nodes": nodes, "deadline": m.now + 5})
+    assert reply == {"ok": True}, reply
+    assert m.ctl.world.pilots[pilot.id].state == "queued" and all(m.ctl.world.nodes[n].state == "gone" for n in nodes)
+    m.ctl.world.validate()

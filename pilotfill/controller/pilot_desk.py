@@ -110,9 +110,11 @@ class PilotDesk:
         return reply
 
     def leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
-        """The batch system told a pilot to go (SIGTERM): its nodes leave their jobs now, gone within the grace."""
+        """The batch system told a pilot to go (SIGTERM): its nodes leave their jobs now, gone within the grace. A pilot
+        the batch system already requeued (its poll came first: both orders are normal) stays queued — this run's nodes
+        are gone already."""
         pilot = self.world.pilot_of(message.pilot)
-        if pilot is not None and pilot.state != "leaving":
+        if pilot is not None and pilot.state not in ("leaving", "queued"):
             self.world.set_pilot(pilot, state="leaving")
         self.ends.remove_nodes(message.nodes, now, "leaving", "leaving", deadline=message.deadline, taken=True)
         return {}
