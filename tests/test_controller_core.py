@@ -1150,3 +1150,48 @@ def test_a_pilots_leaving_that_arrives_after_the_batch_system_requeued_it_is_nor
     assert reply == {"ok": True}, reply
     assert m.ctl.world.pilots[pilot.id].state == "queued" and all(m.ctl.world.nodes[n].state == "gone" for n in nodes)
     m.ctl.world.validate()
+
+
+class _StallingRuntime(SimulatedRuntime):
+    """The simulated runtime, whose ranks stop reporting and printing at 100 s (Elastic Horovod's driver waiting out its
+    elastic timeout after a node left under load: issue 54), and train again once started anew."""
+
+    def __init__(self, specs, now):
+        super().__init__(specs, now=now)
+        self.stall_at, self.starts = 100.0, 0
+        self.t0 = now
+
+    def start(self, job_id, spec, hosts):
+        self.starts += 1
+        super().start(job_id, spec, hosts)
+
+    def advance(self, t: float) -> None:
+        super().advance(t)
+        if self.starts == 1 and t - self.t0 >= self.stall_at:
+            self.outbox = [m for m in self.outbox if m.get("type") != "job.report"]
+
+    def silent_s(self, job_id, now):
+        return now - self.t0 - self.stall_at if self.starts == 1 else 0.0
+
+
+def test_a_job_whose_ranks_go_silent_is_formed_again_from_its_commit_and_said_once(tmp_path, write):
+    from pilotfill.controller.training import SILENT_S
+
+    m = Machine(tmp_path, write, 2, [linear("a", 1, 2, 100)], runtime=_StallingRuntime)
+    m.submit("a")
+    for t in range(0, 100, 10):
+        m.at(t)
+    assert m.job("a").status == "running" and m.ctl.notices.as_list() == []
+    t = 100
+    while not m.events("job.stopped") and t < 100 + 2 * SILENT_S:
+        t += 10
+        m.at(t)
+    stopped = m.events("job.stopped")
+    assert len(stopped) == 1 and stopped[0]["data"]["cause"] == f"its ranks were silent for {SILENT_S:.0f} s"
+    assert 100 + SILENT_S <= stopped[0]["time"] - m.trace.start <= 100 + SILENT_S * 1.2
+    assert any(n["key"].endswith(".silent") for n in m.ctl.notices.as_list())
+    for _ in range(6):
+        t += 10
+        m.at(t)
+    assert len(m.events("job.started")) == 2 and m.job("a").status == "running"
+    assert m.ctl.notices.as_list() == []  # training again: no longer said

@@ -43,6 +43,14 @@ def held_job(name: str, hold: Path, **kwargs) -> dict:
     return {**job, "entry": "held_digits:train", "kwargs": {**job["kwargs"], "hold_file": str(hold)}}
 
 
+def trains_at_its_size(run: LocalRun, job: str) -> bool:
+    """Whether the job's ranks have reported since its last start or resize (a ``job.cost``): a node taken while the
+    new ranks still form the group is a stop and a start, not the shrink a test of training ranks means to see."""
+    changes = [e["seq"] for e in run.events() if e.get("job") == job and e["kind"] in ("job.started", "job.resized")]
+    costs = [e["seq"] for e in events_of(run, "job.cost", job)]
+    return bool(changes and costs and costs[-1] > changes[-1])
+
+
 def _pilot_of(run: LocalRun, node: str) -> dict:
     return next(p for p in run.client.snapshot()["pilots"] if p["state"] == "running" and node in p["nodes"])
 
@@ -62,7 +70,7 @@ def test_shrink_keeps_training_and_grow_returns(local, tmp_path):
 
     # The batch system takes a node back (SIGTERM to its pilot, as Slurm and PBS preempt) once both jobs train: how
     # long their ranks take to start on a busy machine does not decide what is tested.
-    run.wait_for(lambda: all(committed_step(run.run_dir, j) for j in ids) and all(len(run.client.job(j)["nodes"]) == 2 for j in ids),
+    run.wait_for(lambda: all(committed_step(run.run_dir, j) for j in ids) and all(len(run.client.job(j)["nodes"]) == 2 and trains_at_its_size(run, j) for j in ids),
                  RANKS_S, "both jobs training on two nodes")  # fmt: skip
     victim = ids[0]
     node = run.client.job(victim)["nodes"][-1]

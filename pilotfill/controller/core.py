@@ -428,6 +428,9 @@ class Controller:
                 self.burst.handled += not put_off  # counted as requests are: a wave of events and a large decision, not in one pass
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
+            for job in self.training.stalled(now, self.runtime.silent_s):
+                self.enactment.reform(job, now)
+                self.dirty = True
             self.liveness.drain_walltimes(now)
             self.liveness.check_heartbeats(now, self._last_step)
             idle, moved = self._idle(), False

@@ -107,6 +107,21 @@ class Enactment:
         self.world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=self.world.roll_back(job), cause=cause)
         return False
 
+    def reform(self, job: Job, now: float) -> None:
+        """A running job whose ranks went silent (:meth:`.Training.stalled`): stopped, to start again from its last
+        commit at the next decision (said once on the progress line: the notice stays until it ends)."""
+        from .training import SILENT_S
+
+        log.warning("job %s (%s): its ranks neither reported nor printed for %.0f s: formed again from its last commit", job.id, job.name, SILENT_S)
+        if self.training.notices is not None:
+            self.training.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {SILENT_S:.0f} s: started again from its last "
+                                      "commit", now, level="waiting")  # fmt: skip
+        nodes = list(job.nodes)
+        for node in self.world.nodes_of(nodes):
+            if node.job == job.id:
+                self.world.assign(node, None)
+        self.stop_for_a_start(job, nodes, set(), now, f"its ranks were silent for {SILENT_S:.0f} s")
+
     def _resize(self, job: Job, new: list[str], old: list[str], lost: set[str], cause: str | None, now: float) -> None:
         world = self.world
         self.runtime.resize(job.id, new, lost=sorted(lost))

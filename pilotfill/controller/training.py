@@ -24,6 +24,9 @@ from .world import Job, World
 
 log = logging.getLogger("pilotfill.controller")
 
+SILENT_S = 300.0
+"""A job that reported before and whose ranks have neither reported nor printed for this long, on a runtime that can
+stall out of sight of its collectives' timeouts, is stuck: it is formed again from its last commit (said once)."""
 OUTLIVED_LIMIT = 3
 """Runs in a row a job may lose to its pilots' walltime with nothing committed in between before it fails: it needs
 longer between commits than a pilot lasts, and would be restarted for ever."""
@@ -42,6 +45,8 @@ class Training:
         self._at_commit, self._estimate_changed = at_commit, changed
         self.notices = notices
         self._outlived: dict[str, tuple[int, float]] = {}  # job -> (runs lost to walltimes in a row, its committed progress then)
+        self._heard: dict[str, float] = {}  # running job that has reported -> its last report
+        self._stall_check = 0.0  # when stalled() looks next
         self._meters: dict[str, Meter] = {}
         self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
@@ -53,6 +58,25 @@ class Training:
         first commit loses what it does from here."""
         self._changed[job.id] = (now, "start")
         self._committed_at[job.id] = now
+        self._heard.pop(job.id, None)
+
+    def stalled(self, now: float, silent_s: Callable[[str, float], float | None]) -> list[Job]:
+        """Running jobs that reported before and have since been silent for :data:`SILENT_S`: no report, and no output
+        their runtime sees (``silent_s(job, now)``; None: the runtime's own timeouts end its stalls). Looked at every
+        tenth of that, not in every pass."""
+        if now < self._stall_check:
+            return []
+        self._stall_check = now + SILENT_S / 10
+        out = []
+        for job_id, heard in list(self._heard.items()):
+            job = self.world.jobs.get(job_id)
+            if job is None or job.status != "running":
+                self._heard.pop(job_id, None)
+                continue
+            if now - heard >= SILENT_S and (quiet := silent_s(job_id, now)) is not None and quiet >= SILENT_S:
+                self._heard.pop(job_id, None)
+                out.append(job)
+        return out
 
     def resized(self, job: Job, grew: bool, now: float) -> None:
         """A running job's ranks were told of new nodes: what the resize costs is measured at the first report after."""
@@ -73,6 +97,9 @@ class Training:
         self._meters.pop(job_id, None)
         self._changed.pop(job_id, None)
         self._committed_at.pop(job_id, None)
+        self._heard.pop(job_id, None)
+        if self.notices is not None:
+            self.notices.clear(f"job.{job_id}.silent")
         if self._outlived.pop(job_id, None) is not None and self.notices is not None:
             self.notices.clear(f"job.{job_id}.walltime")
 
@@ -98,6 +125,10 @@ class Training:
         of the change before it measured, its rate measured when it describes steady training at the job's size.
         Returns the job's progress."""
         world = self.world
+        if job.status == "running":
+            if job.id not in self._heard and self.notices is not None:
+                self.notices.clear(f"job.{job.id}.silent")  # training again after it was formed anew
+            self._heard[job.id] = now
         if message.position is not None:  # rank 0 of an elastic loader: the job is where its loader is
             progress = world.at_position(job, message.position, message.samples)
         else:

@@ -102,6 +102,12 @@ class Runtime(ABC):
         False: it cannot (the default), and the job is requeued from its last commit."""
         return False
 
+    def silent_s(self, job_id: str, now: float) -> float | None:
+        """Seconds since the job's ranks last showed a sign of life of this runtime's own (their output), where a job can
+        stall out of sight of its collectives' timeouts (Elastic Horovod's driver waits up to its elastic timeout);
+        None where the runtime's own timeouts end every stall."""
+        return None
+
     @abstractmethod
     def stop(self, job_id: str) -> None:
         """Stop every rank of the job (not an error: it may be restarted later)."""

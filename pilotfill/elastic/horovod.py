@@ -162,6 +162,15 @@ class HorovodRuntime(Runtime):
     def hosts(self, job_id: str) -> list[str]:
         return list(self._hosts.get(job_id, [])) if job_id in self._drivers else []
 
+    def silent_s(self, job_id: str, now: float) -> float | None:
+        """Seconds since the job's ``horovodrun`` (its driver and every rank's output) last printed."""
+        if job_id not in self._drivers:
+            return None
+        try:
+            return max(0.0, now - (self.run_dir / "logs" / f"{job_id}.horovodrun.log").stat().st_mtime)
+        except OSError:
+            return None
+
     def poll(self) -> list[RankExit]:
         out: list[RankExit] = []
         for job_id, proc in list(self._drivers.items()):

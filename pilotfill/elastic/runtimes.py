@@ -83,6 +83,10 @@ class JobRuntimes(Runtime):
         runtime = self._for(job_id) if job_id is not None else None
         return (runtime or self.of_kind(self.default)).shrinks_while_forming(job_id)
 
+    def silent_s(self, job_id: str, now: float) -> float | None:
+        runtime = self._for(job_id)
+        return runtime.silent_s(job_id, now) if runtime is not None else None
+
     def stop(self, job_id: str) -> None:
         runtime = self._for(job_id)
         self._of.pop(job_id, None)
