@@ -19,7 +19,8 @@ from pilotfill.allocator import DEFAULT_TYPE
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
 from pilotfill.controller import weighing as weighing_module
-from pilotfill.controller.phases import Phase
+from pilotfill.controller import schedule
+from pilotfill.controller.schedule import Phase
 from pilotfill.controller.views import AllocatorViews
 from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.replay import ReplayScheduler
@@ -528,7 +529,7 @@ def test_a_large_decision_sizes_the_pilots_in_the_next_pass_with_replies_between
     from pilotfill.controller import core
 
     if apart:
-        monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
+        monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
     m = Machine(tmp_path, write, 8, [linear("a", 1, 4, 100), linear("b", 1, 4, 100), linear("c", 1, 4, 100)])
     m.submit("a")
     m.submit("b")
@@ -556,7 +557,7 @@ def test_a_large_decision_is_applied_in_the_next_pass_which_reads_no_request(tmp
     sizing in the passes after that, and the jobs end up as a decision applied at once leaves them."""
     from pilotfill.controller import core
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
     m = Machine(tmp_path, write, 4, [linear("a", 1, 4, 100), linear("b", 1, 4, 100), linear("c", 1, 4, 1000)])
     m.submit("a")
     m.submit("b")
@@ -582,8 +583,8 @@ def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_
     still read (``wave``), as a decision does, within FLOOD_DEFER_S: a wave and a question never add up in one pass."""
     from pilotfill.controller import core
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
-    n = core.DECIDE_APART_MESSAGES
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
+    n = schedule.DECIDE_APART_MESSAGES
     m = Machine(tmp_path, write, 5, [linear("a", 1, 2, 100), linear("b", 1, 2, 90), linear("c", 1, 2, 80, up=1)], busy=[(0, "n5", "busy"), (60, "n5", "idle")])
     for name in "abc":
         m.submit(name)
@@ -604,9 +605,9 @@ def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_
         m.ctl.step(m.now, more=True)
         assert adjusted == [] and m.ctl.busy
         if wave == "endless":  # but not for ever: within FLOOD_DEFER_S of the first pass it waited
-            m.ctl.step(m.now + core.FLOOD_DEFER_S / 2, more=True)
+            m.ctl.step(m.now + schedule.FLOOD_DEFER_S / 2, more=True)
             assert adjusted == []
-            m.now += core.FLOOD_DEFER_S
+            m.now += schedule.FLOOD_DEFER_S
             m.ctl.step(m.now, more=True)
             assert adjusted == [1] and len(m.events("pilot.submitted")) == asked + 1
     if wave != "endless":
@@ -717,7 +718,7 @@ def test_a_large_decision_offers_the_nodes_it_leaves_free_in_the_next_pass(tmp_p
     back or asked for twice. Something that changes the world in between (a submission) is decided anew instead."""
     from pilotfill.controller import core
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
     rates = [(7 * i) % 30 + 1 for i in range(30)]
     m = Machine(tmp_path, write, 12, [linear(f"j{i}", 1, 1, float(r)) for i, r in enumerate(rates)] + [linear("late", 1, 1, 99.0)])
     _weigh(m, 6)
@@ -756,8 +757,8 @@ def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tm
     decision back. With fewer requests it is taken in the pass that read them."""
     from pilotfill.controller import core
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
-    n = core.DECIDE_APART_MESSAGES
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
+    n = schedule.DECIDE_APART_MESSAGES
     m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 2, 10.0 + i) for i in range(2 * n + 4)])
 
     def submission(name):
@@ -809,8 +810,8 @@ def test_a_large_decision_due_after_a_wave_of_batch_system_events_is_taken_in_th
     request and decides whatever it polls; a wave of events and a whole-machine solve never add up in one pass."""
     from pilotfill.controller import core
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
-    n = core.DECIDE_APART_MESSAGES
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
+    n = schedule.DECIDE_APART_MESSAGES
     taken = [(20, f"n{i}", "busy") for i in range(n + 2)]
     m = Machine(tmp_path, write, n + 6, [linear(f"j{i}", 1, 2, 10.0 + i) for i in range(n // 2 + 3)], busy=taken,
                 max_queued_pilots=1000, max_submits_per_minute=1000)  # fmt: skip
@@ -874,7 +875,7 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     from pilotfill.allocator import allocate
     from pilotfill.controller import core
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
     jobs = [f"c{i},m,{T0},1,4,1e9,10,5,0;1;4,0;200;350" for i in range(40)] + [f"odd,m,{T0},2,8,1e9,10,5,0;2;8,0;300;1000"]
     m = Machine(tmp_path, write, 10, jobs)  # one node earns a copy most: the first copies weighed are all used
     for name in list(m.specs):
@@ -937,8 +938,8 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
     from pilotfill.controller.process import one_pass
     from pilotfill.transport import Client, Server
 
-    monkeypatch.setattr(core, "SIZE_APART_JOBS", 2)
-    n = core.DECIDE_APART_MESSAGES
+    monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
+    n = schedule.DECIDE_APART_MESSAGES
     m = Machine(tmp_path, write, 4, [linear(f"j{i}", 1, 2, 10.0 + i) for i in range(n + 2)])
     names = list(m.specs)
     for name in names[:2]:
@@ -1041,13 +1042,13 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     monkeypatch.setattr(weighing_module, "allocate", recording)
     described.clear()
     for t in (60, 90, 120):
-        m.ctl.dirty = True  # a decision in each of these passes
+        m.ctl.schedule.changed()  # a decision in each of these passes
         m.at(t)
     assert len(solves) >= 3 and min(solves) > 4  # decisions that weighed waiting jobs
     assert described == []
     stopped = running[0]
     m.ctl.enactment.stop_for_a_start(stopped, list(stopped.nodes), set(), m.now, "test")  # back to the queue, with its progress
-    m.ctl.dirty = True
+    m.ctl.schedule.changed()
     m.at(150)
     assert stopped.id in described and described.count(stopped.id) == 1
 
@@ -1103,7 +1104,7 @@ def test_a_submission_with_nothing_idle_is_a_wait_not_a_failure_and_asked_again_
     assert (notice["level"], notice["text"]) == ("waiting", "waiting for an idle node (0 idle of 2 usable vnodes)")
     assert not m.events("pilot.submit_failed") and len(m.events("pilot.waiting")) == 1
     full["now"] = False
-    m.ctl.dirty = True  # the next event (here: any) sizes the pilots again, with no back-off to wait out
+    m.ctl.schedule.changed()  # the next event (here: any) sizes the pilots again, with no back-off to wait out
     m.at(1)
     assert m.ctl.world.counters["pilots_submitted"] >= 1 and m.ctl.notices.as_list() == []
 

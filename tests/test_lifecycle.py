@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from pilotfill.controller.phases import TRANSITIONS, Burst, Decision, Phase
+from pilotfill.controller.schedule import TRANSITIONS, Burst, Decision, Phase
 from pilotfill.controller.world import World
 from pilotfill.lifecycle import JOB_MOVES, NODE_MOVES, PILOT_MOVES, IllegalMove, JobStatus, NodeState, PilotState
 from pilotfill.schedulers.base import EndReason, EventKind, PilotEvent

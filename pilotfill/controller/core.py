@@ -83,7 +83,7 @@ from .horizon import PoolHorizon
 from .job_desk import JobDesk
 from .liveness import Heard, Liveness
 from .notices import Notices
-from .phases import Burst, Decision, Phase
+from .schedule import SETTLE_S, Action, DecisionSchedule, Do, Observed
 from .pilot_desk import PilotDesk, Wakes
 from .recovery import Adoption, TakeOver
 from .training import Training
@@ -98,27 +98,11 @@ log = logging.getLogger("pilotfill.controller")
 
 JOB_RETRIES = 3
 """A job whose launcher dies without a result or a reported failure is retried this often, then failed."""
-SETTLE_S = 2.0
-"""Growth waits this long for the other pilots of one request to arrive, so a job grows once, not once per pilot."""
-SETTLE_MAX_S = 10.0
-"""…but never longer than this in a row."""
 STOP_MARGIN_S = 10.0
 """Stopping waits for ranks this long past the pilots' grace: for an agent's heartbeat to say they are gone."""
 MAX_BATCH = 256
 """Requests one pass of the loop handles (one group commit) before the controller steps: a flood of messages never
 starves heartbeat checks or the allocation, and no reply waits behind more than this many others."""
-FLOOD_DEFER_S = 1.0
-"""While requests keep arriving in full passes (a burst: a preemption of thousands of nodes), the decision waits for
-the rest of the burst — one decision for all of it, not one per pass — but never longer than this."""
-SIZE_APART_JOBS = 128
-"""With at least this many open jobs, a decision sizes the pilots in the loop's next pass, not in its own: the two
-are the controller's two solves of the whole machine, and replies to the requests that arrived meanwhile go out
-between them, not after both."""
-DECIDE_APART_MESSAGES = 16
-"""With at least :data:`SIZE_APART_JOBS` open jobs, a decision due in a pass that handled this many requests is taken in
-the loop's next pass instead (at once: the loop does not wait in between), a pass that reads no request
-(:attr:`Controller.solves_next`): a thousand reports and a whole-machine decision are two passes, not one, and neither
-the replies nor the decision waits for both."""
 PRUNE_EVERY_S = 60.0
 KEEP_EVENTS = 50_000
 KEEP_ENDED_PILOTS = 2_000
@@ -132,7 +116,7 @@ class Decided(NamedTuple):
     solved: Solved
     solve_ms: float
     idle: int  # the idle nodes it was taken with: the pilots are sized on them
-    apart: bool  # taken with SIZE_APART_JOBS open jobs or more: offers and the pilots' sizing in the passes after
+    apart: bool  # taken at scale (schedule.SIZE_APART_JOBS): offers and the pilots' sizing in the passes after
 
 
 class Controller:
@@ -163,8 +147,7 @@ class Controller:
         self.profiler = Profiler()
         self.pool_horizon = PoolHorizon(self.world, self.journal, config.controller.t_fwd)  # how long an allocation made now lasts
         self.holds, self.lifetimes = self.pool_horizon.holds, self.pool_horizon.lifetimes
-        self.dirty = True
-        self.urgent = False
+        self.schedule = DecisionSchedule()  # when to decide (controller/schedule.py)
         self.stopping = False
         self.draining = False  # stopping: ranks are leaving at their commits; nothing is decided any more
         self._leaving_ranks: set[tuple[str, str]] = set()  # (job, host) told to leave while stopping, not yet gone
@@ -172,10 +155,6 @@ class Controller:
         self._last_step: float | None = None
         self._polled_at = 0.0  # the last scheduler poll
         self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
-        self._settle_since: float | None = None
-        self.decision = Decision()  # what the next pass owes of a decision spread over passes (controller/phases.py)
-        self.burst = Burst()  # requests read in a row: a decision waits for the rest of a burst
-        self._last_idle: int | None = None
         self._pruned_at = self.started
         self.node_seconds = NodeSeconds(self.world, self.started)  # held by pilots, used by jobs (controller/accounts.py)
         self.stats: dict[str, list[float]] = {"solve_ms": [], "decide_ms": []}
@@ -234,7 +213,7 @@ class Controller:
         TakeOver(self.world, self.journal, self.gateway, self.scheduler, self.runtime, self.heard, self, self.adoption,
                  spec_of=lambda job, nodes: self.types.start_spec(self.world, job, nodes), measure=self.training.measure_from, incarnation=self.incarnation,
                  now=self.clock(), new_campaign=new_campaign, keep_ended_pilots=KEEP_ENDED_PILOTS).run()  # fmt: skip
-        self.urgent = False
+        self.schedule.calm()
         for pilot in self.world.pilots.values():
             self.walltimes.track(pilot.id, pilot.walltime_end)
         gc.freeze()  # see _step_in_transaction: what is alive now is never scanned by the collector again
@@ -315,7 +294,7 @@ class Controller:
 
     def handle_batch(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Apply requests that arrived together (:meth:`together`); their replies, in order."""
-        self.burst.handled += len(messages)
+        self.schedule.handled(len(messages))
         with self.together():
             return [self.handle(m) for m in messages]
 
@@ -377,8 +356,8 @@ class Controller:
             if lost:
                 world.update_job(job, nodes=[n for n in job.nodes if n not in lost])
                 job.lost |= lost
-                self.urgent = True
-        self.dirty = True
+                self.schedule.changed(urgent=True)
+        self.schedule.changed()
 
     # ------------------------------------------------------------ polled events
 
@@ -386,12 +365,12 @@ class Controller:
         """One pass over what is polled rather than messaged, then a decision if anything changed.
 
         ``more``: requests are still waiting (the pass read a full batch): the
-        decision waits for them, within :data:`FLOOD_DEFER_S`. A bug met here is
+        decision waits for them, within :data:`.schedule.FLOOD_DEFER_S`. A bug met here is
         logged and the loop goes on (the journal holds what memory holds); only
         a journal that cannot be written stops the controller.
         """
         now = self.clock() if now is None else now
-        self.burst.more = more
+        self.schedule.step_begins(more)
         try:
             self._step(now)
         except (JournalError, SchedulerConfigError):
@@ -402,9 +381,9 @@ class Controller:
             self._errors += 1
             if self._errors <= 10 or self._errors % 1000 == 0:
                 log.error("error in the controller's step (%d so far): %s", self._errors, traceback.format_exc())
-            self.dirty = False  # do not retry the same failing decision every tick; the next event will
+            self.schedule.failed()  # the same failing decision is not retried every tick; the next event decides
         self._last_step = now
-        self.burst.handled = 0
+        self.schedule.step_ends()
         if VALIDATE:
             self.world.validate()
 
@@ -418,59 +397,33 @@ class Controller:
             raise self.pilots.fatal
 
     def _step_in_transaction(self, now: float) -> None:
+        """Poll what is not messaged, tell the schedule what was seen, do the one thing it says (controller/schedule.py)."""
         with self.journal.transaction():
             before, self._polled_at = self._polled_at, now
             self._backlog.extend((event, before) for event in self.gateway.call("poll", self.scheduler.poll, now) or [])
-            put_off = self.decision.due_at_once  # a decision the last pass put off is taken in this one, whatever this one polls
-            for _ in range(min(MAX_BATCH, len(self._backlog))):  # a wave of thousands (pilots at their walltime): in passes
+            events = min(MAX_BATCH, len(self._backlog))  # a wave of thousands (pilots at their walltime): in passes
+            for _ in range(events):
                 event, polled_before = self._backlog.popleft()
                 self.liveness.on_pilot_event(event, now, polled_before)
-                self.burst.handled += not put_off  # counted as requests are: a wave of events and a large decision, not in one pass
+            self.schedule.polled(events)
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
             for job in self.training.stalled(now, self.runtime.silent_s):
                 self.enactment.reform(job, now)
-                self.dirty = True
+                self.schedule.changed()
             self.liveness.drain_walltimes(now)
             self.liveness.check_heartbeats(now, self._last_step)
-            idle, moved = self._idle(), False
-            if self.types.typed:
-                moved = self._idle_types is not None and self._idle_types != self.types.last_idle
-            decision = self.decision
-            decision.due_at_once = False
-            if self.draining:
-                decision.drop()  # stopping: no job starts or grows, no pilot is asked for
-                self.pilots.forget_owed()
-            elif decision.phase == Phase.APPLY:
-                self._apply_decided(now, idle)
-            elif decision.phase == Phase.OFFER:
-                offer = decision.offer
-                decision.advance(Phase.SIZE, sizing=decision.sizing)
-                if not self.dirty:  # else what changed is decided anew (the pass after the sizing's, if one is owed)
-                    self._offer_free(offer, now)
-            elif decision.phase == Phase.SIZE:
-                # The last decision's answer still holds unless something changed since (then it is asked anew, and
-                # the decision that change needs is owed to the pass after).
-                answer = decision.sizing
-                decision.advance(Phase.READY)
-                decision.due_at_once = self.dirty
-                self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, None if self.dirty else answer, idle_types=self._idle_types_now())
-            elif self.dirty and (self.urgent or not self._settling(now)):
-                self._decide_when_due(now, idle)
-            elif decision.question_owed or (idle is not None and idle != self._last_idle) or moved or self.pilots.release_due(now) or self.pilots.retry_due(now) or self.pilots.limit_due(now):
-                if decision.question_owed and self._deferring(now):
-                    pass  # owed, and a wave of requests or batch-system events is still read: asked after it, as a decision
-                elif not decision.question_owed and self._puts_off_the_decision():  # the pilots' question weighs the machine too: put off once, as a decision
-                    decision.question_owed = True
-                else:  # the main workload moved, or a kept node's time is up
-                    decision.question_owed, self.burst.since = False, None
-                    self.pilots.adjust(now, idle if idle is not None else self._last_idle or 0, idle_types=self._idle_types_now())
-            elif self.pilots.owed:
-                self.pilots.settle_owed(now)  # a wave of idle nodes asked for, or of unused nodes given back, in passes
+            idle = self._idle()
+            pilots = self.pilots
+            seen = Observed(
+                idle, len(self.world.open), backlog=bool(self._backlog), draining=self.draining, pilots_owed=pilots.owed,
+                types_moved=self.types.typed and self._idle_types is not None and self._idle_types != self.types.last_idle,
+                arriving=lambda: pilots.arriving(now, SETTLE_S),
+                pilots_due=lambda: pilots.release_due(now) or pilots.retry_due(now) or pilots.limit_due(now),
+            )  # fmt: skip
+            self._do(self.schedule.next(now, seen), now)
             if self._idle_types is not None:
                 self.types.last_idle = self._idle_types
-            if idle is not None:
-                self._last_idle = idle
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._pruned_at = now
                 self.node_seconds.journal()
@@ -486,13 +439,45 @@ class Controller:
                 # what is newer. Given back by shutdown().
                 gc.freeze()
 
+    def _do(self, action: Action, now: float) -> None:
+        """What the schedule said this pass does (one action a pass)."""
+        match action.do:
+            case Do.DROP:
+                self.pilots.forget_owed()  # stopping: no job starts or grows, no pilot is asked for
+            case Do.DECIDE:
+                self.decide(now, action.idle, late=True)
+            case Do.APPLY:
+                decided = action.carries
+                self._carry_out(decided, now, decided.idle, decided.apart)
+            case Do.OFFER:
+                self._offer_free(action.carries, now)
+            case Do.SIZE:
+                self.pilots.adjust(now, action.idle, action.carries, idle_types=self._idle_types_now())
+            case Do.ASK:
+                self.pilots.adjust(now, action.idle, idle_types=self._idle_types_now())
+            case Do.SETTLE:
+                self.pilots.settle_owed(now)  # a wave of idle nodes asked for, or of unused nodes given back, in passes
+
     @property
     def busy(self) -> bool:
-        """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), a large
-        decision's pilot sizing waits for the next pass, that pass found a decision to take, or pilots the last sizing
-        asked for wait to be submitted, or nodes it gave back to be released (more than one pass submits or releases)."""
-        return (bool(self._backlog) or self.decision.owes_a_pass or self.decision.due_at_once or self.decision.question_owed
-                or (self.pilots.owed and not self.draining))  # fmt: skip
+        """Step again without waiting: batch-system events wait to be handled (a wave larger than one pass), part of a
+        decision is owed to the next pass, or the pilots owe submissions or releases (more than one pass makes)."""
+        return self.schedule.busy(bool(self._backlog), self.pilots.owed, self.draining)
+
+    @property
+    def solves_next(self) -> bool:
+        """Whether the loop's next pass solves the whole machine at scale, and so reads no request."""
+        return self.schedule.solves_next(len(self.world.open), self.draining, bool(self._backlog))
+
+    @property
+    def decision(self):
+        """Where a decision spread over passes stands (:class:`.schedule.Decision`)."""
+        return self.schedule.decision
+
+    @property
+    def dirty(self) -> bool:
+        """Whether the allocation rests on something that changed since it was decided."""
+        return self.schedule.dirty
 
     def _on_rank_exit(self, exit_: RankExit, now: float) -> None:
         self._leaving_ranks.discard((exit_.job_id, exit_.host))
@@ -512,7 +497,7 @@ class Controller:
             else:
                 self.world.update_job(job, status="pending", nodes=[], crashes=crashes)
                 self.world.roll_back(job)
-            self.dirty = True
+            self.schedule.changed()
         elif exit_.crashed and exit_.host in job.nodes:
             # A rank that ended on its own on a node its pilot still holds is the app's own doing (sys.exit from a
             # child, a segfault, the OOM killer), not a lost node: relaunched, but not for ever — JOB_RETRIES such ends
@@ -537,7 +522,7 @@ class Controller:
 
     def _decide_again(self) -> None:
         """Something the allocation rests on changed: the next pass decides again."""
-        self.dirty = True
+        self.schedule.changed()
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None:
         """A pilot is over (``ended`` or ``lost``); its nodes must have been removed. Its agent ends what ran there."""
@@ -547,63 +532,21 @@ class Controller:
         self.heard.forget(pilot.id)
         self.wakes.later(pilot.id)  # a heartbeat it has waiting is told to stop
 
-    def _decide_when_due(self, now: float, idle: int | None) -> None:
-        """Decide now, unless a burst of requests is still being read (:meth:`_deferring`) or this pass read many
-        requests at scale (:meth:`_puts_off_the_decision`: the next pass, which reads none, decides)."""
-        if self._deferring(now):
-            return
-        if self._puts_off_the_decision():
-            self.decision.due_at_once = self.urgent = True
-            return
-        self.decide(now, idle, late=True)
-
-    def _puts_off_the_decision(self) -> bool:
-        """True when a large decision due now goes to the next pass: this one handled many requests or batch-system
-        events (see :data:`DECIDE_APART_MESSAGES`). The next pass reads no request (:attr:`solves_next`) and does not
-        count what it polls, so it is put off once."""
-        return self.burst.handled >= DECIDE_APART_MESSAGES and len(self.world.open) >= SIZE_APART_JOBS
-
-    @property
-    def solves_next(self) -> bool:
-        """Whether the loop's next pass solves the whole machine at scale — a decision put off or owed at once, or the
-        pilots' sizing after one — and so reads no request: a pass is either the replies to a batch of requests or one
-        solve, never both (the requests wait one pass, as they wait for any pass). Not while a burst of batch-system
-        events is read in passes, nor while stopping."""
-        decision = self.decision
-        if len(self.world.open) < SIZE_APART_JOBS or self.draining or decision.phase == Phase.OFFER or self._backlog:
-            return False
-        return decision.phase in (Phase.SIZE, Phase.APPLY) or decision.question_owed or (decision.due_at_once and self.dirty and self.urgent)
-
-    def _deferring(self, now: float) -> bool:
-        """True while a burst of requests or batch-system events is still being read (see :data:`FLOOD_DEFER_S`)."""
-        return self.burst.deferring(now, bool(self._backlog), FLOOD_DEFER_S)
-
-    def _settling(self, now: float) -> bool:
-        """True while pilots asked for moments ago are still arriving (bounded in a row by SETTLE_MAX_S)."""
-        if not self.pilots.arriving(now, SETTLE_S):
-            self._settle_since = None
-            return False
-        if self._settle_since is None:
-            self._settle_since = now
-        return now - self._settle_since < SETTLE_MAX_S
-
     # ------------------------------------------------------------ the decision
 
     def decide(self, now: float, idle: int | None = None, late: bool = False) -> Allocation | None:
         """Ask the allocator, apply the difference (one runtime call per job that changed), then size
         the pilots from the same answer: release what no job will use, ask for what is missing (with
-        :data:`SIZE_APART_JOBS` open jobs or more, in the loop's next pass).
+        :data:`.schedule.SIZE_APART_JOBS` open jobs or more, in the loop's next pass).
 
-        ``late`` (the loop's decisions): with :data:`SIZE_APART_JOBS` open jobs or more the answer is applied in
-        the next pass, which reads no request (:meth:`_apply_decided`): solving the machine and changing hundreds
-        of jobs are two passes, not one. If anything changed in between, the answer no longer holds; the decision
-        is taken again and applied in the pass that takes it."""
+        ``late`` (the loop's decisions): at scale the answer is applied in the next pass, which reads no request:
+        solving the machine and changing hundreds of jobs are two passes, not one. If anything changed in between,
+        the answer no longer holds; the decision is taken again and applied in the pass that takes it."""
         began = time.perf_counter()
-        self.dirty = self.urgent = False
-        self._settle_since = self.burst.since = None
+        self.schedule.deciding()
         if idle is None:
-            idle = self._last_idle or 0
-        apart = len(self.world.open) >= SIZE_APART_JOBS
+            idle = self.schedule.last_idle or 0
+        apart = self.schedule.apart(len(self.world.open))
         decided = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
@@ -613,11 +556,10 @@ class Controller:
             self.methods[solved.answer.method] += 1
             self.last_method = solved.answer.method
             if solved.again:  # more copies of a kind are weighed: by the decision of the next pass, at once
-                self.dirty = self.urgent = self.decision.due_at_once = True  # due now: not held back while pilots arrive
+                self.schedule.weigh_more()
                 return None
             decided = Decided(solved, solve_ms, idle, apart)
-            if late and apart and self.decision.phase != Phase.RETAKE:
-                self.decision.advance(Phase.APPLY, decided=decided)
+            if self.schedule.apply_later(late, apart, decided):
                 self.stats["decide_ms"].append((time.perf_counter() - began) * 1000)
                 return solved.answer
         answer = self._carry_out(decided, now, idle, apart)
@@ -635,25 +577,10 @@ class Controller:
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
             if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
                 offer = (problem, answer, left)  # the nodes it leaves free: to the jobs it left out, in the next pass
-        if apart and offer is not None:
-            self.decision.advance(Phase.OFFER, offer=offer, sizing=answer)
-        elif apart and answer is not None:
-            self.decision.advance(Phase.SIZE, sizing=answer)
-        else:
-            self.decision.advance(Phase.READY)
-            if not apart:
-                self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
+        self.schedule.carried_out(apart, offer, answer)
+        if not apart:
+            self.pilots.adjust(now, idle, answer, idle_types=self._idle_types_now())
         return answer
-
-    def _apply_decided(self, now: float, idle: int | None) -> None:
-        """The pass after a large decision: its answer applied, unless something changed since it was taken (then it
-        is taken again, in this pass, and applied at once)."""
-        decided = self.decision.decided
-        if self.dirty:
-            self.decision.advance(Phase.RETAKE)
-            self._decide_when_due(now, idle if idle is not None else decided.idle)
-            return
-        self._carry_out(decided, now, decided.idle, decided.apart)
 
     def _idle(self) -> int | None:
         """Idle nodes the batch system has for us now (on a typed machine, asked per type: ``_idle_types``)."""
@@ -682,8 +609,7 @@ class Controller:
         moved = self.enactment.apply(offered, joined, now)
         self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method, counts={j: n for j, n in joined.counts.items() if n},
                        moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3), offered=len(offered))  # fmt: skip
-        if self.decision.phase == Phase.SIZE and self.decision.sizing is not None:
-            self.decision.sizing = joined
+        self.schedule.offered(joined)
 
 
     # ------------------------------------------------------------ helpers
@@ -710,7 +636,7 @@ class Controller:
         self.enactment.forget(job.id)
         self.views.forget(job.id)
         job.lost = set()
-        self.dirty = True
+        self.schedule.changed()
 
     def _log_tail(self, job_id: str, chars: int = 3000) -> str:
         path = self.run_dir / "logs" / f"{job_id}.horovodrun.log"
