@@ -11,9 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-from rich.markup import escape
 from rich.text import Text
 
 from .allocator import Formulation, Objective

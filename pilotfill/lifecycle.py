@@ -48,6 +48,15 @@ class NodeState(StrEnum):
     GONE = "gone"
 
 
+class Removal(StrEnum):
+    """Where ``remove_nodes`` takes nodes: out of the pool — ``leaving`` (gone within the grace) or ``gone`` — or
+    only off their job (``dropped``: a rank crashed; the node stays ours, ready)."""
+
+    LEAVING = "leaving"
+    GONE = "gone"
+    FROM_JOB = "dropped"
+
+
 TERMINAL: tuple[JobStatus, ...] = (JobStatus.FINISHED, JobStatus.FAILED, JobStatus.CANCELLED)
 LIVE_PILOT_STATES: tuple[PilotState, ...] = (PilotState.QUEUED, PilotState.RUNNING, PilotState.LEAVING)
 
@@ -93,4 +102,4 @@ def checked(table: dict, kind: str, name: str, old: str, new: str):
     return to
 
 
-__all__ = ["IllegalMove", "JOB_MOVES", "JobStatus", "LIVE_PILOT_STATES", "NODE_MOVES", "NodeState", "PILOT_MOVES", "PilotState", "TERMINAL", "checked"]
+__all__ = ["IllegalMove", "JOB_MOVES", "JobStatus", "LIVE_PILOT_STATES", "NODE_MOVES", "NodeState", "PILOT_MOVES", "PilotState", "Removal", "TERMINAL", "checked"]

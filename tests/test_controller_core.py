@@ -526,7 +526,6 @@ def test_a_large_decision_sizes_the_pilots_in_the_next_pass_with_replies_between
     """At machine scale the decision and the pilots' question are two solves of the whole machine: a decision that
     weighs many jobs leaves the sizing to the loop's next pass (``busy`` says to step again at once), so requests that
     arrived meanwhile are answered between them. The pilots asked for are the same either way."""
-    from pilotfill.controller import core
 
     if apart:
         monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
@@ -555,7 +554,6 @@ def test_a_large_decision_is_applied_in_the_next_pass_which_reads_no_request(tmp
     """At machine scale solving the machine and changing hundreds of jobs are two passes: the loop's decision is
     applied in the pass after it is taken (``solves_next``: that pass reads no request), offers and the pilots'
     sizing in the passes after that, and the jobs end up as a decision applied at once leaves them."""
-    from pilotfill.controller import core
 
     monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
     m = Machine(tmp_path, write, 4, [linear("a", 1, 4, 100), linear("b", 1, 4, 100), linear("c", 1, 4, 1000)])
@@ -581,7 +579,6 @@ def test_the_pilots_question_after_a_pass_of_many_requests_at_scale_is_asked_in_
     DECIDE_APART_MESSAGES requests or more, the question goes to the loop's next pass (at once: ``busy``; that pass
     reads no request), asked once there, and the idle node is asked for. Owed, it waits while a wave of requests is
     still read (``wave``), as a decision does, within FLOOD_DEFER_S: a wave and a question never add up in one pass."""
-    from pilotfill.controller import core
 
     monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
     n = schedule.DECIDE_APART_MESSAGES
@@ -716,7 +713,6 @@ def test_a_large_decision_offers_the_nodes_it_leaves_free_in_the_next_pass(tmp_p
     them, and the loop's next pass (at once: ``busy``) offers those nodes to the jobs it left out (the same solve
     of them alone as inside a small decision). The pilots are sized after both, on both answers: no node is given
     back or asked for twice. Something that changes the world in between (a submission) is decided anew instead."""
-    from pilotfill.controller import core
 
     monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)  # the jobs of this test count as "many"
     rates = [(7 * i) % 30 + 1 for i in range(30)]
@@ -755,7 +751,6 @@ def test_a_large_decision_due_in_a_pass_of_many_requests_is_taken_in_the_next(tm
     (at once: ``busy``), so a thousand reports and a whole-machine solve never add up in one pass. That pass, the
     pass that applies its answer and the pilots' sizing after it read no request (``solves_next``), so requests arriving all the time cannot hold the
     decision back. With fewer requests it is taken in the pass that read them."""
-    from pilotfill.controller import core
 
     monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
     n = schedule.DECIDE_APART_MESSAGES
@@ -808,7 +803,6 @@ def test_a_large_decision_due_after_a_wave_of_batch_system_events_is_taken_in_th
     """The main workload takes back DECIDE_APART_MESSAGES nodes or more at one instant: the pass that handles those
     events leaves the large decision they make due to the loop's next pass (at once: ``busy``), which reads no
     request and decides whatever it polls; a wave of events and a whole-machine solve never add up in one pass."""
-    from pilotfill.controller import core
 
     monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
     n = schedule.DECIDE_APART_MESSAGES
@@ -873,7 +867,6 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     machine again in the same pass: the next pass (at once) decides with as many copies as could start, and reaches
     the answer that weighs them all (applied in the pass after, as every large decision of the loop is)."""
     from pilotfill.allocator import allocate
-    from pilotfill.controller import core
 
     monkeypatch.setattr(schedule, "SIZE_APART_JOBS", 2)
     jobs = [f"c{i},m,{T0},1,4,1e9,10,5,0;1;4,0;200;350" for i in range(40)] + [f"odd,m,{T0},2,8,1e9,10,5,0;2;8,0;300;1000"]
@@ -934,7 +927,6 @@ def test_the_process_loop_reads_no_request_in_a_pass_that_solves_the_machine(tmp
     sizes the pilots, also without reading; then the request is answered."""
     import threading
 
-    from pilotfill.controller import core
     from pilotfill.controller.process import one_pass
     from pilotfill.transport import Client, Server
 

@@ -102,8 +102,7 @@ def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_
     check()
 
     world.add_progress(jobs[4], 10.0)  # a running job's reports change nothing here
-    world.update_job(jobs[4], status="pending", nodes=[])  # stopped: waits again, with its progress
-    world.roll_back(jobs[4])
+    world.requeue(jobs[4])  # stopped: waits again, with its progress
     jobs[30].spec = {"min_nodes": 8}
     world.set_spec(jobs[30], jobs[30].spec)
     waiting.sync(world, world.take_changed(), recheck=False)
@@ -229,7 +228,7 @@ def test_the_rows_stay_the_queue_in_submission_order_through_any_sequence_of_cha
             if what < 0.4 and job.status != "running":
                 world.update_job(job, status="running", nodes=[f"n{job.seq}"])
             elif what < 0.6 and job.status == "running":
-                world.update_job(job, status="pending", nodes=[])
+                world.requeue(job)
             elif what < 0.7:
                 world.update_job(job, status="finished", nodes=[])
             elif what < 0.85:

@@ -22,7 +22,6 @@ from .moves import Assignment
 from .problem import DEFAULT_TYPE, Allocation, Job, Problem
 from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
 
-
 EXPLORE_TIME_S = 0.03
 """What the typed explore stage may spend (:func:`.typed.solve`'s limit, its search alone: HiGHS overran a limit this
 short by a third): exploring is a bonus, and a decision has some 100 ms in all; past it, the best exploration found."""

@@ -51,7 +51,7 @@ from ..elastic.ending import exit_words
 from ..elastic.registry import NAMES as RUNTIME_NAMES
 from ..elastic.registry import runtime_class
 from ..elastic.runtimes import JobRuntimes
-from ..lifecycle import TERMINAL, IllegalMove
+from ..lifecycle import TERMINAL, IllegalMove, JobStatus, NodeState, Removal
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
 from ..protocol import (
@@ -83,9 +83,9 @@ from .horizon import PoolHorizon
 from .job_desk import JobDesk
 from .liveness import Heard, Liveness
 from .notices import Notices
-from .schedule import SETTLE_S, Action, DecisionSchedule, Do, Observed
 from .pilot_desk import PilotDesk, Wakes
 from .recovery import Adoption, TakeOver
+from .schedule import SETTLE_S, Action, DecisionSchedule, Do, Observed
 from .training import Training
 from .types import NodeTypes
 from .views import AllocatorViews
@@ -318,35 +318,35 @@ class Controller:
 
     # ------------------------------------------------------------ every way a node goes
 
-    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: str, deadline: float | None = None, event: str | None = None,
+    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: Removal, deadline: float | None = None, event: str | None = None,
                      taken: bool = False) -> None:  # fmt: skip
-        """Take nodes away from their jobs and, unless ``to`` is ``ready``, out of the pool.
+        """Take nodes away from their jobs and, unless ``to`` is ``Removal.FROM_JOB``, out of the pool.
 
-        ``to``: ``leaving`` (SIGTERM: gone within the grace period), ``gone``
-        (ended, lost, released, taken back) or ``ready`` (the node stays ours, its
-        job lost it: a rank crashed). The jobs shrink at the next decision, which
-        follows at once; nothing else is moved here. ``taken``: the batch system
-        ended the hold (preemption, walltime), so how long the node stayed is
-        what this machine gives, and the horizon learns from it (not from our
-        own releases).
+        ``to``: ``LEAVING`` (SIGTERM: gone within the grace period), ``GONE``
+        (ended, lost, released, taken back) or ``FROM_JOB`` (the node stays
+        ours, its job lost it: a rank crashed). The jobs shrink at the next
+        decision, which follows at once; nothing else is moved here. ``taken``:
+        the batch system ended the hold (preemption, walltime), so how long the
+        node stayed is what this machine gives, and the horizon learns from it
+        (not from our own releases).
         """
         world = self.world
         shrunk: dict[str, list[str]] = {}
         for name in names:
             node = world.nodes.get(name)
-            if node is None or node.state == "gone" or (to == "leaving" and node.state == "leaving"):
+            if node is None or node.state == NodeState.GONE or (to == Removal.LEAVING and node.state == NodeState.LEAVING):
                 continue
             if node.job is not None:
                 shrunk.setdefault(node.job, []).append(name)
             held = None
-            if taken and node.state == "ready":
+            if taken and node.state == NodeState.READY:
                 held = round(now - node.since, 3)
                 self.holds.observe(held)
-            if to == "ready":
+            if to == Removal.FROM_JOB:
                 world.assign(node, None)
             else:
-                world.set_node_state(node, to, now, deadline)
-            world.log(event or f"node.{to if to != 'ready' else 'dropped'}", now, pilot=node.pilot, node=name, why=why,
+                world.set_node_state(node, NodeState(to.value), now, deadline)
+            world.log(event or f"node.{to.value}", now, pilot=node.pilot, node=name, why=why,
                       **({"held_s": held} if held is not None else {}))  # fmt: skip
         for job_id, gone in shrunk.items():
             job = world.jobs.get(job_id)
@@ -488,15 +488,12 @@ class Controller:
             # The job's launcher ended without the job reporting a result or a failure.
             crashes = job.crashes + 1
             self.world.log("job.crashed", now, job=job.id, returncode=exit_.returncode, crashes=crashes)
-            for node in self.world.nodes_of(job.nodes):
-                self.world.assign(node, None)
             if crashes >= JOB_RETRIES:
                 error = f"the job's launcher {exit_words(exit_.returncode)}, {crashes} times in a row; last output:\n{self._log_tail(job.id)}"
                 self.world.update_job(job, crashes=crashes)
                 self.end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
             else:
-                self.world.update_job(job, status="pending", nodes=[], crashes=crashes)
-                self.world.roll_back(job)
+                self.world.requeue(job, crashes=crashes)
             self.schedule.changed()
         elif exit_.crashed and exit_.host in job.nodes:
             # A rank that ended on its own on a node its pilot still holds is the app's own doing (sys.exit from a
@@ -518,7 +515,7 @@ class Controller:
                     f"not a lost node (its output: {log_path})")  # fmt: skip
                 self.end_job(job, now, "failed", error=error, why=f"a rank {what}")
                 return
-            self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", "ready")
+            self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", Removal.FROM_JOB)
 
     def _decide_again(self) -> None:
         """Something the allocation rests on changed: the next pass decides again."""
@@ -601,7 +598,7 @@ class Controller:
         taken anew), so its problem still holds; the pilots are sized on both answers together, in the pass after."""
         problem, answer, left = offer
         t0 = time.perf_counter()
-        left = [[j for j in queue if j.status == "pending" and not j.nodes] for queue in left]
+        left = [[j for j in queue if j.status == JobStatus.PENDING and not j.nodes] for queue in left]
         joined, offered = self.weighing.offer_left_free(problem, answer, left)
         if not offered:
             return
@@ -628,7 +625,7 @@ class Controller:
             fields["error"] = error
         self.world.update_job(job, **fields)
         self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
-        if status == "finished":
+        if status == JobStatus.FINISHED:
             self.job_desk.finished(job, now)
         self.types.learned(job, status)  # a measured model joins the similarity library
         self.profiler.forget(job.id)
@@ -677,12 +674,10 @@ class Controller:
         self.gateway.call("close", self.scheduler.close)
         world = self.world
         with self.journal.transaction():
-            for job in list(world.open.values()):
-                if job.status == "running":
-                    world.update_job(job, status="pending", nodes=[])
-                    world.roll_back(job)
+            for job in list(world.running.values()):
+                world.requeue(job)  # a re-run resumes it from its commit
             for pilot in list(world.pilots.values()):
-                self.remove_nodes(list(pilot.nodes), now, "controller stopped", "gone")
+                self.remove_nodes(list(pilot.nodes), now, "controller stopped", Removal.GONE)
                 self.end_pilot(pilot, "ended", now)
             self.journal.clear_processes()
             self.node_seconds.add_until(now)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..allocator import Allocation, HoldModel
 from ..elastic.base import Runtime
+from ..lifecycle import JobStatus, NodeState
 from .training import OUTLIVED_LIMIT, Training
 from .types import NodeTypes
 from .world import Job, World
@@ -53,17 +54,15 @@ class Enactment:
         for job in changed:
             new, old, lost = new_of[job.id], job.nodes, job.lost
             job.lost = set()
-            if job.status == "running" and not old and lost and self._outlived(job, lost, now):
+            if job.status == JobStatus.RUNNING and not old and lost and self._outlived(job, lost, now):
                 continue  # failed: it cannot train between commits as long as a pilot lasts
             for node in world.nodes_of(new):
                 world.assign(node, job.id)
-            running = job.status == "running"
+            running = job.status == JobStatus.RUNNING
             cause = f"{', '.join(sorted(lost))} {self._why_lost(lost)}" if lost else None
             if running and new and not old:
                 # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
-                self.runtime.stop(job.id)
-                world.update_job(job, status="pending", nodes=[])
-                world.log("job.stopped", now, job=job.id, nodes_before=sorted(lost), cause=cause, redone=world.roll_back(job))
+                self.stop(job, now, sorted(lost), cause)
                 running = False
             if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
                 # Another kind of node: a stop (it resumes from its last commit) and a start there.
@@ -77,10 +76,10 @@ class Enactment:
                         continue
                     self._resize(job, new, old, lost, cause, now)
                 elif running:
-                    self.runtime.stop(job.id)
-                    world.update_job(job, status="pending", nodes=[])
-                    why = {"cause": cause} if not old and lost else {"cause": "allocation", "objective": round(answer.objective, 3)}
-                    world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=world.roll_back(job), **why)
+                    if not old and lost:
+                        self.stop(job, now, sorted(set(old) | lost), cause)
+                    else:
+                        self.stop(job, now, sorted(set(old) | lost), "allocation", objective=round(answer.objective, 3))
                 elif new:
                     self._start(job, new, now)
                 else:
@@ -99,12 +98,17 @@ class Enactment:
                 self._sized_at.pop(job.id, None)
         return moved
 
+    def stop(self, job: Job, now: float, nodes_before: list[str], cause: str | None, free_nodes: bool = True, **why: object) -> None:
+        """A running job stops: its ranks end, it goes back to the queue from its last commit (``World.requeue``), and
+        the journal says why (``cause``: the nodes it lost and how, "allocation", or what made it start again)."""
+        self.runtime.stop(job.id)
+        redone = self.world.requeue(job, free_nodes=free_nodes)
+        self.world.log("job.stopped", now, job=job.id, nodes_before=nodes_before, cause=cause, **why, redone=redone)
+
     def stop_for_a_start(self, job: Job, old: list[str], lost: set[str], now: float, cause: str) -> bool:
         """Stop a running job so that :meth:`apply` starts it on its new nodes (from its last commit); False: the job
         is no longer running."""
-        self.runtime.stop(job.id)
-        self.world.update_job(job, status="pending", nodes=[])
-        self.world.log("job.stopped", now, job=job.id, nodes_before=sorted(set(old) | lost), redone=self.world.roll_back(job), cause=cause)
+        self.stop(job, now, sorted(set(old) | lost), cause, free_nodes=False)
         return False
 
     def reform(self, job: Job, now: float) -> None:
@@ -116,11 +120,7 @@ class Enactment:
         if self.training.notices is not None:
             self.training.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {SILENT_S:.0f} s: started again from its last "
                                       "commit", now, level="waiting")  # fmt: skip
-        nodes = list(job.nodes)
-        for node in self.world.nodes_of(nodes):
-            if node.job == job.id:
-                self.world.assign(node, None)
-        self.stop_for_a_start(job, nodes, set(), now, f"its ranks were silent for {SILENT_S:.0f} s")
+        self.stop(job, now, sorted(job.nodes), f"its ranks were silent for {SILENT_S:.0f} s")
 
     def _resize(self, job: Job, new: list[str], old: list[str], lost: set[str], cause: str | None, now: float) -> None:
         world = self.world
@@ -140,7 +140,7 @@ class Enactment:
 
     def _keeps_its_nodes(self, job: Job, answer: Allocation) -> bool:
         """Whether ``answer`` leaves a running job exactly as it is: the same count on the same type, nothing lost."""
-        if job.status != "running" or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
+        if job.status != JobStatus.RUNNING or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
             return False
         return not self.types.typed or answer.node_type.get(job.id) == self.types.of_nodes(self.world, job.nodes)
 
@@ -151,7 +151,7 @@ class Enactment:
         world = self.world
         nodes = [world.nodes[n] for n in lost if n in world.nodes]
         pilots = [world.pilots.get(node.pilot) if node.pilot else None for node in nodes]
-        if not nodes or any(p is None or p.walltime_end is None or node.deadline != p.walltime_end or node.state != "leaving" for node, p in zip(nodes, pilots)):
+        if not nodes or any(p is None or p.walltime_end is None or node.deadline != p.walltime_end or node.state != NodeState.LEAVING for node, p in zip(nodes, pilots)):
             return False  # not (only) a walltime: a preemption, a lost node
         usable = max(node.since - p.registered_at for node, p in zip(nodes, pilots))  # a pilot's time from its start to its drain
         if self.training.uncommitted_s(job, now) < 0.5 * usable:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..lifecycle import TERMINAL
 from ..config import Config
+from ..lifecycle import TERMINAL, JobStatus
 from ..protocol import JobCancel, JobCommit, JobDescribe, JobFailed, JobGet, JobReport, JobResult, JobSpec, JobStatusQuery, JobSubmit, ProtocolError, check_spec
 from ..state import State
 from .training import Training
@@ -64,7 +64,7 @@ class JobDesk:
             return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
         earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
-        if earlier is not None and earlier.status not in ("failed", "cancelled") and not (spec.get("fresh") and earlier.status == "finished"):
+        if earlier is not None and earlier.status not in (JobStatus.FAILED, JobStatus.CANCELLED) and not (spec.get("fresh") and earlier.status == JobStatus.FINISHED):
             # The same call again (a re-run of the campaign): the job it already is — finished, or resuming. A fresh
             # call (cache=False) is never answered by a finished one.
             if earlier.held:

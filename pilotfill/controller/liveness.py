@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from ..allocator import Profiler
+from ..lifecycle import JobStatus, NodeState, PilotState, Removal
 from ..pilots.manager import Ends
 from ..schedulers.base import BatchScheduler, EndReason, EventKind, PilotEvent
 from .gateway import SchedulerGateway
@@ -85,19 +86,19 @@ class Liveness:
         elif event.kind == EventKind.PREEMPTED:
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
-                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", "leaving", deadline=event.deadline, taken=True)
+                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", Removal.LEAVING, deadline=event.deadline, taken=True)
         elif event.kind == EventKind.ENDED and event.reason == EndReason.REQUEUED:
             # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
             # its next agent registers as it. Unless that agent already did (it ran again between two polls).
             world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
-            if pilot is not None and not (pilot.state == "running" and pilot.registered_at > polled_before):
-                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", "gone", taken=True)
+            if pilot is not None and not (pilot.state == PilotState.RUNNING and pilot.registered_at > polled_before):
+                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", Removal.GONE, taken=True)
                 world.set_pilot(pilot, state="queued", nodes=[])
                 self.heard.forget(pilot.id)
         elif event.kind == EventKind.ENDED:
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
-                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", "gone",
+                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", Removal.GONE,
                                        taken=event.reason != EndReason.CANCELLED)  # fmt: skip
                 self.ends.end_pilot(pilot, "ended", now)
                 self.changed()
@@ -106,10 +107,10 @@ class Liveness:
         """Pilots silent past the deadline are lost (:class:`Heard`: oldest first, O(pilots lost), not O(pilots))."""
         for pilot_id, silent in self.heard.silent(now, last_pass):
             pilot = self.world.pilot_of(pilot_id)
-            if pilot is None or pilot.state == "queued":
+            if pilot is None or pilot.state == PilotState.QUEUED:
                 continue
             self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
-            self.ends.remove_nodes(list(pilot.nodes), now, "its pilot went silent", "gone", event="node.lost")
+            self.ends.remove_nodes(list(pilot.nodes), now, "its pilot went silent", Removal.GONE, event="node.lost")
             self.ends.end_pilot(pilot, "lost", now)
             self.gateway.call("cancel", self.scheduler.cancel, pilot_id)
 
@@ -118,14 +119,14 @@ class Liveness:
         world = self.world
         for pilot_id, end in self.walltimes.drained(now):
             pilot = world.pilots.get(pilot_id)
-            nodes = [n for n in pilot.nodes if world.nodes[n].state == "ready"] if pilot is not None and pilot.walltime_end == end else []
+            nodes = [n for n in pilot.nodes if world.nodes[n].state == NodeState.READY] if pilot is not None and pilot.walltime_end == end else []
             if nodes:
                 world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
-                self.ends.remove_nodes(nodes, now, "walltime ending", "leaving", deadline=end, taken=True)
+                self.ends.remove_nodes(nodes, now, "walltime ending", Removal.LEAVING, deadline=end, taken=True)
 
     def leave_at_commit(self, job: Job, now: float) -> None:
         """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it loses nothing."""
-        if job.status != "running":
+        if job.status != JobStatus.RUNNING:
             return
         window = self.profiler.cost(job.id, "commit", 0.0)
         by_end: dict[float, list[str]] = {}
@@ -134,4 +135,4 @@ class Liveness:
             if end is not None:
                 by_end.setdefault(end, []).append(node.name)
         for end, nodes in by_end.items():
-            self.ends.remove_nodes(nodes, now, "walltime ending: left at its commit", "leaving", deadline=end, taken=True)
+            self.ends.remove_nodes(nodes, now, "walltime ending: left at its commit", Removal.LEAVING, deadline=end, taken=True)

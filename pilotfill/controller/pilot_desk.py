@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..lifecycle import NodeState, PilotState, Removal
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import Ends, PilotManager
 from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
@@ -61,12 +62,12 @@ class PilotDesk:
             if message.pilot in world.ended_pilots:
                 return {"stop": True}
             pilot = world.add_pilot(message.pilot, message.scheduler_id, len(message.nodes), now, self.incarnation)
-        taken = [n for n in message.nodes if n in world.nodes and world.nodes[n].state != "gone" and world.nodes[n].pilot != pilot.id]
-        self.ends.remove_nodes(taken, now, "taken over by another pilot", "gone")  # a pilot that ended without telling us
+        taken = [n for n in message.nodes if n in world.nodes and world.nodes[n].state != NodeState.GONE and world.nodes[n].pilot != pilot.id]
+        self.ends.remove_nodes(taken, now, "taken over by another pilot", Removal.GONE)  # a pilot that ended without telling us
         world.set_pilot(pilot, state="running", scheduler_id=message.scheduler_id or pilot.scheduler_id, pid=message.pid,
                         nodes=[n for n in pilot.nodes if n in message.nodes])  # fmt: skip
         for name in message.nodes:
-            if name not in pilot.nodes or world.nodes[name].state != "ready":
+            if name not in pilot.nodes or world.nodes[name].state != NodeState.READY:
                 world.node_joins(name, pilot, now)
                 world.log("node.joined", now, pilot=pilot.id, node=name)
         pilot.registered_at = now
@@ -81,7 +82,7 @@ class PilotDesk:
         if pilot is None:
             ended = message.pilot in self.world.ended_pilots
             return {"register": not ended, "stop": ended, "incarnation": self.incarnation}
-        if pilot.state == "queued":
+        if pilot.state == PilotState.QUEUED:
             return {"register": True, "stop": False, "incarnation": self.incarnation}
         self.heard.hear(pilot.id, now)
         if message.exits is not None:
@@ -93,7 +94,7 @@ class PilotDesk:
             for host, job_id in lost:
                 node = self.world.nodes.get(host)
                 if node is not None and node.job == job_id:  # kept for its job, but nothing of it runs there: a node it lost
-                    self.ends.remove_nodes([host], now, f"its rank of {job_id} did not outlive the controller", "ready")
+                    self.ends.remove_nodes([host], now, f"its rank of {job_id} did not outlive the controller", Removal.FROM_JOB)
         wait = message.wait_s
         if self.wakes.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
             return Park(pilot.id, min(float(wait), self.heartbeat_s), lambda: self.reply(pilot.id))
@@ -114,9 +115,9 @@ class PilotDesk:
         the batch system already requeued (its poll came first: both orders are normal) stays queued — this run's nodes
         are gone already."""
         pilot = self.world.pilot_of(message.pilot)
-        if pilot is not None and pilot.state not in ("leaving", "queued"):
+        if pilot is not None and pilot.state not in (PilotState.LEAVING, PilotState.QUEUED):
             self.world.set_pilot(pilot, state="leaving")
-        self.ends.remove_nodes(message.nodes, now, "leaving", "leaving", deadline=message.deadline, taken=True)
+        self.ends.remove_nodes(message.nodes, now, "leaving", Removal.LEAVING, deadline=message.deadline, taken=True)
         return {}
 
     def _has_news(self, pilot_id: str) -> bool:

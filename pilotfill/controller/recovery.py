@@ -32,6 +32,7 @@ from typing import Any
 
 from .. import procs
 from ..elastic.base import Runtime
+from ..lifecycle import JobStatus, NodeState, Removal
 from ..pilots.manager import Ends
 from ..schedulers.base import BatchScheduler
 from ..state import State
@@ -118,10 +119,10 @@ class TakeOver:
         world, journal = self.world, self.journal
         leftovers = [p for p in journal.processes() if p["controller"] != self.incarnation]  # the predecessors', on this machine
         with journal.transaction():
-            ran_on = {job.id: list(job.nodes) for job in world.open.values() if job.status == "running"}  # before lost nodes go
+            ran_on = {job.id: list(job.nodes) for job in world.open.values() if job.status == JobStatus.RUNNING}  # before lost nodes go
             pilots = self._adopt_pilots()
             for job in list(world.open.values()):
-                if job.status == "running":
+                if job.status == JobStatus.RUNNING:
                     (self.adopted_jobs if self._adopt_job(job, ran_on[job.id]) else self.requeued).append(job.id)
             for job in [world.jobs[j] for j in self.requeued]:
                 self._requeue(job)
@@ -151,10 +152,10 @@ class TakeOver:
                 self.heard.hear(pilot.id, self.now)
                 self.adoption.expect(pilot.id)
                 continue
-            self.ends.remove_nodes(list(pilot.nodes), self.now, "lost with the previous controller", "gone", event="node.lost")
+            self.ends.remove_nodes(list(pilot.nodes), self.now, "lost with the previous controller", Removal.GONE, event="node.lost")
             self.ends.end_pilot(pilot, "lost", self.now)
         for node in list(world.nodes.values()):
-            if node.state != "gone" and node.pilot not in world.pilots:
+            if node.state != NodeState.GONE and node.pilot not in world.pilots:
                 world.set_node_state(node, "gone", self.now)
         return adopted
 
@@ -168,7 +169,7 @@ class TakeOver:
         nodes = world.nodes_of(job.nodes)
         if self.new_campaign or not job.nodes or len(nodes) != len(job.nodes):
             return False
-        if any(node.state != "ready" or node.job != job.id or node.pilot not in world.pilots for node in nodes):
+        if any(node.state != NodeState.READY or node.job != job.id or node.pilot not in world.pilots for node in nodes):
             return False
         if not self.runtime.adopt(job.id, self.spec_of(job, list(job.nodes)), ran_on):
             return False
@@ -179,13 +180,7 @@ class TakeOver:
 
     def _requeue(self, job: Job) -> None:
         """Back to the queue: it resumes from its last commit (its ranks are gone, or are ended by their agents)."""
-        world = self.world
-        for node in world.nodes_of(job.nodes):
-            if node.job == job.id:
-                world.assign(node, None)
-        world.update_job(job, status="pending", nodes=[])
-        world.roll_back(job)
-        job.lost = set()
+        self.world.requeue(job)
 
     # ------------------------------------------------------------ 3. processes
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from ..allocator import Profiler
 from ..elastic.base import Runtime
+from ..lifecycle import JobStatus
 from ..protocol import JobReport
 from .meter import Meter
 from .notices import Notices
@@ -70,7 +71,7 @@ class Training:
         out = []
         for job_id, heard in list(self._heard.items()):
             job = self.world.jobs.get(job_id)
-            if job is None or job.status != "running":
+            if job is None or job.status != JobStatus.RUNNING:
                 self._heard.pop(job_id, None)
                 continue
             if now - heard >= SILENT_S and (quiet := silent_s(job_id, now)) is not None and quiet >= SILENT_S:
@@ -125,7 +126,7 @@ class Training:
         of the change before it measured, its rate measured when it describes steady training at the job's size.
         Returns the job's progress."""
         world = self.world
-        if job.status == "running":
+        if job.status == JobStatus.RUNNING:
             if job.id not in self._heard and self.notices is not None:
                 self.notices.clear(f"job.{job.id}.silent")  # training again after it was formed anew
             self._heard[job.id] = now
@@ -136,7 +137,7 @@ class Training:
         if message.commit:  # the reporting rank committed right after this work
             self.commit(job, now)
         changed = self._changed.get(job.id)
-        if changed is not None and message.first and job.status == "running":
+        if changed is not None and message.first and job.status == JobStatus.RUNNING:
             # Ranks training again after a start or a resize: what the change cost, measured (JPA learns it).
             when, kind = self._changed.pop(job.id)
             cost = max(0.0, now - float(message.seconds) - when)
@@ -149,9 +150,9 @@ class Training:
             log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
                         job.id, job.name, progress, total)  # fmt: skip
         meter = self._meters.get(job.id)
-        if job.status == "running" and job.id in self._changed and self.runtime.resize_restarts_ranks(job.id):
+        if job.status == JobStatus.RUNNING and job.id in self._changed and self.runtime.resize_restarts_ranks(job.id):
             meter = None  # its old ranks, still at the old size until the new round's first report: not this size's rate
-        if job.status == "running" and message.host in job.nodes and meter is not None and meter.nodes == len(job.nodes):
+        if job.status == JobStatus.RUNNING and message.host in job.nodes and meter is not None and meter.nodes == len(job.nodes):
             measured = meter.add(message.samples, message.seconds, now, first=message.first, rank=(message.host, message.pid))
             if measured is not None and not (job.spec.get("curve") or job.spec.get("curves")):
                 self._learn(job, meter.nodes, *measured, now)
@@ -160,7 +161,7 @@ class Training:
     def commit(self, job: Job, now: float) -> float:
         """Rank 0 saved the job's state durably: what was counted so far survives any stop. Returns what it kept."""
         last = self._committed_at.get(job.id)
-        if last is not None and job.status == "running":
+        if last is not None and job.status == JobStatus.RUNNING:
             self.profiler.observe_cost(job.id, "commit", now - last)
         self._committed_at[job.id] = now
         committed = self.world.commit(job)

@@ -27,6 +27,7 @@ from typing import Any
 from ..allocator import Allocation, Profiler, ScalingCurve
 from ..allocator.similarity import Descriptor, Library, LibraryError, Measured, Prediction, uninformed
 from ..config import Config
+from ..lifecycle import JobStatus
 from ..protocol import JobSpec, ProtocolError
 
 log = logging.getLogger("pilotfill.controller")
@@ -145,8 +146,8 @@ class NodeTypes:
                 raise ValueError(f"job {job.id}: its curves are for node types this machine does not have ({sorted(job.spec['curves'])})")
             return given, None
         lo, hi = job.spec["min_nodes"], job.spec["max_nodes"]
-        on = self.of_nodes(world, job.nodes) if job.status == "running" else None
-        running = on if job.status == "running" and not self.profiler.measured(job.id, on) else None
+        on = self.of_nodes(world, job.nodes) if job.status == JobStatus.RUNNING else None
+        running = on if job.status == JobStatus.RUNNING and not self.profiler.measured(job.id, on) else None
         trying = (on, len(job.nodes)) if on is not None and running is None else None
         prediction = self._prediction(job)
         far = prediction.nearest < self.config.similarity.far

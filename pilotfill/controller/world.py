@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..lifecycle import JOB_MOVES, LIVE_PILOT_STATES, NODE_MOVES, PILOT_MOVES, TERMINAL, JobStatus, NodeState, PilotState, checked
+from ..lifecycle import JOB_MOVES, LIVE_PILOT_STATES, NODE_MOVES, PILOT_MOVES, TERMINAL, IllegalMove, JobStatus, NodeState, PilotState, checked
 from ..protocol import JobSpec
 from ..state import State
 from .waiting import admit
@@ -108,6 +108,7 @@ class World:
         self.running: dict[str, Job] = {}  # the open jobs with ranks now
         self.held: dict[str, Job] = {}  # pending jobs of an earlier campaign, not yet claimed
         self.by_key: dict[str, str] = {}  # app-call key -> newest job for it
+        self._requeueing = False  # inside requeue(): the one writer of running -> pending
         self._holding: dict[str, frozenset[str]] = {}  # job -> its nodes as a set, until they change (:meth:`holding`)
         self.counters: Counter[str] = Counter(journal.counters())
         self._seq = journal.max_job_seq()
@@ -122,7 +123,7 @@ class World:
             self.jobs[job.id] = job
             if job.status not in TERMINAL:
                 (self.held if job.held else self.open)[job.id] = job
-            if job.status == "running":
+            if job.status == JobStatus.RUNNING:
                 self.running[job.id] = job
             if job.key:
                 self.by_key[job.key] = job.id
@@ -132,12 +133,12 @@ class World:
             pilot = Pilot(row["id"], row["scheduler_id"], PilotState(row["state"]), row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
                           row["walltime_end"], row["controller"], node_type=row.get("node_type"))  # fmt: skip
             self.pilots[pilot.id] = pilot
-            if pilot.state == "queued":
+            if pilot.state == PilotState.QUEUED:
                 self.queued[pilot.id] = pilot
         for row in self.journal.nodes():
             node = Node(row["name"], row["pilot"], NodeState(row["state"]), row["since"], row["job"], row["deadline"], row.get("node_type"))
             self.nodes[node.name] = node
-            if node.state == "ready":
+            if node.state == NodeState.READY:
                 self.ready[node.name] = None
         # A pilot's nodes are its nodes' rows: its own row lists the nodes it held when it last registered, not those
         # that joined or went since (one write per node, not two), so a pilot adopted after a restart holds exactly
@@ -184,9 +185,12 @@ class World:
 
     def update_job(self, job: Job, **fields: Any) -> None:
         """Change a job's journaled fields (and its place among open jobs when its status changes; a status its life
-        cycle does not reach from the job's raises :class:`~pilotfill.lifecycle.IllegalMove` before anything changes)."""
+        cycle does not reach from the job's raises :class:`~pilotfill.lifecycle.IllegalMove` before anything changes).
+        A running job goes back to pending only through :meth:`requeue`."""
         if "status" in fields:
             fields["status"] = checked(JOB_MOVES, "job", job.id, job.status, fields["status"])
+            if job.status == JobStatus.RUNNING and fields["status"] == JobStatus.PENDING and not self._requeueing:
+                raise IllegalMove(f"job {job.id}: running -> pending goes through World.requeue (its nodes freed, its progress back to its commit)")
         self.journal.set_job(job.id, **fields)
         for k, v in fields.items():
             setattr(job, k, v)
@@ -194,7 +198,7 @@ class World:
             self._holding.pop(job.id, None)
         self.jobs_version += 1
         self._changed.add(job.id)
-        if job.status == "running":
+        if job.status == JobStatus.RUNNING:
             self.running[job.id] = job
         else:
             self.running.pop(job.id, None)
@@ -242,7 +246,7 @@ class World:
         if samples:
             self.journal.set_job(job.id, progress=job.progress + samples)
             job.progress += samples
-            if job.status != "running":
+            if job.status != JobStatus.RUNNING:
                 self._changed.add(job.id)
         return job.progress
 
@@ -258,7 +262,7 @@ class World:
         if position != job.progress or again != kept:
             self.journal.set_job(job.id, progress=position, redone=job.redone + again - kept)
             job.progress, job.redone = position, job.redone + again - kept
-            if job.status != "running":
+            if job.status != JobStatus.RUNNING:
                 self._changed.add(job.id)
         if round(again - kept):
             self.count("samples_redone", int(round(again - kept)))
@@ -270,6 +274,21 @@ class World:
             self.journal.set_job(job.id, committed=job.progress)
             job.committed = job.progress
         return job.committed
+
+    def requeue(self, job: Job, free_nodes: bool = True, **fields: Any) -> float:
+        """running -> pending, the one way: the nodes it holds freed (not when an answer being applied has just given
+        them to it again: ``free_nodes``), its progress back to its last commit (what it lost counted as redone),
+        nothing lost remembered. Its ranks are its runtime's to stop. Returns the samples lost."""
+        for node in self.nodes_of(job.nodes) if free_nodes else ():
+            if node.job == job.id:
+                self.assign(node, None)
+        self._requeueing = True
+        try:
+            self.update_job(job, status=JobStatus.PENDING, nodes=[], **fields)
+        finally:
+            self._requeueing = False
+        job.lost = set()
+        return self.roll_back(job)
 
     def roll_back(self, job: Job) -> float:
         """The job stopped (or restarted its ranks): it resumes from its last commit, so its progress
@@ -291,7 +310,7 @@ class World:
     def active_jobs(self, limit: int = 0, room: int | None = None) -> list[Job]:
         """The jobs the allocator considers: every running one, then the waiting ones :func:`.waiting.admit` admits
         (the machine bounds them, or ``limit``), in submission order."""
-        waiting = [job for job in self.open.values() if job.status != "running"]
+        waiting = [job for job in self.open.values() if job.status != JobStatus.RUNNING]
         lo = np.fromiter((job.spec["min_nodes"] for job in waiting), dtype=np.int64, count=len(waiting))
         out = list(self.running.values())  # always: the allocator must know every node that is held
         out += [waiting[i] for i in admit(lo, room, limit, len(out)).tolist()]
@@ -319,7 +338,7 @@ class World:
             setattr(pilot, k, dict.fromkeys(v) if k == "nodes" else v)
         if "walltime_end" in fields:
             self.ready_version += 1
-        if pilot.state == "queued":
+        if pilot.state == PilotState.QUEUED:
             self.queued[pilot.id] = pilot
         else:
             self.queued.pop(pilot.id, None)
@@ -371,7 +390,7 @@ class World:
         node.state, node.job, node.since, node.deadline = state, None, now, deadline
         if self.ready.pop(node.name, 0) is None:
             self.ready_version += 1
-        if state == "gone" and node.pilot in self.pilots:
+        if state == NodeState.GONE and node.pilot in self.pilots:
             self.pilots[node.pilot].nodes.pop(node.name, None)
 
     def assign(self, node: Node, job: str | None) -> None:
@@ -444,6 +463,6 @@ class World:
                  "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid, "node_type": p.node_type}  # fmt: skip
                 for p in self.pilots.values()
             ],
-            "nodes": [n.__dict__ for n in self.nodes.values() if n.state != "gone"],
+            "nodes": [n.__dict__ for n in self.nodes.values() if n.state != NodeState.GONE],
             "counters": dict(self.counters),
         }

@@ -34,7 +34,6 @@ use?"): each pilot asks for one type, within the same site limits.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..allocator import Allocation
 from ..config import PilotConfig
+from ..lifecycle import Removal
 from ..schedulers.base import NothingIdle, PilotRefused, SchedulerConfigError
 from ..schedulers.commands import reason_of
 
@@ -88,7 +88,7 @@ class Question(Protocol):
 class Ends(Protocol):
     """How nodes and pilots end: the controller's one way for each, so that every job that held them hears of it."""
 
-    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: str, deadline: float | None = None, event: str | None = None,
+    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: Removal, deadline: float | None = None, event: str | None = None,
                      taken: bool = False) -> None: ...  # fmt: skip
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None: ...
@@ -331,7 +331,7 @@ class PilotManager:
                     self._unused_since[name] = now
             if not given:
                 continue
-            self.ends.remove_nodes(given, now, "released: no job needs it", "gone", event="node.released")
+            self.ends.remove_nodes(given, now, "released: no job needs it", Removal.GONE, event="node.released")
             for name in given:
                 self._unused_since.pop(name, None)
             self.world.count("nodes_released", len(given))

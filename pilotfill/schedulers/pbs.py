@@ -75,7 +75,20 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..config import Config, NodeTypeConfig, PbsConfig, PilotConfig
-from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, SchedulerConfigError, agent_argv, host_of
+from .base import (
+    BatchScheduler,
+    EndReason,
+    EventKind,
+    NodeAccess,
+    NothingIdle,
+    OnSpawn,
+    PilotEvent,
+    PilotRefused,
+    RemoteNodes,
+    SchedulerConfigError,
+    agent_argv,
+    host_of,
+)
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.pbs")
