@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .lifecycle import TERMINAL
+from .protocol import JobCancel, JobGet, JobStatusQuery, JobSubmit, StateSnapshot
 from .transport import Client
 
 
@@ -25,20 +26,20 @@ class ControllerClient:
 
     def submit(self, spec: dict[str, Any]) -> str:
         """Queue a job; returns its id once the controller has committed it."""
-        return self._client.request({"type": "job.submit", "spec": spec}, interrupt=self._interrupt)["job_id"]
+        return self._client.request(JobSubmit(spec), interrupt=self._interrupt)["job_id"]
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._client.request({"type": "job.get", "job_id": job_id}, interrupt=self._interrupt)["job"]
+        return self._client.request(JobGet(job_id), interrupt=self._interrupt)["job"]
 
     def status(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
         """Status, progress, result and error of each job (one request; the jobs' code is not sent back)."""
-        return self._client.request({"type": "job.status", "job_ids": job_ids}, interrupt=self._interrupt)["jobs"]
+        return self._client.request(JobStatusQuery(job_ids), interrupt=self._interrupt)["jobs"]
 
     def cancel(self, job_id: str) -> None:
-        self._client.request({"type": "job.cancel", "job_id": job_id}, interrupt=self._interrupt)
+        self._client.request(JobCancel(job_id), interrupt=self._interrupt)
 
     def snapshot(self) -> dict[str, Any]:
-        return self._client.request({"type": "state.snapshot"}, interrupt=self._interrupt)
+        return self._client.request(StateSnapshot(), interrupt=self._interrupt)
 
     def wait(self, job_ids: list[str], timeout_s: float = 600.0, poll_s: float = 0.5) -> dict[str, dict[str, Any]]:
         """Block until every job is finished, failed or cancelled; return their records."""

@@ -381,15 +381,18 @@ class Client:
             self._endpoint = endpoint
         return self._socket
 
-    def request(self, message: dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0,
+    def request(self, message: Any, timeout_s: float | None = None, attempt_s: float = 2.0,
                 interrupt: Callable[[], bool] | None = None) -> dict[str, Any]:  # fmt: skip
-        """Send ``message``; return the reply's fields. Retries until ``timeout_s``.
+        """Send ``message`` (a :class:`pilotfill.protocol.Message`, or a store's own request as a dict); return the
+        reply's fields. Retries until ``timeout_s``.
 
         ``interrupt``: checked a few times a second while waiting; when it says
         so, :class:`Interrupted` is raised (an agent waiting on a long poll that
         just got SIGTERM).
         """
         self._interrupt = interrupt
+        if hasattr(message, "to_dict"):
+            message = message.to_dict()
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         # One request id for every attempt: a retry after a lost reply is answered, not applied twice.
         payload = json.dumps({**message, "rid": secrets.token_hex(16)}).encode()

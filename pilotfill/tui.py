@@ -225,13 +225,14 @@ def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
     """The live controller's snapshot (authenticated), or the durable state if none answers."""
     import sqlite3
 
+    from .protocol import StateSnapshot
     from .state import JournalError, State
     from .transport import Client, ControllerUnavailable
 
     try:
         client = Client(run_dir, timeout_s=1.0)
         try:
-            return client.request({"type": "state.snapshot"}, timeout_s=1.0, attempt_s=1.0), "live"
+            return client.request(StateSnapshot(), timeout_s=1.0, attempt_s=1.0), "live"
         finally:
             client.close()
     except (ControllerUnavailable, FileNotFoundError, PermissionError, OSError, ValueError):
