@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install run replay test test-fast bench bench-quick clean
+.PHONY: install run replay test test-busy test-fast bench bench-quick clean
 
 install: $(STAMP)
 
@@ -26,6 +26,10 @@ replay: install
 # OpenPBS, tmux: one batch system at a time) all in one of them, first; the other tiers spread over the rest.
 test: install
 	$(BIN)/python -m pytest -q -n 3 --dist loadgroup
+
+# The whole suite beside two busy loops, as on a site's busy login node (no test may need an idle machine).
+test-busy: install
+	scripts/beside_busy_loops.sh 2 -- $(BIN)/python -m pytest -q -n 3 --dist loadgroup
 
 # The in-process tests a change to the allocator or the controller's decisions needs first (under a minute).
 test-fast: install
