@@ -164,55 +164,18 @@ class PilotManager:
         self._owed, self._owed_release = {}, []
 
     def adjust(self, now: float, idle: int, answer: Allocation | None = None, idle_types: dict[str, int] | None = None) -> None:
-        """Release, cancel or submit so that what we hold and ask for matches what the jobs would use
-        (``idle_types``: a machine with several kinds of node, sized per type)."""
+        """Release, cancel or submit so that what we hold and ask for matches what the jobs would use, type by type
+        (``idle_types``: a machine with several kinds of node; a machine of one kind is sized as one type, None)."""
         self._owed, self._owed_release = {}, []  # sized anew: what an earlier sizing still owed is asked again below, if still wanted
-        if idle_types is not None:
-            return self._adjust_types(now, idle_types, answer)
         world = self.world
-        ready = len(world.ready)
-        pending = world.pending_nodes()
-        unused = [n for n in world.ready if world.nodes[n].job is None]
-        if not unused:
-            self._unused_since.clear()
-        if not (unused or idle > 0 or pending > 0):
-            self._waiting(self._jobs_waiting(), now)  # everything held is used and nothing more could be had: nothing to size
-            return
-        if answer is None and not world.open and not unused and pending == 0:
-            self._waiting(0, now)
-            return
-        wanted = self.question.wanted(idle + pending, answer) if world.open else 0
-        surplus = ready - wanted
-        spare = unused[:surplus] if surplus > 0 else []
-        self._unused_since = {n: self._unused_since.get(n, now) for n in spare}
-        if spare:
-            hold = self.config.release_after_s if self._could_grow() else 0.0
-            due = [n for n in spare if now - self._unused_since[n] >= hold]
-            if due and hold > 0 and self.question.job_ending_within(REREQUEST_WINDOW_S):
-                due = []  # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
-            if due and world.open:
-                # Given back, these nodes would be idle, and the jobs would be asked about them as new ones (a new
-                # pilot's, valued over a fresh node's hold): keep those they would ask for again — releasing a node
-                # and asking for it back is the thrash a site sees.
-                again = self.question.wanted(idle + pending + len(due), None, without=tuple(due))
-                due = due[max(0, again - (ready - len(due)) - pending) :]
-            if due:
-                self._give_back(due, now)
-        queued_surplus = pending - max(0, wanted - ready)
-        if queued_surplus > 0 and wanted <= ready:
-            self._cancel_queued(now)
-        self._ask_for(wanted - ready - pending, idle, now)
-
-    def _adjust_types(self, now: float, idle: dict[str, int], answer: Allocation | None) -> None:
-        """:meth:`adjust`, per node type: what the jobs would use of each type with every idle node of every type."""
-        world = self.world
-        types = sorted(set(idle) | {p.node_type for p in world.queued.values() if p.node_type})
-        ready = {t: 0 for t in types}
-        unused: dict[str, list[str]] = {t: [] for t in types}
+        typed = idle_types is not None
+        idle_of: dict[str | None, int] = dict(idle_types) if typed else {None: idle}
+        ready: dict[str | None, int] = {t: 0 for t in sorted(set(idle_of) | {p.node_type for p in world.queued.values() if p.node_type})} if typed else {None: 0}
+        unused: dict[str | None, list[str]] = {t: [] for t in ready}
         for name in world.ready:
             node = world.nodes[name]
-            t = node.node_type
-            if t is None:
+            t = node.node_type if typed else None
+            if typed and t is None:
                 continue
             ready[t] = ready.get(t, 0) + 1
             if node.job is None:
@@ -220,14 +183,14 @@ class PilotManager:
         pending = {t: world.pending_nodes(t) for t in ready}
         if not any(unused.values()):
             self._unused_since.clear()
-        if not (any(unused.values()) or any(idle.values()) or any(pending.values())):
-            self._waiting(self._jobs_waiting(), now)
+        if not (any(unused.values()) or any(idle_of.values()) or any(pending.values())):
+            self._waiting(self._jobs_waiting(), now)  # everything held is used and nothing more could be had: nothing to size
             return
         if answer is None and not world.open and not any(unused.values()) and not any(pending.values()):
             self._waiting(0, now)
             return
-        extra = {t: idle.get(t, 0) + pending.get(t, 0) for t in ready}
-        wanted = self.question.wanted_types(extra, answer) if world.open else {}
+        extra = {t: idle_of.get(t, 0) + pending.get(t, 0) for t in ready}
+        wanted = self._wanted(extra, answer) if world.open else {}
         spare = []
         for t in ready:
             surplus = ready[t] - wanted.get(t, 0)
@@ -238,9 +201,9 @@ class PilotManager:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
             if due and hold > 0 and self.question.job_ending_within(REREQUEST_WINDOW_S):
-                due = []  # as in adjust: a job about to end may make these wanted again
+                due = []  # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
             if due and world.open:
-                due = self._not_wanted_again(due, extra, ready, pending)
+                due = self._not_wanted_again(due, extra, ready, pending, typed)
             if due:
                 self._give_back(due, now)
         missing = {}
@@ -250,7 +213,28 @@ class PilotManager:
                 self._cancel_queued(now, t)
             missing[t] = want - ready[t] - pending[t]
         for t in ready:
-            self._ask_for(missing[t], idle.get(t, 0), now, t, waiting=sum(m for m in missing.values() if m > 0))
+            self._ask_for(missing[t], idle_of.get(t, 0), now, t, waiting=sum(m for m in missing.values() if m > 0))
+
+    def _wanted(self, extra: dict[str | None, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str | None, int]:
+        """The pilots' question, per type: what the jobs would use with ``extra`` more nodes of each (one kind: None)."""
+        if None in extra:
+            return {None: self.question.wanted(extra[None], answer, without=without)}
+        return self.question.wanted_types(extra, answer, without=without)
+
+    def _not_wanted_again(self, due: list[str], extra: dict[str | None, int], ready: dict[str | None, int], pending: dict[str | None, int],
+                          typed: bool) -> list[str]:  # fmt: skip
+        """Of the nodes about to be given back, those the jobs would not ask for again, type by type: given back, they
+        would be idle nodes, and the jobs would be asked about them as new ones (a new pilot's, valued over a fresh
+        node's hold) — releasing a node and asking for it back is the thrash a site sees."""
+        by_type: dict[str | None, list[str]] = {}
+        for name in due:
+            by_type.setdefault(self.world.nodes[name].node_type if typed else None, []).append(name)
+        more = {t: extra.get(t, 0) + len(by_type.get(t, ())) for t in extra}
+        again = self._wanted(more, None, without=tuple(due))
+        going = []
+        for t, names in by_type.items():
+            going += names[max(0, again.get(t, 0) - (ready.get(t, 0) - len(names)) - pending.get(t, 0)) :]
+        return going
 
     def _ask_for(self, missing: int, idle: int, now: float, node_type: str | None = None, waiting: int | None = None) -> None:
         """Submit pilots for the ``missing`` nodes the idle ones can give; with none idle, the campaign waits for one
@@ -271,19 +255,6 @@ class PilotManager:
             self._set_problem("waiting", f"{count} {what if count != 1 or what != 'jobs waiting' else 'job waiting'}, none idle", "", now, None)
         elif count <= 0 and self.problem is not None and self.problem["kind"] == "waiting":
             self._set_problem(None, "", "", now, None)
-
-    def _not_wanted_again(self, due: list[str], extra: dict[str, int], ready: dict[str, int], pending: dict[str, int]) -> list[str]:
-        """Of the nodes about to be given back, those the jobs would not ask for again, type by type: given back,
-        they would be idle nodes of their type, valued as a new pilot's (see :meth:`adjust`)."""
-        by_type: dict[str, list[str]] = {}
-        for name in due:
-            by_type.setdefault(self.world.nodes[name].node_type or "", []).append(name)
-        more = {t: extra.get(t, 0) + len(by_type.get(t, ())) for t in extra}
-        again = self.question.wanted_types(more, None, without=tuple(due))
-        going = []
-        for t, names in by_type.items():
-            going += names[max(0, again.get(t, 0) - (ready.get(t, 0) - len(names)) - pending.get(t, 0)) :]
-        return going
 
     def release_due(self, now: float) -> bool:
         """True when a node kept unused has waited ``release_after_s``: time to decide again whether to give it back."""
