@@ -7,6 +7,12 @@ Every change goes to the journal (:class:`pilotfill.state.State`) first and to
 memory second, so that memory never holds what the journal lost (a full disk
 raises before anything changes). Ended pilots leave memory at once; the
 journal keeps a bounded number of them for ``top``.
+
+Why the mutators write the journal themselves, rather than the controller's shell after each step: a change and its
+row are one act, so no caller can make one without the other, and the write goes into the transaction the shell
+opened for the pass (``State.transaction``: one commit per pass, before any reply). The shell decides *when* it is
+durable; the world says *what* changed, once. A change log drained by the shell would hold every change twice, in
+memory and in the log, on the hot path of a whole-machine pass.
 """
 
 from __future__ import annotations
