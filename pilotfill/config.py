@@ -1,7 +1,9 @@
 """Site configuration: TOML files -> typed, validated objects.
 
 A config names the batch system and its options, the pilot policy and the
-controller's timing. Every key is checked: an unknown key, a wrong type or an
+controller's timing. Each batch system's own section belongs to its adapter
+(``BatchScheduler.config_class`` and ``parse_section``): this module parses the
+sections of whatever :mod:`pilotfill.schedulers.registry` names. Every key is checked: an unknown key, a wrong type or an
 impossible value is a :class:`ConfigError` naming the file and the key, so a
 typo never silently falls back to a default. ``load_config()`` with no
 argument returns the embedded default: a local virtual cluster of four nodes
@@ -27,61 +29,6 @@ PACKAGE_CONFIGS = Path(__file__).parent / "configs"
 
 class ConfigError(ValueError):
     """An invalid config; ``str()`` names the file and the key."""
-
-
-@dataclass(frozen=True)
-class ScriptedChange:
-    """The main workload takes (``busy``) or returns (``idle``) a node ``at`` seconds after start."""
-
-    at: float
-    node: str
-    state: str
-
-
-@dataclass(frozen=True)
-class LocalConfig:
-    """The embedded local virtual cluster."""
-
-    nodes: int = 4
-    node_prefix: str = "pf-node-"
-    workload: str = "trace"  # "trace": compressed Summit excerpt; "script": exactly `script`; "none"
-    trace_seconds_per_second: float = 120.0
-    pilot_walltime_s: float = 0.0  # a pilot's walltime, as a batch system would impose it (0: none); its pilot is ended then
-    script: tuple[ScriptedChange, ...] = ()
-
-
-@dataclass(frozen=True)
-class SlurmConfig:
-    """Pilots as Slurm jobs in a low-priority, preemptible partition."""
-
-    partition: str = "scavenger"
-    account: str = ""
-    qos: str = ""
-    time_min: str = "00:10:00"  # --time-min: Slurm may shorten the pilot down to this to fit it in
-    time_max: str = "02:00:00"  # --time
-    min_nodes: int = 1  # -N min-max: a pilot takes whatever is idle in this range
-    max_nodes: int = 16
-    poll_s: float = 5.0
-    command_timeout_s: float = 10.0
-    extra_args: tuple[str, ...] = ()
-    python: str = ""  # interpreter on the compute nodes (default: the controller's)
-
-
-@dataclass(frozen=True)
-class PbsConfig:
-    """Pilots as OpenPBS / PBS Pro jobs with shrink-to-fit walltime."""
-
-    queue: str = "scavenger"
-    account: str = ""
-    min_walltime: str = "00:10:00"
-    max_walltime: str = "02:00:00"
-    nodes_per_pilot: int = 1  # select=N; only sister hosts can be released, so small pilots shed nodes best
-    chunk: str = "ncpus=1"  # resources of one select chunk (one node), e.g. "ncpus=64:ngpus=4"
-    place: str = "vscatter"
-    poll_s: float = 5.0
-    command_timeout_s: float = 30.0
-    extra_args: tuple[str, ...] = ()
-    python: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,19 +101,31 @@ class SimilarityConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """A site config. Each batch system's own section (``[pbs]``, ``[slurm]``, ``[local]``) is its adapter's dataclass
+    (``BatchScheduler.config_class``), kept in ``sections`` by name and read as ``config.pbs``; a section the file does
+    not have is its class's defaults."""
+
     scheduler: str = "local"
-    local: LocalConfig = field(default_factory=LocalConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    pbs: PbsConfig = field(default_factory=PbsConfig)
     pilots: PilotConfig = field(default_factory=PilotConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     source: str = "<embedded default>"
     node_types: tuple[NodeTypeConfig, ...] = ()  # a machine with several kinds of node: [node_types.NAME] tables
     similarity: SimilarityConfig = field(default_factory=SimilarityConfig)
+    sections: dict[str, Any] = field(default_factory=dict)  # batch system -> its section
 
     def node_type(self, name: str | None) -> NodeTypeConfig | None:
         return next((t for t in self.node_types if t.name == name), None)
+
+    def section(self, name: str) -> Any:
+        """Batch system ``name``'s section: as the file gave it, else its defaults."""
+        found = self.sections.get(name)
+        return found if found is not None else adapter_class(name).config_class()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in BATCH_SYSTEM_NAMES:
+            return self.section(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 SCHEDULERS = BATCH_SYSTEM_NAMES  # pilotfill/schedulers/registry.py
@@ -182,13 +141,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "pilots.heartbeat_deadline_s": (0.5, 3600.0, "a pilot silent this long is taken for lost"),
     "pilots.grace_s": (0.1, 3600.0, "ranks get this long to commit after SIGTERM"),
     "pilots.release_after_s": (0.0, 86400.0, "an unused node is kept this long"),
-    "slurm.poll_s": (0.05, 600.0, "squeue is asked this often"),
-    "slurm.command_timeout_s": (1.0, 3600.0, "a Slurm command taking longer is an error"),
-    "pbs.poll_s": (0.05, 600.0, "qstat is asked this often"),
-    "pbs.command_timeout_s": (1.0, 3600.0, "a PBS command taking longer is an error"),
     "runtime.collective_timeout_s": (1.0, 86400.0, "a collective waiting this long for a peer fails"),
-    "local.trace_seconds_per_second": (1e-3, 1e6, "trace seconds per real second"),
-    "local.pilot_walltime_s": (0.0, 31_536_000.0, "a pilot's walltime"),
 }
 RUNTIMES = RUNTIME_NAMES  # pilotfill/elastic/registry.py
 DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)
@@ -227,7 +180,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     def where(key: str) -> str:
         return f"{source}: {key}"
 
-    known = {"scheduler", "local", "slurm", "pbs", "pilots", "controller", "runtime", "node_types", "similarity"}
+    known = {"scheduler", *SCHEDULERS, "pilots", "controller", "runtime", "node_types", "similarity"}
     for key in data:
         if key not in known:
             raise ConfigError(f"{where(key)}: unknown key{_meant(key, known)} (known: {', '.join(sorted(known))})")
@@ -247,60 +200,25 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
             if key == "node_types":
                 hint = ": one table per kind of node, e.g. [node_types.a100] with constraint = \"a100\" under it"
             raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}{hint}")
-    local_raw = dict(data.get("local", {}))
-    script_raw = local_raw.pop("script", [])
-    local = _section(LocalConfig, local_raw, "local", where)
-    script = []
-    if not isinstance(script_raw, list):
-        raise ConfigError(f"{where('local.script')}: must be a list of {{at, node, state}} tables")
-    for i, item in enumerate(script_raw):
-        key = f"local.script[{i}]"
-        if not isinstance(item, dict) or set(item) != {"at", "node", "state"}:
-            raise ConfigError(f"{where(key)}: must have exactly at, node and state")
-        if item["state"] not in ("busy", "idle") or not isinstance(item["at"], (int, float)) or item["at"] < 0:
-            raise ConfigError(f"{where(key)}: state must be busy or idle and at a time >= 0")
-        script.append(ScriptedChange(float(item["at"]), str(item["node"]), item["state"]))
-    local = LocalConfig(**{**local.__dict__, "script": tuple(sorted(script, key=lambda c: c.at))})
-    if local.nodes < 1:
-        raise ConfigError(f"{where('local.nodes')}: must be at least 1")
-    if local.nodes > 4096:
-        raise ConfigError(f"{where('local.nodes')}: at most 4096 virtual nodes on one machine, got {local.nodes}")
-    if not NODE_NAME.fullmatch(local.node_prefix):
-        raise ConfigError(f"{where('local.node_prefix')}: {local.node_prefix!r} must be letters, digits, '.', '_' or '-' (it names hosts and files)")
-    if local.workload not in ("trace", "script", "none"):
-        raise ConfigError(f"{where('local.workload')}: must be trace, script or none")
-    names = {f"{local.node_prefix}{i}" for i in range(local.nodes)}
-    for i, change in enumerate(local.script):
-        if change.node not in names:
-            raise ConfigError(f"{where(f'local.script[{i}].node')}: {change.node!r} is not a node of this cluster")
-    pilots = _section(PilotConfig, data.get("pilots", {}), "pilots", where)
+    pilots = section(PilotConfig, data.get("pilots", {}), "pilots", where)
     if pilots.heartbeat_deadline_s <= pilots.heartbeat_s:
         raise ConfigError(f"{where('pilots.heartbeat_deadline_s')}: must be longer than pilots.heartbeat_s")
     lead = pilots.grace_s + DRAIN_MARGIN_S  # a pilot's nodes are drained this long before its walltime ends
-    if 0 < local.pilot_walltime_s < lead + MIN_TRAIN_S:
-        raise ConfigError(f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: {_too_short(local.pilot_walltime_s, lead)} "
-                          f"(0: no walltime)")  # fmt: skip
-    controller = _section(ControllerConfig, data.get("controller", {}), "controller", where)
+    sections = {name: adapter_class(name).parse_section(data.get(name, {}), name, where, lead) for name in SCHEDULERS}
+    controller = section(ControllerConfig, data.get("controller", {}), "controller", where)
     if controller.formulation not in FORMULATIONS:
         raise ConfigError(f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}")
     if controller.objective not in OBJECTIVES:
         raise ConfigError(f"{where('controller.objective')}: {controller.objective!r} is not one of {', '.join(OBJECTIVES)}")
     if controller.objective == "share" and controller.formulation != "aggregated":
         raise ConfigError(f"{where('controller.objective')}: \"share\" is solved by the exact aggregated solvers; formulation {controller.formulation!r} cannot (leave it out)")
-    runtime = _section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
+    runtime = section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
     if runtime.kind not in RUNTIMES:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")
-    slurm = _section(SlurmConfig, data.get("slurm", {}), "slurm", where)
-    _check_range(slurm.time_min, slurm.time_max, "slurm.time_min", "slurm.time_max", where)
-    _check_walltime(slurm.time_max, "slurm.time_max", lead, where)
-    if slurm.min_nodes > slurm.max_nodes:
-        raise ConfigError(f"{where('slurm.min_nodes')}: {slurm.min_nodes} > slurm.max_nodes {slurm.max_nodes}")
-    pbs = _section(PbsConfig, data.get("pbs", {}), "pbs", where)
-    _check_range(pbs.min_walltime, pbs.max_walltime, "pbs.min_walltime", "pbs.max_walltime", where)
-    _check_walltime(pbs.max_walltime, "pbs.max_walltime", lead, where)
-    node_types = _node_types(data.get("node_types", {}), scheduler, local, where)
-    similarity = _section(SimilarityConfig, data.get("similarity", {}), "similarity", where)
-    return Config(scheduler, local, slurm, pbs, pilots, controller, runtime, source, node_types, similarity)
+    node_types = _node_types(data.get("node_types", {}), scheduler, where)
+    adapter_class(scheduler).check_node_types(node_types, sections[scheduler], where)
+    similarity = section(SimilarityConfig, data.get("similarity", {}), "similarity", where)
+    return Config(scheduler, pilots, controller, runtime, source, node_types, similarity, sections)
 
 
 NODE_TYPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,62}")
@@ -311,7 +229,7 @@ def _selectors() -> dict[str, tuple[str, tuple[str, ...]]]:
     return {name: (adapter_class(name).title, adapter_class(name).selects) for name in SCHEDULERS}
 
 
-def _node_types(raw: Any, scheduler: str, local: LocalConfig, where) -> tuple[NodeTypeConfig, ...]:
+def _node_types(raw: Any, scheduler: str, where) -> tuple[NodeTypeConfig, ...]:
     """``[node_types.NAME]`` tables: each names how the batch system selects that kind of node."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where('node_types')}: must be tables, one per kind of node: [node_types.a100] constraint = \"a100\"")
@@ -345,10 +263,6 @@ def _node_types(raw: Any, scheduler: str, local: LocalConfig, where) -> tuple[No
         if not chosen:
             raise ConfigError(f"{where(key)}: says nothing that selects these nodes: set {' or '.join(own)}")
         out.append(NodeTypeConfig(name, **values))
-    if scheduler == "local" and out:
-        total = sum(t.nodes for t in out)
-        if total != local.nodes:
-            raise ConfigError(f"{where('node_types')}: the types' nodes add up to {total}, but [local] nodes = {local.nodes}")
     if len(out) == 1:
         raise ConfigError(f"{where('node_types')}: one node type only; name two or more, or none (every node alike)")
     return tuple(out)
@@ -375,7 +289,7 @@ def parse_duration(text: str) -> int:
     return ((days * 24 + h) * 60 + m) * 60 + sec
 
 
-def _check_range(lo: str, hi: str, lo_key: str, hi_key: str, where) -> None:
+def check_range(lo: str, hi: str, lo_key: str, hi_key: str, where) -> None:
     for key, value in ((lo_key, lo), (hi_key, hi)):
         try:
             parse_duration(value)
@@ -385,19 +299,21 @@ def _check_range(lo: str, hi: str, lo_key: str, hi_key: str, where) -> None:
         raise ConfigError(f"{where(lo_key)}: {lo} is longer than {hi_key} {hi}")
 
 
-def _check_walltime(longest: str, key: str, lead: float, where) -> None:
+def check_walltime(longest: str, key: str, lead: float, where) -> None:
     """A pilot's longest walltime must outlast the drain before its end, or no pilot would ever train."""
     if parse_duration(longest) < lead + MIN_TRAIN_S:
-        raise ConfigError(f"{where(key)}: {longest} cannot work: {_too_short(parse_duration(longest), lead)}")
+        raise ConfigError(f"{where(key)}: {longest} cannot work: {too_short(parse_duration(longest), lead)}")
 
 
-def _too_short(walltime: float, lead: float) -> str:
+def too_short(walltime: float, lead: float) -> str:
     return (f"a pilot's nodes are drained pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s before its walltime ends, which leaves "
             f"{max(0.0, walltime - lead):g} s to train: less than the {MIN_TRAIN_S:g} s a job's start and stop cost, so no job would ever "
             f"start on a pilot (make it at least {lead + MIN_TRAIN_S:g} s)")  # fmt: skip
 
 
-def _section(cls, raw: Any, name: str, where) -> Any:
+def section(cls, raw: Any, name: str, where, bounds: dict[str, tuple[float, float, str]] | None = None) -> Any:
+    """A table read into ``cls``: every key known, of its type, non-empty, finite, positive (or zero where that means
+    "none"), within its bounds (``bounds``: a plugin's own, by ``section.key``), else a :class:`ConfigError` naming it."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where(name)}: must be a table")
     allowed = {f.name: f for f in fields(cls) if f.name != "script"}
@@ -426,7 +342,7 @@ def _section(cls, raw: Any, name: str, where) -> Any:
             raise ConfigError(f"{where(f'{name}.{key}')}: must be a finite number, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and (value < 0 if key in MAY_BE_ZERO else value <= 0):
             raise ConfigError(f"{where(f'{name}.{key}')}: must be {'zero or more' if key in MAY_BE_ZERO else 'positive'}, got {value!r}")
-        bound = BOUNDS.get(f"{name}.{key}")
+        bound = (bounds or BOUNDS).get(f"{name}.{key}")
         if bound is not None and not (bound[0] <= value <= bound[1]) and not (value == 0 and key in MAY_BE_ZERO):
             raise ConfigError(f"{where(f'{name}.{key}')}: must be between {bound[0]:g} and {bound[1]:g} ({bound[2]}), got {value!r}")
         values[key] = value

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from pilotfill.config import PbsConfig, PilotConfig
-from pilotfill.schedulers.pbs import JobStatus, PbsScheduler, load_document, parse_jobs
+from pilotfill.config import PilotConfig
+from pilotfill.schedulers.pbs import JobStatus, PbsConfig, PbsScheduler, load_document, parse_jobs
 
 
 def adapter(run_dir: Path, chunk: str = "ncpus=1", place: str = "scatter", nodes: int = 3) -> PbsScheduler:

@@ -27,12 +27,13 @@ from pathlib import Path
 import pytest
 from conftest import PBS_STANDIN, PbsStandin
 
-from pilotfill.config import PbsConfig, PilotConfig, load_config
+from pilotfill.config import PilotConfig, load_config
 from pilotfill.schedulers import pbs as pbs_module
 from pilotfill.schedulers.base import NothingIdle, PilotRefused, SchedulerConfigError, agent_argv
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import (
     JobStatus,
+    PbsConfig,
     PbsScheduler,
     idle_vnodes,
     is_policy_refusal,

@@ -7,18 +7,15 @@ type that suits them. Custom resources were not recorded: the stand-in matches t
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-from waiting import wait_for
 
-from pilotfill.config import NodeTypeConfig, PbsConfig, PilotConfig
+from pilotfill.config import NodeTypeConfig, PilotConfig
 from pilotfill.schedulers.commands import SchedulerCommandError
-from pilotfill.schedulers.pbs import PbsScheduler
+from pilotfill.schedulers.pbs import PbsConfig, PbsScheduler
 from pilotfill.state import State
 
 pytestmark = pytest.mark.local

@@ -17,10 +17,10 @@ from localrun import committed_step, digits_job
 from waiting import wait_for
 
 from pilotfill.client import ControllerClient
-from pilotfill.config import PilotConfig, SlurmConfig
+from pilotfill.config import PilotConfig
 from pilotfill.schedulers.base import NothingIdle, PilotRefused
 from pilotfill.schedulers.commands import SchedulerCommandError
-from pilotfill.schedulers.slurm import SlurmScheduler, hostnames, is_policy_refusal
+from pilotfill.schedulers.slurm import SlurmConfig, SlurmScheduler, hostnames, is_policy_refusal
 from pilotfill.state import State
 
 pytestmark = pytest.mark.site

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from pilotfill.config import NodeTypeConfig, PilotConfig, SlurmConfig
-from pilotfill.schedulers.slurm import SlurmScheduler
+from pilotfill.config import NodeTypeConfig, PilotConfig
+from pilotfill.schedulers.slurm import SlurmConfig, SlurmScheduler
 from pilotfill.state import State
 
 pytestmark = pytest.mark.site

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..config import PilotConfig
 
@@ -121,6 +121,22 @@ class BatchScheduler(ABC):
     title: ClassVar[str] = "a batch system"
     selects: ClassVar[tuple[str, ...]] = ()
     node_access: ClassVar[type[NodeAccess]] = NodeAccess
+    config_class: ClassVar[type] = object
+    """Its section of a site config (``[pbs]``: the registry's name), a frozen dataclass of defaults."""
+    bounds: ClassVar[dict[str, tuple[float, float, str]]] = {}
+    """``section.key`` -> (lowest, highest, what goes wrong outside): values that validate as numbers and cannot work."""
+
+    @classmethod
+    def parse_section(cls, raw: Any, name: str, where: Callable[[str], str], lead_s: float) -> Any:
+        """Its section of a site config, checked (a :class:`~pilotfill.config.ConfigError` naming the key); ``lead_s``:
+        how long before a pilot's walltime ends its nodes are drained (a walltime must outlast it)."""
+        from ..config import section
+
+        return section(cls.config_class, raw, name, where, cls.bounds)
+
+    @classmethod
+    def check_node_types(cls, node_types: tuple, config: Any, where: Callable[[str], str]) -> None:
+        """What a ``[node_types]`` table must agree on with this batch system's own section (nothing, by default)."""
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> BatchScheduler:

@@ -48,15 +48,37 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from .. import procs
-from ..config import Config, LocalConfig, PilotConfig, ScriptedChange
+from ..config import MIN_TRAIN_S, NODE_NAME, Config, ConfigError, PilotConfig, section, too_short
 from ..lease import holder, restarted_if_it_dies
 from ..traces import read_trace
 from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent
+
+
+@dataclass(frozen=True)
+class ScriptedChange:
+    """The main workload takes (``busy``) or returns (``idle``) a node ``at`` seconds after start."""
+
+    at: float
+    node: str
+    state: str
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """The embedded local virtual cluster: its ``[local]`` section."""
+
+    nodes: int = 4
+    node_prefix: str = "pf-node-"
+    workload: str = "trace"  # "trace": compressed Summit excerpt; "script": exactly `script`; "none"
+    trace_seconds_per_second: float = 120.0
+    pilot_walltime_s: float = 0.0  # a pilot's walltime, as a batch system would impose it (0: none); its pilot is ended then
+    script: tuple[ScriptedChange, ...] = ()
+
 
 EXCERPT = Path(__file__).resolve().parent.parent / "data" / "summit-2021-02-10-week-64nodes.csv.gz"
 WINDOW_HOURS = 6.0
@@ -155,6 +177,11 @@ class LocalScheduler(BatchScheduler):
     title: ClassVar[str] = "the local cluster"
     selects: ClassVar[tuple[str, ...]] = ("nodes",)
     node_access: ClassVar[type[NodeAccess]] = NodeAccess  # every virtual node is this machine; the agent is told its nodes
+    config_class: ClassVar[type] = LocalConfig
+    bounds: ClassVar[dict[str, tuple[float, float, str]]] = {
+        "local.trace_seconds_per_second": (1e-3, 1e6, "trace seconds per real second"),
+        "local.pilot_walltime_s": (0.0, 31_536_000.0, "a pilot's walltime"),
+    }
 
     config: LocalConfig
     pilots: PilotConfig
@@ -168,6 +195,50 @@ class LocalScheduler(BatchScheduler):
     _events: list[PilotEvent] = field(default_factory=list)
     _next_id: int = 0
     _saved: str = ""  # what local_cluster.json holds now
+
+    @classmethod
+    def parse_section(cls, raw: Any, name: str, where: Callable[[str], str], lead_s: float) -> LocalConfig:
+        """``[local]``: the cluster's size and names, its main workload (a scripted one's changes name its nodes), and a
+        pilot walltime that leaves time to train."""
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where(name)}: must be a table")
+        raw = dict(raw)
+        script_raw = raw.pop("script", [])
+        local = section(LocalConfig, raw, name, where, cls.bounds)
+        if not isinstance(script_raw, list):
+            raise ConfigError(f"{where('local.script')}: must be a list of {{at, node, state}} tables")
+        script = []
+        for i, item in enumerate(script_raw):
+            key = f"local.script[{i}]"
+            if not isinstance(item, dict) or set(item) != {"at", "node", "state"}:
+                raise ConfigError(f"{where(key)}: must have exactly at, node and state")
+            if item["state"] not in ("busy", "idle") or not isinstance(item["at"], (int, float)) or item["at"] < 0:
+                raise ConfigError(f"{where(key)}: state must be busy or idle and at a time >= 0")
+            script.append(ScriptedChange(float(item["at"]), str(item["node"]), item["state"]))
+        local = LocalConfig(**{**local.__dict__, "script": tuple(sorted(script, key=lambda c: c.at))})
+        if local.nodes < 1:
+            raise ConfigError(f"{where('local.nodes')}: must be at least 1")
+        if local.nodes > 4096:
+            raise ConfigError(f"{where('local.nodes')}: at most 4096 virtual nodes on one machine, got {local.nodes}")
+        if not NODE_NAME.fullmatch(local.node_prefix):
+            raise ConfigError(f"{where('local.node_prefix')}: {local.node_prefix!r} must be letters, digits, '.', '_' or '-' (it names hosts and files)")
+        if local.workload not in ("trace", "script", "none"):
+            raise ConfigError(f"{where('local.workload')}: must be trace, script or none")
+        names = {f"{local.node_prefix}{i}" for i in range(local.nodes)}
+        for i, change in enumerate(local.script):
+            if change.node not in names:
+                raise ConfigError(f"{where(f'local.script[{i}].node')}: {change.node!r} is not a node of this cluster")
+        if 0 < local.pilot_walltime_s < lead_s + MIN_TRAIN_S:
+            raise ConfigError(f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: {too_short(local.pilot_walltime_s, lead_s)} "
+                              f"(0: no walltime)")  # fmt: skip
+        return local
+
+    @classmethod
+    def check_node_types(cls, node_types: tuple, config: Any, where: Callable[[str], str]) -> None:
+        """The types' virtual nodes are the cluster's: they add up to ``[local] nodes``."""
+        total = sum(t.nodes for t in node_types)
+        if node_types and total != config.nodes:
+            raise ConfigError(f"{where('node_types')}: the types' nodes add up to {total}, but [local] nodes = {config.nodes}")
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> LocalScheduler:

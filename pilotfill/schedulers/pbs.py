@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..config import Config, NodeTypeConfig, PbsConfig, PilotConfig
+from ..config import Config, NodeTypeConfig, PilotConfig, check_range, check_walltime, section
 from .base import (
     BatchScheduler,
     EndReason,
@@ -425,6 +425,23 @@ class _Answer:
     finished: set[str]
 
 
+@dataclass(frozen=True)
+class PbsConfig:
+    """Pilots as OpenPBS / PBS Pro jobs with shrink-to-fit walltime: the ``[pbs]`` section."""
+
+    queue: str = "scavenger"
+    account: str = ""
+    min_walltime: str = "00:10:00"
+    max_walltime: str = "02:00:00"
+    nodes_per_pilot: int = 1  # select=N; only sister hosts can be released, so small pilots shed nodes best
+    chunk: str = "ncpus=1"  # resources of one select chunk (one node), e.g. "ncpus=64:ngpus=4"
+    place: str = "vscatter"
+    poll_s: float = 5.0
+    command_timeout_s: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    python: str = ""
+
+
 class PbsScheduler(BatchScheduler):
     """Pilots on OpenPBS / PBS Pro; see the module docstring for what PBS does."""
 
@@ -432,6 +449,19 @@ class PbsScheduler(BatchScheduler):
     title: ClassVar[str] = "PBS"
     selects: ClassVar[tuple[str, ...]] = ("select", "queue")
     node_access: ClassVar[type[NodeAccess]] = PbsNodes
+    config_class: ClassVar[type] = PbsConfig
+    bounds: ClassVar[dict[str, tuple[float, float, str]]] = {
+        "pbs.poll_s": (0.05, 600.0, "qstat is asked this often"),
+        "pbs.command_timeout_s": (1.0, 3600.0, "a PBS command taking longer is an error"),
+    }
+
+    @classmethod
+    def parse_section(cls, raw: Any, name: str, where: Callable[[str], str], lead_s: float) -> PbsConfig:
+        """``[pbs]``: a walltime range whose longest outlasts a pilot's drain."""
+        pbs = section(PbsConfig, raw, name, where, cls.bounds)
+        check_range(pbs.min_walltime, pbs.max_walltime, "pbs.min_walltime", "pbs.max_walltime", where)
+        check_walltime(pbs.max_walltime, "pbs.max_walltime", lead_s, where)
+        return pbs
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> PbsScheduler:

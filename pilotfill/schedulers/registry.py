@@ -10,8 +10,10 @@ itself (:class:`~pilotfill.schedulers.base.BatchScheduler`): its ``title``, the
 (``node_access``: this job's nodes and id, running a process on another node,
 ending it there).
 
-Adding a batch system: one module here with its adapter and node access, its
-section in :mod:`pilotfill.config`, one line below, docs/sites.md and its tests.
+Adding a batch system: one module here with its adapter, its node access and its
+config section (the adapter's ``config_class``, ``bounds`` and ``parse_section``:
+:mod:`pilotfill.config` parses whatever this table names), one line below,
+docs/sites.md and its tests.
 """
 
 from __future__ import annotations

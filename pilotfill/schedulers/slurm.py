@@ -40,12 +40,12 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from ..config import Config, NodeTypeConfig, PilotConfig, SlurmConfig
+from ..config import Config, ConfigError, NodeTypeConfig, PilotConfig, check_range, check_walltime, section
 from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, agent_command
 from .commands import Result, SchedulerCommandError, run
 
@@ -183,6 +183,23 @@ class _Pilot:
 
 
 @dataclass
+@dataclass(frozen=True)
+class SlurmConfig:
+    """Pilots as Slurm jobs in a low-priority, preemptible partition: the ``[slurm]`` section."""
+
+    partition: str = "scavenger"
+    account: str = ""
+    qos: str = ""
+    time_min: str = "00:10:00"  # --time-min: Slurm may shorten the pilot down to this to fit it in
+    time_max: str = "02:00:00"  # --time
+    min_nodes: int = 1  # -N min-max: a pilot takes whatever is idle in this range
+    max_nodes: int = 16
+    poll_s: float = 5.0
+    command_timeout_s: float = 10.0
+    extra_args: tuple[str, ...] = ()
+    python: str = ""  # interpreter on the compute nodes (default: the controller's)
+
+
 class SlurmScheduler(BatchScheduler):
     config: SlurmConfig
     pilots: PilotConfig
@@ -191,6 +208,11 @@ class SlurmScheduler(BatchScheduler):
     title: ClassVar[str] = "Slurm"
     selects: ClassVar[tuple[str, ...]] = ("partition", "constraint", "gres")
     node_access: ClassVar[type[NodeAccess]] = SlurmNodes
+    config_class: ClassVar[type] = SlurmConfig
+    bounds: ClassVar[dict[str, tuple[float, float, str]]] = {
+        "slurm.poll_s": (0.05, 600.0, "squeue is asked this often"),
+        "slurm.command_timeout_s": (1.0, 3600.0, "a Slurm command taking longer is an error"),
+    }
     node_types: tuple[NodeTypeConfig, ...] = ()  # several kinds of node: how each is selected
     _pilots: dict[str, _Pilot] = field(default_factory=dict)
     _jobs: dict[str, str] = field(default_factory=dict)  # every job id submitted or adopted -> pilot: close() cancels them all
@@ -199,6 +221,16 @@ class SlurmScheduler(BatchScheduler):
     _last_poll: float = 0.0
     _idle_cache: tuple[float, int] | None = None
     _types_cache: tuple[float, dict[str, int]] | None = None
+
+    @classmethod
+    def parse_section(cls, raw: Any, name: str, where: Callable[[str], str], lead_s: float) -> SlurmConfig:
+        """``[slurm]``: a time range whose longest outlasts a pilot's drain, a node range that is one."""
+        slurm = section(SlurmConfig, raw, name, where, cls.bounds)
+        check_range(slurm.time_min, slurm.time_max, "slurm.time_min", "slurm.time_max", where)
+        check_walltime(slurm.time_max, "slurm.time_max", lead_s, where)
+        if slurm.min_nodes > slurm.max_nodes:
+            raise ConfigError(f"{where('slurm.min_nodes')}: {slurm.min_nodes} > slurm.max_nodes {slurm.max_nodes}")
+        return slurm
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> SlurmScheduler:
