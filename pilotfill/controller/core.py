@@ -489,7 +489,7 @@ class Controller:
             crashes = job.crashes + 1
             self.world.log("job.crashed", now, job=job.id, returncode=exit_.returncode, crashes=crashes)
             if crashes >= JOB_RETRIES:
-                error = f"the job's launcher {exit_words(exit_.returncode)}, {crashes} times in a row; last output:\n{self._log_tail(job.id)}"
+                error = f"the job's launcher {exit_words(exit_.returncode)}, {crashes} times in a row; last output:\n{exit_.output}"
                 self.world.update_job(job, crashes=crashes)
                 self.end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
             else:
@@ -634,13 +634,6 @@ class Controller:
         self.views.forget(job.id)
         job.lost = set()
         self.schedule.changed()
-
-    def _log_tail(self, job_id: str, chars: int = 3000) -> str:
-        path = self.run_dir / "logs" / f"{job_id}.horovodrun.log"
-        try:
-            return path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
 
     def _forget_dead_processes(self) -> None:
         for p in self.journal.processes():

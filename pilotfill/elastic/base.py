@@ -35,6 +35,7 @@ class RankExit:
     host: str
     returncode: int
     requested: bool
+    output: str = ""  # the last of what it printed, where its runtime keeps it (a job's launcher: its log's tail)
 
     @property
     def crashed(self) -> bool:

@@ -177,7 +177,7 @@ class HorovodRuntime(Runtime):
             out += self._new_exits(job_id)
             if proc.poll() is not None:
                 del self._drivers[job_id]
-                out.append(RankExit(job_id, "", proc.returncode, requested=False))
+                out.append(RankExit(job_id, "", proc.returncode, requested=False, output=self._tail(job_id)))
         for job_id, proc in list(self._stopping.items()):
             if proc.poll() is not None:
                 del self._stopping[job_id]
@@ -209,6 +209,13 @@ class HorovodRuntime(Runtime):
         slots = self._slots.get(job_id, self.ranks_per_node)
         tmp.write_text("".join(f"{h}:{slots}\n" for h in hosts))
         os.replace(tmp, path)
+
+    def _tail(self, job_id: str, chars: int = 3000) -> str:
+        """The last of what the job's ``horovodrun`` printed (its ranks' output and its own)."""
+        try:
+            return (self.run_dir / "logs" / f"{job_id}.horovodrun.log").read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
 
     def _new_exits(self, job_id: str) -> list[RankExit]:
         path = self.discovery / f"{job_id}.exits"
