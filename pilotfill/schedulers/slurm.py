@@ -182,7 +182,6 @@ class _Pilot:
     node_type: str | None = None
 
 
-@dataclass
 @dataclass(frozen=True)
 class SlurmConfig:
     """Pilots as Slurm jobs in a low-priority, preemptible partition: the ``[slurm]`` section."""
@@ -200,6 +199,7 @@ class SlurmConfig:
     python: str = ""  # interpreter on the compute nodes (default: the controller's)
 
 
+@dataclass
 class SlurmScheduler(BatchScheduler):
     config: SlurmConfig
     pilots: PilotConfig
