@@ -192,7 +192,7 @@ class Job:
     confidence bound): the job may grow along it, but only onto nodes that no
     job values by the confirmed curves — exploring never evicts anyone.
     ``group`` is what the share objective shares the machine among (:mod:`.shares`). A ``due`` job has waited past
-    the bound admission by worth gives: it gets its minimum first, where it fits (:mod:`.due`).
+    the bound admission by worth gives: it runs first, where it fits (:mod:`.due`).
     """
 
     id: str
@@ -207,7 +207,7 @@ class Job:
     explore: Mapping[str, ScalingCurve] | None = None
     restart_cost_s: float = 0.0
     group: str = ""  # who it shares the machine as (a campaign, a user, a model family): the share objective's unit
-    due: bool = False  # waited past the bound: started first, at its minimum, where it fits (the controller says which)
+    due: bool = False  # waited past the bound: run first, where it fits (the controller says which, the oldest first)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "throughput", _per_type(self.throughput))

@@ -20,12 +20,18 @@ import numpy as np
 from . import dp, due, greedy, milp, nodelevel, shares, typed
 from .moves import Assignment
 from .problem import DEFAULT_TYPE, Allocation, Job, Problem
-from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
+from .profiler import EXPLORE_RATE
+from .values import ValueTable, current_rate, exploration_tables, hop_table, value_matrices, value_tables
 
 
 EXPLORE_TIME_S = 0.03
 """What the typed explore stage may spend (:func:`.typed.solve`'s limit, its search alone: HiGHS overran a limit this
 short by a third): exploring is a bonus, and a decision has some 100 ms in all; past it, the best exploration found."""
+
+
+MEASURING_RATE = EXPLORE_RATE / 1000
+"""A job running at this metric rate or more is being measured (JPA's exploring rate, 10¹² samples/s; the fastest
+measured jobs here, 10⁵): a due job does not displace it (:mod:`.due`)."""
 
 
 class Formulation(str, Enum):
@@ -48,7 +54,7 @@ def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGR
     then, on the nodes that answer leaves free, growth along the optimistic
     curves of jobs that have one (the profiler exploring). The second stage
     never takes a node from the first, so exploring never evicts or shrinks a
-    measured job. Jobs that are ``due`` get their minimum before the first stage (:mod:`.due`).
+    measured job. Jobs that are ``due`` run first in the first stage (:mod:`.due`), and keep that through the second.
     """
     answer = None
     if Formulation(formulation) is Formulation.AGGREGATED and any(j.due for j in problem.jobs):
@@ -183,17 +189,17 @@ def _shares(problem: Problem, time_limit_s: float) -> Allocation | None:
 
 
 def _due(problem: Problem, objective: Objective, time_limit_s: float) -> Allocation | None:
-    """The due jobs at their minimum first, then the objective on top (:mod:`.due`); None where a knapsack inside it is
-    too large or the solver fails (the objective alone answers then: a decision is never lost to the rule)."""
+    """The objective's optimum among the answers that run the due jobs first (:mod:`.due`); None where a knapsack inside
+    it is too large or the solver fails (the objective alone answers then: a decision is never lost to the rule)."""
     all_tables = value_tables(problem)
     capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()} or {DEFAULT_TYPE: 0}
     tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
               for job_tables in all_tables]  # fmt: skip
     jobs = problem.jobs
-    running = [next(iter(held)) if len(held) == 1 else None for held in problem.held_counts]
     groups = [j.group for j in jobs] if objective is Objective.SHARE else None
+    measuring = [current_rate(job, held) >= MEASURING_RATE for job, held in zip(jobs, problem.held_counts)]  # keeps its nodes until it reports
     try:
-        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], running, capacities, time_limit_s, groups)
+        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring)
     except Exception:  # dp.TooLarge, or a solver bug
         return None
     counts = {job.id: c.count for job, c in zip(jobs, choices)}

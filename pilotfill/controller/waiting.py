@@ -36,8 +36,8 @@ HOLDS_NODES = -2
 _UNMADE = object()
 """A job's traits not asked for yet (None is an answer: the allocator cannot use the job)."""
 OVERDUE_S = 24 * 3600.0
-"""Under admission by worth, a job that has waited this long is *due*: it is started first, at its minimum, in
-submission order among the due, and keeps that until it ends (:mod:`..allocator.due`); docs/sites.md says why this long."""
+"""Under admission by worth, a job that has waited this long is *due*: it runs first (the oldest due job before all
+others), and keeps that until it ends (:mod:`..allocator.due`); docs/sites.md says why this long."""
 DUE_SHARE = 1 / 16
 """The most of the nodes that could be had that due jobs' minimums take at once (the first due job always): what the
 rule may cost the samples objective."""
