@@ -34,11 +34,18 @@ delay — where the question is how much of the idle time becomes training.
 Apart (``--only twice``, not in the default matrix): the next machines, twice Summit — the week beside itself
 (9,468 nodes, its events twice as large at the same instants) under the job file sixteen times over (16,016 jobs).
 
+The ordering (``--only order``): on the realistic cells of 64 nodes and of the whole machine, the samples objective
+with admission by worth (the default), the samples objective with first-come-first-served admission (BFTrainer's),
+and the share objective (groups: the models), each with its samples, the longest wait of any job (for a first
+start; a job never started waits until the end) and the controller's CPU per pass; the guard: samples >= every other
+figure in every cell, and share at most 3 % below samples. Known curves (``--order-profiles known,learned`` adds
+one noise seed of learned curves). BFTrainer's setup is replayed with arrival admission, as its comparison is.
+
 Controller time is per pass of the controller's loop (at most 256 messages, then a step: what a reply or a decision
 waits for), and, apart, for the busiest instant of the trace in all its passes (a preemption of thousands of nodes).
 
-    python benchmarks/bench_replay.py [--data ../shared/data] [--only 64|whole|bftrainer|horizon|saturating|twice] [--accounting bftrainer|realistic]
-        [--queue-delay 0|30] [--seeds 3] [--saturating-seeds 1] [--jobs N] [--out results.jsonl]
+    python benchmarks/bench_replay.py [--data ../shared/data] [--only 64|whole|bftrainer|horizon|saturating|twice|order] [--accounting bftrainer|realistic]
+        [--queue-delay 0|30] [--seeds 3] [--saturating-seeds 1] [--order-machine 64|whole] [--order-profiles known,learned] [--jobs N] [--out results.jsonl]
 
 ``--jobs N`` runs N replays at once in separate processes (each replay's CPU time is its own process's; on a machine
 with fewer free cores than N, wall times are upper bounds).
@@ -64,6 +71,14 @@ HERE = Path(__file__).resolve().parent
 WINDOW = dict(start=parse_time("2021-02-10T20:21:15Z"), end=parse_time("2021-02-17T00:00:00Z"))
 TARGETS = ("targets: learned/known >= 0.97 (realistic, 30 s); re-requested 0; pilots <= idle transitions + pilots that reached their walltime "
            "(a node idle past a pilot's walltime needs another); controller ms max <= 100; saturating used/idle >= 0.90")
+
+
+ORDER = (("samples, admission by worth", {}), ("samples, arrival admission", {"admission": "arrival"}),
+         ("share (groups: models)", {"objective": "share", "share_by": "model"}))
+"""What the ordering part compares on each cell: the samples objective as it is, the same with BFTrainer's admission,
+and the share objective."""
+SHARE_COST = 0.03
+"""The most the share objective may cost of the samples objective's samples."""
 
 
 WORST_OF_SEEDS = ("controller_ms_max", "controller_cpu_ms_max", "controller_cpu_ms_max_few_messages", "controller_messages_max", "controller_ms_p99",
@@ -142,7 +157,7 @@ def row(name: str, r: dict) -> str:
     idle = max(r["idle_node_hours"], 1e-9)
     return (f"  {name:<8} samples {r['samples']:>10.4g}  jobs {r['jobs_completed']:>5}  held/idle {r['held_node_hours'] / idle:6.3f}  used/idle {r['used_node_hours'] / idle:6.3f}"
             f"  pilots/(idle transitions + walltime ends) {r['pilots_submitted'] / max(1, r['idle_transitions'] + r.get('pilots_walltime_ended', 0)):5.3f}  released {r['nodes_released']:>6,}  re-requested {r['nodes_rerequested_within_60s']:>3}"
-            f"  job stops {r['job_stops']:>6,}  controller ms per pass, wall p50 {r['controller_ms_p50']:5.1f} p99 {r['controller_ms_p99']:6.1f} max {r['controller_ms_max']:6.1f}"
+            f"  job stops {r['job_stops']:>6,}  longest wait {r['longest_wait_s'] / 3600:5.1f} h  controller ms per pass, wall p50 {r['controller_ms_p50']:5.1f} p99 {r['controller_ms_p99']:6.1f} max {r['controller_ms_max']:6.1f}"
             f" / CPU p50 {r['controller_cpu_ms_p50']:5.1f} p99 {r['controller_cpu_ms_p99']:6.1f} max {r['controller_cpu_ms_max']:6.1f}"
             f" (passes of <= 100 messages: {r['controller_cpu_ms_max_few_messages']:6.1f}; busiest instant {r['controller_messages_max']:,} messages, "
             f"{r['instant_cpu_ms_max']:6.1f} CPU in all its passes)  ({r['wall_s']:.0f} s)")  # fmt: skip
@@ -158,6 +173,42 @@ def show(result: dict) -> None:
     sys.stdout.flush()
 
 
+def waits(r: dict) -> str:
+    """The longest waits of one replay, in hours."""
+    return (f"longest wait {r['longest_wait_s'] / 3600:6.1f} h (of those started {r['longest_wait_started_s'] / 3600:5.1f} h; to run again "
+            f"{r['longest_rewait_s'] / 3600:5.1f} h; never started {r['jobs_never_started']:>4})")  # fmt: skip
+
+
+def order_cells(runner: Runner, machines: list[str], delays: list[float], profiles: list[str]) -> list[tuple[str, list[tuple[str, Future | dict]]]]:
+    """The ordering part's replays, started now: per cell, the samples objective with either admission, and share."""
+    out = []
+    for machine in machines:
+        for delay in delays:
+            for profile in profiles:
+                learned = {"profiles": "learned", "noise": 0.03, "seed": 0} if profile == "learned" else {"profiles": "known"}
+                label = (f"ordering: {'64 nodes' if machine == '64' else 'whole machine'}, realistic accounting, queue delay {delay:g} s, "
+                         f"{profile} curves{' (seed 0)' if profile == 'learned' else ''}")  # fmt: skip
+                base = dict(accounting="realistic", queue_delay_s=delay, **learned)
+                out.append((label, [(name, runner.submit(machine, "shared", {**base, **extra})) for name, extra in ORDER]))
+    return out
+
+
+def show_order(label: str, runs: list[tuple[str, dict]]) -> tuple[float, float]:
+    """One cell of the ordering: each run's samples, waits and CPU per pass, and the guard's two ratios (samples over
+    the best other figure, share over samples)."""
+    print(label)
+    for name, r in runs:
+        print(f"  {name:<30} samples {r['samples']:>10.4g}  jobs {r['jobs_completed']:>5}  {waits(r)}  controller CPU per pass p99 "
+              f"{r['controller_cpu_ms_p99']:5.1f} max {r['controller_cpu_ms_max']:6.1f} ms  ({r['wall_s']:.0f} s)")  # fmt: skip
+    samples = runs[0][1]["samples"]
+    others = max(r["samples"] for _, r in runs[1:])
+    share = runs[-1][1]["samples"] / samples if samples > 0 else 1.0
+    over = samples / others if others > 0 else float("inf")
+    print(f"  samples objective / the best other {over:.4f} (target >= 1); share / samples objective {share:.4f} (target >= {1 - SHARE_COST:.2f})")
+    sys.stdout.flush()
+    return over, share
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
@@ -167,10 +218,12 @@ def main() -> None:
     ap.add_argument("--horizon-machine", choices=["64", "whole"], action="append", help="horizon part: only this machine (repeatable)")
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds for learned curves (the median is shown)")
     ap.add_argument("--saturating-seeds", type=int, default=1, help="noise seeds for learned curves under saturating demand (each run is long)")
+    ap.add_argument("--order-machine", choices=["64", "whole"], action="append", help="ordering part: only this machine (repeatable)")
+    ap.add_argument("--order-profiles", default="known", help="ordering part: known, learned (one noise seed), or both, comma-separated")
     ap.add_argument("--jobs", type=int, default=1, help="replays run at once, each in its own process")
     ap.add_argument("--out", type=Path, default=None, help="also write every cell's full figures as JSON lines")
     args = ap.parse_args()
-    parts = args.only or ["bftrainer", "64", "whole", "horizon", "saturating"]
+    parts = args.only or ["bftrainer", "64", "whole", "horizon", "saturating", "order"]
     print(TARGETS)
     results = []
     began = time.perf_counter()
@@ -178,7 +231,7 @@ def main() -> None:
     specs: list[tuple] = []  # (label, machine, demand, seeds, options), in the order they are printed
     if "bftrainer" in parts:
         specs.append(("64 nodes, BFTrainer's setup (at most 10 jobs, T_fwd 10 s, bftrainer accounting)", "64", "shared", args.seeds,
-                      dict(max_jobs=10, t_fwd=10.0)))  # fmt: skip
+                      dict(max_jobs=10, t_fwd=10.0, admission="arrival")))  # fmt: skip
     for part in ("64", "whole"):
         if part not in parts:
             continue
@@ -204,6 +257,9 @@ def main() -> None:
         label, machine, demand, seeds, options = specs[i]
         started[i] = runner.cell(label, machine, demand, seeds, **options)
     cells = [started[i] for i in range(len(specs))]
+    ordering = []
+    if "order" in parts:
+        ordering = order_cells(runner, args.order_machine or ["64", "whole"], args.queue_delay or [0.0, 30.0], args.order_profiles.split(","))
     for pending in cells:
         r = pending.result()
         show(r)
@@ -222,7 +278,20 @@ def main() -> None:
                     print(f"  {name}: used {x['used_node_hours']:,.0f} of {x['idle_node_hours']:,.0f} idle node-hours = {x['used_node_hours'] / x['idle_node_hours']:.3f} "
                           f"(held {x['held_node_hours'] / x['idle_node_hours']:.3f}); target >= 0.90")
         sys.stdout.flush()
-    runs = [r[k] for r in results for k in ("known", "learned") if r[k] is not None]
+    guard = []
+    for label, pending in ordering:
+        runs_here = [(name, r.result() if isinstance(r, Future) else r) for name, r in pending]
+        guard.append(show_order(label, runs_here))
+        results.append({"cell": label, "runs": dict(runs_here)})
+        if args.out is not None:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(results[-1]) + "\n")
+    if guard:
+        worst_over, worst_share = min(g[0] for g in guard), min(g[1] for g in guard)
+        print(f"\nordering, every cell: samples objective / the best other at least {worst_over:.4f} ({'met' if worst_over >= 1 else 'MISSED'}: >= 1); "
+              f"share / samples at least {worst_share:.4f} ({'met' if worst_share >= 1 - SHARE_COST else 'MISSED'}: >= {1 - SHARE_COST:.2f})")  # fmt: skip
+    runs = [r[k] for r in results if "runs" not in r for k in ("known", "learned") if r[k] is not None]
+    runs += [r for cell in results if "runs" in cell for r in cell["runs"].values()]
     worst = max((x["controller_ms_max"] for x in runs), default=0.0)
     worst_cpu = max((x["controller_cpu_ms_max"] for x in runs), default=0.0)
     worst_few = max((x["controller_cpu_ms_max_few_messages"] for x in runs), default=0.0)

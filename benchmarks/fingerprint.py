@@ -9,7 +9,9 @@ check after::
     PYTHONPATH=. .venv/bin/python benchmarks/fingerprint.py --cells quick --check /tmp/fp-before.json
 
 ``quick`` is the 64-node week in both accountings, known and learned curves, queue delays 0 and 30 s, and the typed
-machine (aware and blind, known and learned); ``all`` adds the whole machine (slow: tens of minutes).
+machine (aware and blind, known and learned); ``all`` adds the whole machine (slow: tens of minutes). ``--admission
+arrival`` replays every cell with first-come-first-served admission (the default before admission by worth: those
+fingerprints are the ones recorded before it); BFTrainer's setup is always replayed with it, as its comparison is.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def cells(which: str) -> list[tuple[str, str, dict]]:
                 out.append((f"{machine}/{accounting}/q{delay:g}/learned", machine,
                             dict(accounting=accounting, queue_delay_s=delay, profiles="learned", noise=0.03, seed=0)))  # fmt: skip
         out.append((f"{machine}/realistic/q30/known/tfwd10", machine, dict(accounting="realistic", queue_delay_s=30.0, profiles="known", t_fwd=10.0)))
-    out.append(("64/bftrainer-setup", "64", dict(max_jobs=10, t_fwd=10.0)))
+    out.append(("64/bftrainer-setup", "64", dict(max_jobs=10, t_fwd=10.0, admission="arrival")))
     for types in ("aware", "blind"):
         for profiles in ("known", "learned"):
             out.append((f"typed16/{types}/{profiles}", "typed", dict(accounting="realistic", queue_delay_s=30.0, node_types=types, profiles=profiles)))
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--check", type=Path, help="compare with a recorded file; exit 1 on any difference")
+    ap.add_argument("--admission", choices=("worth", "arrival"), help="replay every cell with this admission (default: the controller's)")
     args = ap.parse_args(argv)
     loaded: dict = {}
     got: dict[str, dict] = {}
@@ -83,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             loaded[machine] = inputs(machine, args.data)
         trace, jobs = loaded[machine]
         t0 = time.perf_counter()
+        if args.admission:
+            options = {**options, "admission": args.admission}
         got[label] = fingerprint(replay(trace, jobs, keep_timeline=False, **options))
         print(f"{label:<34} {got[label]['digest'][:16]}  samples {float(got[label]['samples']):.6g}  ({time.perf_counter() - t0:.0f} s)", flush=True)
     if args.out:

@@ -55,6 +55,11 @@ class Accounting(str, Enum):
     realistic = "realistic"
 
 
+class Admission(str, Enum):
+    worth = "worth"
+    arrival = "arrival"
+
+
 def _time_option(value: Optional[str], name: str) -> Optional[float]:
     if value is None:
         return None
@@ -199,13 +204,14 @@ def replay(
     objective: Annotated[Objective, typer.Option(help="samples: the most samples in all; share: each group (--share-by) its share of the machine first, then the most samples.")] = Objective.SAMPLES,
     share_by: Annotated[ShareBy, typer.Option(help="With --objective share, a job's group: the job file's group column, its model, or its model's family (the model less -bsN).")] = ShareBy.group,
     far: Annotated[float, typer.Option(help="With --library: a model whose nearest library model is less similar than this is measured once on every type (0: trust any neighbour).", min=0.0, max=1.0)] = SimilarityConfig.far,
+    admission: Annotated[Admission, typer.Option(help="Which waiting jobs a decision weighs: worth: by what starting each would add (a job waiting a day goes first); arrival: first come, first served (BFTrainer's setup).")] = Admission.worth,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
     With no arguments it replays the bundled excerpt (the first 64 nodes of
     Summit, 10–17 Feb 2021) with the ImageNet jobs, every job admitted as the
     machine can start it and changes valued over the learned horizon;
-    BFTrainer's published setup is --max-jobs 10 --tfwd 10.
+    BFTrainer's published setup is --max-jobs 10 --tfwd 10 --admission arrival.
     """
     from .replay import Replay
 
@@ -232,7 +238,7 @@ def replay(
         tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
         time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
         pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
-        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value, far=far,
+        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value, far=far, admission=admission.value,
     )  # fmt: skip
 
     if tui and not as_json:
@@ -289,6 +295,7 @@ def _summary_table(s: dict, result) -> Table:
         ("jobs past their declared work / open at the end", f"{s['jobs_overran']} / {s['jobs_running_at_end']} running, {s['jobs_waiting_at_end']} waiting"),
         ("samples redone after stops", f"{s['samples_redone']:.4g}"),
         ("job starts / stops / rescales", f"{s['job_starts']:,} / {s['job_stops']:,} / {s['rescales']:,}"),
+        ("longest wait: to a first start (never started: to the end) / of those started / to run again", f"{s['longest_wait_s'] / 3600:.1f} h / {s['longest_wait_started_s'] / 3600:.1f} h / {s['longest_rewait_s'] / 3600:.1f} h  ({s['jobs_never_started']:,} never started)"),
         ("pilots submitted / cancelled", f"{s['pilots_submitted']:,} / {s['pilots_cancelled']:,}  (the trace made a node idle {s['idle_transitions']:,} times)"),
         ("nodes released / re-requested within 60 s", f"{s['nodes_released']:,} / {s['nodes_rerequested_within_60s']:,}"),
         ("node-hours held by pilots", f"{s['held_node_hours']:,.1f}"),

@@ -52,6 +52,7 @@ class ControllerConfig:
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
     objective: str = "samples"  # the most samples in all (BFTrainer's); "share": each job group (spec "group") its share of the machine first (allocator/shares.py)
+    admission: str = "worth"  # which waiting jobs a decision weighs: by what starting each would add ("worth"; a job waiting a day goes first), or "arrival" (first come, first served: BFTrainer's)
     max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
 
 
@@ -150,6 +151,7 @@ MIN_TRAIN_S = 15.0
 scale-up and scale-down costs), and no job is started on a node that ends sooner — pilots would come and go, unused."""
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 OBJECTIVES = ("samples", "share")
+ADMISSIONS = ("worth", "arrival")  # controller/waiting.py
 FORMULATIONS = ("aggregated", "milp", "greedy")  # BFTrainer's node-level model is a baseline, never a decision maker
 
 
@@ -212,6 +214,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(f"{where('controller.objective')}: {controller.objective!r} is not one of {', '.join(OBJECTIVES)}")
     if controller.objective == "share" and controller.formulation != "aggregated":
         raise ConfigError(f"{where('controller.objective')}: \"share\" is solved by the exact aggregated solvers; formulation {controller.formulation!r} cannot (leave it out)")
+    if controller.admission not in ADMISSIONS:
+        raise ConfigError(f"{where('controller.admission')}: {controller.admission!r} is not one of {', '.join(ADMISSIONS)}")
     runtime = section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
     if runtime.kind not in RUNTIMES:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")

@@ -17,8 +17,9 @@ handlers. Around it:
 Semantics follow BFTrainer's replayer where it has them (DESIGN, "The
 allocator"): an event is one distinct time — all its transitions, then the
 controller's decision; a job finishing between trace rows frees its nodes
-then; jobs wait in submission order for the nodes they need (``max_jobs``,
-BFTrainer's cap of 10 at once, only when asked).
+then; waiting jobs are weighed by what starting each would add, or in
+submission order with ``admission="arrival"`` (BFTrainer's; ``max_jobs``,
+its cap of 10 at once, only when asked).
 
 A typed machine (a trace with a node-type map) runs type-aware by default:
 the controller is told each kind of node (as ``[node_types]`` would), pilots
@@ -43,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from .allocator.similarity import Library
-from .config import Config, ControllerConfig, NodeTypeConfig, PilotConfig, SimilarityConfig
+from .config import ADMISSIONS, Config, ControllerConfig, NodeTypeConfig, PilotConfig, SimilarityConfig
 from .controller import Controller
 from .controller.collection import collecting_rarely
 from .controller.core import MAX_BATCH
@@ -132,6 +133,10 @@ class ReplayResult:
     accounting: str = "bftrainer"
     node_types: str = "none"  # "aware", "blind" (a typed machine) or "none" (one kind of node)
     type_node_hours: dict[str, float] = field(default_factory=dict)  # node-hours jobs used, per node type
+    longest_wait_s: float = 0.0  # the longest any submitted job waited for its first start (one never started: until the end)
+    longest_wait_started_s: float = 0.0  # the same, over the jobs that started
+    longest_rewait_s: float = 0.0  # the longest a job stopped before its end waited to run again (or until the end)
+    jobs_never_started: int = 0
 
     @property
     def efficiency(self) -> float:
@@ -192,6 +197,10 @@ class ReplayResult:
             "wall_s": self.wall_s,
             "node_types": self.node_types,
             "type_node_hours": dict(self.type_node_hours),
+            "longest_wait_s": self.longest_wait_s,
+            "longest_wait_started_s": self.longest_wait_started_s,
+            "longest_rewait_s": self.longest_rewait_s,
+            "jobs_never_started": self.jobs_never_started,
         }
 
 
@@ -235,6 +244,9 @@ class Replay:
     library: Library | None = None  # the similarity policy's measured models (learned profiles; jobs need descriptors)
     library_learns: bool = False  # jobs measured in this replay join the library (False: held-out models stay held out)
     objective: str = "samples"  # the controller's: "samples" or "share" (each group its share first)
+    admission: str = "worth"  # the controller's: waiting jobs weighed by what starting each would add, or "arrival" (BFTrainer's)
+    overdue_s: float | None = None  # admission by worth: how long a job waits before it is due (None: the controller's own)
+    due_share: float | None = None  # admission by worth: the most of the room due jobs take at once (None: the controller's own)
     share_by: str = "group"  # what a job's group is: the job file's "group" column, its "model", or the model's "family" (its name less "-bsN")
     far: float = SimilarityConfig.far  # a model less similar than this to every measured one is measured once on every type (0: never)
 
@@ -247,6 +259,8 @@ class Replay:
             raise ValueError(f"share_by must be one of {', '.join(SHARE_BY)}, got {self.share_by!r}")
         if not 0.0 <= self.far <= 1.0:
             raise ValueError(f"far must be a similarity from 0 to 1, got {self.far!r}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.node_types not in ("aware", "blind"):
             raise ValueError(f"node_types must be 'aware' or 'blind', got {self.node_types!r}")
         self.typed = bool(self.trace.types) and self.node_types == "aware"
@@ -267,7 +281,7 @@ class Replay:
         pilots = PilotConfig(heartbeat_s=span, heartbeat_deadline_s=2 * span + 1, grace_s=self.grace_s, nodes_per_pilot=self.nodes_per_pilot,
                              max_queued_pilots=self.max_queued_pilots, max_submits_per_minute=self.max_submits_per_minute)  # fmt: skip
         controller = ControllerConfig(tick_s=1.0, t_fwd=self.t_fwd, max_jobs=self.max_jobs, solver_time_limit_s=self.time_limit_s, formulation=self.formulation,
-                                      objective=self.objective)  # fmt: skip
+                                      objective=self.objective, admission=self.admission)  # fmt: skip
         if not self.typed:
             return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
         types = tuple(NodeTypeConfig(t) for t in sorted(self.trace.type_counts()))
@@ -288,6 +302,10 @@ class Replay:
             self.controller = Controller(run_dir, self.config(), scheduler=self.scheduler, runtime=self.runtime, clock=lambda: self.now)
             if not self.library_learns:
                 self.controller.types.freeze()
+            if self.overdue_s is not None:  # measuring the rule's other settings (docs/sites.md)
+                self.controller.weighing.overdue_s = self.overdue_s
+            if self.due_share is not None:
+                self.controller.weighing.due_share = self.due_share
             try:
                 with collecting_rarely():  # as in a controller's process
                     self._loop(on_event)
@@ -458,11 +476,35 @@ class Replay:
             res.job_stops += job.stops
             res.rescales += job.rescales
             res.jobs.append(JobOutcome(job.spec.name, job.spec.model, job.spec.submit_time, job.first_start, job.finished, samples, job.charged, job.rescales, job.preemptions))
+        self._waits(res)
         specs = {j.name: j for j in self.jobs}
         for job_id in waiting:
             spec = specs[self._names[job_id]]
             res.jobs_started += 1
             res.jobs.append(JobOutcome(spec.name, spec.model, spec.submit_time, None, None, 0.0, 0.0, 0, 0))
+
+
+    def _waits(self, res: ReplayResult) -> None:
+        """How long jobs waited: for their first start (a job never started, until the end) and, stopped before their
+        end, to run again."""
+        end = self.trace.end
+        started = {job.spec.name: job for job in self.runtime.jobs.values()}
+        first: list[float] = []
+        for spec in self.jobs:
+            if spec.submit_time > end:
+                continue
+            job = started.get(spec.name)
+            submitted = max(spec.submit_time, self.trace.start)  # one submitted before the window: at its start
+            if job is None or job.first_start is None:
+                res.jobs_never_started += 1
+                res.longest_wait_s = max(res.longest_wait_s, end - submitted)
+            else:
+                first.append(job.first_start - submitted)
+        res.longest_wait_started_s = max(first, default=0.0)
+        res.longest_wait_s = max(res.longest_wait_s, res.longest_wait_started_s)
+        for job in started.values():
+            pending = end - job.stopped_at if job.stopped_at is not None and job.finished is None else 0.0
+            res.longest_rewait_s = max(res.longest_rewait_s, job.longest_rewait_s, pending)
 
 
 def replay(trace: Trace, jobs: list[JobSpec], on_event: EventHook | None = None, **options) -> ReplayResult:

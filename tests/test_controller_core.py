@@ -409,7 +409,7 @@ def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no
 
     rates = [(7 * i) % 30 + 1 for i in range(30)]  # every rate once, not in submission order
     m = Machine(tmp_path, write, 12, [linear(f"j{i}", 1, 1, float(r)) for i, r in enumerate(rates)])
-    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=6)  # what a decision weighs
+    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=6, admission="arrival")  # what a decision weighs, of the first submitted
     for name in list(m.specs):
         m.submit(name)
         if resumes:
@@ -704,7 +704,7 @@ def test_a_job_whose_ranks_cannot_lose_a_peer_while_forming_starts_again_on_the_
 def _weigh(m: Machine, n: int) -> None:
     import dataclasses
 
-    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=n)  # what a decision weighs
+    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=n, admission="arrival")  # what a decision weighs, of the first submitted
 
 
 @pytest.mark.parametrize("changed_between", [False, True], ids=["quiet", "a-submission-between"])

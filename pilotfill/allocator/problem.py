@@ -191,7 +191,8 @@ class Job:
     ``explore``, when given, is an optimistic curve (the profiler's upper
     confidence bound): the job may grow along it, but only onto nodes that no
     job values by the confirmed curves — exploring never evicts anyone.
-    ``group`` is what the share objective shares the machine among (:mod:`.shares`).
+    ``group`` is what the share objective shares the machine among (:mod:`.shares`). A ``due`` job has waited past
+    the bound admission by worth gives: it runs first, where it fits (:mod:`.due`).
     """
 
     id: str
@@ -206,6 +207,7 @@ class Job:
     explore: Mapping[str, ScalingCurve] | None = None
     restart_cost_s: float = 0.0
     group: str = ""  # who it shares the machine as (a campaign, a user, a model family): the share objective's unit
+    due: bool = False  # waited past the bound: run first, where it fits (the controller says which, the oldest first)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "throughput", _per_type(self.throughput))
@@ -240,6 +242,13 @@ class Job:
         out = object.__new__(Job)
         out.__dict__.update(self.__dict__)
         object.__setattr__(out, "remaining_samples", remaining_samples)
+        return out
+
+    def as_due(self) -> Job:
+        """This job, due (:mod:`.due`): a copy, as :meth:`with_remaining` makes one."""
+        out = object.__new__(Job)
+        out.__dict__.update(self.__dict__)
+        object.__setattr__(out, "due", True)
         return out
 
     @property

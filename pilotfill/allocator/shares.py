@@ -67,21 +67,21 @@ def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capaci
         share = shares.get(g)
         if not share:
             continue  # none of its jobs can run on any type: they wait for the rest (stage 2 finds none either)
-        picked, method = _exact([tables[j] for j in members], share, time_limit_s)
+        picked, method = exact([tables[j] for j in members], share, time_limit_s)
         how.add(method)
         for j, c in zip(members, picked):
             choices[j] = c
     left = {t: int(capacities[t]) - sum(c.count for c in choices if c.node_type == t) for t in capacities}
     if any(n > 0 for n in left.values()):
-        rest = [_on_top(tables[j], choices[j], left) for j in range(J)]
-        extra, method = _exact(rest, left, time_limit_s)
+        rest = [on_top(tables[j], choices[j], left) for j in range(J)]
+        extra, method = exact(rest, left, time_limit_s)
         how.add(method)
-        choices = [_plus(c, e) for c, e in zip(choices, extra)]
+        choices = [plus(c, e) for c, e in zip(choices, extra)]
     value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
     return choices, value, "share-" + "+".join(sorted(how)) if how else "share"
 
 
-def _exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float) -> tuple[list[Choice], str]:
+def exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float) -> tuple[list[Choice], str]:
     """The most total worth of ``tables`` on ``capacities`` (one type: the DP; several: the typed solver)."""
     kinds = [t for t, n in capacities.items() if n > 0]
     if len(kinds) == 1:
@@ -96,7 +96,7 @@ def _exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time
     return picked, method.split(" ")[0]
 
 
-def _on_top(table: dict[str, np.ndarray], first: Choice, left: dict[str, int]) -> dict[str, np.ndarray]:
+def on_top(table: dict[str, np.ndarray], first: Choice, left: dict[str, int]) -> dict[str, np.ndarray]:
     """Job's worth in stage 2, by the nodes added to its stage-1 choice: on its type only where it has nodes (index
     0: what stage 1 gave it), on any type where it has none."""
     if first.count == 0:
@@ -105,7 +105,8 @@ def _on_top(table: dict[str, np.ndarray], first: Choice, left: dict[str, int]) -
     return {first.node_type: tb[first.count : first.count + left[first.node_type] + 1]}
 
 
-def _plus(first: Choice, extra: Choice) -> Choice:
+def plus(first: Choice, extra: Choice) -> Choice:
+    """A stage-1 choice with what stage 2 added on top of it."""
     if extra.count == 0:
         return first
     return Choice(extra.node_type, first.count + extra.count)

@@ -17,14 +17,20 @@ from enum import Enum
 
 import numpy as np
 
-from . import dp, greedy, milp, nodelevel, shares, typed
+from . import dp, due, greedy, milp, nodelevel, shares, typed
 from .moves import Assignment
 from .problem import DEFAULT_TYPE, Allocation, Job, Problem
-from .values import ValueTable, exploration_tables, hop_table, value_matrices, value_tables
+from .profiler import EXPLORE_RATE
+from .values import ValueTable, current_rate, exploration_tables, hop_table, value_matrices, value_tables
 
 EXPLORE_TIME_S = 0.03
 """What the typed explore stage may spend (:func:`.typed.solve`'s limit, its search alone: HiGHS overran a limit this
 short by a third): exploring is a bonus, and a decision has some 100 ms in all; past it, the best exploration found."""
+
+
+MEASURING_RATE = EXPLORE_RATE / 1000
+"""A job running at this metric rate or more is being measured (JPA's exploring rate, 10¹² samples/s; the fastest
+measured jobs here, 10⁵): a due job does not displace it (:mod:`.due`)."""
 
 
 class Formulation(str, Enum):
@@ -47,10 +53,12 @@ def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGR
     then, on the nodes that answer leaves free, growth along the optimistic
     curves of jobs that have one (the profiler exploring). The second stage
     never takes a node from the first, so exploring never evicts or shrinks a
-    measured job.
+    measured job. Jobs that are ``due`` run first in the first stage (:mod:`.due`), and keep that through the second.
     """
     answer = None
-    if Objective(objective) is Objective.SHARE and len({j.group for j in problem.jobs}) > 1:
+    if Formulation(formulation) is Formulation.AGGREGATED and any(j.due for j in problem.jobs):
+        answer = _due(problem, Objective(objective), time_limit_s)
+    if answer is None and Objective(objective) is Objective.SHARE and len({j.group for j in problem.jobs}) > 1:
         answer = _shares(problem, time_limit_s)
     if answer is None:
         answer = _allocate(problem, Formulation(formulation), time_limit_s)
@@ -179,6 +187,26 @@ def _shares(problem: Problem, time_limit_s: float) -> Allocation | None:
     return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
+def _due(problem: Problem, objective: Objective, time_limit_s: float) -> Allocation | None:
+    """The objective's optimum among the answers that run the due jobs first (:mod:`.due`); None where a knapsack inside
+    it is too large or the solver fails (the objective alone answers then: a decision is never lost to the rule)."""
+    all_tables = value_tables(problem)
+    capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()} or {DEFAULT_TYPE: 0}
+    tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
+              for job_tables in all_tables]  # fmt: skip
+    jobs = problem.jobs
+    groups = [j.group for j in jobs] if objective is Objective.SHARE else None
+    measuring = [current_rate(job, held) >= MEASURING_RATE for job, held in zip(jobs, problem.held_counts)]  # keeps its nodes until it reports
+    try:
+        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring)
+    except Exception:  # dp.TooLarge, or a solver bug
+        return None
+    counts = {job.id: c.count for job, c in zip(jobs, choices)}
+    types = {job.id: c.node_type for job, c in zip(jobs, choices)}
+    proven = "time limit" not in how
+    return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
+
+
 def _explore(problem: Problem, answer: Allocation) -> Allocation:
     """Hand out again, this time valuing growth by the optimistic curves, every node the first stage does
     not keep for the job that holds it: the nodes nobody holds and the nodes it took from their jobs.
@@ -202,6 +230,9 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
         for job, held_types in zip(problem.jobs, held_all):
             t, n = types.get(job.id), counts.get(job.id, 0)
             held = held_types.get(node_type, 0)
+            if job.due and n > 0:  # given its place by the rule (:mod:`.due`): that stands
+                kept += n if t == node_type else 0
+                continue
             if t == node_type:
                 kept += min(n, held)
             elif t is not None or node_type not in job.throughput:
@@ -249,6 +280,9 @@ def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
         t_now = types.get(job.id)
         n_now = counts.get(job.id, 0)
         running = next(iter(held)) if len(held) == 1 else None
+        if job.due and n_now > 0:
+            fixed.append(job)  # given its place by the rule (:mod:`.due`): that stands
+            continue
         if held and (running is None or t_now not in (None, running) or n_now < held.get(running, 0)):
             fixed.append(job)  # shrunk, stopped or moved by the first stage: that stands
             continue

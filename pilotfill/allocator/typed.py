@@ -83,6 +83,9 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     original, original_stop = value_matrix(tables, capacities, types)
     caps = np.array([capacities[t] for t in types], dtype=float)
     values, stop, decided, (ts, ns) = pin(original, original_stop, caps)
+    idle = ~np.isfinite(values[:, :, 1:]).any(axis=(1, 2))  # no count to choose (a due job's table on top, full): out of the search
+    if idle.any():
+        decided, ts, ns = decided | idle, np.where(idle, 0, ts), np.where(idle, 0, ns)
     left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
     grid = min(typegrid.WORK, time_limit_s / typegrid.UPDATE_S)  # the grid DP is not cut short: taken where it fits the limit
     (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline, grid, milp)
@@ -117,25 +120,8 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
     best count is also its smallest allowed, or beats every other count by that margin, is decided outright: it
     takes c* nodes of t* off the capacity and leaves the problem.
     """
-    J, T, W = values.shape
-    gain = values - stop[:, None, None]
-    gain[:, :, 0] = -np.inf
-    per_type = gain.max(axis=2)
-    best_type = np.argmax(per_type, axis=1)
-    rows = np.arange(J)
-    best = per_type[rows, best_type]
-    others = per_type.copy()
-    others[rows, best_type] = -np.inf
-    margin = best - np.maximum(others.max(axis=1), 0.0)
-    upside = np.maximum(best, 0.0)
-    at = np.argmax(gain[rows, best_type], axis=1)  # the smallest count worth the most
-    order = np.argsort(-margin, kind="stable")
-    after = np.cumsum(upside[order][::-1])[::-1]  # summed from the small end: no huge value cancelled away
-    rest = np.concatenate([after[1:], [0.0]])  # what the jobs outside the first k could gain
-    use = np.zeros((J, T))
-    use[order, best_type[order]] = at[order]
-    fits = (np.cumsum(use[order], axis=0) <= caps[None, :]).all(axis=1)
-    ok = np.flatnonzero((margin[order] > PIN_MARGIN * rest) & (margin[order] > 0) & np.minimum.accumulate(fits))
+    J = len(values)
+    gain, best_type, at, order, rest, ok = _pins(values, stop, caps)
     ts, ns = best_type.copy(), at.copy()
     decided = np.zeros(J, dtype=bool)
     if not ok.size:
@@ -155,6 +141,40 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
         values[j, t] = row - row[at[j]]
         stop[j] = -(bar + 1.0)
     return values, stop, decided, (ts, ns)
+
+
+def _pins(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, ...]:
+    """What :func:`pin` decides by: each job's gains over stopping, best type and count, the jobs by margin, what
+    those after each could gain, and the positions in that order up to which jobs may be pinned."""
+    J, T, W = values.shape
+    gain = values - stop[:, None, None]
+    gain[:, :, 0] = -np.inf
+    per_type = gain.max(axis=2)
+    best_type = np.argmax(per_type, axis=1)
+    rows = np.arange(J)
+    best = per_type[rows, best_type]
+    others = per_type.copy()
+    others[rows, best_type] = -np.inf
+    margin = best - np.maximum(others.max(axis=1), 0.0)
+    upside = np.maximum(best, 0.0)
+    at = np.argmax(gain[rows, best_type], axis=1)  # the smallest count worth the most
+    order = np.argsort(-margin, kind="stable")
+    after = np.cumsum(upside[order][::-1])[::-1]  # summed from the small end: no huge value cancelled away
+    rest = np.concatenate([after[1:], [0.0]])  # what the jobs outside the first k could gain
+    use = np.zeros((J, T))
+    use[order, best_type[order]] = at[order]
+    fits = (np.cumsum(use[order], axis=0) <= caps[None, :]).all(axis=1)
+    ok = np.flatnonzero((margin[order] > PIN_MARGIN * rest) & (margin[order] > 0) & np.minimum.accumulate(fits))
+    return gain, best_type, at, order, rest, ok
+
+
+def pinned(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Which jobs :func:`pin` pins (no optimum moves them): what a due job's bonus need not outweigh (:mod:`.due`)."""
+    _, _, _, order, _, ok = _pins(values, stop, caps)
+    out = np.zeros(len(values), dtype=bool)
+    if ok.size:
+        out[order[: int(ok[-1]) + 1]] = True
+    return out
 
 
 def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float, grid_work: float = typegrid.WORK,

@@ -35,7 +35,9 @@ class AllocatorViews:
         self._made: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._curves: dict[str, ScalingCurve] = {}  # job (and job/objective) -> its given curve, parsed once
         self._kinds: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of what in it tells the job apart from other waiting jobs)
+        self._chains: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of its chain: see chain)
         self.kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
+        self.chain_ids: dict[Hashable, int] = {}  # the same less work and costs (see chain) -> its number, from the same count
         self._kind_numbers = itertools.count()
 
     def forget(self, job_id: str) -> None:
@@ -44,6 +46,7 @@ class AllocatorViews:
         self._curves.pop(job_id + "/objective", None)
         self._made.pop(job_id, None)
         self._kinds.pop(job_id, None)
+        self._chains.pop(job_id, None)
 
     def waiting_kind(self, job: Job) -> int:
         """A waiting job's kind (:class:`.WaitingJobs`): :meth:`kind`, or what sets it apart from every other."""
@@ -90,12 +93,30 @@ class AllocatorViews:
             known = self._kinds[job.id] = (spec, number)
         return known[1]
 
+    def chain(self, job: Job) -> int | None:
+        """A number equal for the waiting jobs the allocator tells apart only by their work left (None where
+        :meth:`kind` is None): one that holds no nodes is worth the same on every count but that its work may end
+        sooner — its costs charge nothing until it runs — so of two such jobs the one with more work left is worth as
+        much or more on every count (admission by worth weighs a chain's jobs a few at a time, the most work first)."""
+        if self.kind(job) is None:
+            return None
+        spec = job.spec
+        known = self._chains.get(job.id)
+        if known is None or known[0] is not spec:
+            key = self.spec_kind({**spec, "total_samples": None, "scale_up_cost_s": 0.0, "scale_down_cost_s": 0.0, "restart_cost_s": 0.0})
+            number = self.chain_ids.get(key)
+            if number is None:
+                number = self.chain_ids[key] = next(self._kind_numbers)
+            known = self._chains[job.id] = (spec, number)
+        return known[1]
+
     def forget_kinds(self) -> set[int] | None:
-        """Kinds no waiting job has any more are forgotten; returns the kinds still in use when some were (the solver
-        forgets what it remembered of the others), else None."""
-        used = {number for _, number in self._kinds.values()}
-        if len(used) < len(self.kind_ids):
+        """Kinds (and chains) no waiting job has any more are forgotten; returns the kinds still in use when some were
+        (the solver forgets what it remembered of the others), else None."""
+        used = {number for _, number in self._kinds.values()} | {number for _, number in self._chains.values()}
+        if len(used) < len(self.kind_ids) + len(self.chain_ids):
             self.kind_ids = {kind: number for kind, number in self.kind_ids.items() if number in used}
+            self.chain_ids = {key: number for key, number in self.chain_ids.items() if number in used}
             return used
         return None
 

@@ -72,6 +72,8 @@ class SimJob:
     starts: int = 0
     stops: int = 0
     first_start: float | None = None
+    stopped_at: float | None = None  # stopped before its work was done, not started again since
+    longest_rewait_s: float = 0.0  # the longest it waited to run again after a stop
     fresh: bool = False  # started or resized since its last report: the next one is its ranks' first
     finished: float | None = None
     types: Mapping[str, str] = field(default_factory=dict)  # node -> type (a machine with several kinds of node)
@@ -124,6 +126,9 @@ class SimulatedRuntime(Runtime):
             job = self.jobs[job_id] = SimJob(job_id, self.specs[spec["name"]], types=self.node_types)
         job.hosts = list(hosts)
         job.first_start = self.now if job.first_start is None else job.first_start
+        if job.stopped_at is not None:
+            job.longest_rewait_s = max(job.longest_rewait_s, self.now - job.stopped_at)
+            job.stopped_at = None
         job.starts += 1
         job.rescales += 1
         job.fresh = True
@@ -165,6 +170,7 @@ class SimulatedRuntime(Runtime):
                 job.since_commit_s = 0.0
             job.stops += 1
             job.rescales += 1
+            job.stopped_at = self.now
         job.hosts = []
 
     def hosts(self, job_id: str) -> list[str]:
