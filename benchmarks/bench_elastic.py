@@ -131,7 +131,7 @@ import json, os, time
 from pilotfill.workloads import digits
 def step(batch):
     with open(os.environ["BENCH_STEPS"], "a") as f:
-        f.write(json.dumps({"host": os.environ.get("PILOTFILL_HOST", "?"), "world": batch.world, "time": time.time()}) + "\\n")
+        f.write(json.dumps({"host": os.environ.get("PILOTFILL_HOST", "?"), "world": batch.world, "time": time.time(), "pid": os.getpid(), "start": batch.start, "epoch": batch.epoch}) + "\\n")
 def train(**kwargs):
     return digits.train(on_step=step, **kwargs)
 if __name__ == "__main__":

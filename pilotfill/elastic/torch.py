@@ -151,6 +151,9 @@ class TorchRuntime(Runtime):
         self._store_started = 0.0
         self._rounds = self.run_dir / ROUNDS_DIR
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        from ..pilots.warm import want
+
+        want(self.run_dir)  # this run's pilots keep torch warm on their nodes, for the agents placed there
         if store_lease_s is None or not self._adopt_store():
             self._start_store()
 
@@ -261,6 +264,8 @@ class TorchRuntime(Runtime):
         gpus = spec.get("gpus_per_node", self.gpus_per_node)
         if gpus is not None:
             argv += ["--gpus-per-node", str(int(gpus))]
+        module = str(spec.get("entry") or "").partition(":")[0]
+        argv += ["--preload", module]  # named here: an agent forked warm asks nothing before its forkserver is forked
         return argv
 
     def agent_environment(self, job_id: str) -> dict[str, str]:

@@ -113,29 +113,66 @@ def _noop() -> None:
     pass
 
 
-def start_forkserver(job_module: str | None) -> threading.Thread:
+def start_forkserver(job_module: str | None, warm: bool = False) -> threading.Thread | None:
     """Start the forkserver importing torch and the job's module once; the thread ends when it is warm.
 
     The agent joins the rendezvous only after that: joining makes the other
     nodes restart their workers, which would otherwise wait for ours to import.
-    Meanwhile the agent imports torch itself (the two overlap).
+    Meanwhile the agent imports torch itself (the two overlap). ``warm``: this
+    agent was forked from its pilot's zygote with torch imported and no thread
+    started: the forkserver is forked from it too (:func:`fork_forkserver`), warm
+    at once; it imports only the job's module. Returns None then.
     """
     if job_module:
         os.environ["PILOTFILL_PRELOAD_MODULE"] = job_module
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["pilotfill.elastic.torch_preload"])
+    if warm:
+        fork_forkserver(["pilotfill.elastic.torch_preload"])
+        return None
     # Started from this (the main) thread: the forkserver dies with its parent thread (torch_preload sets
     # PR_SET_PDEATHSIG), and the warming thread below ends at once. Its workers die with it in turn.
     forkserver.ensure_running()
 
-    def warm() -> None:
+    def warm_up() -> None:
         probe = ctx.Process(target=_noop)
         probe.start()  # returns once the forkserver has preloaded and forked
         probe.join()
 
-    thread = threading.Thread(target=warm, name="forkserver-warm", daemon=True)
+    thread = threading.Thread(target=warm_up, name="forkserver-warm", daemon=True)
     thread.start()
     return thread
+
+
+def fork_forkserver(preload: list[str]) -> None:
+    """multiprocessing's forkserver, forked from this process rather than started as a new Python (which would import
+    torch again): ``ForkServer.ensure_running`` as CPython 3.11 does it, with ``os.fork`` for its ``spawnv_passfds``.
+    Only from a process with no thread of its own yet (a fork keeps the calling thread alone)."""
+    import socket
+    from multiprocessing import connection, resource_tracker
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        return
+    resource_tracker.ensure_running()
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(alive_w)
+                forkserver.main(listener.fileno(), alive_r, preload)
+            finally:
+                os._exit(0)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+    server._preload_modules = list(preload)
 
 
 def make_agent(args: argparse.Namespace, run_dir: str):
@@ -619,6 +656,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll-interval", type=float, default=0.2, help="seconds between rdzv.poll")
     ap.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, help="seconds between SIGTERM and SIGKILL for workers (the pilot's grace)")
     ap.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="timeout of the workers' process groups, seconds")
+    ap.add_argument("--preload", default=None, help="the job's module, imported once by the workers' forkserver (default: asked of the controller)")
     ap.add_argument("--resize", choices=("in_place", "restart"), default="restart",
                     help="in_place: workers outlive membership changes (torch_inplace); restart: torch elastic's own restarts")
     args = ap.parse_args(argv)
@@ -637,7 +675,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in worker_environment(args.collective_timeout).items():
         os.environ.setdefault(name, value)  # every worker's (the forkserver's environment); the node's own settings win
     started = time.monotonic()
-    warming = start_forkserver(entry_module(run_dir, args.job_id))  # first: it imports while we do
+    warm = "torch" in sys.modules  # forked from the pilot's zygote (pilotfill.pilots.warm): torch imported, no thread yet
+    module = args.preload if args.preload is not None else None if warm else entry_module(run_dir, args.job_id)
+    warming = start_forkserver(module or None, warm=warm)  # first: it imports while we do (warm: before any thread starts)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -651,11 +691,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.resize == "in_place":
             from ..transport import Client
 
-            warming.join()
-            log.info("%s: ready after %.1f s (workers' forkserver warm)", args.host, time.monotonic() - started)
+            if warming is not None:
+                warming.join()
+            log.info("%s: ready after %.1f s (%s)", args.host, time.monotonic() - started, "forked warm" if warm else "workers' forkserver warm")
             return InPlaceAgent(args, run_dir, Client(run_dir, timeout_s=30.0)).run()
         agent, handler = make_agent(args, run_dir)
-        warming.join()
+        if warming is not None:
+            warming.join()
         log.info("%s: ready to join after %.1f s (workers' forkserver warm)", args.host, time.monotonic() - started)
         result = agent.run()
     except SignalException as exc:
