@@ -452,6 +452,8 @@ class InPlaceAgent:
         from . import torch_worker
 
         self.provisional = provisional
+        if provisional:
+            self.notice_path.unlink(missing_ok=True)  # they wait for the round this agent joins next, not the last one's
         for local_rank in range(self.args.nproc):
             status = self._inplace.worker_status_path(self.dir, local_rank)
             status.unlink(missing_ok=True)

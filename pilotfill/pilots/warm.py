@@ -160,7 +160,7 @@ class Zygote:
             reply += chunk
         pid = int(json.loads(reply.decode())["pid"])
         if read >= 0:
-            pipe = os.fdopen(read, "rb", buffering=0)
+            pipe = os.fdopen(read, "rb")  # buffered: pump_log reads with read1
             threading.Thread(target=procs.pump_log, args=(pipe, str(log_path), int(log_limit_bytes)), name="pilotfill-log", daemon=True).start()
         return WarmProcess(pid, conn)
 
