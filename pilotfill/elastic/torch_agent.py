@@ -455,8 +455,8 @@ class InPlaceAgent:
         if provisional:
             self.notice_path.unlink(missing_ok=True)  # they wait for the round this agent joins next, not the last one's
         for local_rank in range(self.args.nproc):
-            status = self._inplace.worker_status_path(self.dir, local_rank)
-            status.unlink(missing_ok=True)
+            self._inplace.worker_status_path(self.dir, local_rank).unlink(missing_ok=True)
+            self._inplace.returned_path(self.dir, local_rank).unlink(missing_ok=True)
             env = self._worker_env(local_rank, provisional)
             proc = self.ctx.Process(target=torch_worker.entry_in_place, args=(env,), name=f"worker-{local_rank}", daemon=False)
             proc.start()
@@ -495,6 +495,7 @@ class InPlaceAgent:
             if code is None:
                 continue
             own_end = code < 0 and -code not in (signal.SIGTERM, signal.SIGINT) or code > 0 and code not in (*REPORTED_CODES, EXIT_LEFT)
+            own_end = own_end or code == 0 and not self._inplace.returned_path(self.dir, i).exists()  # os._exit(0): no value, no error
             if own_end and self.phase is not AgentPhase.LEAVING:
                 # The app's own end (a segfault, the OOM killer, an exit status of its own): leave with it, the controller counts.
                 from .ending import exit_words

@@ -148,6 +148,19 @@ def worker_status_path(notice_dir: Path, local_rank: int) -> Path:
     return notice_dir / f"worker.{local_rank}.json"
 
 
+def returned_path(notice_dir: Path, local_rank: int) -> Path:
+    """Written by a worker whose function returned (its exit 0 is not the app's own ``os._exit(0)``)."""
+    return notice_dir / f"returned.{local_rank}"
+
+
+def returned() -> None:
+    """This worker's function returned: said to its agent before the worker exits 0."""
+    directory, local_rank = os.environ.get(NOTICE_DIR_ENV), os.environ.get("LOCAL_RANK", "0")
+    if directory:
+        with contextlib.suppress(OSError):
+            returned_path(Path(directory), int(local_rank)).touch()
+
+
 def commit_path(notice_dir: Path, index: int) -> Path:
     """Where a node keeps its last commit of a job's ``index``-th ElasticState in memory (the notice dir: /dev/shm)."""
     return notice_dir / f"commit.{index}.pt"

@@ -377,6 +377,7 @@ def entry_in_place(env: dict[str, str]) -> None:
         os._exit(done.code if isinstance(done.code, int) else 1)
     sys.stdout.flush()
     sys.stderr.flush()
+    torch_inplace.returned()  # its agent tells this from an app's own os._exit(0), which is the app's end
     os._exit(0)  # no interpreter teardown: a gloo group's destructor can wait on peers that are gone
 
 

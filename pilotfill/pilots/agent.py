@@ -492,12 +492,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.pilot:
         ap.error("--pilot is required")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent {args.pilot} %(levelname)s %(message)s")
-    access = adapter_class(args.scheduler).node_access()  # this batch system's job-side calls
-    if args.nodes is None:
-        nodes, scheduler_id = access.nodes_of_this_job(), args.scheduler_id or access.id_of_this_job()
-    else:
-        nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
-    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, access=access, deadline_s=args.deadline_s).run()
+    # Preempted before the agent is up (PBS re-ran a requeued pilot and took it back in the same second): whatever it
+    # waits on — the batch system's qstat, building the agent — is cut short, and nothing of its session outlives it.
+    signal.signal(signal.SIGTERM, _preempted_while_starting)
+    try:
+        access = adapter_class(args.scheduler).node_access()  # this batch system's job-side calls
+        if args.nodes is None:
+            nodes, scheduler_id = access.nodes_of_this_job(), args.scheduler_id or access.id_of_this_job()
+        else:
+            nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
+        agent = Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, access=access, deadline_s=args.deadline_s)
+    except PreemptedWhileStarting:
+        log.info("SIGTERM while starting: leaving before registering")
+        procs.settle_session(timeout_s=min(1.0, args.grace_s))  # a child it was waiting on (qstat) goes too
+        return 143
+    return agent.run()
+
+
+class PreemptedWhileStarting(Exception):
+    """SIGTERM before the agent took over its handling: unwinds whatever the start was waiting on (a subprocess it runs
+    is killed on the way out)."""
+
+
+def _preempted_while_starting(signum, frame) -> None:
+    raise PreemptedWhileStarting()
 
 
 if __name__ == "__main__":
