@@ -301,24 +301,36 @@ class Membership:
         flag = LEAVE if self.term_at is not None else CHANGE if self._newer_notice() else 0
         if self.world == 1 and flag == 0:
             return False
-        agreed = self._agree(flag)
-        if agreed == 0:
+        most, least = self._agree(flag)
+        if most == 0:
             return False
         if self.term_at is not None:
+            if least == LEAVE:
+                self._commit_before_leaving()  # the whole job goes (stopped, or every node preempted): keep its last step
             self._leave("told to go")
         self._reform(paused_from=now)
         return True
 
     # ------------------------------------------------------------ the group
 
-    def _agree(self, flag: int) -> int:
-        """Every rank's flag, the largest: the same answer on every rank, at the same step."""
+    def _agree(self, flag: int) -> tuple[int, int]:
+        """The largest and the smallest of every rank's flag (one all-reduce): the same answer on every rank, at the
+        same step."""
         import torch
         import torch.distributed as dist
 
-        box = torch.tensor([flag], dtype=torch.int32)
+        box = torch.tensor([flag, -flag], dtype=torch.int32)
         dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.control)
-        return int(box.item())
+        return int(box[0].item()), -int(box[1].item())
+
+    def _commit_before_leaving(self) -> None:
+        """Every rank leaves at this boundary: rank 0 commits durably first (the job resumes here, not at its last
+        commit), within the grace the batch system gives."""
+        if self.rank != 0:
+            return
+        for state in [s for s in (ref() for ref in self.states) if s is not None]:
+            if getattr(state, "path", None) is not None:
+                state._save(state.state_dict())
 
     def _join_job(self) -> None:
         """A provisional worker at its first batch: the job's group, and the job's state from whoever holds it."""
