@@ -18,19 +18,25 @@ before pilotfill existed: bare Elastic Horovod 4.9 s to grow, 1.2 s to shrink.
 
 torch elastic (``runtime.kind = "torch"``): bare ``torchrun`` (c10d rendezvous,
 two agents on this host, gloo; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, without
-which a scale-up deadlocks in torch 2.13) against pilotfill's torch runtime
-through the real controller and the local cluster's pilot agents (the main
-workload frees and takes back a node), both training digits with plain
-torch.distributed:
+which a scale-up deadlocks in torch 2.13), then pilotfill's torch runtime through
+the real controller and the local cluster's pilot agents, once with every worker
+restarted on a change (``PILOTFILL_TORCH_RESIZE=restart``: torch elastic's way)
+and once in place (the default: workers outlive the change), side by side in one
+run, all training digits with plain torch.distributed:
 
 * grow:   the second node joins (bare: its agent is started; pilotfill: its
-          pilot registers) -> the first training step on it;
+          pilot registers, warm) -> the first training step on it;
 * pause:  during that grow, how long the rank already training stood still
           (its last step at size 1 -> its first step at size 2);
 * shrink: the second node leaves (bare: SIGTERM to its agent's process group;
-          pilotfill: its pilot's SIGTERM, as a preemption) -> the remaining
-          rank's first step at size 1.
+          pilotfill: its pilot's SIGTERM, a preemption with a 5 s grace, or a
+          release: the controller gives the node to a job that earns more on it)
+          -> the remaining rank's first step at size 1 (the survivor's pause);
+* restarted: surviving workers whose process changed (pids on the first node);
+* redone: global batches trained twice (every rank logs each step it trains:
+          its epoch and offset), in samples.
 
+    python benchmarks/bench_elastic.py [--repeats 5] [--only all|horovod|torch|pilotfill-torch]
     python benchmarks/bench_elastic.py [--repeats 5] [--only all|horovod|torch]
 """
 
@@ -131,7 +137,7 @@ import json, os, time
 from pilotfill.workloads import digits
 def step(batch):
     with open(os.environ["BENCH_STEPS"], "a") as f:
-        f.write(json.dumps({"host": os.environ.get("PILOTFILL_HOST", "?"), "world": batch.world, "time": time.time()}) + "\\n")
+        f.write(json.dumps({"host": os.environ.get("PILOTFILL_HOST", "?"), "world": batch.world, "time": time.time(), "pid": os.getpid(), "start": batch.start, "epoch": batch.epoch, "rank": batch.rank, "size": batch.size, "job": os.environ.get("PILOTFILL_JOB_ID")}) + "\\n")
 def train(**kwargs):
     return digits.train(on_step=step, **kwargs)
 if __name__ == "__main__":
@@ -216,12 +222,15 @@ class Steps:
 
 
 def start_controller(work: Path, steps: "Steps", kind: str, repeats: int, first_s: float, period: float, heartbeat_s: float,
-                     deadline_s: float) -> tuple[Path, subprocess.Popen]:  # fmt: skip
+                     deadline_s: float, idle_at_end: bool = False) -> tuple[Path, subprocess.Popen]:  # fmt: skip
     """A real controller on a 2-node local cluster whose main workload frees pf-node-1 at ``first_s`` and then
-    every ``period`` (taking it back half a period later), ``repeats`` times; returns its run dir once it serves."""
+    every ``period`` (taking it back half a period later), ``repeats`` times (``idle_at_end``: and frees it once more,
+    for good); returns its run dir once it serves."""
     script = [(0.0, "pf-node-1", "busy")]
     for i in range(repeats):
         script += [(first_s + i * period, "pf-node-1", "idle"), (first_s + i * period + period / 2, "pf-node-1", "busy")]
+    if idle_at_end:
+        script.append((first_s + repeats * period, "pf-node-1", "idle"))
     items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in script)
     config = work / "pilotfill.toml"
     config.write_text(
@@ -318,40 +327,110 @@ def torchrun_bare(repeats: int, root: Path) -> dict[str, list[float]]:
     return out
 
 
-def torch_pilotfill(repeats: int, root: Path) -> dict[str, list[float]]:
-    """The same through pilotfill, the path that runs: the real controller, the local cluster's pilot agents
-    starting torch elastic agents, the controller's rendezvous. The main workload frees and takes back pf-node-1."""
-    work = root / "pilotfill-torch"
+RELEASED = {"name": "greedy", "entry": "bench_worker:train", "kwargs": {"epochs": 10_000, "step_delay_s": 0.05, "durable": False},
+            "min_nodes": 1, "max_nodes": 1, "curve": {"nodes": [0, 1], "samples_per_s": [0, 5000]}, "scale_up_cost_s": 1.0,
+            "scale_down_cost_s": 1.0, "costs_known": True}  # fmt: skip
+"""A job that earns far more on a node than the bench job: the controller releases one of the bench job's nodes to it."""
+
+
+def torch_pilotfill(repeats: int, root: Path, resize: str) -> dict[str, list[float]]:
+    """pilotfill's torch runtime, the path that runs: the real controller, the local cluster's pilot agents starting
+    torch agents, the controller's rendezvous; ``resize``: ``restart`` or ``in_place``. The main workload frees and
+    takes back pf-node-1 ``repeats`` times (a preemption with a grace), then the controller releases it ``repeats``
+    times to a job that earns more, and gives it back when that one is cancelled."""
+    work = root / f"pilotfill-torch-{resize}"
     work.mkdir()
     (work / "bench_worker.py").write_text(STEP_WORKER)
     steps = Steps(work / "steps.jsonl")
     period = 24.0
-    run_dir, ctl = start_controller(work, steps, kind="torch", repeats=repeats, first_s=15.0, period=period, heartbeat_s=1.0, deadline_s=10.0)
-    out: dict[str, list[float]] = {"grow": [], "pause": [], "shrink": []}
+    os.environ["PILOTFILL_TORCH_RESIZE"] = resize  # the controller's runtime: every agent it starts resizes this way
+    try:
+        run_dir, ctl = start_controller(work, steps, kind="torch", repeats=repeats, first_s=15.0, period=period, heartbeat_s=1.0, deadline_s=10.0,
+                                        idle_at_end=True)  # fmt: skip
+    finally:
+        os.environ.pop("PILOTFILL_TORCH_RESIZE", None)
+    out: dict[str, list[float]] = {k: [] for k in ("grow", "pause", "shrink", "release", "regrow", "regrow_pause", "restarted", "redone", "redone_preempt",
+                                                    "redone_release")}  # fmt: skip
     try:
         client = ControllerClient(run_dir)
         job = client.submit(bench_job(durable=True))
-        time.sleep(15.0 + repeats * period + 10)
+        time.sleep(15.0 + repeats * period + 6)
+        preempted_until = time.time()
+        releases: list[tuple[float, float]] = []  # (released, given back) times
+        for _ in range(repeats):
+            wait_until(lambda: _nodes_of(client, job) == 2, 120, 0.2)
+            time.sleep(3)
+            greedy = client.submit(RELEASED)
+            t0 = time.time()
+            wait_until(lambda: _nodes_of(client, job) == 1, 120, 0.1)
+            wait_until(lambda: steps.first("pf-node-1", 1, t0) is not None, 120, 0.1)  # the greedy job trains there
+            time.sleep(3)
+            t1 = time.time()
+            client.cancel(greedy)
+            wait_until(lambda: _nodes_of(client, job) == 2, 120, 0.1)
+            releases.append((t0, t1))
+        time.sleep(5)
         client.cancel(job)
         state = State(run_dir, readonly=True)
         joins = [e["time"] for e in state.events("node.joined") if e["node"] == "pf-node-1"]
         leaves = [e["time"] for e in state.events("node.leaving") if e["node"] == "pf-node-1"]
+        resized = [e for e in state.events("job.resized") if e["job"] == job]
         state.close()
+        mine = [r for r in steps.read() if r.get("job") == job]
         for t in joins:
-            first = steps.first("pf-node-1", 2, t)
-            survivor = steps.first("pf-node-0", 2, t)
-            if first is not None:
-                out["grow"].append(first["time"] - t)
-            if survivor is not None:
-                out["pause"].append(survivor["time"] - steps.last_before("pf-node-0", 1, survivor["time"]))
+            _grow(steps, mine, t, out["grow"], out["pause"])
         for t in leaves:
-            first = steps.first("pf-node-0", 1, t)
+            first = _first(mine, "pf-node-0", 1, t)
             if first is not None:
-                out["shrink"].append(first["time"] - t)
+                out["shrink"].append(first["time"] - _last_before(mine, "pf-node-0", 2, first["time"]))
+        for released, back in releases:
+            down = next((e["time"] for e in resized if e["time"] >= released and e["data"]["after"] == 1), None)
+            up = next((e["time"] for e in resized if e["time"] >= back and e["data"]["after"] == 2), None)
+            first = _first(mine, "pf-node-0", 1, down) if down is not None else None
+            if first is not None:
+                out["release"].append(first["time"] - _last_before(mine, "pf-node-0", 2, first["time"]))
+            if up is not None:
+                _grow(steps, mine, up, out["regrow"], out["regrow_pause"])
+        out["restarted"] = [len({r["pid"] for r in mine if r["host"] == "pf-node-0"}) - 1]
+        out["redone"] = [_redone(mine)]
+        out["redone_preempt"] = [_redone([r for r in mine if r["time"] <= preempted_until])]
+        out["redone_release"] = [out["redone"][0] - out["redone_preempt"][0]]
     finally:
         ctl.send_signal(signal.SIGTERM)
         ctl.wait(60)
     return out
+
+
+def _nodes_of(client: ControllerClient, job: str) -> int:
+    return len(client.job(job).get("nodes") or [])
+
+
+def _first(rows: list[dict], host: str, world: int, after: float) -> dict | None:
+    return next((r for r in rows if r["host"] == host and r["world"] == world and r["time"] > after), None)
+
+
+def _last_before(rows: list[dict], host: str, world: int, before: float) -> float:
+    times = [r["time"] for r in rows if r["host"] == host and r["world"] == world and r["time"] < before]
+    return max(times) if times else float("nan")
+
+
+def _grow(steps: Steps, rows: list[dict], joined: float, grow: list[float], pause: list[float]) -> None:
+    """A node joined the job at ``joined``: when it trained, and how long the survivor stood still meanwhile."""
+    first = _first(rows, "pf-node-1", 2, joined)
+    survivor = _first(rows, "pf-node-0", 2, joined)
+    if first is not None:
+        grow.append(first["time"] - joined)
+    if survivor is not None:
+        pause.append(survivor["time"] - _last_before(rows, "pf-node-0", 1, survivor["time"]))
+
+
+def _redone(rows: list[dict]) -> float:
+    """Samples of global batches trained more than once (rank 0 logs each step once each time it trains it)."""
+    seen: dict[tuple[int, int], list[int]] = {}
+    for r in rows:
+        if r["rank"] == 0:
+            seen.setdefault((r["epoch"], r["start"]), []).append(r["size"])
+    return float(sum(sum(sizes[1:]) for sizes in seen.values()))
 
 
 def _row(label: str, base: list[float], ours: list[float]) -> str:
@@ -362,10 +441,18 @@ def _row(label: str, base: list[float], ours: list[float]) -> str:
     return f"{label:44}{b}{o}{ratio}"
 
 
+def _cell(xs: list[float], unit: str = "s") -> str:
+    if not xs:
+        return f"{'-':>14}"
+    if unit == "s":
+        return f"{statistics.median(xs):>6.2f} s (n={len(xs)})"
+    return f"{xs[0]:>14.0f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("all", "horovod", "torch"), default="all")
+    ap.add_argument("--only", choices=("all", "horovod", "torch", "pilotfill-torch"), default="all")
     args = ap.parse_args()
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp:
@@ -373,7 +460,9 @@ def main() -> None:
         if args.only in ("all", "horovod"):
             results["horovod"] = (bare(args.repeats, root), pilotfill_run(args.repeats, root))
         if args.only in ("all", "torch"):
-            results["torch"] = (torchrun_bare(args.repeats, root), torch_pilotfill(args.repeats, root))
+            results["torchrun"] = torchrun_bare(args.repeats, root)
+        if args.only in ("all", "torch", "pilotfill-torch"):
+            results["torch"] = {resize: torch_pilotfill(args.repeats, root, resize) for resize in ("restart", "in_place")}
     r = lambda xs: [round(x, 2) for x in xs]  # noqa: E731
     if "horovod" in results:
         (b_grow, b_shrink), (p_grow, p_shrink) = results["horovod"]
@@ -382,14 +471,29 @@ def main() -> None:
         print(_row("shrink: leave -> rank gone", b_shrink, p_shrink))
         print(f"samples: bare grow {r(b_grow)}, shrink {r(b_shrink)}")
         print(f"         pilotfill grow {r(p_grow)}, shrink {r(p_shrink)}")
+    if "torchrun" in results:
+        bare_t = results["torchrun"]
+        print(f"bare torchrun (c10d): grow {_cell(bare_t['grow'])}, pause {_cell(bare_t['pause'])}, shrink {_cell(bare_t['shrink'])}")
+        print(f"  samples {({k: r(v) for k, v in bare_t.items()})}")
     if "torch" in results:
-        bare_t, ours = results["torch"]
-        print(f"{'':44}{'bare torchrun (c10d)':>22}{'pilotfill':>12}{'ratio':>8}")
-        print(_row("grow: node added -> its first step", bare_t["grow"], ours["grow"]))
-        print(_row("grow: pause of the rank already training", bare_t["pause"], ours["pause"]))
-        print(_row("shrink: node leaves -> training at new size", bare_t["shrink"], ours["shrink"]))
-        print(f"samples: torchrun {({k: r(v) for k, v in bare_t.items()})}")
-        print(f"         pilotfill {({k: r(v) for k, v in ours.items()})}")
+        ours = results["torch"]
+        rows = [
+            ("grow: a node joins -> it trains (target <= 2 s)", "grow", "s"),
+            ("grow: survivor's pause (target <= 0.5 s)", "pause", "s"),
+            ("shrink, preempted (grace 5 s): survivor's pause", "shrink", "s"),
+            ("shrink, released: survivor's pause", "release", "s"),
+            ("grow back onto a held node -> it trains", "regrow", "s"),
+            ("grow back: survivor's pause", "regrow_pause", "s"),
+            ("surviving workers restarted (target 0)", "restarted", "n"),
+            ("samples redone, preemptions (target 0)", "redone_preempt", "n"),
+            ("samples redone, releases (target 0)", "redone_release", "n"),
+        ]
+        print(f"pilotfill's torch runtime through the local cluster, {args.repeats} of each change (medians)")
+        print(f"{'':50}{'restart':>16}{'in place':>16}")
+        for label, key, unit in rows:
+            print(f"{label:50}{_cell(ours['restart'][key], unit):>16}{_cell(ours['in_place'][key], unit):>16}")
+        for resize, got in ours.items():
+            print(f"  {resize}: {({k: r(v) for k, v in got.items()})}")
 
 
 if __name__ == "__main__":

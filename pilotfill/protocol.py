@@ -213,20 +213,22 @@ class StateSnapshot(Message):
 class RdzvJoin(Message):
     TYPE: ClassVar[str] = "rdzv.join"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "state wait|closed|ended[, round, rank, world_size, hosts, store {host, port, prefix}] (torch runtime)"
+    REPLY: ClassVar[str] = "state wait|closed|ended[, round, rank, world_size, hosts, store {host, port, prefix}][, in_place] (torch runtime)"
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the joining agent's node")
     last_round: int = _field(int, "the last round it was in")
+    in_place: bool = _field(bool, "its workers re-form in place (they reached a loader boundary): the job's rounds are staged", False)
 
 
 @dataclass(slots=True)
 class RdzvPoll(Message):
     TYPE: ClassVar[str] = "rdzv.poll"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "waiting, current, member, same_hosts (torch runtime)"
+    REPLY: ClassVar[str] = "waiting, current, member, same_hosts[, in_place: the job's ranks re-form in place] (torch runtime)"
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the asking agent's node")
     round: int = _field(int, "its round")
+    in_place: bool = _field(bool, "its workers re-form in place (as rdzv.join's)", False)
 
 
 BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in Message.__subclasses__()}

@@ -249,6 +249,7 @@ class Replay:
     due_share: float | None = None  # admission by worth: the most of the room due jobs take at once (None: the controller's own)
     share_by: str = "group"  # what a job's group is: the job file's "group" column, its "model", or the model's "family" (its name less "-bsN")
     far: float = SimilarityConfig.far  # a model less similar than this to every measured one is measured once on every type (0: never)
+    rescale: str = "restart"  # "in_place": a stop loses no work since the last commit (the torch runtime's in-place resize)
 
     def __post_init__(self) -> None:
         if self.max_jobs < 0:
@@ -270,7 +271,7 @@ class Replay:
         self.scheduler = ReplayScheduler(self.trace, self.queue_delay_s, self.grace_s, self.pilot_walltime_s, typed=self.typed)
         specs = {j.name: j for j in self.jobs}
         self.runtime = SimulatedRuntime(specs, self.accounting, self.noise if self.profiles == "learned" else 0.0, self.seed, now=self.trace.start,
-                                        node_types=self.trace.types)  # fmt: skip
+                                        node_types=self.trace.types, rescale=self.rescale)  # fmt: skip
         self.controller: Controller | None = None
         self._names: dict[str, str] = {}  # controller job id -> job name
         self._submitted_at: dict[str, float] = {}
@@ -392,7 +393,7 @@ class Replay:
             "total_samples": spec.total_samples,
             "scale_up_cost_s": spec.scale_up_cost_s,
             "scale_down_cost_s": spec.scale_down_cost_s,
-            "restart_cost_s": 0.0 if self.accounting == "bftrainer" else self.runtime.start_cost_s + self.runtime.commit_interval_s / 2,
+            "restart_cost_s": 0.0 if self.accounting == "bftrainer" else self.runtime.start_cost_s + (self.runtime.commit_interval_s / 2 if self.rescale == "restart" else 0.0),
             "weight": spec.weight,
             "group": group_of(spec, self.share_by),
         }

@@ -26,6 +26,7 @@ from .transport import Client
 
 _client: Client | None = None
 _last: float | None = None
+_first = False  # the next report is the first since the process started or its group re-formed
 
 
 def _connect() -> Client:
@@ -38,13 +39,14 @@ def _connect() -> Client:
 def report(samples: float, position: float | None = None) -> float | None:
     """Report ``samples`` processed by this rank since its previous report; ``position``: where the job is after
     them, in global samples since it began (the elastic loader's, on rank 0)."""
-    global _client, _last
+    global _client, _last, _first
     job_id = os.environ.get("PILOTFILL_JOB_ID")
     if not job_id:
         return None
     now = time.monotonic()
-    first = _last is None  # covers this process starting up: the controller does not take it for the training rate
-    if first:
+    first = _last is None or _first  # covers this process starting up, or its group re-forming: not the training rate
+    _first = False
+    if _last is None:
         _last = float(os.environ.get("PILOTFILL_STARTED", now))
     client = _connect()
     seconds = max(now - (_last if _last is not None else now), 1e-3)
@@ -52,6 +54,13 @@ def report(samples: float, position: float | None = None) -> float | None:
     where = None if position is None else float(position)
     reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first, position=where).to_dict())
     return float(reply["progress"])
+
+
+def measure_from(when: float) -> None:
+    """This rank's next report is its first at a new size (it re-formed in place at ``when``, POSIX s): the controller
+    measures what the change cost from it, not the training rate."""
+    global _last, _first
+    _last, _first = time.monotonic() - max(0.0, time.time() - when), True
 
 
 def committed() -> float | None:

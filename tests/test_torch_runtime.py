@@ -170,10 +170,8 @@ def _starts(events: list[dict], world: int | None = None) -> list[dict]:
 
 
 def _training_at(ctl: MiniController, world: int, since: float) -> bool:
-    """A commit was made by a round of ``world`` ranks that started after ``since``."""
-    events = ctl.probe()
-    rounds = {e["round"] for e in _starts(events, world) if e["time"] > since}
-    return any(e["event"] == "commit" and e["round"] in rounds and e["world"] == world for e in events)
+    """A commit was made by ``world`` ranks after ``since`` (restarted workers, or survivors re-formed in place)."""
+    return any(e["event"] == "commit" and e["world"] == world and e["time"] > since for e in ctl.probe())
 
 
 def _assert_resumed_from_last_commit(events: list[dict]) -> None:
@@ -201,12 +199,12 @@ def _assert_resumed_from_last_commit(events: list[dict]) -> None:
 # ------------------------------------------------------------------ real training
 
 
-def test_grow_1_2_3_and_shrink_back_keeps_training(cluster, tmp_path):
-    ctl = cluster()
+@pytest.mark.parametrize("resize", ["restart", "in_place"])
+def test_grow_1_2_3_and_shrink_back_keeps_training(cluster, tmp_path, resize):
+    ctl = cluster(resize=resize)
     hold = tmp_path / "hold"  # it trains on while this exists: a busy machine's slow re-forms do not outlast its epochs
     hold.touch()
     job = ctl.submit("grow", ["n0"], epochs=30, hold_file=str(hold))
-    t = time.time()
     ctl.wait_for(lambda: _training_at(ctl, 1, 0), 120, "training on one node")
     for hosts in (["n0", "n1"], ["n0", "n1", "n2"], ["n0", "n1"], ["n0"]):
         t = time.time()
@@ -217,15 +215,27 @@ def test_grow_1_2_3_and_shrink_back_keeps_training(cluster, tmp_path):
     ctl.wait_for(lambda: ctl.status(job) != "running", 240, "the job to finish")
     assert ctl.status(job) == "finished", ctl.jobs[job]["error"]
     assert ctl.jobs[job]["result"]["val_accuracy"] > 0.8
-    assert ctl.jobs[job]["result"]["restored"] is True
     events = ctl.probe()
-    _assert_resumed_from_last_commit(events)
-    assert {e["world"] for e in _starts(events)} == {1, 2, 3}
     assert not [e for e in ctl.exits if e.crashed], ctl.exits
+    if resize == "restart":
+        assert ctl.jobs[job]["result"]["restored"] is True
+        _assert_resumed_from_last_commit(events)
+        assert {e["world"] for e in _starts(events)} == {1, 2, 3}
+        return
+    # In place: n0 trained in one process throughout, the joiners took the state from it, nothing was done twice.
+    commits = [e for e in events if e["event"] == "commit"]
+    assert {e["host"] for e in commits} == {"n0"} and len({e["pid"] for e in commits}) == 1, commits
+    assert {e["world"] for e in commits} == {1, 2, 3}
+    positions = [(e["epoch"], e["batch"]) for e in commits]
+    assert positions == sorted(set(positions)), f"a commit was made again: {positions}"
+    joined = [e for e in events if e["event"] == "joined"]
+    assert sorted(e["host"] for e in joined) == ["n1", "n2"] and not any(e["from_disk"] for e in joined), joined
+    assert not [e for e in _starts(events) if e["restored"]], "a worker restored a commit"
 
 
-def test_a_killed_node_costs_the_node_not_the_job(cluster):
-    ctl = cluster()
+@pytest.mark.parametrize("resize", ["restart", "in_place"])
+def test_a_killed_node_costs_the_node_not_the_job(cluster, resize):
+    ctl = cluster(resize=resize)
     job = ctl.submit("sturdy", ["n0", "n1"], epochs=14)
     ctl.wait_for(lambda: _training_at(ctl, 2, 0), 120, "training on two nodes")
     time.sleep(0.5)  # mid-step
@@ -238,7 +248,12 @@ def test_a_killed_node_costs_the_node_not_the_job(cluster):
     ctl.wait_for(lambda: _training_at(ctl, 1, killed_at), 120, "the survivor to train alone")
     ctl.wait_for(lambda: ctl.status(job) != "running", 240, "the job to finish")
     assert ctl.status(job) == "finished", ctl.jobs[job]["error"]
-    _assert_resumed_from_last_commit(ctl.probe())
+    events = ctl.probe()
+    _assert_resumed_from_last_commit(events)
+    if resize == "in_place":
+        # A hard loss: the survivor went back to its last commit — the one its node held in memory, not the file.
+        again = [e for e in _starts(events) if e["time"] > killed_at]
+        assert again and all(e["restored"] == "memory" for e in again), again
 
 
 def test_ranks_per_node_gives_each_rank_its_local_rank(cluster):

@@ -42,6 +42,18 @@ class ProbedState(elastic_state.ElasticState):
         if elastic_state.rank() == 0:
             log("commit", epoch=self.epoch, batch=self.batch)
 
+    def _resume_from_memory(self, membership) -> bool:
+        """A worker restarted in place after a hard loss: the commit its node held in memory (logged as a start)."""
+        held = super()._resume_from_memory(membership)
+        if self._held:
+            log("start", epoch=self.epoch, batch=self.batch, restored="memory")
+        return held
+
+    def _take(self, payload, from_disk: bool) -> None:
+        """A joining rank took the job's state from a peer (or the commit, where nobody held it)."""
+        super()._take(payload, from_disk)
+        log("joined", epoch=self.epoch, batch=self.batch, position=self.loader.position, from_disk=from_disk)
+
 
 def first_step(batch) -> None:
     """After each optimizer step (digits' ``on_step``): the process's first is logged."""

@@ -55,6 +55,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from ..report import report
+from . import torch_inplace
 
 GLOBAL_BATCH_ENV = "PILOTFILL_GLOBAL_BATCH"
 """Set on the ranks by ``elastic_app(global_batch=…)``: the loader's global batch when it names none, and the least it may
@@ -366,8 +367,16 @@ class ElasticLoader:
         return steps
 
     def __iter__(self) -> Iterator[Batch]:
-        """The rest of the current epoch, a global batch per step; at its end the next epoch begins (``epoch`` + 1)."""
+        """The rest of the current epoch, a global batch per step; at its end the next epoch begins (``epoch`` + 1).
+
+        Under the torch runtime each step begins at a boundary where the job's group may re-form in place
+        (:mod:`pilotfill.elastic.torch_inplace`): the rest of the epoch is then planned for the ranks there are."""
+        membership = torch_inplace.active()
+        formed = False
         while True:
+            if membership is not None and not formed:
+                membership.boundary()  # a joiner takes the job's state (and position) here, before planning
+            formed = False
             rank, world = self._world()
             if world > self.global_batch and not self._warned:
                 self._warned = True
@@ -381,9 +390,12 @@ class ElasticLoader:
             fetched = iter(self._loader)
             reporting = self.report and rank == 0 and bool(os.environ.get("PILOTFILL_JOB_ID"))  # outside pilotfill: nobody to tell
             watch = self._world if self._world is not current_world or world > 1 or _grouped() else None  # alone and in no group: nothing changes
-            for step in steps:
+            for i, step in enumerate(steps):
+                if i and membership is not None and membership.boundary():
+                    formed = True
+                    break  # the group re-formed at this step: plan the rest of the epoch for the new one
                 if watch is not None and watch() != (rank, world):
-                    break  # the group changed under this epoch (an in-place reset): plan the rest for the new one
+                    break  # the group changed under this epoch (Horovod's in-place reset): plan the rest for the new one
                 micro = []
                 for start, end, scale in step.fetches:
                     got = next(fetched)

@@ -14,7 +14,11 @@ controller's decisions cost is charged as BFTrainer's replayer charges it:
 * ``accounting="bftrainer"``: starting a job is free and stopping one costs a
   shrink, as in BFTrainer (so the figures compare); ``"realistic"``: a start
   also costs ``start_cost_s`` of progress, and a stop loses the work since the
-  job's last commit (every ``commit_interval_s`` of training).
+  job's last commit (every ``commit_interval_s`` of training) — unless
+  ``rescale="in_place"``: the torch runtime's ranks leave at a step boundary
+  and, the whole job going, commit there first, so a stop within the pilot's
+  grace loses nothing but its cost (the job file's costs are then the in-place
+  runtime's, given by whoever replays).
 
 A report says when the job committed right after its work (``commit``), as
 real ranks do through ``ElasticState.commit``, so the controller's count of a
@@ -101,9 +105,13 @@ class SimJob:
 
 class SimulatedRuntime(Runtime):
     def __init__(self, specs: Mapping[str, JobSpec], accounting: str = "bftrainer", noise: float = 0.0, seed: int = 0,
-                 start_cost_s: float = 30.0, commit_interval_s: float = 60.0, now: float = 0.0, node_types: Mapping[str, str] | None = None):  # fmt: skip
+                 start_cost_s: float = 30.0, commit_interval_s: float = 60.0, now: float = 0.0, node_types: Mapping[str, str] | None = None,
+                 rescale: str = "restart"):  # fmt: skip
         if accounting not in ("bftrainer", "realistic"):
             raise ValueError(f"accounting must be 'bftrainer' or 'realistic', got {accounting!r}")
+        if rescale not in ("restart", "in_place"):
+            raise ValueError(f"rescale must be 'restart' or 'in_place', got {rescale!r}")
+        self.rescale = rescale
         self.specs = specs
         self.accounting = accounting
         self.noise = noise
@@ -163,7 +171,7 @@ class SimulatedRuntime(Runtime):
             return
         if job.finished is None:
             self._charge(job, job.spec.scale_down_cost_s * job.rate())
-            if self.accounting == "realistic":
+            if self.accounting == "realistic" and self.rescale == "restart":
                 lost_work = max(0.0, job.done - job.committed)
                 job.done -= lost_work
                 job.charged += lost_work

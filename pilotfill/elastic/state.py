@@ -1,14 +1,18 @@
 """Durable elastic state for plain ``torch.distributed`` (the torch runtime).
 
-torch elastic restarts every worker on each membership change (a node joins or
-leaves, a rank dies), so what survives is what was committed:
-:class:`ElasticState` restores the job's last commit when it is constructed —
-rank 0 reads ``checkpoints/<job>.pt`` in the run directory and broadcasts it,
-so every rank starts from the same state even where only rank 0 sees the file
-— and ``commit()`` has rank 0 write it atomically (write, fsync, rename). A
-grow or shrink costs at most the steps since the last commit. The file has the
-format of :class:`pilotfill.elastic.torch_state.TorchState` (Horovod's), so
-the two runtimes resume each other's commits.
+Under the torch runtime a worker outlives its job's membership changes
+(:mod:`pilotfill.elastic.torch_inplace`): the state it holds is the job's, and
+a node that joins takes it from a peer at its first batch. What must survive
+more than that is what was committed: ``commit()`` has rank 0 write
+``checkpoints/<job>.pt`` in the run directory atomically (write, fsync,
+rename), and each node's local rank 0 keep a copy in memory (``/dev/shm``),
+which a worker restarted after a hard loss (a peer killed, a collective that
+failed) resumes from. :class:`ElasticState` restores the durable commit where
+nobody holds the job's state — the job started again on new ranks: rank 0
+reads it and broadcasts it, so every rank starts from the same state even
+where only rank 0 sees the file. The file has the format of
+:class:`pilotfill.elastic.torch_state.TorchState` (Horovod's), so the two
+runtimes resume each other's commits.
 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -36,6 +40,7 @@ Outside pilotfill (no ``PILOTFILL_RUN_DIR``/``PILOTFILL_JOB_ID``) and without
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ import torch.distributed as dist
 
 from ..checkpoints import checkpoint_path
 from ..report import committed
+from . import torch_inplace
 
 
 def stateful(value: Any) -> bool:
@@ -66,7 +72,7 @@ def device() -> torch.device:
 
 
 class ElasticState:
-    """A model, an optimizer and named values (``loader=loader``, ``epoch=0``) that survive worker restarts."""
+    """A model, an optimizer and named values (``loader=loader``, ``epoch=0``) that survive every change of nodes."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  path: str | Path | None = None, durable: bool = True, **extra: Any):  # fmt: skip
@@ -77,7 +83,15 @@ class ElasticState:
         self.keys = list(extra)
         for key, value in extra.items():
             setattr(self, key, value)
-        self.restored = self.restore()
+        self._held = False  # a provisional worker resumed from the commit its node holds in memory
+        membership = torch_inplace.active()
+        self._index = membership.register_state(self) if membership is not None else 0
+        if membership is not None and membership.provisional:
+            # A worker joining a job that trains: the state comes from a peer when it joins the group, at its first batch
+            # (or, restarted after a hard loss, from the last commit its node holds in memory): nothing is read here.
+            self.restored = self._resume_from_memory(membership)
+        else:
+            self.restored = self.restore()
         if model is not None:
             from ..describe import watch
 
@@ -102,13 +116,27 @@ class ElasticState:
                 setattr(self, key, value)
 
     def commit(self) -> None:
-        """Rank 0 saves the state durably; the others carry on (their state is the same)."""
-        if self.path is None or rank() != 0:
+        """Rank 0 saves the state durably, each node's local rank 0 keeps it in memory; the others carry on (their
+        state is the same)."""
+        membership = torch_inplace.active()
+        if membership is not None and membership.provisional:
+            return  # not the job's state yet: it comes when this worker joins
+        durable = self.path is not None and rank() == 0
+        held = membership is not None and membership.local_rank == 0
+        if not (durable or held):
             return
+        payload = self.state_dict()
+        if held:
+            self._keep_in_memory(membership, payload)
+        if durable:
+            self._save(payload)
+
+    def _save(self, payload: dict[str, Any]) -> None:
+        assert self.path is not None
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
-            torch.save(self.state_dict(), f)
+            torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
@@ -121,15 +149,7 @@ class ElasticState:
 
     def restore(self) -> bool:
         """Load the last commit on every rank (rank 0 reads, then broadcasts); True if there was one."""
-        saved = None
-        if rank() == 0 and self.path is not None:
-            for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
-                stale.unlink(missing_ok=True)  # a commit cut short when its writer was stopped
-            if self.path.exists():
-                from ..checkpoints import check_private
-
-                check_private(self.path, self.path.parent)  # a pickle: loaded only if nobody else could have written it
-                saved = torch.load(self.path, map_location="cpu", weights_only=False)
+        saved = self._read() if rank() == 0 else None
         if _distributed() and dist.get_world_size() > 1:
             box = [saved]
             dist.broadcast_object_list(box, src=0)
@@ -138,3 +158,54 @@ class ElasticState:
             return False
         self.load_state_dict(saved)
         return True
+
+    def _read(self) -> dict[str, Any] | None:
+        """The durable commit (rank 0), or None."""
+        if self.path is None:
+            return None
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            stale.unlink(missing_ok=True)  # a commit cut short when its writer was stopped
+        if not self.path.exists():
+            return None
+        from ..checkpoints import check_private
+
+        check_private(self.path, self.path.parent)  # a pickle: loaded only if nobody else could have written it
+        return torch.load(self.path, map_location="cpu", weights_only=False)
+
+    # ------------------------------------------------------------ in-place resize (pilotfill.elastic.torch_inplace)
+
+    def _payload(self, from_disk: bool) -> dict[str, Any] | None:
+        """What this rank sends a joining rank: the state it holds, or (nobody holds one) the durable commit — or,
+        without one, its own state, so that every rank starts from the same."""
+        if from_disk:
+            saved = self._read()
+            if saved is not None:
+                return {"state": saved, "restored": True}
+        return {"state": self.state_dict(), "restored": self.restored}
+
+    def _take(self, payload: dict[str, Any] | None, from_disk: bool) -> None:
+        """The state a peer sent (model, optimizer, the loader's position, named values): this rank's from now on."""
+        if payload is None:
+            return
+        self.load_state_dict(payload["state"])
+        self.restored = bool(payload.get("restored")) if from_disk else self.restored or self._held
+
+    def _keep_in_memory(self, membership: Any, payload: dict[str, Any]) -> None:
+        """This commit, in the node's memory, for a worker of it restarted after a hard loss."""
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        try:
+            torch_inplace.write_atomically(torch_inplace.commit_path(membership.dir, self._index), buffer.getvalue())
+        except OSError:
+            pass  # no room in memory: a restarted worker takes the state from a peer, or the durable commit
+
+    def _resume_from_memory(self, membership: Any) -> bool:
+        """A worker restarted after a hard loss resumes from the commit its node holds in memory, if any."""
+        path = torch_inplace.commit_path(membership.dir, self._index)
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+        except (OSError, EOFError, RuntimeError, ValueError):
+            return False
+        self.load_state_dict(saved)
+        self._held = True
+        return False

@@ -9,8 +9,15 @@ updates :attr:`TorchRuntime.rendezvous` (a :class:`RendezvousBook`), which
 answers the agents' ``rdzv.join``/``rdzv.poll`` (route them with
 :func:`pilotfill.elastic.rendezvous.handle`). A round closes as soon as the
 allocated hosts have joined; agents on kept hosts hear of the change from the
-controller and restart their workers, which resume from the last durable
-commit (:class:`pilotfill.elastic.state.ElasticState`).
+controller and hand the new round to their workers, which move to it at their
+next step boundary without stopping (``resize="in_place"``, the default:
+:mod:`pilotfill.elastic.torch_inplace`); a node that joins takes the job's
+state from a peer, and a node that leaves (released, or preempted with a
+grace) leaves at a step boundary, so nothing is redone. Code that never reaches
+a loader boundary, and ``resize="restart"`` (``PILOTFILL_TORCH_RESIZE=restart``
+in the controller's environment: what torch elastic does, kept to compare),
+restart every worker on a change, resuming from the last durable commit
+(:class:`pilotfill.elastic.state.ElasticState`).
 
 The run's torch store (:mod:`pilotfill.elastic.torch_store`) runs here, on the
 controller's machine, started once with the runtime; rank 0's node holds
@@ -58,6 +65,9 @@ if TYPE_CHECKING:
 from .torch_store import PORT_FILE, read_port_file
 
 STORE_RESTART_BACKOFF_S = 2.0
+RESIZE_ENV = "PILOTFILL_TORCH_RESIZE"
+"""``restart``: every change restarts the workers (torch elastic's own way, kept to compare); else in place."""
+RESIZES = ("in_place", "restart")
 ROUNDS_DIR = "rendezvous"
 """Each job's current round, for a restarted controller (written only where one will adopt them)."""
 
@@ -86,12 +96,16 @@ class TorchRuntime(Runtime):
     ``store_lease_s``: the store outlives this runtime's controller, and a store
     such a predecessor left is adopted, ending once the campaign's lease is ended or
     unrenewed this long (None: the store dies with the controller, nothing is adopted).
+    ``resize``: ``in_place`` (workers outlive membership changes) or ``restart``
+    (torch elastic's restarts); default: ``$PILOTFILL_TORCH_RESIZE``, else in place.
     """
 
     handles: ClassVar[tuple[str, ...]] = (RdzvJoin.TYPE, RdzvPoll.TYPE)  # its agents' rendezvous (pilotfill.elastic.rendezvous)
 
     def resize_restarts_ranks(self, job_id: str | None = None) -> bool:
-        return True  # every resize is a new rendezvous round: each agent restarts its workers at the new size
+        # Every resize is a new rendezvous round: the old ranks report at the old size until they are in it (restarted,
+        # or re-formed in place at their next step: their first report after says so, and what the change cost).
+        return True
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> TorchRuntime:
@@ -112,8 +126,12 @@ class TorchRuntime(Runtime):
     def __init__(self, run_dir: Path | str, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int | None = None,
                  store_host: str = "127.0.0.1", python: str = sys.executable, agent_env: dict[str, str] | None = None,
                  poll_interval_s: float = 0.2, clock: Callable[[], float] = time.time, grace_s: float = 5.0,
-                 collective_timeout_s: float = DEFAULT_TIMEOUT_S, on_spawn: OnSpawn | None = None, store_lease_s: float | None = None):  # fmt: skip
+                 collective_timeout_s: float = DEFAULT_TIMEOUT_S, on_spawn: OnSpawn | None = None, store_lease_s: float | None = None,
+                 resize: str | None = None):  # fmt: skip
         self.run_dir = Path(run_dir)
+        self.resize_mode = resize or os.environ.get(RESIZE_ENV) or "in_place"
+        if self.resize_mode not in RESIZES:
+            raise ValueError(f"torch runtime: resize must be one of {', '.join(RESIZES)}, got {self.resize_mode!r} (${RESIZE_ENV})")
         self.launcher = launcher
         self.ranks_per_node = ranks_per_node
         self.gpus_per_node = gpus_per_node
@@ -133,6 +151,9 @@ class TorchRuntime(Runtime):
         self._store_started = 0.0
         self._rounds = self.run_dir / ROUNDS_DIR
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        from ..pilots.warm import want
+
+        want(self.run_dir)  # this run's pilots keep torch warm on their nodes, for the agents placed there
         if store_lease_s is None or not self._adopt_store():
             self._start_store()
 
@@ -184,7 +205,9 @@ class TorchRuntime(Runtime):
         return True
 
     def resize_keeps_progress(self, grow_only: bool, job_id: str | None = None) -> bool:
-        return False  # torch elastic restarts every worker on a membership change: they resume from the commit
+        # In place, the survivors keep every step (a hard loss sends them back to the commit, and rank 0's next report
+        # of its loader's position counts what they do again); restarted workers resume from the commit.
+        return job_id is not None and self.rendezvous.in_place(job_id)
 
     def stop(self, job_id: str) -> None:
         hosts = self._hosts.pop(job_id, [])
@@ -236,11 +259,13 @@ class TorchRuntime(Runtime):
             "--nproc", str(int(spec.get("ranks_per_node") or self.ranks_per_node)),
             "--min-nodes", str(spec.get("min_nodes", 1)), "--max-nodes", str(spec.get("max_nodes", 1 << 20)),
             "--poll-interval", str(self.poll_interval_s), "--stop-grace", str(self.grace_s),
-            "--collective-timeout", str(self.collective_timeout_s),
+            "--collective-timeout", str(self.collective_timeout_s), "--resize", self.resize_mode,
         ]  # fmt: skip
         gpus = spec.get("gpus_per_node", self.gpus_per_node)
         if gpus is not None:
             argv += ["--gpus-per-node", str(int(gpus))]
+        module = str(spec.get("entry") or "").partition(":")[0]
+        argv += ["--preload", module]  # named here: an agent forked warm asks nothing before its forkserver is forked
         return argv
 
     def agent_environment(self, job_id: str) -> dict[str, str]:

@@ -39,19 +39,25 @@ and the agent exits 143.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import json
 import logging
 import math
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
+from enum import Enum
 from multiprocessing import forkserver
 from pathlib import Path
 
 from ..procs import die_with_parent
+from ..transport import ControllerUnavailable, RequestRefused
 from .collectives import DEFAULT_TIMEOUT_S, worker_environment
 
 log = logging.getLogger("pilotfill.torch_agent")
@@ -107,29 +113,66 @@ def _noop() -> None:
     pass
 
 
-def start_forkserver(job_module: str | None) -> threading.Thread:
+def start_forkserver(job_module: str | None, warm: bool = False) -> threading.Thread | None:
     """Start the forkserver importing torch and the job's module once; the thread ends when it is warm.
 
     The agent joins the rendezvous only after that: joining makes the other
     nodes restart their workers, which would otherwise wait for ours to import.
-    Meanwhile the agent imports torch itself (the two overlap).
+    Meanwhile the agent imports torch itself (the two overlap). ``warm``: this
+    agent was forked from its pilot's zygote with torch imported and no thread
+    started: the forkserver is forked from it too (:func:`fork_forkserver`), warm
+    at once; it imports only the job's module. Returns None then.
     """
     if job_module:
         os.environ["PILOTFILL_PRELOAD_MODULE"] = job_module
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["pilotfill.elastic.torch_preload"])
+    if warm:
+        fork_forkserver(["pilotfill.elastic.torch_preload"])
+        return None
     # Started from this (the main) thread: the forkserver dies with its parent thread (torch_preload sets
     # PR_SET_PDEATHSIG), and the warming thread below ends at once. Its workers die with it in turn.
     forkserver.ensure_running()
 
-    def warm() -> None:
+    def warm_up() -> None:
         probe = ctx.Process(target=_noop)
         probe.start()  # returns once the forkserver has preloaded and forked
         probe.join()
 
-    thread = threading.Thread(target=warm, name="forkserver-warm", daemon=True)
+    thread = threading.Thread(target=warm_up, name="forkserver-warm", daemon=True)
     thread.start()
     return thread
+
+
+def fork_forkserver(preload: list[str]) -> None:
+    """multiprocessing's forkserver, forked from this process rather than started as a new Python (which would import
+    torch again): ``ForkServer.ensure_running`` as CPython 3.11 does it, with ``os.fork`` for its ``spawnv_passfds``.
+    Only from a process with no thread of its own yet (a fork keeps the calling thread alone)."""
+    import socket
+    from multiprocessing import connection, resource_tracker
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        return
+    resource_tracker.ensure_running()
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(alive_w)
+                forkserver.main(listener.fileno(), alive_r, preload)
+            finally:
+                os._exit(0)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+    server._preload_modules = list(preload)
 
 
 def make_agent(args: argparse.Namespace, run_dir: str):
@@ -224,6 +267,385 @@ def _exited_without_returning(pcontext) -> bool:
     return any(p.exitcode == 0 and i not in returned for i, p in enumerate(processes))
 
 
+class AgentPhase(str, Enum):
+    """Where an in-place agent stands (:class:`InPlaceAgent`)."""
+
+    JOINING = "joining"  # its workers wait for a round (a fresh start: before they run; provisional: parked at their first batch)
+    RUNNING = "running"  # its workers train in its round; a newer round is handed to them at their next boundary
+    RETURNED = "returned"  # its workers' function returned while the job goes on: waiting for the job's end or a new round
+    LEAVING = "leaving"  # told to go (SIGTERM) or no longer in the job: its workers leave at their next boundary
+
+
+AGENT_MOVES: dict[AgentPhase, frozenset[AgentPhase]] = {
+    AgentPhase.JOINING: frozenset({AgentPhase.RUNNING, AgentPhase.LEAVING, AgentPhase.JOINING}),
+    AgentPhase.RUNNING: frozenset({AgentPhase.RUNNING, AgentPhase.JOINING, AgentPhase.RETURNED, AgentPhase.LEAVING}),
+    AgentPhase.RETURNED: frozenset({AgentPhase.JOINING, AgentPhase.LEAVING}),
+    AgentPhase.LEAVING: frozenset({AgentPhase.LEAVING}),
+}
+TICK_S = 0.02
+REFORM_ASK_S = 3.0
+"""A worker that waits this long for a round nobody opened (a collective failed with every node still there) has its
+agent ask for one: the same hosts, re-formed."""
+
+
+class InPlaceAgent:
+    """A node's agent whose workers outlive membership changes (:mod:`pilotfill.elastic.torch_inplace`).
+
+    It starts its workers from the warm forkserver — after the first round closes for a job's first start, or at
+    once, *provisional*, for a job whose ranks already train in place (they run their prologue alone and wait at
+    their first batch) — and joins the controller's rounds for them: a newer round is written to the node's notice
+    and the workers move to it at their next step boundary, without stopping. Joining waits until the workers are
+    ready (parked at their first batch, or formed in the last round), so the others never wait for this node. A
+    worker that fails (a lost peer, its own error) is started again, provisional: it resumes from a peer, or from
+    the commit the node holds in memory. Workers whose code reaches no loader boundary are restarted into each new
+    round, as torch elastic would. SIGTERM: the workers leave at their next boundary (they got it too), within the
+    grace; then SIGKILL."""
+
+    def __init__(self, args: argparse.Namespace, run_dir: str, client) -> None:
+        from . import torch_inplace
+
+        self.args, self.run_dir, self.client = args, run_dir, client
+        self.gpus = gpu_list(args.gpus_per_node)
+        self.phase = AgentPhase.JOINING
+        self.round = -1
+        self.round_info: dict | None = None
+        self.serial = 0
+        self.in_place = False  # this job's ranks re-form in place (its workers reached a loader boundary, or the book says so)
+        self.workers: dict[int, multiprocessing.process.BaseProcess] = {}
+        self.provisional = False
+        self.restarts = 0
+        self.term_at: float | None = None
+        self.deadline: float | None = None
+        self._polled = 0.0
+        self._nudged: float | None = None
+        self._joining_since: float | None = None
+        self._want_since: float | None = None
+        self.ctx = multiprocessing.get_context("forkserver")
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # node-local memory: notices and the commit it holds
+        self.dir = Path(tempfile.mkdtemp(prefix=f"pilotfill-{args.job_id}-{args.host}-", dir=base))
+        self.notice_path = self.dir / torch_inplace.NOTICE
+        self._inplace = torch_inplace
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_term)
+        try:
+            return self._run()
+        finally:
+            self._kill_workers()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _run(self) -> int:
+        first = self._poll(-1)
+        self.in_place = bool(first and first.get("in_place"))
+        if self.in_place:
+            self._spawn(provisional=True)  # they run their prologue now, alone; this node joins once they are ready
+        while True:
+            if self.term_at is not None and self.phase is not AgentPhase.LEAVING:
+                self._move(AgentPhase.LEAVING)
+                self._tell_leave()
+            code = self._reap()
+            if code is not None:
+                return code
+            if self.phase is AgentPhase.LEAVING:
+                if not self._alive():
+                    return 143 if self.term_at is not None else 0
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    log.warning("%s: workers did not leave within the grace: killing them", self.args.host)
+                    self._kill_workers()
+                    return 143 if self.term_at is not None else 0
+            elif self.phase is AgentPhase.JOINING:
+                self._joining()
+            elif self.phase is AgentPhase.RUNNING:
+                self._running()
+            elif self.phase is AgentPhase.RETURNED:
+                if self._waited_for_change():
+                    return 0
+            time.sleep(TICK_S)
+
+    # ------------------------------------------------------------ phases
+
+    def _joining(self) -> None:
+        """Join the round once the workers are ready for it (a fresh start: at once)."""
+        if self.workers and not all(self._ready(i) for i in self.workers if self.workers[i].is_alive()):
+            return
+        reply = self._join()
+        if reply is None:
+            return
+        state = reply.get("state")
+        if state == "ended":
+            log.info("%s: no part in %s any more: leaving", self.args.host, self.args.job_id)
+            self._move(AgentPhase.LEAVING)
+            self._tell_leave()
+            return
+        if state != "closed":
+            return
+        self._closed(reply)
+        if not self.workers:
+            self._spawn(provisional=False)
+        self._move(AgentPhase.RUNNING)
+
+    def _running(self) -> None:
+        """Hear of newer rounds from the controller (every poll interval, at once when a worker asks) and join them;
+        workers that never reached a boundary are restarted into the new round instead."""
+        self._learn_capable()
+        nudged = self._nudge_time()
+        asked = nudged is not None and nudged != self._nudged
+        self._nudged = nudged
+        wants = self._workers_want()
+        if wants and self._want_since is None:
+            self._want_since = time.monotonic()
+        elif not wants:
+            self._want_since = None
+        if not asked and time.monotonic() - self._polled < self.args.poll_interval:
+            return
+        reply = self._poll(self.round)
+        if reply is None:
+            return
+        if not reply.get("current") or not reply.get("member", True):
+            log.info("%s: no part in %s any more: its workers leave at their next step", self.args.host, self.args.job_id)
+            self._move(AgentPhase.LEAVING)
+            self._tell_leave()
+            return
+        changed = int(reply.get("waiting") or 0) > 0 or reply.get("current") != self.round
+        stuck = self._want_since is not None and time.monotonic() - self._want_since > REFORM_ASK_S
+        if not (changed or stuck):
+            return
+        if not all(self._formed(i) for i in self.workers if self.workers[i].is_alive()):
+            return  # its workers are still moving to the last round: one move at a time, so every rank goes to the same
+        reply = self._join()  # a newer round; or, stuck, the same hosts re-formed (the book opens one)
+        if reply is None or reply.get("state") == "wait":
+            return
+        if reply.get("state") == "ended":
+            self._move(AgentPhase.LEAVING)
+            self._tell_leave()
+            return
+        self._want_since = None
+        if self.in_place:
+            self._closed(reply)  # the workers move at their next boundary
+            return
+        log.info("%s: round %s: restarting workers that reach no loader boundary", self.args.host, reply.get("round"))
+        self._stop_workers()
+        self._closed(reply)
+        self._spawn(provisional=False)
+
+    def _waited_for_change(self) -> bool:
+        """The node's workers returned: True once the job is over (this agent goes); a new round starts them again."""
+        if time.monotonic() - self._polled < self.args.poll_interval:
+            return False
+        reply = self._poll(self.round)
+        if reply is None:
+            return False
+        if not reply.get("current") or not reply.get("member", True):
+            return True
+        if int(reply.get("waiting") or 0) > 0 or reply.get("current") != self.round:
+            log.info("%s: the round changed while this node's workers had returned: joining the next", self.args.host)
+            self.workers.clear()
+            self._move(AgentPhase.JOINING)
+        return False
+
+    # ------------------------------------------------------------ workers
+
+    def _spawn(self, provisional: bool) -> None:
+        from . import torch_worker
+
+        self.provisional = provisional
+        if provisional:
+            self.notice_path.unlink(missing_ok=True)  # they wait for the round this agent joins next, not the last one's
+        for local_rank in range(self.args.nproc):
+            self._inplace.worker_status_path(self.dir, local_rank).unlink(missing_ok=True)
+            self._inplace.returned_path(self.dir, local_rank).unlink(missing_ok=True)
+            env = self._worker_env(local_rank, provisional)
+            proc = self.ctx.Process(target=torch_worker.entry_in_place, args=(env,), name=f"worker-{local_rank}", daemon=False)
+            proc.start()
+            self.workers[local_rank] = proc
+
+    def _worker_env(self, local_rank: int, provisional: bool) -> dict[str, str]:
+        env = {
+            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(self.args.nproc), "ROLE_NAME": "trainer",
+            "TORCHELASTIC_RUN_ID": self.args.job_id, "TORCHELASTIC_RESTART_COUNT": str(self.restarts),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.args.max_restarts), "PILOTFILL_RESIZE": "in_place",
+            "PILOTFILL_NOTICE_DIR": str(self.dir), "PILOTFILL_PROVISIONAL": "1" if provisional else "0",
+        }  # fmt: skip
+        info = self.round_info
+        if info is not None and not provisional:
+            nodes, node_rank, store = int(info["world_size"]), int(info["rank"]), info["store"]
+            env.update({
+                "RANK": str(node_rank * self.args.nproc + local_rank), "WORLD_SIZE": str(nodes * self.args.nproc),
+                "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(node_rank * self.args.nproc + local_rank),
+                "ROLE_WORLD_SIZE": str(nodes * self.args.nproc), "MASTER_ADDR": store["host"], "MASTER_PORT": str(store["port"]),
+                "PILOTFILL_RDZV_PREFIX": f"{store['prefix']}/workers", "PILOTFILL_RDZV_ROUND": str(info["round"]),
+            })  # fmt: skip
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[local_rank % len(self.gpus)]
+        return env
+
+    def _reap(self) -> int | None:
+        """Workers that ended: the agent's exit status if it must go now, else None (they are started again as needed)."""
+        from .torch_inplace import EXIT_LEFT
+        from .torch_worker import EXIT_PEER_LOST
+
+        ended = {i: p.exitcode for i, p in self.workers.items() if not p.is_alive()}
+        if not ended:
+            return None
+        for i, code in ended.items():
+            self.workers[i].join(0)
+            if code is None:
+                continue
+            own_end = code < 0 and -code not in (signal.SIGTERM, signal.SIGINT) or code > 0 and code not in (*REPORTED_CODES, EXIT_LEFT)
+            own_end = own_end or code == 0 and not self._inplace.returned_path(self.dir, i).exists()  # os._exit(0): no value, no error
+            if own_end and self.phase is not AgentPhase.LEAVING:
+                # The app's own end (a segfault, the OOM killer, an exit status of its own): leave with it, the controller counts.
+                from .ending import exit_words
+
+                log.error("%s: a worker %s: leaving (the controller counts such ends)", self.args.host, exit_words(code))
+                self._kill_workers()
+                return 128 - code if code < 0 else code
+        if self.phase is AgentPhase.LEAVING:
+            for i in ended:
+                del self.workers[i]
+            return None
+        codes = {code for code in ended.values() if code is not None}
+        log.info("%s: worker(s) %s ended with %s", self.args.host, sorted(ended), sorted(codes))
+        if self._alive():
+            if codes <= {0}:
+                return None  # returned; the others still run (uneven): wait for them
+            for i in ended:
+                del self.workers[i]
+            self._restart("a worker " + ("left" if codes & {EXIT_LEFT} else "lost a peer" if EXIT_PEER_LOST in codes else "failed"))
+            return None
+        self.workers.clear()
+        if codes <= {0}:
+            self._move(AgentPhase.RETURNED)
+            return None
+        if codes & {EXIT_LEFT} and self.term_at is None:
+            self._restart("its workers left without being told")
+            return None
+        self._restart("its workers " + ("lost a peer" if EXIT_PEER_LOST in codes else "failed"))
+        return None
+
+    def _restart(self, why: str) -> None:
+        """Start this node's workers again and re-join: provisional where the job re-forms in place (they resume from
+        a peer or from the commit this node holds), else into the next round."""
+        self.restarts += 1
+        if self.restarts > self.args.max_restarts:
+            raise WorkerEnded(1)
+        self._stop_workers()
+        log.info("%s: %s: starting its workers again%s", self.args.host, why, " (they rejoin in place)" if self.in_place else "")
+        self._learn_capable()
+        if self.in_place:
+            self._spawn(provisional=True)
+        self._move(AgentPhase.JOINING)  # its join re-forms the same hosts, or joins the controller's newer round
+
+    def _stop_workers(self) -> None:
+        """SIGTERM the workers, SIGKILL after the grace (a restart)."""
+        alive = [p for p in self.workers.values() if p.is_alive()]
+        for p in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.args.stop_grace
+        while any(p.is_alive() for p in alive) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._kill_workers()
+        self.workers.clear()
+
+    def _kill_workers(self) -> None:
+        for p in self.workers.values():
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+        for p in self.workers.values():
+            p.join(5)
+
+    def _alive(self) -> bool:
+        return any(p.is_alive() for p in self.workers.values())
+
+    def _status(self, local_rank: int) -> dict:
+        try:
+            return json.loads(self._inplace.worker_status_path(self.dir, local_rank).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _ready(self, local_rank: int) -> bool:
+        """A worker may be given a round: not started provisional, or parked at its first batch."""
+        return not self.provisional or bool(self._status(local_rank).get("parked"))
+
+    def _formed(self, local_rank: int) -> bool:
+        return int(self._status(local_rank).get("round", -1)) >= self.round
+
+    def _workers_want(self) -> bool:
+        """A worker waits for a round after the one it is in (the group agreed to re-form, a collective failed)."""
+        return any(self._status(i).get("wants") is not None for i in self.workers)
+
+    def _learn_capable(self) -> None:
+        if not self.in_place and any(self._status(i).get("capable") for i in self.workers):
+            self.in_place = True
+            log.info("%s: the job's ranks reach loader boundaries: they re-form in place from now on", self.args.host)
+
+    def _nudge_time(self) -> float | None:
+        try:
+            return os.stat(self.dir / self._inplace.NUDGE).st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    # ------------------------------------------------------------ the controller's rounds
+
+    def _poll(self, round_number: int) -> dict | None:
+        self._polled = time.monotonic()
+        message = {"type": "rdzv.poll", "job_id": self.args.job_id, "host": self.args.host, "round": round_number}
+        if self.in_place:
+            message["in_place"] = True
+        try:
+            reply = self.client.request(message, timeout_s=10.0)
+        except (ControllerUnavailable, RequestRefused) as exc:
+            log.warning("rdzv.poll: %s (keeping the current round)", exc)
+            return None
+        if reply.get("in_place") and not self.in_place:
+            self.in_place = True
+        return reply
+
+    def _join(self) -> dict | None:
+        """One ask to join the round after ours (non-blocking: "wait" means ask again)."""
+        message = {"type": "rdzv.join", "job_id": self.args.job_id, "host": self.args.host, "last_round": self.round}
+        if self.in_place:
+            message["in_place"] = True
+        try:
+            return self.client.request(message, timeout_s=10.0)
+        except (ControllerUnavailable, RequestRefused) as exc:
+            log.warning("rdzv.join: %s", exc)
+            return None
+
+    def _closed(self, reply: dict) -> None:
+        """A round closed for this node: its workers are told (the notice), and this is the agent's round now."""
+        self.round, self.round_info = int(reply["round"]), reply
+        self.serial += 1
+        store = reply["store"]
+        self._inplace.Notice(self.serial, self.round, int(reply["rank"]), int(reply["world_size"]), store["host"], int(store["port"]),
+                             store["prefix"]).write(self.notice_path)  # fmt: skip
+        log.info("%s joined round %d of %s as node %d of %d", self.args.host, self.round, self.args.job_id, reply["rank"], reply["world_size"])
+
+    def _tell_leave(self) -> None:
+        """The workers leave at their next boundary (those SIGTERM did not reach hear it here)."""
+        self.serial += 1
+        self._inplace.Notice(self.serial, self.round, leave=True).write(self.notice_path)
+        self.deadline = time.monotonic() + self.args.stop_grace
+        for p in self.workers.values():
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+
+    def _on_term(self, signum, frame) -> None:
+        if self.term_at is None:
+            self.term_at = time.monotonic()
+
+    def _move(self, to: AgentPhase) -> None:
+        if to not in AGENT_MOVES[self.phase]:
+            raise RuntimeError(f"in-place agent: {self.phase.value} -> {to.value}")
+        self.phase = to
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch_agent", description=__doc__.split("\n\n")[0])
     ap.add_argument("--job-id", required=True)
@@ -237,6 +659,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll-interval", type=float, default=0.2, help="seconds between rdzv.poll")
     ap.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, help="seconds between SIGTERM and SIGKILL for workers (the pilot's grace)")
     ap.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="timeout of the workers' process groups, seconds")
+    ap.add_argument("--preload", default=None, help="the job's module, imported once by the workers' forkserver (default: asked of the controller)")
+    ap.add_argument("--resize", choices=("in_place", "restart"), default="restart",
+                    help="in_place: workers outlive membership changes (torch_inplace); restart: torch elastic's own restarts")
     args = ap.parse_args(argv)
     if not args.host:
         ap.error("--host (or PILOTFILL_HOST) is required")
@@ -253,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, value in worker_environment(args.collective_timeout).items():
         os.environ.setdefault(name, value)  # every worker's (the forkserver's environment); the node's own settings win
     started = time.monotonic()
-    warming = start_forkserver(entry_module(run_dir, args.job_id))  # first: it imports while we do
+    warm = "torch" in sys.modules  # forked from the pilot's zygote (pilotfill.pilots.warm): torch imported, no thread yet
+    module = args.preload if args.preload is not None else None if warm else entry_module(run_dir, args.job_id)
+    warming = start_forkserver(module or None, warm=warm)  # first: it imports while we do (warm: before any thread starts)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -264,8 +691,16 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, on_signal)
     handler = None
     try:
+        if args.resize == "in_place":
+            from ..transport import Client
+
+            if warming is not None:
+                warming.join()
+            log.info("%s: ready after %.1f s (%s)", args.host, time.monotonic() - started, "forked warm" if warm else "workers' forkserver warm")
+            return InPlaceAgent(args, run_dir, Client(run_dir, timeout_s=30.0)).run()
         agent, handler = make_agent(args, run_dir)
-        warming.join()
+        if warming is not None:
+            warming.join()
         log.info("%s: ready to join after %.1f s (workers' forkserver warm)", args.host, time.monotonic() - started)
         result = agent.run()
     except SignalException as exc:

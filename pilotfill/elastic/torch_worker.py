@@ -47,6 +47,7 @@ from ..procs import die_with_parent
 from ..transport import Client, ControllerUnavailable, RequestRefused
 from .collectives import configure_process_groups
 from .ending import exited_text
+from . import torch_inplace
 from .guard import refuse_horovod
 from .rank import resolve, run_parsl_task
 
@@ -69,14 +70,20 @@ class Peers:
     """
 
     def __init__(self, client: Client, job_id: str, env: dict[str, str] | None = None, evidence_s: float = PEER_EVIDENCE_S):
-        env = dict(os.environ if env is None else env)
         self.client, self.job_id, self.evidence_s = client, job_id, evidence_s
+        self._env = env
+        self._read()
+
+    def _read(self) -> None:
+        """This rank's round as it is now (an in-place re-form changes it under the job's function)."""
+        env = dict(os.environ if self._env is None else self._env)
         self.rank, self.world = int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1"))
         self.round, self.host = int(env.get("PILOTFILL_RDZV_ROUND", "-1")), env.get("PILOTFILL_HOST", "")
         self.prefix = env.get("PILOTFILL_RDZV_PREFIX", "")
         self.where = (env.get("PILOTFILL_RUN_DIR", ""), env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""))
 
     def judge(self, exc: BaseException) -> int | None:
+        self._read()
         if self.world <= 1 or not self.prefix:
             return None  # nobody to lose: the user's own error
         # The agent SIGTERMs its workers the moment it hears the round changed (often while this one watches): the
@@ -117,6 +124,7 @@ class Peers:
         """This rank's function returned while the job goes on (rank 0's result is the job's): said in the round's
         store, so that a peer whose collective now fails — it ran more steps than this rank did — re-forms the round
         from the last commit at once instead of taking the failure for its own (turn 4 (a))."""
+        self._read()
         if self.world <= 1 or not self.prefix:
             return
         print(f"pilotfill: rank {self.rank} returned while the job goes on; rank 0's result ends it", file=sys.stderr, flush=True)
@@ -306,6 +314,7 @@ def main() -> int:
     die_with_parent()
     refuse_horovod("torch")  # before the app's code: hvd.init() here would be a world of one per rank
     configure_process_groups()  # a peer that leaves cannot hang a collective for torch's 10-30 min
+    torch_inplace.install()  # its agent says whether this worker outlives membership changes (torch_inplace)
     bind_store()
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
@@ -345,6 +354,31 @@ def entry() -> None:
         os._exit(code)  # at once: tearing down a broken process group can take seconds, and nothing is left to save
     if code:
         raise SystemExit(code)
+
+
+def entry_in_place(env: dict[str, str]) -> None:
+    """What the in-place agent forks (:mod:`pilotfill.elastic.torch_agent`): this worker's environment, then
+    :func:`entry`. Its status is its exit code (the agent reads ``Process.exitcode``)."""
+    os.environ.update(env)
+    import logging
+
+    said = logging.getLogger("pilotfill.inplace")  # what a re-form did, in the node's log beside its agent's lines
+    if not said.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {os.environ.get('PILOTFILL_HOST', '?')} worker {env.get('LOCAL_RANK', '?')} %(message)s"))
+        said.addHandler(handler)
+        said.setLevel(logging.INFO)
+        said.propagate = False
+    try:
+        entry()
+    except SystemExit as done:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    torch_inplace.returned()  # its agent tells this from an app's own os._exit(0), which is the app's end
+    os._exit(0)  # no interpreter teardown: a gloo group's destructor can wait on peers that are gone
 
 
 if __name__ == "__main__":

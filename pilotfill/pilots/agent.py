@@ -45,18 +45,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import procs
-from ..elastic.launch import LocalLauncher
 from ..lease import LeaseWatch
 from ..schedulers.base import NodeAccess
 from ..schedulers.registry import NAMES as BATCH_SYSTEM_NAMES
 from ..schedulers.registry import adapter_class
 from ..transport import ENDPOINT_FILE, Client, ControllerUnavailable, Interrupted, RequestRefused
+from .warm import WarmLauncher, Zygote, wanted
 
 log = logging.getLogger("pilotfill.agent")
 
 REPLACED_READ_S = 1.0
 """While a request waits, ``controller.json`` is read at most this often: a restarted controller is asked at once, not
 after the attempt to its dead predecessor times out (a heartbeat's waits past the heartbeat deadline)."""
+WARM_WAIT_S = 120.0
+"""The longest a pilot waits for its zygote before registering its nodes (a node that never warms is still a node)."""
+WARM_CHECK_S = 2.0
+"""How often a pilot without a zygote reads whether its run wants torch kept warm (``warm.json``)."""
 ORPHAN_AFTER_S = 600.0
 """An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot even while the
 campaign's lease is renewed (a supervisor that restarts no controller that answers)."""
@@ -74,7 +78,9 @@ class Agent:
         self.deadline_s = deadline_s
         self.lease = LeaseWatch(self.run_dir, deadline_s)
         self.client = Client(run_dir, timeout_s=max(heartbeat_s * 2, 10.0))
-        self.launcher = LocalLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)  # a job's processes get the pilot's grace to go
+        self.launcher = WarmLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)  # a job's processes get the pilot's grace to go
+        self.zygote: Zygote | None = None  # torch kept warm on this node for the jobs placed here (pilotfill.pilots.warm)
+        self._warm_checked = -1e18
         self.leaving_at: float | None = None
         self.incarnation: int | None = None
         self._asking: int | None = None  # a new controller the agent turned to before hearing from it
@@ -101,11 +107,15 @@ class Agent:
         while True:
             if self.leaving_at is not None:
                 return self._leave()
+            self._keep_warm()
             gone = self._campaign_gone()
             if gone:
                 return self._end(4, gone)
             try:
                 if not registered:
+                    self._warm_before_registering()
+                    if self.leaving_at is not None:
+                        continue
                     reply = self.client.request({"type": "pilot.register", "pilot": self.pilot, "nodes": self.nodes, "scheduler_id": self.scheduler_id,
                                                  "pid": os.getpid()}, interrupt=self._interrupted)  # fmt: skip
                     if reply.get("stop"):
@@ -138,6 +148,43 @@ class Agent:
             except RequestRefused as exc:
                 log.error("controller refused: %s", exc)
                 return self._end(3, f"refused: {exc}")
+
+    def _keep_warm(self) -> None:
+        """Start the node's zygote once the run says its jobs need torch warm (checked every few seconds until then); a
+        torch job's agent placed here is then forked from it, warm, instead of importing torch anew."""
+        if self.zygote is not None:
+            return
+        now = time.monotonic()
+        if now - self._warm_checked < WARM_CHECK_S:
+            return
+        self._warm_checked = now
+        if wanted(self.run_dir):
+            self.zygote = Zygote.start(log_path=str(Path(self.run_dir) / "logs" / f"warm-{self.pilot}.log"))
+            self.launcher.warm = self.zygote  # what it cannot start yet (still importing) starts cold
+
+    def _warm_before_registering(self) -> None:
+        """A pilot whose run keeps torch warm registers its nodes once the zygote serves (at most :data:`WARM_WAIT_S`):
+        a node offered to a job trains within a second or two, instead of importing torch while the job waits for it.
+        SIGTERM cuts the wait short."""
+        self._warm_checked = -1e18
+        self._keep_warm()
+        if self.zygote is None:
+            return
+        started = time.monotonic()
+        while not self.zygote.ready() and self.leaving_at is None and self.zygote.proc.poll() is None:
+            if time.monotonic() - started > WARM_WAIT_S:
+                log.warning("torch was not warm after %.0f s: registering anyway", WARM_WAIT_S)
+                return
+            time.sleep(0.05)
+        if self.zygote.ready():
+            log.info("torch warm on this node after %.1f s", time.monotonic() - started)
+
+    def _stop_warm(self) -> None:
+        """The zygote goes first when the pilot ends: it trains nothing, and the node is wanted."""
+        if self.zygote is not None:
+            self.launcher.warm = None
+            self.zygote.close()
+            self.zygote = None
 
     def _heartbeat(self) -> dict:
         """One long poll: returns when the controller has something for us, or after ``heartbeat_s``."""
@@ -334,6 +381,7 @@ class Agent:
         only when all of it is gone: the batch system takes the nodes back once this agent has exited, and nothing
         of ours may still run there (recheck (a), (d): a main job waits for the pilot's whole session)."""
         log.info("ending (%s)", why)
+        self._stop_warm()
         self._sweep(list(self.nodes), deadline=kill_at, remote=remote)
         self._reap_sweeps(wait=True)
         self.launcher.close()
@@ -444,12 +492,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.pilot:
         ap.error("--pilot is required")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent {args.pilot} %(levelname)s %(message)s")
-    access = adapter_class(args.scheduler).node_access()  # this batch system's job-side calls
-    if args.nodes is None:
-        nodes, scheduler_id = access.nodes_of_this_job(), args.scheduler_id or access.id_of_this_job()
-    else:
-        nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
-    return Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, access=access, deadline_s=args.deadline_s).run()
+    # Preempted before the agent is up (PBS re-ran a requeued pilot and took it back in the same second): whatever it
+    # waits on — the batch system's qstat, building the agent — is cut short, and nothing of its session outlives it.
+    signal.signal(signal.SIGTERM, _preempted_while_starting)
+    try:
+        access = adapter_class(args.scheduler).node_access()  # this batch system's job-side calls
+        if args.nodes is None:
+            nodes, scheduler_id = access.nodes_of_this_job(), args.scheduler_id or access.id_of_this_job()
+        else:
+            nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
+        agent = Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, access=access, deadline_s=args.deadline_s)
+    except PreemptedWhileStarting:
+        log.info("SIGTERM while starting: leaving before registering")
+        procs.settle_session(timeout_s=min(1.0, args.grace_s))  # a child it was waiting on (qstat) goes too
+        return 143
+    return agent.run()
+
+
+class PreemptedWhileStarting(Exception):
+    """SIGTERM before the agent took over its handling: unwinds whatever the start was waiting on (a subprocess it runs
+    is killed on the way out)."""
+
+
+def _preempted_while_starting(signum, frame) -> None:
+    raise PreemptedWhileStarting()
 
 
 if __name__ == "__main__":
