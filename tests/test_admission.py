@@ -135,7 +135,7 @@ def test_a_job_waits_since_its_submission_or_its_last_stop_and_a_change_of_it_ke
     assert [j.id for j in waiting.overdue(7.0)] == ["a", "b"]
     world.update_job(a, status="running", nodes=["n0"], launches=1)
     waiting.sync(world, world.take_changed(), recheck=False, now=200.0)
-    world.update_job(a, status="pending", nodes=[])  # stopped: it waits again from now
+    world.requeue(a)  # stopped: it waits again from now
     world.set_spec(b, {"min_nodes": 1, "rate": 2})  # changed while it waits: it has waited as long as before
     waiting.sync(world, world.take_changed(), recheck=False, now=300.0)
     assert [j.id for j in waiting.overdue(299.0)] == ["b"]
