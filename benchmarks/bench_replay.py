@@ -212,7 +212,7 @@ def show_order(label: str, runs: list[tuple[str, dict]]) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "shared" / "data")
-    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating", "twice"], action="append", help="run only these parts (repeatable)")
+    ap.add_argument("--only", choices=["64", "whole", "bftrainer", "horizon", "saturating", "twice", "order"], action="append", help="run only these parts (repeatable)")
     ap.add_argument("--accounting", choices=["bftrainer", "realistic"], action="append", help="64/whole cells: only this accounting (repeatable)")
     ap.add_argument("--queue-delay", type=float, action="append", help="64/whole cells: only this queue delay in s (repeatable)")
     ap.add_argument("--horizon-machine", choices=["64", "whole"], action="append", help="horizon part: only this machine (repeatable)")
