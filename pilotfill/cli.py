@@ -17,8 +17,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .allocator import Formulation, Objective
-from .allocator.similarity import Library, LibraryError
+from .allocator.similarity import LibraryError
 from .config import SimilarityConfig
+from .library_file import read_library
 from .traces import InputError, format_time, parse_time, read_jobs, read_models, read_trace, with_models
 
 app = typer.Typer(
@@ -228,7 +229,7 @@ def replay(
             if library is not None:
                 if not library.is_file():
                     raise InputError(library, None, "no such library file")
-                lib = Library.load(library)
+                lib = read_library(library)
                 if hold_out:
                     lib = lib.without(hold_out)
     except (InputError, LibraryError) as exc:

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from .allocator.similarity import Library
+from .library_file import write_library
 from .config import ADMISSIONS, Config, ControllerConfig, NodeTypeConfig, PilotConfig, SimilarityConfig
 from .controller import Controller
 from .controller.collection import collecting_rarely
@@ -299,7 +300,7 @@ class Replay:
             # The similarity library this replay starts from, and where what it measures goes: never the user's.
             self._library_file, self._own_library = Path(tmp) / "library.json", Path(tmp) / "measured.json"
             if self.library is not None:
-                self.library.save(self._library_file)
+                write_library(self.library, self._library_file)
             self.controller = Controller(run_dir, self.config(), scheduler=self.scheduler, runtime=self.runtime, clock=lambda: self.now)
             if not self.library_learns:
                 self.controller.types.freeze()

@@ -10,6 +10,7 @@ from localrun import synthetic_job
 
 from pilotfill.allocator import ScalingCurve
 from pilotfill.allocator.similarity import Descriptor, Library, Measured
+from pilotfill.library_file import write_library
 from pilotfill.config import ConfigError, parse_config
 
 pytestmark = pytest.mark.unit
@@ -100,7 +101,7 @@ def test_the_similarity_policy_places_new_jobs_before_they_have_run(local, tmp_p
     lib.add(Measured("resnet-like", conv, {"big": ScalingCurve((0, 1, 2), (0, 500, 1000)), "small": ScalingCurve((0, 1, 2), (0, 100, 200))}))
     lib.add(Measured("recsys-like", dense, {"big": ScalingCurve((0, 1, 2), (0, 1000, 1000)), "small": ScalingCurve((0, 1, 2), (0, 2000, 2000))}))
     site = tmp_path / "site-models.json"
-    lib.save(site)
+    write_library(lib, site)
     config = TYPED.replace("[pilots]", f'[similarity]\nlibraries = ["{site}"]\nlibrary = "{tmp_path / "mine.json"}"\n[pilots]')
     run = local(config=config)
     run.start()
@@ -128,7 +129,7 @@ def test_a_job_starts_with_its_types_ranks_and_gpus_per_node(tmp_path):
     from types import SimpleNamespace
 
     from pilotfill.allocator import Profiler
-    from pilotfill.controller.types import NodeTypes
+    from pilotfill.controller.node_types import NodeTypes
 
     config = parse_config(tomllib.loads(TYPED.replace("ranks_per_node = 2", "ranks_per_node = 2\ngpus_per_node = 2")))
     types = NodeTypes(config, tmp_path / "run", Profiler())

@@ -16,6 +16,7 @@ import pytest
 from pilotfill.allocator import Profiler, ScalingCurve
 from pilotfill.allocator.profiler import EXPLORE_RATE, PROBE_RATE
 from pilotfill.allocator.similarity import Descriptor, Library, LibraryError, Measured, similarity, uninformed
+from pilotfill.library_file import read_library, write_library
 
 pytestmark = pytest.mark.unit
 
@@ -89,11 +90,11 @@ def test_leaving_a_family_out_predicts_it_from_the_others():
 def test_a_library_file_round_trips_and_names_what_is_wrong(tmp_path):
     lib = library()
     path = tmp_path / "lib" / "models.json"
-    lib.save(path)
+    write_library(lib, path)
     assert oct(path.stat().st_mode & 0o777) == "0o600"
-    again = Library.load(path)
+    again = read_library(path)
     assert [(e.model, e.descriptor, dict(e.curves), e.family) for e in again.entries] == [(e.model, e.descriptor, dict(e.curves), e.family) for e in lib.entries]
-    assert len(Library.load(tmp_path / "none.json")) == 0  # no library yet: an empty one
+    assert len(read_library(tmp_path / "none.json")) == 0  # no library yet: an empty one
     for text, message in [
         ("{", "not valid JSON"),
         ('{"models": 3}', "must be"),
@@ -103,7 +104,7 @@ def test_a_library_file_round_trips_and_names_what_is_wrong(tmp_path):
     ]:
         path.write_text(text)
         with pytest.raises(LibraryError, match=message):
-            Library.load(path)
+            read_library(path)
 
 
 def test_jpa_per_type_starts_from_the_prediction_and_gives_way_to_reports():

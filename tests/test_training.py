@@ -10,7 +10,7 @@ from pilotfill.allocator import Profiler
 from pilotfill.config import parse_config
 from pilotfill.controller.meter import METER_WINDOW_S
 from pilotfill.controller.training import Training
-from pilotfill.controller.types import NodeTypes
+from pilotfill.controller.node_types import NodeTypes
 from pilotfill.controller.world import World
 from pilotfill.protocol import JobReport, check_spec
 from pilotfill.security import private_dir

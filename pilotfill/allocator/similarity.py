@@ -27,18 +27,15 @@ reports replace it (:mod:`.profiler`):
 The library is a JSON file that persists across campaigns; a site can ship one
 (the config names them) and pilotfill adds every model it measured.
 
-Pure: descriptors and curves in, predictions out; reading and writing the
-library file are the only I/O, in :meth:`Library.load` and :meth:`Library.save`.
+Pure: descriptors and curves in, predictions out; the library's file is read
+and written by :mod:`pilotfill.library_file`, as a document (:meth:`Library.from_document`, :meth:`Library.to_document`).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -329,21 +326,7 @@ class Library:
         samples = tuple((s * s, dict(known)) for s, _, known, _ in per_entry)
         return Prediction(curves, log_speed, spread, tuple((e.model, round(s, 4)) for s, e in scored), samples, unknown)
 
-    # ---------------------------------------------------------------- the file
-
-    @classmethod
-    def load(cls, path: str | Path) -> Library:
-        """Read a library file (JSON); a missing file is an empty library."""
-        path = Path(path).expanduser()
-        if not path.exists():
-            return cls()
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError) as exc:
-            raise LibraryError(f"{path}: cannot read it: {exc}") from None
-        except json.JSONDecodeError as exc:
-            raise LibraryError(f"{path}: not valid JSON: {exc}") from None
-        return cls.from_document(doc, str(path))
+    # ---------------------------------------------------------------- the document
 
     @classmethod
     def from_document(cls, doc: Any, where: str = "library") -> Library:
@@ -380,18 +363,6 @@ class Library:
                 for e in self.entries
             ],
         }
-
-    def save(self, path: str | Path) -> None:
-        """Write atomically (write, fsync, rename), private to the user."""
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.to_document(), f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
 
 
 __all__ = ["Descriptor", "Library", "LibraryError", "Measured", "Prediction", "distance", "similarity", "uninformed"]

@@ -87,7 +87,7 @@ from .pilot_desk import PilotDesk, Wakes
 from .recovery import Adoption, TakeOver
 from .schedule import SETTLE_S, Action, DecisionSchedule, Do, Observed
 from .training import Training
-from .types import NodeTypes
+from .node_types import NodeTypes
 from .views import AllocatorViews
 from .waiting import WaitingJobs
 from .walltime import Walltimes, lead_s
@@ -168,7 +168,7 @@ class Controller:
         self.notices = Notices(self.journal)  # why the campaign waits, for the progress line and `pilotfill top` (controller/notices.py)
         self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock, self.notices)  # every call into the batch system, backed off on failure
         self.runtime = runtime or self._make_runtime()
-        self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/types.py)
+        self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/node_types.py)
         if self.types.typed:
             typed_solver.warm()  # its MILP fallback's imports before the loop, not in the first decision that needs it
         self.views = AllocatorViews(self.world, self.profiler, self.types)  # the allocator's view of each job, made anew when it changed

@@ -16,7 +16,7 @@ from ..allocator import Allocation, HoldModel
 from ..elastic.base import Runtime
 from ..lifecycle import JobStatus, NodeState
 from .training import OUTLIVED_LIMIT, Training
-from .types import NodeTypes
+from .node_types import NodeTypes
 from .world import Job, World
 
 log = logging.getLogger("pilotfill.controller")

@@ -19,7 +19,7 @@ from ..lifecycle import TERMINAL, JobStatus
 from ..protocol import JobCancel, JobCommit, JobDescribe, JobFailed, JobGet, JobReport, JobResult, JobSpec, JobStatusQuery, JobSubmit, ProtocolError, check_spec
 from ..state import State
 from .training import Training
-from .types import NodeTypes
+from .node_types import NodeTypes
 from .world import Job, World
 
 

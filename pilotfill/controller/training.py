@@ -20,7 +20,7 @@ from ..lifecycle import JobStatus
 from ..protocol import JobReport
 from .meter import Meter
 from .notices import Notices
-from .types import NodeTypes
+from .node_types import NodeTypes
 from .world import Job, World
 
 log = logging.getLogger("pilotfill.controller")

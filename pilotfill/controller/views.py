@@ -20,7 +20,7 @@ from typing import Any
 from ..allocator import Job as AllocJob
 from ..allocator import ProblemError, Profiler, ScalingCurve
 from ..allocator.values import worth_per_node
-from .types import NodeTypes
+from .node_types import NodeTypes
 from .waiting import HOLDS_NODES, LIKE_NO_OTHER
 from .world import Job, World
 

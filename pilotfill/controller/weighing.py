@@ -25,7 +25,7 @@ from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, a
 from ..allocator import Job as AllocJob
 from ..config import ControllerConfig
 from ..lifecycle import TERMINAL
-from .types import NodeTypes
+from .node_types import NodeTypes
 from .views import AllocatorViews
 from .waiting import DUE_SHARE, HOLDS_NODES, LIKE_NO_OTHER, OVERDUE_S, Admitted, WaitingJobs, in_turns
 from .walltime import Walltimes

@@ -27,6 +27,7 @@ from typing import Any
 from ..allocator import Allocation, Profiler, ScalingCurve
 from ..allocator.similarity import Descriptor, Library, LibraryError, Measured, Prediction, uninformed
 from ..config import Config
+from ..library_file import read_library, write_library
 from ..lifecycle import JobStatus
 from ..protocol import JobSpec, ProtocolError
 
@@ -59,7 +60,7 @@ class NodeTypes:
 
     def _load(self, path: Path) -> Library:
         try:
-            lib = Library.load(path)
+            lib = read_library(path)
         except LibraryError as exc:  # a bad library must not stop the run: its models are not used
             log.error("similarity library not used: %s", exc)
             return Library()
@@ -243,6 +244,6 @@ class NodeTypes:
         self.library.add(entry)
         self._own.add(entry)
         try:
-            self._own.save(self.library_path)
+            write_library(self._own, self.library_path)
         except OSError as exc:
             log.error("similarity library %s not saved: %s", self.library_path, exc)
