@@ -232,7 +232,8 @@ class RdzvPoll(Message):
 
 
 BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in Message.__subclasses__()}
-"""Every request type: the controller's handler table is keyed by these."""
+"""Every request type: the controller's handler table is keyed by these. (The run's torch store's requests are
+:class:`Message` too, made after these in :mod:`pilotfill.elastic.torch_store`: not the controller's, not here.)"""
 FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {t: {f.name: f.metadata["check"] for f in fields(m) if f.default is MISSING} for t, m in BY_TYPE.items()}
 """Each type's required fields and their types (made from the message classes)."""
 READ_ONLY = {t for t, m in BY_TYPE.items() if m.READ_ONLY}  # nothing journaled
@@ -251,10 +252,11 @@ def check(message: dict[str, Any]) -> str:
     return parse(message).TYPE
 
 
-def table() -> str:
-    """The protocol as a Markdown table, made from the message classes (``docs/protocol.md``)."""
+def table(by_type: dict[str, type[Message]] | None = None) -> str:
+    """The protocol as a Markdown table, made from the message classes (``docs/protocol.md``): the controller's
+    requests, or those of ``by_type`` (``torch_store.STORE_BY_TYPE``: the run's torch store's)."""
     rows = ["| type | fields | reply |", "| --- | --- | --- |"]
-    for t, m in BY_TYPE.items():
+    for t, m in (BY_TYPE if by_type is None else by_type).items():
         parts = []
         for f in fields(m):
             text = f"`{f.name}`" + (f": {f.metadata['doc']}" if f.metadata["doc"] else "").replace("|", "\\|")
@@ -398,3 +400,7 @@ if __name__ == "__main__":  # the tables of docs/protocol.md
     print(table(), end="")
     print()
     print(spec_table(), end="")
+    print()
+    from .elastic.torch_store import STORE_BY_TYPE
+
+    print(table(STORE_BY_TYPE), end="")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pilotfill import protocol
+from pilotfill.elastic.torch_store import STORE_BY_TYPE
 from pilotfill.protocol import BY_TYPE, JobReport, JobResult, PilotHeartbeat, ProtocolError, parse
 
 pytestmark = pytest.mark.unit
@@ -52,6 +53,8 @@ def test_the_protocol_doc_is_made_from_the_classes():
     assert text[begin:end] == protocol.table(), "docs/protocol.md is stale: python -m pilotfill.protocol makes its table"
     begin, end = text.index("<!-- spec: begin -->\n") + len("<!-- spec: begin -->\n"), text.index("<!-- spec: end -->")
     assert text[begin:end] == protocol.spec_table(), "docs/protocol.md's job spec is stale: python -m pilotfill.protocol makes it"
+    begin, end = text.index("<!-- store: begin -->\n") + len("<!-- store: begin -->\n"), text.index("<!-- store: end -->")
+    assert text[begin:end] == protocol.table(STORE_BY_TYPE), "docs/protocol.md's torch store table is stale: python -m pilotfill.protocol makes it"
     assert set(protocol.READ_ONLY) == {t for t, m in BY_TYPE.items() if m.READ_ONLY} == {"job.get", "job.status", "state.snapshot", "rdzv.join", "rdzv.poll"}
 
 

@@ -17,7 +17,23 @@ from typing import Any
 from torch.distributed import Store
 
 from ..transport import Client, ControllerUnavailable, RequestRefused
-from .torch_store import CHANNEL, decode, encode
+from .torch_store import (
+    CHANNEL,
+    StoreAdd,
+    StoreAppend,
+    StoreCheck,
+    StoreCompareSet,
+    StoreDelete,
+    StoreGet,
+    StoreMultiGet,
+    StoreMultiSet,
+    StoreNumKeys,
+    StoreRequest,
+    StoreSet,
+    StoreWait,
+    decode,
+    encode,
+)
 
 RPC_S = 30.0
 """How long a store request may take beyond its own wait (a busy machine) before the store counts as gone."""
@@ -45,59 +61,56 @@ class RunStore(Store):
     # --------------------------------------------------------- torch's Store API
 
     def set(self, key: str, value: bytes | str) -> None:
-        self._call({"type": "store.set", "key": key, "value": encode(_raw(value))})
+        self._call(StoreSet(key, encode(_raw(value))))
 
     def get(self, key: str) -> bytes:
-        return self._values([key], self.timeout, "store.get")[0]
+        return self._values([key], self.timeout, single=True)[0]
 
     def add(self, key: str, amount: int) -> int:
-        return int(self._call({"type": "store.add", "key": key, "amount": int(amount)})["value"])
+        return int(self._call(StoreAdd(key, int(amount)))["value"])
 
     def compare_set(self, key: str, expected_value: bytes | str, desired_value: bytes | str) -> bytes:
-        reply = self._call({"type": "store.compare_set", "key": key, "expected": encode(_raw(expected_value)), "desired": encode(_raw(desired_value))})
+        reply = self._call(StoreCompareSet(key, encode(_raw(expected_value)), encode(_raw(desired_value))))
         return decode(reply["value"])
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         wait = timeout if timeout is not None else self.timeout
-        reply = self._call({"type": "store.wait", "keys": list(keys), "timeout_s": wait.total_seconds()}, wait.total_seconds())
+        reply = self._call(StoreWait(list(keys), wait.total_seconds()), wait.total_seconds())
         if reply.get("timeout"):
             self._timed_out(keys, wait)
 
     def check(self, keys: list[str]) -> bool:
-        return bool(self._call({"type": "store.check", "keys": list(keys)})["present"])
+        return bool(self._call(StoreCheck(list(keys)))["present"])
 
     def delete_key(self, key: str) -> bool:
-        return bool(self._call({"type": "store.delete", "key": key})["deleted"])
+        return bool(self._call(StoreDelete(key))["deleted"])
 
     def num_keys(self) -> int:
-        return int(self._call({"type": "store.num_keys"})["count"])
+        return int(self._call(StoreNumKeys())["count"])
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._values(list(keys), self.timeout, "store.multi_get")
+        return self._values(list(keys), self.timeout)
 
     def multi_set(self, keys: list[str], values: list[bytes | str]) -> None:
-        self._call({"type": "store.multi_set", "keys": list(keys), "values": [encode(_raw(v)) for v in values]})
+        self._call(StoreMultiSet(list(keys), [encode(_raw(v)) for v in values]))
 
     def append(self, key: str, value: bytes | str) -> None:
-        self._call({"type": "store.append", "key": key, "value": encode(_raw(value))})
+        self._call(StoreAppend(key, encode(_raw(value))))
 
     def clone(self) -> RunStore:
         return RunStore(*self._where, timeout=self.timeout)
 
     # --------------------------------------------------------- helpers
 
-    def _values(self, keys: list[str], wait: timedelta, op: str) -> list[bytes]:
-        message: dict[str, Any] = {"type": op, "timeout_s": wait.total_seconds()}
-        if op == "store.get":
-            message["key"] = keys[0]
-        else:
-            message["keys"] = keys
+    def _values(self, keys: list[str], wait: timedelta, single: bool = False) -> list[bytes]:
+        """``get`` (``single``: one key) or ``multi_get``: waits at the store until every key is set."""
+        message = StoreGet(wait.total_seconds(), keys[0]) if single else StoreMultiGet(wait.total_seconds(), keys)
         reply = self._call(message, wait.total_seconds())
         if reply.get("timeout"):
             self._timed_out(keys, wait)
         return [decode(v) for v in reply["values"]]
 
-    def _call(self, message: dict[str, Any], wait_s: float = 0.0) -> dict[str, Any]:
+    def _call(self, message: StoreRequest, wait_s: float = 0.0) -> dict[str, Any]:
         from torch.distributed import DistStoreError
 
         budget = wait_s + RPC_S
@@ -106,9 +119,9 @@ class RunStore(Store):
                 return self._client.request(message, timeout_s=budget, attempt_s=budget)
         except ControllerUnavailable:
             _, host, port = self._where
-            raise DistStoreError(f"the run's torch store at {host}:{port} did not answer {message['type']} within {budget:.0f} s") from None
+            raise DistStoreError(f"the run's torch store at {host}:{port} did not answer {message.TYPE} within {budget:.0f} s") from None
         except RequestRefused as exc:
-            raise DistStoreError(f"the run's torch store refused {message['type']}: {exc}") from None
+            raise DistStoreError(f"the run's torch store refused {message.TYPE}: {exc}") from None
 
     def _timed_out(self, keys: list[str], wait: timedelta) -> None:
         from torch.distributed import DistStoreError

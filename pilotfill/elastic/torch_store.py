@@ -49,11 +49,13 @@ import os
 import signal
 import sys
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ..lease import LeaseWatch
 from ..procs import die_with_parent, start_ticks
+from ..protocol import _NUMBER, Message, _field
 from ..transport import Park, Server
 
 PORT_FILE = "torch_store.json"
@@ -62,6 +64,109 @@ MAX_VALUE_BYTES = 16 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+# ------------------------------------------------------------------ the requests
+
+
+@dataclass(slots=True)
+class StoreRequest(Message):
+    """A request to this store (on its own channel), not to the controller: what
+    :class:`pilotfill.elastic.run_store.RunStore` sends, built like the controller's (:mod:`pilotfill.protocol`; here,
+    not there, so that only torch's agents and ranks load them). Values travel as base64 strings (:func:`encode`);
+    the store checks a request's fields itself (:meth:`StoreServer._handle`)."""
+
+
+@dataclass(slots=True)
+class StoreSet(StoreRequest):
+    TYPE: ClassVar[str] = "store.set"
+    REPLY: ClassVar[str] = "ok"
+    key: str = _field(str, "the key")
+    value: str = _field(str, "its value [base64]")
+
+
+@dataclass(slots=True)
+class StoreGet(StoreRequest):
+    TYPE: ClassVar[str] = "store.get"
+    REPLY: ClassVar[str] = "values [base64]: the key's; timeout, missing: it was not set in time"
+    timeout_s: float = _field(_NUMBER, "how long to wait for the key (a long poll)")
+    key: str = _field(str, "the key")
+
+
+@dataclass(slots=True)
+class StoreMultiGet(StoreRequest):
+    TYPE: ClassVar[str] = "store.multi_get"
+    REPLY: ClassVar[str] = "values [base64]: the keys', in order; timeout, missing: one was not set in time"
+    timeout_s: float = _field(_NUMBER, "how long to wait for all of them (a long poll)")
+    keys: list = _field(list, "the keys [str]")
+
+
+@dataclass(slots=True)
+class StoreWait(StoreRequest):
+    TYPE: ClassVar[str] = "store.wait"
+    REPLY: ClassVar[str] = "ok; timeout, missing: a key was not set in time"
+    keys: list = _field(list, "the keys [str]")
+    timeout_s: float = _field(_NUMBER, "how long to wait for all of them (a long poll)")
+
+
+@dataclass(slots=True)
+class StoreAdd(StoreRequest):
+    TYPE: ClassVar[str] = "store.add"
+    REPLY: ClassVar[str] = "value: the key's new count"
+    key: str = _field(str, "the key (absent: 0)")
+    amount: int = _field(int, "what to add")
+
+
+@dataclass(slots=True)
+class StoreCompareSet(StoreRequest):
+    TYPE: ClassVar[str] = "store.compare_set"
+    REPLY: ClassVar[str] = "value [base64]: the key's value after (desired when it was swapped)"
+    key: str = _field(str, "the key")
+    expected: str = _field(str, "the value it must have [base64] (empty: absent)")
+    desired: str = _field(str, "the value it gets then [base64]")
+
+
+@dataclass(slots=True)
+class StoreAppend(StoreRequest):
+    TYPE: ClassVar[str] = "store.append"
+    REPLY: ClassVar[str] = "ok"
+    key: str = _field(str, "the key")
+    value: str = _field(str, "what to append to its value [base64]")
+
+
+@dataclass(slots=True)
+class StoreMultiSet(StoreRequest):
+    TYPE: ClassVar[str] = "store.multi_set"
+    REPLY: ClassVar[str] = "ok"
+    keys: list = _field(list, "the keys [str]")
+    values: list = _field(list, "their values, in order [base64]")
+
+
+@dataclass(slots=True)
+class StoreCheck(StoreRequest):
+    TYPE: ClassVar[str] = "store.check"
+    REPLY: ClassVar[str] = "present: every key is set"
+    keys: list = _field(list, "the keys [str]")
+
+
+@dataclass(slots=True)
+class StoreDelete(StoreRequest):
+    TYPE: ClassVar[str] = "store.delete"
+    REPLY: ClassVar[str] = "deleted: the key was there"
+    key: str = _field(str, "the key")
+
+
+@dataclass(slots=True)
+class StoreNumKeys(StoreRequest):
+    TYPE: ClassVar[str] = "store.num_keys"
+    REPLY: ClassVar[str] = "count: the keys the store holds"
+
+
+STORE_BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in StoreRequest.__subclasses__()}
+"""Every request type of the store (its table in ``docs/protocol.md``)."""
+
+
+# ------------------------------------------------------------------ the port file
 
 
 def read_port_file(run_dir: Path) -> dict | None:
@@ -177,39 +282,39 @@ class StoreServer:
 
     def _handle(self, m: dict[str, Any]) -> dict[str, Any] | Park:
         op, keys = m.get("type"), self.keys
-        if op == "store.set":
+        if op == StoreSet.TYPE:
             self._set(_key(m["key"]), decode(m["value"]))
             return {"ok": True}
-        if op == "store.multi_set":
+        if op == StoreMultiSet.TYPE:
             for key, value in zip(m["keys"], m["values"], strict=True):
                 self._set(_key(key), decode(value))
             return {"ok": True}
-        if op == "store.add":
+        if op == StoreAdd.TYPE:
             key, amount = _key(m["key"]), m["amount"]
             if not isinstance(amount, int) or isinstance(amount, bool):
                 raise TypeError("amount must be an integer")
             value = int(keys.get(key) or b"0") + amount
             self._set(key, str(value).encode())
             return {"ok": True, "value": value}
-        if op == "store.compare_set":
+        if op == StoreCompareSet.TYPE:
             key, expected, desired = _key(m["key"]), decode(m["expected"]), decode(m["desired"])
             now = keys.get(key)
             if (now is None and not expected) or now == expected:
                 self._set(key, desired)
                 now = desired
             return {"ok": True, "value": encode(now if now is not None else expected)}
-        if op == "store.append":
+        if op == StoreAppend.TYPE:
             key = _key(m["key"])
             self._set(key, (keys.get(key) or b"") + decode(m["value"]))
             return {"ok": True}
-        if op in ("store.get", "store.wait", "store.multi_get"):
-            wanted = [_key(m["key"])] if op == "store.get" else [_key(k) for k in m["keys"]]
-            return self._wait(wanted, op != "store.wait", float(m["timeout_s"]))
-        if op == "store.check":
+        if op in (StoreGet.TYPE, StoreWait.TYPE, StoreMultiGet.TYPE):
+            wanted = [_key(m["key"])] if op == StoreGet.TYPE else [_key(k) for k in m["keys"]]
+            return self._wait(wanted, op != StoreWait.TYPE, float(m["timeout_s"]))
+        if op == StoreCheck.TYPE:
             return {"ok": True, "present": all(keys.get(_key(k)) is not None for k in m["keys"])}
-        if op == "store.delete":
+        if op == StoreDelete.TYPE:
             return {"ok": True, "deleted": keys.delete(_key(m["key"]))}
-        if op == "store.num_keys":
+        if op == StoreNumKeys.TYPE:
             return {"ok": True, "count": len(keys.data)}
         return {"ok": False, "error": f"unknown store request {op!r}"}
 
