@@ -3,8 +3,9 @@
 Every request is a JSON object with a ``type`` and the fields of its class below; every reply has ``ok`` (and
 ``error`` when false). :func:`parse` turns a request into its class, checked (a required field missing or of the
 wrong type is a :class:`ProtocolError` naming it); the controller's handlers take the classes, and whatever sends a
-request builds it from them (``JobReport(...).to_dict()``: the ranks' reports, the simulated runtime's), so the
-replay cannot drift from production. The table in ``docs/protocol.md`` is made from the classes
+request builds it from them (the client, pilot agents, ranks and torch agents; the replay's simulated site and
+runtime: ``JobReport(...).to_dict()``), so the replay cannot drift from production. The run's torch store has its own
+requests, made the same way (:mod:`pilotfill.elastic.torch_store`: only torch's agents and ranks load them). The table in ``docs/protocol.md`` is made from the classes
 (``python -m pilotfill.protocol``; a test checks it is current). Transport and authentication are in
 :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
 """
@@ -28,9 +29,10 @@ _NUMBER = (int, float)
 _SCHEMAS: dict[type, tuple[tuple[str, Any, bool], ...]] = {}  # message class -> (field, its types, required?)
 
 
-def _field(check: type | tuple[type, ...], doc: str = "", default: Any = MISSING) -> Any:
-    """A message field: the types it must have and what it means (the table above is made from these)."""
-    return field(default=default, metadata={"check": check, "doc": doc})
+def _field(check: type | tuple[type, ...], doc: str = "", default: Any = MISSING, always: bool = False) -> Any:
+    """A message field: the types it must have and what it means (the table above is made from these). ``always``:
+    an optional field sent even at its default (a ``job.result`` of None says so)."""
+    return field(default=default, metadata={"check": check, "doc": doc, "always": always})
 
 
 @dataclass(slots=True)
@@ -67,11 +69,11 @@ class Message:
         """Checks beyond the fields' types."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The message as it is sent (optional fields left at their default are not)."""
+        """The message as it is sent (optional fields left at their default are not, unless ``always``)."""
         out: dict[str, Any] = {"type": self.TYPE}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.default is MISSING or value != f.default:
+            if f.default is MISSING or f.metadata["always"] or value != f.default:
                 out[f.name] = value
         return out
 
@@ -167,7 +169,7 @@ class JobResult(Message):
     TYPE: ClassVar[str] = "job.result"
     REPLY: ClassVar[str] = "ok: rank 0's return value"
     job_id: str = _field(str, "the job")
-    value: Any = _field(object, "the value (JSON)", None)
+    value: Any = _field(object, "the value (JSON)", None, always=True)
 
 
 @dataclass(slots=True)

@@ -50,6 +50,7 @@ from .controller import Controller
 from .controller.collection import collecting_rarely
 from .controller.core import MAX_BATCH
 from .elastic.simulated import SimulatedRuntime
+from .protocol import JobSubmit
 from .schedulers.replay import ReplayScheduler
 from .traces import JobSpec, Trace
 
@@ -411,7 +412,7 @@ class Replay:
             job["objective"] = {"nodes": list(spec.objective.nodes), "values": list(spec.objective.values)}  # steers; progress stays samples
         if self.typed and self.library is not None and spec.descriptor is not None and self.profiles == "learned":
             job["model"] = spec.descriptor.to_dict()  # as the decorator declares it, or its ranks measure it
-        return {"type": "job.submit", "spec": job}
+        return JobSubmit(job).to_dict()
 
     def _advance(self, t: float) -> None:
         """Time passes to ``t`` at the current sizes: progress, and node-hours."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from .protocol import JobReport
+from .protocol import JobCommit, JobDescribe, JobReport
 from .transport import Client
 
 _client: Client | None = None
@@ -69,7 +69,7 @@ def committed() -> float | None:
     job_id = os.environ.get("PILOTFILL_JOB_ID")
     if not job_id:
         return None
-    return float(_connect().request({"type": "job.commit", "job_id": job_id})["committed"])
+    return float(_connect().request(JobCommit(job_id))["committed"])
 
 
 def describe(model: dict) -> bool | None:
@@ -78,4 +78,4 @@ def describe(model: dict) -> bool | None:
     job_id = os.environ.get("PILOTFILL_JOB_ID")
     if not job_id:
         return None
-    return bool(_connect().request({"type": "job.describe", "job_id": job_id, "model": model}).get("kept"))
+    return bool(_connect().request(JobDescribe(job_id, model)).get("kept"))

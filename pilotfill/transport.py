@@ -37,12 +37,15 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils import z85
 
 from .security import AuthError, Verifier, channel_key, curve_keys, load_secret, nonce_of, seal, session_key
+
+if TYPE_CHECKING:
+    from .protocol import Message
 
 log = logging.getLogger(__name__)
 
@@ -381,10 +384,10 @@ class Client:
             self._endpoint = endpoint
         return self._socket
 
-    def request(self, message: Any, timeout_s: float | None = None, attempt_s: float = 2.0,
+    def request(self, message: Message | dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0,
                 interrupt: Callable[[], bool] | None = None) -> dict[str, Any]:  # fmt: skip
-        """Send ``message`` (a :class:`pilotfill.protocol.Message`, or a store's own request as a dict); return the
-        reply's fields. Retries until ``timeout_s``.
+        """Send ``message`` (a :class:`pilotfill.protocol.Message`: every sender in pilotfill builds one, the torch
+        store's requests included; a dict goes as it is); return the reply's fields. Retries until ``timeout_s``.
 
         ``interrupt``: checked a few times a second while waiting; when it says
         so, :class:`Interrupted` is raised (an agent waiting on a long poll that

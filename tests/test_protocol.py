@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from pilotfill import protocol
-from pilotfill.elastic.torch_store import STORE_BY_TYPE
-from pilotfill.protocol import BY_TYPE, JobReport, JobResult, PilotHeartbeat, ProtocolError, parse
+from pilotfill.elastic.torch_store import STORE_BY_TYPE, StoreGet, StoreMultiGet, StoreNumKeys, StoreWait
+from pilotfill.protocol import BY_TYPE, JobReport, JobResult, PilotHeartbeat, ProtocolError, RdzvPoll, parse
 
 pytestmark = pytest.mark.unit
 
@@ -56,6 +56,26 @@ def test_the_protocol_doc_is_made_from_the_classes():
     begin, end = text.index("<!-- store: begin -->\n") + len("<!-- store: begin -->\n"), text.index("<!-- store: end -->")
     assert text[begin:end] == protocol.table(STORE_BY_TYPE), "docs/protocol.md's torch store table is stale: python -m pilotfill.protocol makes it"
     assert set(protocol.READ_ONLY) == {t for t, m in BY_TYPE.items() if m.READ_ONLY} == {"job.get", "job.status", "state.snapshot", "rdzv.join", "rdzv.poll"}
+
+
+def test_every_sender_builds_its_request_from_a_class_and_the_wire_is_what_it_was():
+    """No module of pilotfill writes a request as a raw dict: a field renamed in a class cannot leave a sender behind.
+    What the classes send is what the senders' dicts were: the same keys in the same order, optional fields left out
+    exactly when they were (a job.result of None still says so)."""
+    import re
+
+    root = Path(protocol.__file__).parent
+    raw = [f"{path.relative_to(root)}:{n}" for path in root.rglob("*.py") if path.name != "protocol.py"
+           for n, line in enumerate(path.read_text().splitlines(), 1) if re.search(r"[\"']type[\"']: *[\"']", line)]  # fmt: skip
+    assert not raw, f"requests built as raw dicts (use a class of pilotfill.protocol): {raw}"
+    assert JobResult("j1", None).to_dict() == {"type": "job.result", "job_id": "j1", "value": None}
+    assert list(RdzvPoll("j1", "n0", 3).to_dict()) == ["type", "job_id", "host", "round"]
+    assert RdzvPoll("j1", "n0", 3, in_place=True).to_dict()["in_place"] is True
+    assert list(StoreGet(5.0, "k").to_dict()) == ["type", "timeout_s", "key"]
+    assert list(StoreMultiGet(5.0, ["k"]).to_dict()) == ["type", "timeout_s", "keys"]
+    assert list(StoreWait(["k"], 5.0).to_dict()) == ["type", "keys", "timeout_s"]
+    assert StoreNumKeys().to_dict() == {"type": "store.num_keys"}
+    assert not set(STORE_BY_TYPE) & set(BY_TYPE) and all(t.startswith("store.") for t in STORE_BY_TYPE)  # the store's, not the controller's
 
 
 def test_every_request_type_has_one_handler(tmp_path, write):

@@ -22,6 +22,7 @@ import traceback
 from collections.abc import Callable
 
 from ..procs import die_with_parent
+from ..protocol import JobFailed, JobGet, JobResult
 from ..results import pack
 from ..transport import Client
 from .ending import AppExited, exited, exited_text
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     refuse_torch_distributed(runtime)  # and torch's env:// rendezvous would find no peers
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
-    reply = client.request({"type": "job.get", "job_id": job_id})
+    reply = client.request(JobGet(job_id))
     job = reply["job"]
     spec = job["spec"]
     if reply.get("checkpoint"):
@@ -110,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
     except Exception:
-        client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
+        client.request(JobFailed(job_id, traceback.format_exc()))
         return 1
     except BaseException as exc:  # sys.exit(), KeyboardInterrupt raised by the app: its end, said once
-        client.request({"type": "job.failed", "job_id": job_id, "error": exited_text(exc)})
+        client.request(JobFailed(job_id, exited_text(exc)))
         return 1
     if horovod_rank() in (None, 0):
-        client.request({"type": "job.result", "job_id": job_id, "value": value})
+        client.request(JobResult(job_id, value))
     return 0
 
 
@@ -137,7 +138,7 @@ def run_parsl_task(client: Client, job_id: str, payload: str, sends_result: Call
     try:
         func, args, kwargs = unpack_call(payload)
     except CannotShip as exc:  # a module the app needs is not here: said once, naming it
-        client.request({"type": "job.failed", "job_id": job_id, "error": str(exc)})
+        client.request(JobFailed(job_id, str(exc)))
         return 1
     try:
         value = func(*args, **kwargs)
@@ -153,17 +154,17 @@ def run_parsl_task(client: Client, job_id: str, payload: str, sends_result: Call
         try:
             packed = pack(run_dir, job_id, serialize(value))
         except OSError as exc:  # the traceback still goes, without the exception object
-            client.request({"type": "job.failed", "job_id": job_id, "error": f"{error}\n{exc.strerror}"})
+            client.request(JobFailed(job_id, f"{error}\n{exc.strerror}"))
             return 1
-        client.request({"type": "job.failed", "job_id": job_id, "error": error, "value": packed})
+        client.request(JobFailed(job_id, error, packed))
         return 1
     if (sends_result or (lambda: horovod_rank() in (None, 0)))():
         try:
             packed = pack(run_dir, job_id, serialize(value))
         except OSError as exc:  # a result too large for this run directory's disk: said, not retried
-            client.request({"type": "job.failed", "job_id": job_id, "error": f"the app returned a result it cannot deliver: {exc.strerror}"})
+            client.request(JobFailed(job_id, f"the app returned a result it cannot deliver: {exc.strerror}"))
             return 1
-        client.request({"type": "job.result", "job_id": job_id, "value": packed})
+        client.request(JobResult(job_id, packed))
     return 0
 
 

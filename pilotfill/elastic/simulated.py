@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..protocol import JobReport
+from ..protocol import JobCommit, JobReport, JobResult
 from ..traces import JobSpec
 from .base import RankExit, Runtime
 
@@ -234,11 +234,11 @@ class SimulatedRuntime(Runtime):
                     job.fresh = False
                 self.outbox.append(JobReport(job.job_id, job.hosts[0], reported, seconds, commit=commit).to_dict())
             elif commit:
-                self.outbox.append({"type": "job.commit", "job_id": job.job_id})
+                self.outbox.append(JobCommit(job.job_id).to_dict())
             if job.remaining <= FINISH_TOLERANCE * job.spec.total_samples:
                 job.done = job.spec.total_samples
                 job.finished = t
-                self.outbox.append({"type": "job.result", "job_id": job.job_id, "value": {"samples": job.done}})
+                self.outbox.append(JobResult(job.job_id, {"samples": job.done}).to_dict())
         self.now = t
 
     # ------------------------------------------------------------ helpers

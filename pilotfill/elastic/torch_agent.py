@@ -57,6 +57,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 
 from ..procs import die_with_parent
+from ..protocol import JobGet, RdzvJoin, RdzvPoll
 from ..transport import ControllerUnavailable, RequestRefused
 from .collectives import DEFAULT_TIMEOUT_S, worker_environment
 
@@ -98,7 +99,7 @@ def entry_module(run_dir: str, job_id: str) -> str | None:
     from ..transport import Client
 
     try:
-        spec = Client(run_dir, timeout_s=10).request({"type": "job.get", "job_id": job_id})["job"]["spec"]
+        spec = Client(run_dir, timeout_s=10).request(JobGet(job_id))["job"]["spec"]
     except Exception as exc:  # the workers will report what is wrong
         log.warning("job.get for preloading failed: %s", exc)
         return None
@@ -594,11 +595,8 @@ class InPlaceAgent:
 
     def _poll(self, round_number: int) -> dict | None:
         self._polled = time.monotonic()
-        message = {"type": "rdzv.poll", "job_id": self.args.job_id, "host": self.args.host, "round": round_number}
-        if self.in_place:
-            message["in_place"] = True
         try:
-            reply = self.client.request(message, timeout_s=10.0)
+            reply = self.client.request(RdzvPoll(self.args.job_id, self.args.host, round_number, in_place=self.in_place), timeout_s=10.0)
         except (ControllerUnavailable, RequestRefused) as exc:
             log.warning("rdzv.poll: %s (keeping the current round)", exc)
             return None
@@ -608,11 +606,8 @@ class InPlaceAgent:
 
     def _join(self) -> dict | None:
         """One ask to join the round after ours (non-blocking: "wait" means ask again)."""
-        message = {"type": "rdzv.join", "job_id": self.args.job_id, "host": self.args.host, "last_round": self.round}
-        if self.in_place:
-            message["in_place"] = True
         try:
-            return self.client.request(message, timeout_s=10.0)
+            return self.client.request(RdzvJoin(self.args.job_id, self.args.host, self.round, in_place=self.in_place), timeout_s=10.0)
         except (ControllerUnavailable, RequestRefused) as exc:
             log.warning("rdzv.join: %s", exc)
             return None

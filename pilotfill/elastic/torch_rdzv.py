@@ -36,6 +36,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from ..protocol import RdzvJoin, RdzvPoll
 from ..transport import Client, ControllerUnavailable, RequestRefused
 from .run_store import RunStore
 
@@ -117,7 +118,7 @@ class PilotfillRendezvousHandler(RendezvousHandler):
             return self._waiting
         self._polled_at = now
         try:
-            reply = self.client.request({"type": "rdzv.poll", "job_id": self.job_id, "host": self.host, "round": self.round.number}, timeout_s=5.0)
+            reply = self.client.request(RdzvPoll(self.job_id, self.host, self.round.number), timeout_s=5.0)
         except (ControllerUnavailable, RequestRefused) as exc:
             log.warning("rdzv.poll: %s (keeping the current round)", exc)
             return 0
@@ -129,7 +130,7 @@ class PilotfillRendezvousHandler(RendezvousHandler):
         (a peer re-forms; join the next round); False: the job is over (rank 0's result came, or this host left it)."""
         while self.round is not None:
             try:
-                reply = self.client.request({"type": "rdzv.poll", "job_id": self.job_id, "host": self.host, "round": self.round.number}, timeout_s=10.0)
+                reply = self.client.request(RdzvPoll(self.job_id, self.host, self.round.number), timeout_s=10.0)
             except (ControllerUnavailable, RequestRefused) as exc:
                 log.warning("rdzv.poll: %s (still waiting for the job's end)", exc)
                 time.sleep(1.0)
@@ -160,7 +161,7 @@ class PilotfillRendezvousHandler(RendezvousHandler):
         """Ask until the round closes; back off from 20 ms to 200 ms between asks."""
         deadline = time.monotonic() + self.join_timeout_s
         delay = 0.02
-        message = {"type": "rdzv.join", "job_id": self.job_id, "host": self.host, "last_round": last_round}
+        message = RdzvJoin(self.job_id, self.host, last_round)
         while True:
             try:
                 reply = self.client.request(message, timeout_s=max(1.0, min(30.0, deadline - time.monotonic())))

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..procs import die_with_parent
+from ..protocol import JobFailed, JobGet, JobResult, JobStatusQuery, RdzvPoll
 from ..transport import Client, ControllerUnavailable, RequestRefused
 from .collectives import configure_process_groups
 from .ending import exited_text
@@ -177,7 +178,7 @@ class Peers:
 
     def _poll(self) -> dict[str, Any] | None:
         try:
-            return self.client.request({"type": "rdzv.poll", "job_id": self.job_id, "host": self.host, "round": self.round}, timeout_s=10)
+            return self.client.request(RdzvPoll(self.job_id, self.host, self.round), timeout_s=10)
         except (ControllerUnavailable, RequestRefused):
             return None
 
@@ -205,14 +206,14 @@ class Peers:
         error = (f"the last failure seen by rank {self.rank}:\n" + "".join(traceback.format_exception(exc))
                  + f"the job re-formed {count} times in a row failing the same way ({signature(exc)}) with nothing committed in between: {why}")  # fmt: skip
         with contextlib.suppress(ControllerUnavailable, RequestRefused):
-            self.client.request({"type": "job.failed", "job_id": self.job_id, "error": error})
+            self.client.request(JobFailed(self.job_id, error))
         return 1
 
     def _count_same_failure(self, what: str) -> int:
         """Failure re-forms in a row of the job that failed as ``what`` with the same committed progress, this round's
         included (counted once per round, whichever rank gets there first)."""
         try:
-            status = self.client.request({"type": "job.status", "job_ids": [self.job_id]}, timeout_s=10)["jobs"].get(self.job_id, {})
+            status = self.client.request(JobStatusQuery([self.job_id]), timeout_s=10)["jobs"].get(self.job_id, {})
             store = self._store(f"pilotfill/jobs/{self.job_id}")
         except Exception:  # noqa: BLE001 - cannot count: re-form (torch's max_restarts still bounds it)
             return 0
@@ -318,7 +319,7 @@ def main() -> int:
     bind_store()
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
-    reply = client.request({"type": "job.get", "job_id": job_id})
+    reply = client.request(JobGet(job_id))
     spec = reply["job"]["spec"]
     if reply.get("checkpoint"):
         os.environ["PILOTFILL_CHECKPOINT"] = reply["checkpoint"]  # where this training's commits go (as in rank.py)
@@ -332,13 +333,13 @@ def main() -> int:
             code = peers.judge(exc)
             if code is not None:
                 return code
-            client.request({"type": "job.failed", "job_id": job_id, "error": traceback.format_exc()})
+            client.request(JobFailed(job_id, traceback.format_exc()))
             return 1
         except BaseException as exc:  # sys.exit(), KeyboardInterrupt raised by the app: its end, said once
-            client.request({"type": "job.failed", "job_id": job_id, "error": exited_text(exc)})
+            client.request(JobFailed(job_id, exited_text(exc)))
             return 1
         if global_rank() == 0:
-            client.request({"type": "job.result", "job_id": job_id, "value": value})
+            client.request(JobResult(job_id, value))
         code = 0
     if code == 0 and global_rank() != 0:
         peers.returned()

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from .. import procs
 from ..lease import LeaseWatch
+from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
 from ..schedulers.base import NodeAccess
 from ..schedulers.registry import NAMES as BATCH_SYSTEM_NAMES
 from ..schedulers.registry import adapter_class
@@ -116,8 +117,7 @@ class Agent:
                     self._warm_before_registering()
                     if self.leaving_at is not None:
                         continue
-                    reply = self.client.request({"type": "pilot.register", "pilot": self.pilot, "nodes": self.nodes, "scheduler_id": self.scheduler_id,
-                                                 "pid": os.getpid()}, interrupt=self._interrupted)  # fmt: skip
+                    reply = self.client.request(PilotRegister(self.pilot, self.nodes, self.scheduler_id, os.getpid()), interrupt=self._interrupted)
                     if reply.get("stop"):
                         return self._end(0, "the controller does not want this pilot")
                     registered = True
@@ -190,9 +190,8 @@ class Agent:
         """One long poll: returns when the controller has something for us, or after ``heartbeat_s``."""
         self._exits += [{"host": e.host, "job": e.job_id, "code": e.returncode, "requested": e.requested} for e in self.launcher.exits()]
         exits, self._exits = self._exits, []
-        message = {"type": "pilot.heartbeat", "pilot": self.pilot, "wait_s": self.heartbeat_s, "exits": exits}
-        if self._asked_running:
-            message["running"] = [list(pair) for pair in sorted(self._running_jobs())]
+        running = [list(pair) for pair in sorted(self._running_jobs())] if self._asked_running else None
+        message = PilotHeartbeat(self.pilot, self.heartbeat_s, exits, running)
         try:
             return self.client.request(message, timeout_s=self.heartbeat_s + 30.0, attempt_s=self.heartbeat_s + 10.0, interrupt=self._interrupted)
         except BaseException:
@@ -366,8 +365,7 @@ class Agent:
         log.info("SIGTERM: leaving by %.1f", deadline)
         code = 0
         try:
-            self.client.request({"type": "pilot.leaving", "pilot": self.pilot, "nodes": self.nodes, "deadline": deadline},
-                                timeout_s=max(0.5, self.grace_s * 0.3))  # fmt: skip
+            self.client.request(PilotLeaving(self.pilot, self.nodes, deadline), timeout_s=max(0.5, self.grace_s * 0.3))
         except (ControllerUnavailable, RequestRefused) as exc:
             log.error("could not tell the controller: %s", exc)
             code = 1

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from ..protocol import PilotLeaving, PilotRegister
 from ..traces import Trace
 from .base import BatchScheduler, EndReason, EventKind, PilotEvent
 
@@ -242,14 +243,14 @@ class ReplayScheduler(BatchScheduler):
         self._timer(max(self.now, pilot.walltime_end - self.grace_s), pilot.id, "walltime")
         self.counts.started += 1
         self._events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job_id, tuple(take), deadline=pilot.walltime_end))
-        self.outbox.append({"type": "pilot.register", "pilot": pilot.id, "nodes": list(take), "scheduler_id": pilot.job_id, "pid": 0})
+        self.outbox.append(PilotRegister(pilot.id, list(take), pilot.job_id, 0).to_dict())
 
     def _terminate(self, pilot: _Pilot, why: str) -> None:
         """SIGTERM: the agent says it is leaving; the pilot is gone after the grace period."""
         pilot.state, pilot.end_at = "leaving", self.now + self.grace_s
         self._timer(pilot.end_at, pilot.id, "end")
         self._events.append(PilotEvent(EventKind.PREEMPTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=pilot.end_at, detail=why))
-        self.outbox.append({"type": "pilot.leaving", "pilot": pilot.id, "nodes": list(pilot.nodes), "deadline": pilot.end_at})
+        self.outbox.append(PilotLeaving(pilot.id, list(pilot.nodes), pilot.end_at).to_dict())
 
     def _end(self, pilot: _Pilot, why: str) -> None:
         for n in pilot.nodes:
