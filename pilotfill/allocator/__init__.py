@@ -1,4 +1,7 @@
-"""The allocator: pure functions over dataclasses — no I/O, no clocks, no processes."""
+"""The allocator: pure functions over dataclasses — no I/O, no clocks, no processes. Files are read and written by
+the shell (:mod:`pilotfill.library_file`); a time limit is read on the caller's clock (``allocate(..., clock=…)``,
+the controller's :func:`time.thread_time`), without which a search is bounded by its limit of states alone. (The
+MILP solvers, HiGHS and CBC, keep their own time limits.)"""
 
 from .horizon import HoldModel
 from .problem import DEFAULT_TYPE, Allocation, Job, NodePool, Problem, ProblemError, ScalingCurve

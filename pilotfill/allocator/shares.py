@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import dp, typed
+from .typecore import Clock
 from .typed import Choice
 
 
@@ -47,10 +48,11 @@ def split(capacities: dict[str, int], users: dict[str, set[str]]) -> dict[str, d
 
 
 def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capacities: dict[str, int],
-          time_limit_s: float = 1.0) -> tuple[list[Choice], float, str]:  # fmt: skip
+          time_limit_s: float = 1.0, clock: Clock | None = None) -> tuple[list[Choice], float, str]:  # fmt: skip
     """Choices under the share objective: ``tables[j][t][n]`` as :func:`.typed.solve` takes them (every table of a
     job the same finite value at 0: stopped), ``groups[j]`` job j's group. Returns the choices, their total worth
-    and how it was solved. May raise :class:`.dp.TooLarge` (the caller's fallback)."""
+    and how it was solved. ``time_limit_s`` and ``clock``: each typed solve's (:func:`.typed.solve`). May raise
+    :class:`.dp.TooLarge` (the caller's fallback)."""
     J = len(tables)
     if J == 0:
         return [], 0.0, "share"
@@ -67,22 +69,23 @@ def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capaci
         share = shares.get(g)
         if not share:
             continue  # none of its jobs can run on any type: they wait for the rest (stage 2 finds none either)
-        picked, method = exact([tables[j] for j in members], share, time_limit_s)
+        picked, method = exact([tables[j] for j in members], share, time_limit_s, clock)
         how.add(method)
         for j, c in zip(members, picked):
             choices[j] = c
     left = {t: int(capacities[t]) - sum(c.count for c in choices if c.node_type == t) for t in capacities}
     if any(n > 0 for n in left.values()):
         rest = [on_top(tables[j], choices[j], left) for j in range(J)]
-        extra, method = exact(rest, left, time_limit_s)
+        extra, method = exact(rest, left, time_limit_s, clock)
         how.add(method)
         choices = [plus(c, e) for c, e in zip(choices, extra)]
     value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
     return choices, value, "share-" + "+".join(sorted(how)) if how else "share"
 
 
-def exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float) -> tuple[list[Choice], str]:
-    """The most total worth of ``tables`` on ``capacities`` (one type: the DP; several: the typed solver)."""
+def exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float, clock: Clock | None = None) -> tuple[list[Choice], str]:
+    """The most total worth of ``tables`` on ``capacities`` (one type: the DP; several: the typed solver, its time
+    limit read on ``clock``)."""
     kinds = [t for t, n in capacities.items() if n > 0]
     if len(kinds) == 1:
         t = kinds[0]
@@ -92,7 +95,7 @@ def exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_
         return [Choice(t, n) if n else Choice(None, 0) for n in counts], "dp"
     if not kinds:
         return [Choice(None, 0)] * len(tables), "dp"
-    picked, _, method = typed.solve(tables, {t: capacities[t] for t in kinds}, time_limit_s)
+    picked, _, method = typed.solve(tables, {t: capacities[t] for t in kinds}, time_limit_s, clock=clock)
     return picked, method.split(" ")[0]
 
 

@@ -8,6 +8,11 @@ answer; the node-level
 model and the greedy heuristic only on request. A solver that fails or runs out of time
 falls back to its incumbent, else to greedy: the caller is never left without
 an answer and the controller loop never stalls on a solver.
+
+No clock is read here: the typed solver's time limit is read on the caller's
+(``allocate(..., clock=time.thread_time)``, as the controller does); without one
+its search is bounded by its limit of states alone, and the same problem gets the
+same answer however busy the host (the MILPs keep their solvers' own time limits).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from . import dp, due, greedy, milp, nodelevel, shares, typed
 from .moves import Assignment
 from .problem import DEFAULT_TYPE, Allocation, Job, Problem
 from .profiler import EXPLORE_RATE
+from .typecore import Clock
 from .values import ValueTable, current_rate, exploration_tables, hop_table, value_matrices, value_tables
 
 EXPLORE_TIME_S = 0.03
@@ -46,7 +52,7 @@ class Objective(str, Enum):
 
 
 def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGREGATED, time_limit_s: float = 1.0,
-             objective: Objective | str = Objective.SAMPLES) -> Allocation:  # fmt: skip
+             objective: Objective | str = Objective.SAMPLES, clock: Clock | None = None) -> Allocation:  # fmt: skip
     """Node counts and concrete nodes for every job of ``problem``.
 
     Two stages: the optimum by the jobs' confirmed curves (under ``objective``),
@@ -54,20 +60,23 @@ def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGR
     curves of jobs that have one (the profiler exploring). The second stage
     never takes a node from the first, so exploring never evicts or shrinks a
     measured job. Jobs that are ``due`` run first in the first stage (:mod:`.due`), and keep that through the second.
+
+    ``clock``: what the typed solver's time limits are read on (:func:`.typed.solve`; the controller's:
+    :func:`time.thread_time`). None: its searches are bounded by their limit of states alone.
     """
     answer = None
     if Formulation(formulation) is Formulation.AGGREGATED and any(j.due for j in problem.jobs):
-        answer = _due(problem, Objective(objective), time_limit_s)
+        answer = _due(problem, Objective(objective), time_limit_s, clock)
     if answer is None and Objective(objective) is Objective.SHARE and len({j.group for j in problem.jobs}) > 1:
-        answer = _shares(problem, time_limit_s)
+        answer = _shares(problem, time_limit_s, clock)
     if answer is None:
-        answer = _allocate(problem, Formulation(formulation), time_limit_s)
+        answer = _allocate(problem, Formulation(formulation), time_limit_s, clock)
     if any(j.explore is not None for j in problem.jobs):
-        answer = _explore(problem, answer)
+        answer = _explore(problem, answer, clock)
     return answer
 
 
-def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float) -> Allocation:
+def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float, clock: Clock | None = None) -> Allocation:
     if formulation is Formulation.GREEDY:
         return _greedy(problem, "greedy", optimal=False)
     if formulation is Formulation.NODE_LEVEL:
@@ -82,7 +91,7 @@ def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float) -
         answer = _dp(problem)
         if answer is None:
             try:
-                answer = _typed(problem, time_limit_s)
+                answer = _typed(problem, time_limit_s, clock)
             except Exception:  # a solver bug must not stop the loop: the MILP, then greedy, answer instead
                 answer = None
         if answer is not None:
@@ -149,7 +158,7 @@ def _dp(problem: Problem) -> Allocation | None:
     return _finish(problem, counts, types, "dp", True, "OPTIMAL")
 
 
-def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
+def _typed(problem: Problem, time_limit_s: float, clock: Clock | None = None) -> Allocation | None:
     """The exact solver across node types (:mod:`.typed`); None when a one-type knapsack inside it is too large for
     the DP (:class:`.dp.TooLarge`: the MILP then)."""
     all_tables = value_tables(problem)
@@ -161,7 +170,7 @@ def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
         mine = {t.node_type: t.values for t in job_tables if t.node_type in capacities}
         tables.append(mine or {next(iter(capacities)): job_tables[0].values[:1]})
     try:
-        choices, _, how = typed.solve(tables, capacities, time_limit_s)
+        choices, _, how = typed.solve(tables, capacities, time_limit_s, clock=clock)
     except dp.TooLarge:
         return None
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
@@ -170,7 +179,7 @@ def _typed(problem: Problem, time_limit_s: float) -> Allocation | None:
     return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
-def _shares(problem: Problem, time_limit_s: float) -> Allocation | None:
+def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None) -> Allocation | None:
     """The share objective (:mod:`.shares`); None where a knapsack inside it is too large or the solver fails (the
     samples objective answers then: a decision is never lost to the objective)."""
     all_tables = value_tables(problem)
@@ -178,7 +187,7 @@ def _shares(problem: Problem, time_limit_s: float) -> Allocation | None:
     tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
               for job_tables in all_tables]  # fmt: skip
     try:
-        choices, _, how = shares.solve(tables, [j.group for j in problem.jobs], capacities, time_limit_s)
+        choices, _, how = shares.solve(tables, [j.group for j in problem.jobs], capacities, time_limit_s, clock)
     except Exception:  # dp.TooLarge, or a solver bug: the samples objective instead
         return None
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
@@ -187,7 +196,7 @@ def _shares(problem: Problem, time_limit_s: float) -> Allocation | None:
     return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
-def _due(problem: Problem, objective: Objective, time_limit_s: float) -> Allocation | None:
+def _due(problem: Problem, objective: Objective, time_limit_s: float, clock: Clock | None = None) -> Allocation | None:
     """The objective's optimum among the answers that run the due jobs first (:mod:`.due`); None where a knapsack inside
     it is too large or the solver fails (the objective alone answers then: a decision is never lost to the rule)."""
     all_tables = value_tables(problem)
@@ -198,7 +207,7 @@ def _due(problem: Problem, objective: Objective, time_limit_s: float) -> Allocat
     groups = [j.group for j in jobs] if objective is Objective.SHARE else None
     measuring = [current_rate(job, held) >= MEASURING_RATE for job, held in zip(jobs, problem.held_counts)]  # keeps its nodes until it reports
     try:
-        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring)
+        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring, clock)
     except Exception:  # dp.TooLarge, or a solver bug
         return None
     counts = {job.id: c.count for job, c in zip(jobs, choices)}
@@ -207,7 +216,7 @@ def _due(problem: Problem, objective: Objective, time_limit_s: float) -> Allocat
     return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
-def _explore(problem: Problem, answer: Allocation) -> Allocation:
+def _explore(problem: Problem, answer: Allocation, clock: Clock | None = None) -> Allocation:
     """Hand out again, this time valuing growth by the optimistic curves, every node the first stage does
     not keep for the job that holds it: the nodes nobody holds and the nodes it took from their jobs.
 
@@ -220,7 +229,7 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
     in what is handed out.
     """
     if len(problem.pool.by_type()) > 1 and any(len(j.node_types) > 1 for j in problem.jobs):
-        return _explore_typed(problem, answer)
+        return _explore_typed(problem, answer, clock)
     counts, types = dict(answer.counts), dict(answer.node_type)
     changed = False
     held_all = problem.held_counts  # each job's {type: count}, only counts > 0
@@ -262,7 +271,7 @@ def _explore(problem: Problem, answer: Allocation) -> Allocation:
     return explored if explored.method.endswith("+explore") else answer
 
 
-def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
+def _explore_typed(problem: Problem, answer: Allocation, clock: Clock | None = None) -> Allocation:
     """The second stage where jobs choose among node types: the nodes the first stage does not keep for the jobs
     that hold them are handed out again, all types at once (the exact typed solver), among growth of jobs on
     the type they run on, jobs not running (measured first where predicted best) and moves of running jobs to a
@@ -317,7 +326,7 @@ def _explore_typed(problem: Problem, answer: Allocation) -> Allocation:
     tables = [{t: mine[t] for t in job.node_types if t in mine} or {next(iter(room)): np.zeros(1)} for (job, _, _), mine in zip(candidates, found)]
     capacities = {t: max(0, r) for t, r in room.items()}
     try:
-        choices, _, _ = typed.solve(tables, capacities, EXPLORE_TIME_S, milp=False)
+        choices, _, _ = typed.solve(tables, capacities, EXPLORE_TIME_S, milp=False, clock=clock)
     except (dp.TooLarge, ValueError):
         return answer  # exploring is a bonus: never worth a slow or failed decision
     changed = False

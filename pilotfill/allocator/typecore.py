@@ -24,7 +24,6 @@ good solutions fast (:func:`.typed.solve` chooses the thresholds and uses the di
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +34,42 @@ from . import dp
 
 class TooManyStates(ValueError):
     """The exact search grew past its limit of states or of time (the caller solves the core as a MILP instead)."""
+
+
+Clock = Callable[[], float]
+"""A clock in seconds, the caller's: the allocator reads none of its own. The controller's is :func:`time.thread_time`
+(this thread's CPU time, not the wall's: on a busy host the same problem gets the same search)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a search gives up, by the caller's clock. Without a clock a search never runs out of time (it is bounded
+    by its limit of states alone), and ``seconds`` is what a solver with a clock of its own (HiGHS) is given."""
+
+    at: float = math.inf
+    clock: Clock | None = None
+    seconds: float = math.inf
+
+    @staticmethod
+    def after(seconds: float, clock: Clock | None) -> Deadline:
+        """``seconds`` from now by ``clock`` (None: no clock)."""
+        return Deadline(clock() + seconds, clock, seconds) if clock is not None else Deadline(seconds=seconds)
+
+    def passed(self) -> bool:
+        return self.clock is not None and self.clock() > self.at
+
+    def left(self) -> float:
+        """The seconds left (without a clock: all of them)."""
+        return self.at - self.clock() if self.clock is not None else self.seconds
+
+    def halfway(self) -> Deadline:
+        """Half of the time left from now (without a clock: the same)."""
+        if self.clock is None:
+            return self
+        return Deadline(self.clock() + (self.at - self.clock()) / 2, self.clock, self.seconds)
+
+
+NO_DEADLINE = Deadline()
 
 
 @dataclass(frozen=True)
@@ -90,16 +125,16 @@ class Core:
         self.root = self.base + self.charges[0] + float(self.bound[0][self.offsets + self.caps].sum())
         self.starts, self.choices = _choices(keep[hesitant], may_stop[hesitant], gain[hesitant], self.caps)
 
-    def search(self, theta: float, deadline: float = math.inf, limit: int | None = None) -> Solution | None:
+    def search(self, theta: float, deadline: Deadline = NO_DEADLINE, limit: int | None = None) -> Solution | None:
         """The best solution worth at least ``theta`` (None: there is none); :class:`TooManyStates` past ``limit``
-        states (:data:`STATE_LIMIT`) or past ``deadline`` (:func:`time.thread_time`)."""
+        states (:data:`STATE_LIMIT`) or past ``deadline`` (by the caller's clock)."""
         return self._layers(theta, STATE_LIMIT if limit is None else limit, None, deadline)
 
-    def dive(self, theta: float, width: int, deadline: float = math.inf) -> Solution | None:
+    def dive(self, theta: float, width: int, deadline: Deadline = NO_DEADLINE) -> Solution | None:
         """A good solution, if the search keeping only the ``width`` states with the best bounds per level finds one."""
         return self._layers(theta, 10**12, width, deadline)
 
-    def _layers(self, theta: float, limit: int, width: int | None, deadline: float) -> Solution | None:
+    def _layers(self, theta: float, limit: int, width: int | None, deadline: Deadline) -> Solution | None:
         if not self.root >= theta:  # nothing worth theta (the firm jobs alone may not even fit)
             return None
         if not len(self.order):  # the firm rows alone: the root bound is exact
@@ -122,7 +157,7 @@ class Core:
             total += len(s)
             if total > limit:
                 raise TooManyStates(f"{total:,} states by {h + 1} of {len(self.order)} hesitant jobs")
-            if time.thread_time() > deadline:
+            if deadline.passed():
                 raise TooManyStates(f"out of time by {h + 1} of {len(self.order)} hesitant jobs ({total:,} states)")
             trail.append((s, i))
         return None

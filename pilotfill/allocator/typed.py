@@ -27,17 +27,16 @@ stops), and each type has its own capacity:
    since nothing is worth the θ before. After each empty search a dive (the search keeping only its best states)
    on that small core may raise LB; once θ would pass LB, the search at LB finishes.
 
-Were the search ever to grow too large, or still run at half the time limit, the core goes to HiGHS (through SciPy)
-as a MILP, copies of a model counted rather than named, with the time left. :func:`solve_milp` is the whole model
-solved by HiGHS without the decomposition (one binary per job, type and count): the reference the benchmark and the
-tests compare.
+Were the search ever to grow too large, or still run at half the time limit (read on the caller's clock), the core
+goes to HiGHS (through SciPy) as a MILP, copies of a model counted rather than named, with the time left.
+:func:`solve_milp` is the whole model solved by HiGHS without the decomposition (one binary per job, type and count):
+the reference the benchmark and the tests compare.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +44,7 @@ import numpy as np
 
 from . import dp, typecore, typegrid
 from .milp import quiet_solver
-from .typecore import Core, Solution, TooManyStates
+from .typecore import Clock, Core, Deadline, Solution, TooManyStates
 from .typeprices import prices
 
 FIRST_STEP = 256
@@ -66,16 +65,19 @@ class Choice:
 
 
 def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0,
-          milp: bool = True) -> tuple[list[Choice], float, str]:  # fmt: skip
+          milp: bool = True, clock: Clock | None = None) -> tuple[list[Choice], float, str]:  # fmt: skip
     """Exact optimum: ``tables[j][t][n]`` is job j's worth on type t at n nodes (−inf where not allowed; every
     table of a job has the same finite value at 0, stopped). Returns the choices, the value and how the core was
     solved (``"dp"``, or ``"dp+milp"`` where the search grew too large or ran long; ``time_limit_s`` bounds the
-    search and that MILP together: past it, the best solution found, ``"… (time limit)"``). The search's clock is
-    the CPU time of this thread (:func:`time.thread_time`), not the wall's: on a busy host the same problem gets the
-    same search, and the controller's other threads do not spend its time. ``milp=False``: no MILP — a search
-    past its limit, or out of time, leaves the best solution it found (``"dp (search limit)"``): for a stage whose
-    answer is a bonus (HiGHS may overrun a limit of a few tens of milliseconds)."""
-    deadline = time.thread_time() + time_limit_s
+    search and that MILP together: past it, the best solution found, ``"… (time limit)"``). The limit is read on
+    ``clock``, the caller's (the controller's is the CPU time of its thread, :func:`time.thread_time`, not the wall's:
+    on a busy host the same problem gets the same search, and the controller's other threads do not spend its time).
+    Without a clock the search is bounded by its limit of states alone (:data:`.typecore.STATE_LIMIT`), so its answer
+    does not depend on how busy the host is, and the MILP by HiGHS's own clock, ``time_limit_s`` a try.
+    ``milp=False``: no MILP — a search past its limit, or out of time, leaves the best solution it found (``"dp
+    (search limit)"``): for a stage whose answer is a bonus (HiGHS may overrun a limit of a few tens of
+    milliseconds)."""
+    deadline = Deadline.after(time_limit_s, clock)
     types = sorted(capacities)
     J, T = len(tables), len(types)
     if J == 0:
@@ -177,7 +179,7 @@ def pinned(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> np.ndarray
     return out
 
 
-def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float, grid_work: float = typegrid.WORK,
+def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: Deadline, grid_work: float = typegrid.WORK,
            milp: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
     """:func:`solve` on the value matrix: (type index, count) per job, and how (the caller values the answer by
     the tables as given, not these, which :func:`pin` may have shifted). ``grid_work``: the most cell updates the
@@ -205,7 +207,7 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: flo
     return _by_search(values, stop, caps, deadline, milp=milp)
 
 
-def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: float, probe: int | None = None,
+def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: Deadline, probe: int | None = None,
                milp: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], str]:  # fmt: skip
     """Steps 2–4: prices, a first answer, the exact search of the core (the MILP where that grows too large).
     ``probe``: a search of at most this many states, and :class:`TooManyStates` rather than the MILP."""
@@ -227,15 +229,16 @@ def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline:
 
 
 def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
-           deadline: float, probe: int | None = None, milp: bool = True) -> tuple[Solution, str]:  # fmt: skip
+           deadline: Deadline, probe: int | None = None, milp: bool = True) -> tuple[Solution, str]:  # fmt: skip
     """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ is near
     UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or proves
     that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
     incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the
     best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So
-    does a search still running at half the time (``deadline``, :func:`time.thread_time`): the MILP has the rest.
-    ``probe``: every search of at most this many states, and :class:`TooManyStates` instead of the MILP."""
-    searching = time.thread_time() + (deadline - time.thread_time()) / 2 if milp else deadline
+    does a search still running at half the time (``deadline``, by the caller's clock): the MILP has the rest (without
+    a clock, the whole limit a try). ``probe``: every search of at most this many states, and :class:`TooManyStates`
+    instead of the MILP."""
+    searching = deadline.halfway() if milp else deadline
     step = (upper - best.value) / FIRST_STEP
     while True:
         theta = max(upper - step, best.value - slack)
@@ -258,7 +261,7 @@ def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.nda
         return best, "dp (search limit)"
     found = best
     for tries, keep in ((2, core.keep), (1, None)):
-        left = deadline - time.thread_time()
+        left = deadline.left()
         if tries == 1 and left <= 0:  # no time for the core at the incumbent's value: the best found stands
             break
         if keep is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -33,6 +34,9 @@ from .world import Job, World
 
 MIN_COPIES = 4
 """Waiting jobs of one kind a decision weighs at least (see :meth:`Weighing.solve`)."""
+SOLVER_CLOCK = time.thread_time
+"""What the allocator's time limit is read on (it reads no clock of its own): this thread's CPU time, not the wall's,
+so that on a busy host the same problem gets the same search and the controller's other threads do not spend it."""
 
 
 class Solved(NamedTuple):
@@ -84,7 +88,8 @@ class Weighing:
         active = self.active(room)
         if not active:
             return {}
-        potential = allocate(self.problem(active, extra, without), self.config.formulation, self.config.solver_time_limit_s, self.config.objective)
+        potential = allocate(self.problem(active, extra, without), self.config.formulation, self.config.solver_time_limit_s, self.config.objective,
+                             clock=SOLVER_CLOCK)  # fmt: skip
         return self.types.counts_by_type(potential)
 
     def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
@@ -248,7 +253,7 @@ class Weighing:
             weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
             active = sorted(running + weighed, key=lambda j: j.seq)
             problem = self.problem(active, extra, without)
-            answer = allocate(problem, self.config.formulation, self.config.solver_time_limit_s, self.config.objective)
+            answer = allocate(problem, self.config.formulation, self.config.solver_time_limit_s, self.config.objective, clock=SOLVER_CLOCK)
             left = [q[w:] for q, w in zip(queues, weigh)]
             if not apart:
                 answer, offered = self.offer_left_free(problem, answer, left)
@@ -305,7 +310,7 @@ class Weighing:
             nodes = tuple(n for n in problem.pool.nodes if n not in used)
             types = {n: problem.pool.types[n] for n in nodes if n in problem.pool.types}
             rest = allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd), self.config.formulation,
-                            self.config.solver_time_limit_s, self.config.objective)  # fmt: skip
+                            self.config.solver_time_limit_s, self.config.objective, clock=SOLVER_CLOCK)  # fmt: skip
             answer = answer.joined(rest)
             offered += [j for j in more if j.status not in TERMINAL]
         return answer, offered
