@@ -20,6 +20,7 @@ from .allocator import Formulation, Objective
 from .allocator.similarity import LibraryError
 from .config import SimilarityConfig
 from .library_file import read_library
+from .lifecycle import LIVE_PILOT_STATES, JobStatus
 from .traces import InputError, format_time, parse_time, read_jobs, read_models, read_trace, with_models
 
 app = typer.Typer(
@@ -389,14 +390,14 @@ def status(
     for col in ("job", "status", "nodes", "progress", "rescales", "result"):
         table.add_column(col, justify="right" if col in ("nodes", "progress", "rescales") else "left", overflow="ellipsis")
     for j in info["jobs"]:
-        shown = j.get("error") if j["status"] == "failed" else j.get("result")
+        shown = j.get("error") if j["status"] == JobStatus.FAILED else j.get("result")
         table.add_row(j["name"], j["status"], str(j["nodes"]), f"{j['progress']:,.0f}", str(j["rescales"]), "" if shown is None else str(shown)[:60])
     Console().print(table)
     from .controller.notices import notice_line
 
     for notice in info.get("notices") or []:
         err.print(f"[{'bold red' if notice.get('level') == 'failing' else 'yellow'}]{escape(notice_line(notice) or '')}[/]", highlight=False)
-    live = [p for p in info["pilots"] if p["state"] in ("queued", "running", "leaving")]
+    live = [p for p in info["pilots"] if p["state"] in LIVE_PILOT_STATES]
     if live:
         pilots = Table(title="pilots", caption=f"and {len(info['pilots']) - len(live)} ended" if len(live) < len(info["pilots"]) else None)
         for col in ("scheduler id", "state", "nodes"):

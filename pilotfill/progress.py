@@ -31,6 +31,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from .lifecycle import JobStatus, NodeState
+
 T = TypeVar("T")
 PLAIN_EVERY_S = 10.0
 INTERNAL = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
@@ -84,8 +86,8 @@ class Machine:
         lines = notice_lines(snap)
         self.notice = lines[0] if lines else None
         jobs = snap.get("jobs", [])
-        self.running = sum(1 for j in jobs if j["status"] == "running")
-        self.nodes = sum(1 for n in snap.get("nodes", []) if n["state"] == "ready")
+        self.running = sum(1 for j in jobs if j["status"] == JobStatus.RUNNING)
+        self.nodes = sum(1 for n in snap.get("nodes", []) if n["state"] == NodeState.READY)
         total, now = sum(j["progress"] for j in jobs), time.monotonic()
         if self._last is not None and now > self._last[0]:
             self.rate = max(0.0, (total - self._last[1]) / (now - self._last[0]))

@@ -96,6 +96,7 @@ def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
 
 def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     """Finished jobs' results (Parsl-serialized values decoded) and the campaign's output (e.g. the leaderboard)."""
+    from .lifecycle import JobStatus
     from .state import State
     from .status import result_of
 
@@ -106,7 +107,7 @@ def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     if (home / "run" / "state.sqlite").exists():
         state = State(home / "run", readonly=True)
         try:
-            for j in state.jobs(("finished",)):
+            for j in state.jobs((JobStatus.FINISHED,)):
                 results.append({"job": j.id, "name": j.name, "value": result_of(j, home / "run")})
         finally:
             state.close()

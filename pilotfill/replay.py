@@ -45,6 +45,7 @@ import numpy as np
 
 from .allocator.similarity import Library
 from .library_file import write_library
+from .lifecycle import JobStatus
 from .config import ADMISSIONS, Config, ControllerConfig, NodeTypeConfig, PilotConfig, SimilarityConfig
 from .controller import Controller
 from .controller.collection import collecting_rarely
@@ -454,7 +455,7 @@ class Replay:
             res.samples_redone = float(counters["samples_redone"])
             world = ctl.world
             res.jobs_running_at_end = len(world.running)
-            pending = [j for j in world.open.values() if j.status == "pending"]
+            pending = [j for j in world.open.values() if j.status == JobStatus.PENDING]
             res.jobs_waiting_at_end = len(pending)
             free = sum(1 for n in world.ready_nodes() if n.job is None) + (self.scheduler.idle_nodes() or 0)
             res.jobs_stranded_at_end = sum(1 for j in pending if j.launches and j.spec["min_nodes"] <= free)

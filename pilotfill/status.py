@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .lifecycle import JobStatus
+
 
 def run_dir_status(run_dir: Path) -> dict[str, Any]:
     """The jobs (results decoded), pilots and notices of the run directory's journal: what it committed, whether or
@@ -21,7 +23,7 @@ def run_dir_status(run_dir: Path) -> dict[str, Any]:
         out["jobs"] = [
             {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "committed": j.committed,
              "redone": j.redone, "rescales": j.rescales,
-             "result": result_of(j, Path(run_dir)) if j.status == "finished" else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
+             "result": result_of(j, Path(run_dir)) if j.status == JobStatus.FINISHED else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
             for j in state.jobs()
         ]  # fmt: skip
         out["pilots"] = [{"id": p["id"], "scheduler_id": p["scheduler_id"], "state": p["state"], "nodes": len(p["nodes"])} for p in state.pilots()]

@@ -27,6 +27,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .lifecycle import LIVE_PILOT_STATES, JobStatus, NodeState, PilotState
+
 PALETTE = ["green", "cyan", "magenta", "yellow", "blue", "bright_red", "bright_green", "bright_cyan", "bright_magenta", "orange3", "purple", "turquoise2"]
 HELD, LEAVING, FREE = "held", "leaving", "free"
 
@@ -102,18 +104,18 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
         rate = prev_rate.get(j["id"], 0.0)
         if j["id"] in prev_progress and elapsed_s > 0:
             rate = max(0.0, (j["progress"] - prev_progress[j["id"]]) / elapsed_s)
-        if j["status"] != "running":
+        if j["status"] != JobStatus.RUNNING:
             rate = 0.0
         jobs.append(JobView(j["id"], j["name"], j["status"], len(j["nodes"]), spec["min_nodes"], spec["max_nodes"], rate, j["progress"], spec.get("total_samples"), j["rescales"],
                             j.get("committed", j["progress"])))  # fmt: skip
-    nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == "leaving" else HELD, n.get("node_type")) for n in snap["nodes"] if n["state"] != "gone"]
+    nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == NodeState.LEAVING else HELD, n.get("node_type")) for n in snap["nodes"] if n["state"] != NodeState.GONE]
     placed = placement(snap)
     for j in jobs:
         j.node_type, j.why = placed.get(j.id, (None, ""))
     pilots = [
         PilotView(p["id"], p["scheduler_id"] or "", p["state"], len(p["nodes"]), (p["walltime_end"] - now) if p.get("walltime_end") else None)
         for p in snap["pilots"]
-        if p["state"] in ("queued", "running", "leaving")
+        if p["state"] in LIVE_PILOT_STATES
     ]
     if "node_seconds" in snap:
         harvested, training = snap["node_seconds"]["held"] / 3600, snap["node_seconds"]["used"] / 3600
@@ -143,7 +145,7 @@ def placement(snap: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
     started = {e["job"]: e["data"].get("why", "") for e in snap.get("events", []) if e["kind"] == "job.started" and e["data"].get("node_type")}
     out = {}
     for j in snap["jobs"]:
-        if j["status"] != "running":
+        if j["status"] != JobStatus.RUNNING:
             continue
         kinds = {types.get(n) for n in j["nodes"]} - {None}
         if j["id"] in live:
@@ -244,7 +246,7 @@ def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
             return {
                 "jobs": [j.__dict__ for j in state.jobs()],
                 "notices": json.loads(state.get_meta("notices") or "[]"),
-                "pilots": state.pilots(("queued", "running", "leaving")),
+                "pilots": state.pilots(LIVE_PILOT_STATES),
                 "nodes": state.nodes(),
                 "events": state.events(limit=50),
                 "node_seconds": {"held": counters.get("held_node_s", 0), "used": counters.get("used_node_s", 0)},
@@ -314,7 +316,7 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> RenderableType:
         table.add_column("on", no_wrap=True)
     table.add_column("resc", justify="right", no_wrap=True)
     table.add_column("state", no_wrap=True)
-    active = [j for j in view.jobs if j.status in ("running", "pending")] + [j for j in view.jobs if j.status not in ("running", "pending")]
+    active = [j for j in view.jobs if j.status in (JobStatus.RUNNING, JobStatus.PENDING)] + [j for j in view.jobs if j.status not in (JobStatus.RUNNING, JobStatus.PENDING)]
     longest = max((len(j.name) for j in active[:12]), default=4)
     room = width - min(name_width, longest) - 44  # what the other columns (about 32) and the padding (12) leave it
     if typed:
@@ -327,7 +329,7 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> RenderableType:
             _progress(j, room),
             *([Text(j.node_type or "", style="bold")] if typed else []),
             str(j.rescales),
-            Text(j.status, style={"running": "green", "failed": "red", "finished": "dim"}.get(j.status, "yellow")),
+            Text(j.status, style={JobStatus.RUNNING: "green", JobStatus.FAILED: "red", JobStatus.FINISHED: "dim"}.get(j.status, "yellow")),
         ]
         table.add_row(*cells)
     if len(view.jobs) > 12:
@@ -369,7 +371,7 @@ def _bar(frac: float, width: int, committed: float | None = None) -> tuple[tuple
 
 def _eta(j: JobView) -> str:
     eta = j.eta_s
-    if j.status == "finished":
+    if j.status == JobStatus.FINISHED:
         return "done"
     if eta is None:
         return "ETA —"
@@ -384,7 +386,7 @@ def _pilots(view: View, width: int) -> Table:
     table.add_column("walltime left", justify="right")
     for p in view.pilots[:6]:
         left = "—" if p.walltime_left_s is None else f"{int(p.walltime_left_s // 3600)}:{int(p.walltime_left_s % 3600 // 60):02d}:{int(p.walltime_left_s % 60):02d}"
-        table.add_row(p.scheduler_id or p.id, Text(p.state, style="red" if p.state == "leaving" else ""), str(p.nodes), left)
+        table.add_row(p.scheduler_id or p.id, Text(p.state, style="red" if p.state == PilotState.LEAVING else ""), str(p.nodes), left)
     if len(view.pilots) > 6:
         table.add_row(f"… {len(view.pilots) - 6} more", "", "", "")
     if view.notices:
@@ -439,7 +441,7 @@ def _legend(view: View, colours: dict[str, str], width: int) -> Text:
     inside one; a name longer than a line is shortened with an ellipsis."""
     limit = max(6, width - 2)
     entries = []
-    for j in [j for j in view.jobs if j.status == "running"][:8]:
+    for j in [j for j in view.jobs if j.status == JobStatus.RUNNING][:8]:
         entry = f"■ {j.name}"
         entries.append((entry if len(entry) <= limit else entry[: limit - 1] + "…", colours[j.id]))
     entries += [("□ idle", "dim"), ("▒ leaving", "red")]

@@ -168,4 +168,4 @@ class Enactment:
 
     def _why_lost(self, lost: set[str]) -> str:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}
-        return "leaving" if states == {"leaving"} else "gone" if "ready" not in states else "lost"
+        return "leaving" if states == {NodeState.LEAVING} else "gone" if NodeState.READY not in states else "lost"

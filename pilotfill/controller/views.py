@@ -20,6 +20,7 @@ from typing import Any
 from ..allocator import Job as AllocJob
 from ..allocator import ProblemError, Profiler, ScalingCurve
 from ..allocator.values import worth_per_node
+from ..lifecycle import JobStatus
 from .node_types import NodeTypes
 from .waiting import HOLDS_NODES, LIKE_NO_OTHER
 from .world import Job, World
@@ -82,7 +83,7 @@ class AllocatorViews:
         """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
         holding nodes, with progress, or measured by JPA)."""
         spec = job.spec
-        if job.status == "running" or job.nodes or job.progress > 0 or (not spec.get("curve") and self.profiler.measured(job.id)):
+        if job.status == JobStatus.RUNNING or job.nodes or job.progress > 0 or (not spec.get("curve") and self.profiler.measured(job.id)):
             return None
         known = self._kinds.get(job.id)  # made once per spec (thousands wait on a saturated machine, weighed every decision)
         if known is None or known[0] is not spec:
@@ -181,8 +182,8 @@ class AllocatorViews:
                 curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
         else:
             explore = self.profiler.curve(job.id, lo, hi)
-            curve = self.profiler.confirmed(job.id, lo, hi, trying=len(job.nodes) if job.status == "running" else 0)
-            if job.status == "running" and not self.profiler.measured(job.id):
+            curve = self.profiler.confirmed(job.id, lo, hi, trying=len(job.nodes) if job.status == JobStatus.RUNNING else 0)
+            if job.status == JobStatus.RUNNING and not self.profiler.measured(job.id):
                 curve = explore  # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
         objective = None
         if spec.get("objective"):

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..lifecycle import JobStatus
+
 if TYPE_CHECKING:
     from .world import Job, World
 
@@ -143,7 +145,7 @@ class WaitingJobs:
             if old is not None:
                 gone.append(old[0].seq)
             job = world.open.get(job_id)
-            if job is None or job.status == "running":
+            if job is None or job.status == JobStatus.RUNNING:
                 continue
             since = old[5] if old is not None else job.submitted if not job.launches else now
             entry = entries[job_id] = [job, self._kind_of(job), None, self._version(job), _UNMADE, since]

@@ -25,7 +25,7 @@ import numpy as np
 from ..allocator import Allocation, NodePool, Problem, ProblemError, Profiler, allocate
 from ..allocator import Job as AllocJob
 from ..config import ControllerConfig
-from ..lifecycle import TERMINAL
+from ..lifecycle import TERMINAL, JobStatus
 from .node_types import NodeTypes
 from .views import AllocatorViews
 from .waiting import DUE_SHARE, HOLDS_NODES, LIKE_NO_OTHER, OVERDUE_S, Admitted, WaitingJobs, in_turns
@@ -325,7 +325,7 @@ class Weighing:
         config = self.config
         by_worth = config.admission == "worth"
         self._due_now = self.dues(room, now) if by_worth else frozenset()
-        due = (job.seq for job_id in self._due_now if (job := self.world.open[job_id]).status != "running")
+        due = (job.seq for job_id in self._due_now if (job := self.world.open[job_id]).status != JobStatus.RUNNING)
         return self.waiting.admitted(room, config.max_jobs, len(self.world.running), by_group=config.objective == "share", by_worth=by_worth,
                                      due=due)  # fmt: skip
 

@@ -27,7 +27,7 @@ from parsl.executors.base import ParslExecutor
 from parsl.serialize import deserialize
 
 from ..client import ControllerClient
-from ..lifecycle import TERMINAL
+from ..lifecycle import TERMINAL, JobStatus
 from ..results import ResultUnavailable, is_packed, unpack
 from ..transport import ControllerUnavailable, Interrupted
 from .identity import call_key
@@ -201,7 +201,7 @@ class ElasticExecutor(ParslExecutor):
                 future.set_exception(exc)
                 return
             future.set_result(deserialize(data))
-        elif record["status"] == "finished":
+        elif record["status"] == JobStatus.FINISHED:
             future.set_result(result)
         else:
             future.set_exception(RuntimeError(f"elastic job {record['id']} {record['status']}: {record.get('error') or ''}".strip()))
