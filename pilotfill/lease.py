@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from . import procs
+from .lifecycle import LeaseState
 
 LEASE_FILE = "supervisor.json"
 RENEW_S = 1.0
@@ -45,7 +46,7 @@ class Lease:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._write("running")
+        self._write(LeaseState.RUNNING)
         self._thread = threading.Thread(target=self._renew, name="pilotfill-lease", daemon=True)
         self._thread.start()
 
@@ -53,13 +54,13 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._write("ended")
+        self._write(LeaseState.ENDED)
 
     def _renew(self) -> None:
         while not self._stop.wait(self.renew_s):
-            self._write("running")
+            self._write(LeaseState.RUNNING)
 
-    def _write(self, state: str) -> None:
+    def _write(self, state: LeaseState) -> None:
         self._beat += 1
         text = json.dumps({"state": state, "beat": self._beat, "pid": os.getpid(), "host": socket.gethostname()}) + "\n"
         try:
@@ -85,7 +86,7 @@ class LeaseWatch:
         self._changed_at = clock()
         self._read_at = -1e18
 
-    def state(self) -> str:
+    def state(self) -> LeaseState:
         now = self.clock()
         if now - self._read_at >= min(RENEW_S, self.deadline_s / 4):
             self._read_at = now
@@ -96,13 +97,13 @@ class LeaseWatch:
             if text is not None and text != self._seen:
                 self._seen, self._changed_at = text, now
         if self._seen is None:
-            return "none"
+            return LeaseState.NONE
         try:
-            if json.loads(self._seen).get("state") == "ended":
-                return "ended"
+            if json.loads(self._seen).get("state") == LeaseState.ENDED:
+                return LeaseState.ENDED
         except ValueError:
             pass  # a torn read: it changed, which is all we need
-        return "gone" if now - self._changed_at > self.deadline_s else "running"
+        return LeaseState.GONE if now - self._changed_at > self.deadline_s else LeaseState.RUNNING
 
 
 def holder(run_dir: Path | str) -> tuple[int, int] | None:
@@ -112,7 +113,7 @@ def holder(run_dir: Path | str) -> tuple[int, int] | None:
         info = json.loads((Path(run_dir) / LEASE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict) or info.get("state") != "running" or info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+    if not isinstance(info, dict) or info.get("state") != LeaseState.RUNNING or info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
         return None
     ticks = procs.start_ticks(info["pid"])
     return (info["pid"], ticks) if ticks is not None else None

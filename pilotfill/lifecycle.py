@@ -19,6 +19,8 @@ Pilots (ended and lost pilots leave memory)::
 
 Nodes: ``ready ──► leaving ──► gone`` (or ``ready ──► gone`` when taken at once); a node that comes back is a
 new node.
+
+The campaign's lease, as an agent reads it (:mod:`pilotfill.lease`): ``running ──► ended | gone``, or ``none``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,15 @@ class NodeState(StrEnum):
     READY = "ready"
     LEAVING = "leaving"
     GONE = "gone"
+
+
+class LeaseState(StrEnum):
+    """The campaign's lease as a reader sees it; ``running`` and ``ended`` are what the lease file says."""
+
+    RUNNING = "running"
+    ENDED = "ended"  # ``pilotfill run`` marked it ended
+    GONE = "gone"  # not renewed for the reader's deadline, by its own clock
+    NONE = "none"  # never seen: a controller without ``pilotfill run``
 
 
 class Removal(StrEnum):
@@ -102,4 +113,4 @@ def checked(table: dict, kind: str, name: str, old: str, new: str):
     return to
 
 
-__all__ = ["IllegalMove", "JOB_MOVES", "JobStatus", "LIVE_PILOT_STATES", "NODE_MOVES", "NodeState", "PILOT_MOVES", "PilotState", "Removal", "TERMINAL", "checked"]
+__all__ = ["IllegalMove", "JOB_MOVES", "JobStatus", "LIVE_PILOT_STATES", "LeaseState", "NODE_MOVES", "NodeState", "PILOT_MOVES", "PilotState", "Removal", "TERMINAL", "checked"]

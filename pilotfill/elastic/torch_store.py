@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..lease import LeaseWatch
+from ..lifecycle import LeaseState
 from ..procs import die_with_parent, start_ticks
 from ..protocol import _NUMBER, Message, _field
 from ..transport import Park, Server
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while not store.stopping:
             store.serve()
-            if campaign is not None and campaign.state() in ("ended", "gone"):
+            if campaign is not None and campaign.state() in (LeaseState.ENDED, LeaseState.GONE):
                 print(f"the campaign is over ({campaign.state()}): the torch store ends", flush=True)
                 break
     finally:

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from .. import procs
 from ..lease import LeaseWatch
+from ..lifecycle import LeaseState
 from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
 from ..schedulers.base import NodeAccess
 from ..schedulers.registry import NAMES as BATCH_SYSTEM_NAMES
@@ -230,9 +231,9 @@ class Agent:
         state = self.lease.state()  # read all along (throttled): its renewals are timed while the controller still answers
         if time.monotonic() - self._heard_at <= self.deadline_s:
             return None
-        if state == "ended":
+        if state == LeaseState.ENDED:
             return "the campaign ended"
-        if state == "gone":
+        if state == LeaseState.GONE:
             return f"the campaign's pilotfill run is gone (no lease renewal for {self.deadline_s:.0f} s)"
         return None
 

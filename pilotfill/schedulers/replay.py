@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from ..lifecycle import PilotState
 from ..protocol import PilotLeaving, PilotRegister
 from ..traces import Trace
 from .base import BatchScheduler, EndReason, EventKind, PilotEvent
@@ -55,7 +56,7 @@ class _Pilot:
     start_at: float
     node_type: str | None = None
     nodes: list[str] = field(default_factory=list)
-    state: str = "queued"  # queued | running | leaving
+    state: PilotState = PilotState.QUEUED  # queued | running | leaving
     end_at: float = math.inf  # when a leaving pilot is gone
     walltime_end: float = math.inf
 
@@ -128,7 +129,7 @@ class ReplayScheduler(BatchScheduler):
 
     def release(self, pilot_id: str, nodes: list[str]) -> list[str]:
         pilot = self.pilots.get(pilot_id)
-        if pilot is None or pilot.state != "running":
+        if pilot is None or pilot.state != PilotState.RUNNING:
             return list(nodes)
         given = [n for n in nodes if self.holder.get(n) == pilot_id]
         for n in given:
@@ -146,12 +147,12 @@ class ReplayScheduler(BatchScheduler):
         pilot = self.pilots.get(pilot_id)
         if pilot is None:
             return
-        if pilot.state == "queued":
+        if pilot.state == PilotState.QUEUED:
             self.counts.cancelled += 1
             del self.queued[pilot_id]
             del self.pilots[pilot_id]
             self._events.append(PilotEvent(EventKind.ENDED, pilot_id, pilot.job_id, detail="cancelled while queued", reason=EndReason.CANCELLED))
-        elif pilot.state == "running":
+        elif pilot.state == PilotState.RUNNING:
             self._terminate(pilot, "cancelled")
 
     def poll(self, now: float) -> list[PilotEvent]:
@@ -160,7 +161,7 @@ class ReplayScheduler(BatchScheduler):
 
     def close(self) -> None:
         for pilot in list(self.pilots.values()):
-            if pilot.state == "queued":
+            if pilot.state == PilotState.QUEUED:
                 self.cancel(pilot.id)
             else:
                 self._end(pilot, "closed")
@@ -187,11 +188,11 @@ class ReplayScheduler(BatchScheduler):
             pilot = self.pilots.get(pilot_id)
             if pilot is None:
                 continue
-            if what == "start" and pilot.state == "queued":
+            if what == "start" and pilot.state == PilotState.QUEUED:
                 self._start(pilot)
-            elif what == "end" and pilot.state == "leaving" and pilot.end_at <= t:
+            elif what == "end" and pilot.state == PilotState.LEAVING and pilot.end_at <= t:
                 self._end(pilot, "after its grace period")
-            elif what == "walltime" and pilot.state == "running" and pilot.walltime_end - self.grace_s <= t:  # SIGTERM a grace before
+            elif what == "walltime" and pilot.state == PilotState.RUNNING and pilot.walltime_end - self.grace_s <= t:  # SIGTERM a grace before
                 self.counts.walltime_ends += 1
                 self._terminate(pilot, "walltime")
         # Queued pilots whose start time passed while nothing was idle start as soon as a node is.
@@ -216,7 +217,7 @@ class ReplayScheduler(BatchScheduler):
             self.main_busy.add(n)
             self._unfree(n)
             pilot_id = self.holder.get(n)
-            if pilot_id is not None and self.pilots[pilot_id].state == "running":
+            if pilot_id is not None and self.pilots[pilot_id].state == PilotState.RUNNING:
                 self.counts.preempted += 1
                 self._terminate(self.pilots[pilot_id], f"preempted for {n}")
         for n in step.to_idle:
@@ -238,7 +239,7 @@ class ReplayScheduler(BatchScheduler):
                 self.counts.rerequested_within_60s += 1
                 log.info("node %s taken again by pilot %s %.1f s after its release (t=%.0f)", n, pilot.id, self.now - released, self.now)
         del self.queued[pilot.id]
-        pilot.nodes, pilot.state = take, "running"
+        pilot.nodes, pilot.state = take, PilotState.RUNNING
         pilot.walltime_end = self.now + self.walltime_s
         self._timer(max(self.now, pilot.walltime_end - self.grace_s), pilot.id, "walltime")
         self.counts.started += 1
@@ -247,7 +248,7 @@ class ReplayScheduler(BatchScheduler):
 
     def _terminate(self, pilot: _Pilot, why: str) -> None:
         """SIGTERM: the agent says it is leaving; the pilot is gone after the grace period."""
-        pilot.state, pilot.end_at = "leaving", self.now + self.grace_s
+        pilot.state, pilot.end_at = PilotState.LEAVING, self.now + self.grace_s
         self._timer(pilot.end_at, pilot.id, "end")
         self._events.append(PilotEvent(EventKind.PREEMPTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=pilot.end_at, detail=why))
         self.outbox.append(PilotLeaving(pilot.id, list(pilot.nodes), pilot.end_at).to_dict())
@@ -281,4 +282,4 @@ class ReplayScheduler(BatchScheduler):
         pilot = self.pilots.get(pilot_id)
         if pilot is None:
             return True
-        return {"start": pilot.state != "queued", "end": pilot.state != "leaving", "walltime": pilot.state != "running"}[what]
+        return {"start": pilot.state != PilotState.QUEUED, "end": pilot.state != PilotState.LEAVING, "walltime": pilot.state != PilotState.RUNNING}[what]
