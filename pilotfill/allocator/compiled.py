@@ -2,19 +2,18 @@
 
 The exact DP over the core (:func:`.dp.dense`) is a chain of max-plus
 convolutions: each job's row depends on the previous job's, so numpy can
-vectorise only along the capacity axis and pays a call per job and count. At
-whole-machine scale under saturating demand the core holds a thousand running
-jobs of ten counts each over hundreds of nodes: ten thousand numpy calls, 50–75
-ms per decision. The same loop compiled does the same arithmetic (the same
-additions and comparisons, in the same order: bit-identical answers) in a tenth
-of that. Given an incumbent's value and a node price it also keeps only the
-states whose Lagrangian bound reaches that value (the same answer: see
-:func:`knapsack_flat`): on a whole machine with three thousand free nodes the
-rows are a band of a few dozen capacities, not three thousand (a hard decision's
-DP 75 → 0.6 ms). More loops of the same solver are here for the same reason: the
-jobs' concave hulls, from which the node price is read (it was sixty passes of
-a bisection over every job and count, 7–15 ms of a whole-machine decision), the
-choice at a price and the greedy rounding (one pass per node it places).
+vectorise only along the capacity axis and pays a call per job and count: at
+whole-machine scale under saturating demand (a thousand running jobs of ten
+counts each) ten thousand numpy calls a decision. The same loop compiled does
+the same arithmetic (the same additions and comparisons, in the same order:
+bit-identical answers) without those calls. Given an incumbent's value and a
+node price it also keeps only the states whose Lagrangian bound reaches that
+value (the same answer: see :func:`knapsack_flat`): on a whole machine with
+three thousand free nodes the rows are a band of a few dozen capacities, not
+three thousand. More loops of the same solver are here for the same reason: the
+jobs' concave hulls, from which the node price is read (not a bisection over
+every job and count), the choice at a price and the greedy rounding (one pass
+per node it places).
 
 Compiled once per machine (numba caches the machine code beside this file, or
 in the user's cache when the install is read-only): :func:`warm` loads it

@@ -23,7 +23,7 @@ milliseconds, as the exact algorithms for large multiple-choice knapsacks do
    choices.
 4. **Solve the core** — the jobs left with several choices — by the plain DP (compiled: :mod:`.compiled`), kept
    to the states that can still reach ``LB`` by the bound at λ: a band of capacities around the optimal path, not
-   every capacity (a whole machine's core of a thousand jobs on three thousand free nodes: 1 % of the cells).
+   every capacity (on a whole machine's core of a thousand jobs, a small share of the cells).
 
 The answer is the DP's on the whole problem (the same objective; ties go to
 the smaller count, so nodes nobody gains from are left free).

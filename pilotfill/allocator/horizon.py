@@ -14,8 +14,8 @@ nodes of the pool are expected to give:
   ``d − a`` over the ended holds ``d > a`` (the past only: a replay learns it
   from the trace as it goes). The median, not the mean: the few holds of many
   hours that dominate a mean are not what the next decision can count on
-  (measured on the shared Summit week, whole machine: the mean's horizon of
-  ~10 min lost a tenth of the samples to rescales that did not pay);
+  (on the shared Summit week the mean's longer horizon lost samples to
+  rescales that did not pay);
 * where too few ended holds are longer than ``a`` (a new machine, or a node
   older than anything seen), Lindy's rule: a node that has stayed ``a`` is
   expected to stay about as long again, and at least ``prior_s``.

@@ -216,8 +216,8 @@ class Profiler:
         """Fit, in one array operation per width, the curves of every job in ``jobs`` (``(job_id, max_nodes)``, one
         node type) that has two scales or more and none made since it last moved: :meth:`curve` and :meth:`confirmed`
         then give them from the cache, the very numbers each would have made alone. After a decision that resized
-        hundreds of jobs, each reports at a new scale and is fitted again; one by one, a fit and its two tables
-        cost ~85 µs of numpy calls on arrays of a few dozen counts, 20-35 ms of the next decision."""
+        hundreds of jobs, each reports at a new scale and is fitted again; one by one, each fit and its two tables
+        would pay numpy's per-call overhead on arrays of a few dozen counts, hundreds of times in the next decision."""
         groups: dict[int, list[tuple[str, dict[int, float], float, float]]] = {}
         for job_id, max_nodes in jobs:
             cache = self._cache.get(job_id)

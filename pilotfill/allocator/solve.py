@@ -30,8 +30,8 @@ from .typecore import Clock
 from .values import ValueTable, current_rate, exploration_tables, hop_table, value_matrices, value_tables
 
 EXPLORE_TIME_S = 0.03
-"""What the typed explore stage may spend (:func:`.typed.solve`'s limit, its search alone: HiGHS overran a limit this
-short by a third): exploring is a bonus, and a decision has some 100 ms in all; past it, the best exploration found."""
+"""What the typed explore stage may spend (:func:`.typed.solve`'s limit, its search alone: HiGHS overruns a limit this
+short): exploring is a bonus within a decision's budget of 100 ms; past it, the best exploration found."""
 
 
 MEASURING_RATE = EXPLORE_RATE / 1000

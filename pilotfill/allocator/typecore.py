@@ -83,8 +83,8 @@ class Solution:
 
 STATE_LIMIT = 160_000
 """States, all levels together, past which a search gives up (:class:`TooManyStates`; the caller hands that core to
-the MILP): some 50 ms of search. On the 60 slowest typed solves of a 1,000-job known-curve replay, 40,000 sent six
-cores to HiGHS, which took 60–150 ms to prove what this many states prove in 50–90 ms."""
+the MILP): on the slowest typed solves of a known-curve replay a lower limit sent cores to HiGHS that this many states
+prove sooner."""
 
 
 RANK_MERGE_ABOVE = 4096
@@ -221,8 +221,8 @@ class Core:
 def best_per_key(keys: np.ndarray, worth: np.ndarray) -> np.ndarray:
     """For every key, in increasing order, the position of its best worth (the first such on a tie): what
     ``lexsort((-worth, keys))`` keeps of each key, for less. A large level of a search, over a key range a few times
-    its size, is scattered into an array indexed by key (some 15× faster at 200,000 pairs); one over a wider range
-    is sorted once by one integer (key, then the rank of its worth: some 2× faster); a small one by ``lexsort``."""
+    its size, is scattered into an array indexed by key; one over a wider range is sorted once by one integer (key,
+    then the rank of its worth); a small one by ``lexsort``, cheapest there."""
     n = len(keys)
     top = int(keys.max()) + 1 if n else 0
     if n > RANK_MERGE_ABOVE and top <= DENSE_KEYS_PER_PAIR * n:

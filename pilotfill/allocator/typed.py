@@ -13,8 +13,8 @@ stops), and each type has its own capacity:
    plain DP over that grid (:mod:`.typegrid`), exact, and cheaper there than what follows when the LP relaxation
    is loose (a job's 8 nodes a good share of a type). Past 5 million updates the steps below are tried first with
    a search of some thousand states (a probe): where the bound is tight — most pilot-sizing questions, with every
-   idle node counted, and most decisions while learning — they prove the optimum in a few milliseconds where the
-   grid takes 30–40; where it fails the grid runs, some 10 % later.
+   idle node counted, and most decisions while learning — they prove the optimum for a fraction of the grid's cost;
+   where it fails the grid runs after it, a little later.
 2. **Prices.** One node price per type near the LP relaxation's optimum (:mod:`.typeprices`): the bound UB.
 3. **A first answer.** Copies of each model are shared among types as the prices share them, and each type's jobs
    are solved exactly by the one-type solver (:func:`.dp.solve`): the incumbent, LB. (The types jobs run on now
@@ -95,7 +95,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
 
 
 PROBE_ABOVE = 5_000_000
-"""A grid DP of more cell updates than this (some 9 ms here) is tried after a short search: ..."""
+"""A grid DP of more cell updates than this (see :data:`.typegrid.UPDATE_S`) is tried after a short search: ..."""
 PROBE_STATES = 1 / 20_000
 """... of at most one search state per this many of the grid's cell updates, in each of its searches (the
 thresholds step down from the bound to the first answer in about nine of them)."""
@@ -113,7 +113,7 @@ def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndar
     A job that has not reported yet keeps its nodes until it does: stopping or moving it costs its change times an
     exploring rate (:data:`.profiler.EXPLORE_RATE`), some 10¹³ where every other job's worth is 10²–10⁸. In one sum
     such values leave the bound's tolerance (relative to the total) coarser than most jobs' gains and the search
-    hesitating over all of them: a learned typed replay's slowest decisions (150–540 ms) were these. Yet their answer
+    hesitating over all of them: a learned typed replay's slowest decisions were these. Yet their answer
     is plain: if the jobs P, each at its best choice (type t*, count c*), fit together and each one's best beats its
     best choice elsewhere (or stopping) by more than all jobs outside P could gain, then in every optimum each runs
     on its t* (else all of P at their best and the rest stopped is worth more). Those jobs are *pinned*: their other
@@ -341,9 +341,8 @@ def _by_type(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, pick: np.nd
 
 
 def warm() -> None:
-    """Import what the exact MILP fallback (:func:`_milp`) needs now — SciPy's optimize and sparse modules, about a
-    third of a second of imports — and not in the first decision that falls back to it: measured in a typed replay,
-    that one decision cost 412 ms of CPU, 320 of them importing."""
+    """Import what the exact MILP fallback (:func:`_milp`) needs now — SciPy's optimize and sparse modules — and not
+    in the first decision that falls back to it, which would spend most of its time importing."""
     import scipy.optimize  # noqa: F401
     import scipy.sparse  # noqa: F401
 

@@ -17,14 +17,14 @@ CELLS = 5_000
 """A grid (∏ (nodes of a type + 1)) this small the DP always takes on..."""
 WORK = 30_000_000
 """...and a larger one while its cell updates (choices worth more than stopping × cells) are at most this many:
-about 1.8 ns each here (measured on 60 of the typed replay's hardest decisions, 13–750 million updates), so some
-55 ms. Those decisions took the pricing and search 30–660 ms where the grid took 25–56 ms. (Past a few million
-updates :func:`.typed.solve` tries a short search first: where the bound is tight it proves the optimum sooner.)"""
+about half a decision's 100 ms at :data:`UPDATE_S`, where the typed replay's hardest decisions cost the pricing and
+search more than the grid. (Past a few million updates :func:`.typed.solve` tries a short search first: where the
+bound is tight it proves the optimum sooner.)"""
 
 
 UPDATE_S = 1.8e-9
-"""What a cell update costs here (as measured for :data:`WORK`): a solve with a time limit of t seconds takes the grid
-on at most t / this many updates (the typed explore stage's 30 ms: some 17 million)."""
+"""What a cell update is taken to cost, in seconds: a solve with a time limit of t seconds takes the grid on at most
+t / this many updates."""
 
 
 def fits(caps: np.ndarray, values: np.ndarray | None = None, stop: np.ndarray | None = None) -> bool:

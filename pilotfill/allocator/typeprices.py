@@ -8,7 +8,7 @@ bounds the optimum from above. Any prices give a valid bound, so they decide onl
 whether it is right; but that is a lot: the smaller UB and the nearer the prices to a vertex where jobs tie, the more
 choices reduced-cost fixing drops. The minimum of UB is the LP relaxation's value, a convex piecewise-linear
 function of a few prices. Coordinate descent alone stalls on its ridges (jobs torn between two types: raising one
-price alone sends them to the other); HiGHS finds the vertex exactly but costs 5–20 ms here. So:
+price alone sends them to the other); HiGHS finds the vertex exactly, but at an LP solve per decision. So:
 
 1. **Smooth, then Newton.** Each job's max becomes a log-sum-exp at temperature τ: a smooth convex function whose
    gradient (capacity minus expected demand) and Hessian (a few × a few) are cheap. Newton steps with a line search,

@@ -4,14 +4,12 @@ A decision at machine scale (thousands of open jobs) makes hundreds of
 thousands of objects that live for that decision only: views, rows, tuples.
 With Python's defaults a young collection runs every 700 of them, traverses
 the decision's own temporaries again and again and moves them to the older
-generations, where they are traversed once more: 5–10 ms of a 100 ms decision.
-Collecting every 20,000 allocations lets them die first (they are freed by
-reference counting) and keeps the controller's long-lived state out of most
-collections. Measured on the saturating replay's busiest day (known curves,
-the passes between 240,000 and 250,000 s of the week, each pass timed around
-:func:`pilotfill.replay.replay`): the slowest pass fell from 87.5 to 77.7 ms of
-CPU. What lives as long as the controller is frozen out of the collector's
-sight by the controller itself (``gc.freeze`` in :mod:`.core`).
+generations, where they are traversed once more. Collecting every 20,000
+allocations lets them die first (they are freed by reference counting) and
+keeps the controller's long-lived state out of most collections: the saturating
+replay's slowest passes are shorter for it (``benchmarks/bench_replay.py --only
+saturating`` times them). What lives as long as the controller is frozen out of
+the collector's sight by the controller itself (``gc.freeze`` in :mod:`.core`).
 """
 
 from __future__ import annotations

@@ -433,7 +433,7 @@ class Controller:
                 if used is not None:  # what was remembered of kinds no waiting job has any more goes with them
                     self.weighing.forget_kinds(used)
                 # Python's full collections scan every object alive, and at whole-machine scale the controller's memory
-                # (nodes, jobs, curves, the modules it imported) made one cost 20-40 ms in the middle of a decision while
+                # (nodes, jobs, curves, the modules it imported) made one a stall in the middle of a decision while
                 # finding nothing to free: what it holds has no cycles to break. What has lived this long is frozen
                 # (moved out of the collector's sight, freed by reference counting as usual); the collector scans
                 # what is newer. Given back by shutdown().

@@ -186,35 +186,15 @@ class Weighing:
     def solve(self, room: int, extra: int | dict[str, int], without: tuple[str, ...] = (), apart: bool = False) -> Solved:
         """The jobs a decision weighs, its problem, the allocator's answer and the waiting jobs left out (:class:`Solved`).
 
-        Every running job is weighed. Waiting jobs are weighed from two queues,
-        ``controller.weigh_waiting`` of each, the most promising first (the
-        most a node earns them, by :func:`..allocator.values.worth_per_node`),
-        as Slurm's backfill tests at most ``bf_max_job_test`` jobs: a decision,
-        and a pilots' question, stays as fast with a queue of thousands (a
-        saturated machine) as with a few hundred. One queue holds the jobs that
-        ran (progress to resume, or measured), the other those that never ran,
-        so that neither crowds out the other: resuming the best stopped jobs,
-        and measuring new ones on the nodes they leave (a job JPA has not
-        measured ranks last among measured ones). Unlike a backfill cap it
-        never leaves a node idle for it: nodes the answer leaves free are
-        offered to the jobs left out (:meth:`offer_left_free`).
+        Every running job is weighed, and at most ``controller.weigh_waiting`` waiting jobs from each of two queues
+        (jobs that ran, jobs that never ran), the most promising first, so a queue of thousands costs no more than a
+        few hundred; nodes the answer leaves free go to the jobs left out (:meth:`offer_left_free`). Waiting jobs
+        the allocator cannot tell apart (a kind, or under admission by worth a chain) join a few at a time: weighed
+        whole they make cores slow to prove. docs/architecture.md ("Which jobs a decision weighs") says more.
 
         ``apart``: a large decision, one solve of the machine per pass of the loop. The nodes left free are offered
-        by the caller, in the next pass; and copies added to what is weighed (below) are weighed by the next pass's
+        by the caller, in the next pass; and copies added to what is weighed are weighed by the next pass's
         decision: the answer is ``again``, not to be applied.
-
-        Waiting jobs that have never run and that the allocator cannot tell
-        apart (the same curve, bounds, work and weight: a sweep's copies, or
-        every job JPA has not measured yet) join their queue a few at a time,
-        in submission order: while the answer leaves one of them unused, more
-        of the same could not do better, so the answer is the one with all of
-        them; when it uses every one weighed, as many as the room could start
-        join and it is asked once more (``apart``: in the next pass). Under
-        admission by worth the same holds of a *chain* (:meth:`.AllocatorViews.chain`:
-        jobs told apart only by their work left, taken the most work first, each
-        worth as much as the next or more): on the held-out typed mix the 86
-        waiting jobs of a decision were 7 chains, and weighed whole they made
-        cores HiGHS took 200–1,000 ms to prove.
         """
         admitted = self.admitted(room)
         jobs, kinds = admitted.jobs, admitted.kinds

@@ -14,7 +14,7 @@ GPU of the node's (by local rank), so every rank uses ``cuda:0``. Every worker
 also gets the NCCL error handling and collective timeout of
 :mod:`pilotfill.elastic.collectives`.
 
-What makes a restart fast (torchrun took ~12.5 s to respawn workers here):
+What makes a restart fast (torchrun respawns its workers cold; ``benchmarks/bench_elastic.py`` times both):
 
 * workers are forked from a forkserver that has already imported torch,
   ``torch._dynamo`` (the first optimizer's hidden import), pilotfill and the

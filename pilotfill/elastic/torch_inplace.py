@@ -2,8 +2,8 @@
 
 torch elastic ends every worker of a job on any membership change and starts
 new ones, which re-import, re-read their data and resume from the last durable
-commit: a grow cost the new node 4–11 s and a shrink sent every rank back to
-its commit (issue 58). Here a worker keeps its process, its data and its state
+commit: a grow cost the new node seconds before it trained and a shrink sent
+every rank back to its commit (issue 58). Here a worker keeps its process, its data and its state
 in memory; only its process group changes, at a step boundary:
 
 * **the boundary** is the :class:`~pilotfill.elastic.loader.ElasticLoader`'s

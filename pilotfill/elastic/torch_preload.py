@@ -2,8 +2,8 @@
 
 A worker's first seconds are imports: torch, torch.distributed, the job's own
 module (scikit-learn, …) and ``torch._dynamo``, which torch imports when the
-first optimizer is created (about 1.5 s here, 4 s on a busy machine). Done
-once here, a restarted worker skips all of it. The job's module is named by
+first optimizer is created. Done once here, a restarted worker skips all of
+it. The job's module is named by
 ``PILOTFILL_PRELOAD_MODULE``; a module that fails to import is left to the
 workers, which report the error properly.
 

@@ -371,7 +371,7 @@ class Agent:
             log.error("could not tell the controller: %s", exc)
             code = 1
         # The batch system is ending this job: on every other host of it, MOM ends the tasks it ran there (the keepers and
-        # what they run) itself. Asking a sister MOM for one more task now only waits on it (5 s behind a sister host).
+        # what they run) itself. Asking a sister MOM for one more task now only waits on it.
         self._end(code, "leaving", kill_at=deadline - min(1.0, self.grace_s * 0.2), remote=False)
         return code
 

@@ -64,7 +64,7 @@ the pilots anew first)."""
 RELEASE_BATCH = 128
 """Pilots one pass of the loop gives nodes back from: the nodes of thousands of one-node pilots that no job needs any more
 (the jobs of a campaign done) are released in passes, as pilots are submitted (the rest follow in the next passes,
-unless a sizing decides anew first). Each release is a batch-system call and the nodes' removal, ~60 µs a pilot."""
+unless a sizing decides anew first): each release is a batch-system call and the nodes' removal."""
 
 RELEASE_RETRY_S = 5.0
 """A release the batch system failed or declined is asked again no sooner than this (never every tick)."""

@@ -2,7 +2,8 @@
 
 A torch job's agent on a node that joins the job used to start cold: a new
 Python importing torch, then a forkserver for its workers importing torch again
-— 4–11 s on the real OpenPBS before the node trained (issue 58). A pilot whose
+— seconds before the node trained (issue 58; ``benchmarks/bench_pbs.py`` times a
+grow on the real OpenPBS). A pilot whose
 campaign runs torch jobs (the run directory's ``warm.json`` says so; the torch
 runtime writes it) starts this *zygote* as soon as it starts, before any job is
 placed on it: it imports what every torch job's agent and workers need, then
