@@ -1,63 +1,11 @@
 """OpenPBS / PBS Pro: pilots as rerunnable jobs with shrink-to-fit walltime in a preemptible queue.
 
-What the commands print and do is taken from a real OpenPBS 23.06.06 run as
-a normal user with the server's defaults (``shared/data/openpbs/real-23.06.06``),
-its recheck on two MOM hosts (``real-23.06.06-recheck``, right where they
-differ) and an earlier capture (``shared/data/openpbs``), not from the manual alone:
+What the commands print and do is taken from a real OpenPBS 23.06.06 run as a normal user with the server's
+defaults (``shared/data/openpbs/real-23.06.06``), its recheck on two MOM hosts (``real-23.06.06-recheck``) and an
+earlier capture (``shared/data/openpbs``), not from the manual alone: docs/sites.md ("What the PBS adapter relies
+on") lists what they showed, each with what this adapter does about it.
 
-* Job history may be off (the default) or on. Live jobs are asked about with
-  ``qstat -f -F json ID`` and never with ``-x``: with history off ``-x`` prints
-  no ``Jobs`` at all, even for a running job. A job ``qstat`` no longer knows
-  (153) is asked about once more, at the next poll, before it is declared
-  ended; 35 (PBSE_HISTJOBID, history on) means finished.
-* ``pbsnodes -av -F json`` lists every vnode; on a multi-vnode host the
-  natural vnode (``vm``) has ``ncpus`` 0 and is not a node. A vnode is idle
-  when its state is ``free`` and no job is on it.
-* A ``select`` larger than the machine is accepted and queued forever, so a
-  pilot never asks for more vnodes than exist, nor than are idle now.
-* Giving back is per whole sister host: ``pbs_release_nodes`` frees only
-  vnodes on sister hosts (never the primary execution host, the first of
-  ``exec_host``), and a vnode released while the job keeps others on the same
-  host leaves ``exec_vnode`` but stays ``job-busy`` — PBS cannot use it until
-  every vnode of that host is released. So a vnode is given back only with
-  the rest of its host.
-* Exit 162 is PBSE_SYSTEM, not "primary host": the message tells which. A
-  release retried after a timeout may have worked the first time: a list
-  mixing vnodes released already with held ones exits 0 and releases the held
-  ones; released ones alone get 162 ("error 15010"), and a name not in the job
-  162 with nothing released. What the job still holds decides. 168
-  (PBSE_BADSTATE) comes for about 2.2 s after a multi-host job starts: retried
-  briefly.
-* Preemption with ``preempt_order = R`` requeues the pilot: while it exits it
-  shows R with substate 60 and its vnodes stay ``job-busy`` with it (never
-  ``free``) — they are the waiting main job's; then the same id goes back to
-  ``Q`` with its original select and later runs again with ``run_count`` + 1
-  on its full vnode set. To the controller that is one run ending and, later,
-  a new one starting (its agent registers again).
-* A ``qdel`` while the pilot is being requeued is lost: it exits 0, the job
-  shows R (substate 42) until it has exited, then goes back to ``Q`` and runs
-  again. So a deleted pilot is watched until PBS has forgotten or finished it:
-  seen queued again or on a new run, it is deleted again, and its runs are
-  never reported as starts.
-* A main-workload job queued in a higher-priority queue that fits in what is
-  free (plus what our pilots hold) takes those vnodes next: they are not idle.
-* A queue or server limit refuses ``qsub`` (PBSE_ENTLIMCT/ENTLIMRESC/MAXQUED,
-  "would exceed queue generic's per-user limit…"): :class:`PilotRefused`. A
-  ``qsub`` that can never work (187 "Unknown resource Resource_List.X" from
-  ``extra_args``, 170 unknown queue, 59 walltimes) and a ``chunk`` no vnode has
-  (PBS would accept it and queue it forever) are :class:`SchedulerConfigError`:
-  the campaign stops naming the config key, rather than waiting in silence.
-* Several kinds of node (``[node_types.NAME]``): each type adds resources to
-  every select chunk (``select = "gpu_type=a100"``: a site's custom string
-  resource, set on its vnodes as ``resources_available.gpu_type``, which
-  ``pbsnodes`` shows) and/or names a queue. A vnode is of a type when it
-  offers the type's resources (a string equal, a count at least); idle vnodes
-  are counted per type, and a pilot asks for one type. A resource the server
-  does not know is refused by ``qsub`` (exit 187, "Unknown resource", as
-  recorded for ``-l``).
-
-Every command goes through :func:`commands.run` (timeout, retries, errors
-naming the command and PBS's message).
+Every command goes through :func:`commands.run` (timeout, retries, errors naming the command and PBS's message).
 """
 
 from __future__ import annotations
@@ -109,7 +57,7 @@ QUEUED_STATES = ("Q", "H", "W", "T")
 QSTAT_BATCH = 200  # job ids per qstat/qdel call: long enough to be cheap, short enough for any argv limit
 RUNNING_SUBSTATE = 42
 RERUN_SUBSTATES = range(60, 64)  # JOB_SUBSTATE_RERUN*: requeued, still exiting
-BAD_STATE_RETRY_S = (0.5, 1.0, 1.0, 1.5)  # 168 right after a start: sister MOMs join within ~2 s
+BAD_STATE_RETRY_S = (0.5, 1.0, 1.0, 1.5)  # 168 right after a start, until the sister MOMs have joined (docs/sites.md)
 
 
 # ---------------------------------------------------------------- parsing (pure; tested on the recordings)
@@ -695,7 +643,7 @@ class PbsScheduler(BatchScheduler):
         Not a job script: MOM runs a script through the user's login shell, which a preemption's SIGTERM ends at
         once, before the agent has ended what runs on its nodes; the agent, orphaned, is no longer MOM's child, so
         MOM sees the job's session empty only when its ``kill_delay`` timer fires (10 s by default) and the main job
-        waits that long (turn 4 (e): 8.4–19 s behind a pilot). As the top process, the agent's own exit — after
+        waits that long (turn 4 (e), docs/sites.md). As the top process, the agent's own exit — after
         everything it started — is what MOM waits for. PBS's commands are found where ``qsub`` was: the job gets no
         login shell's PATH."""
         python = self.config.python or sys.executable
