@@ -1,15 +1,13 @@
 """How often Python's cycle collector runs while a controller decides: rarely.
 
-A decision at machine scale (thousands of open jobs) makes hundreds of
-thousands of objects that live for that decision only: views, rows, tuples.
-With Python's defaults a young collection runs every 700 of them, traverses
-the decision's own temporaries again and again and moves them to the older
-generations, where they are traversed once more. Collecting every 20,000
-allocations lets them die first (they are freed by reference counting) and
-keeps the controller's long-lived state out of most collections: the saturating
-replay's slowest passes are shorter for it (``benchmarks/bench_replay.py --only
-saturating`` times them). What lives as long as the controller is frozen out of
-the collector's sight by the controller itself (``gc.freeze`` in :mod:`.core`).
+A decision at machine scale makes hundreds of thousands of objects that live
+for that decision only. With Python's defaults a young collection runs every
+700 allocations and traverses them again and again, then once more in the
+older generations. Collecting every 20,000 lets them die first (reference
+counting frees them) and keeps the controller's long-lived state out of most
+collections (``benchmarks/bench_replay.py --only saturating`` times the
+passes). What lives as long as the controller is frozen out of the collector's
+sight by the controller itself (``gc.freeze`` in :mod:`.core`).
 """
 
 from __future__ import annotations

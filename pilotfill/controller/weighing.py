@@ -187,14 +187,11 @@ class Weighing:
         """The jobs a decision weighs, its problem, the allocator's answer and the waiting jobs left out (:class:`Solved`).
 
         Every running job is weighed, and at most ``controller.weigh_waiting`` waiting jobs from each of two queues
-        (jobs that ran, jobs that never ran), the most promising first, so a queue of thousands costs no more than a
-        few hundred; nodes the answer leaves free go to the jobs left out (:meth:`offer_left_free`). Waiting jobs
-        the allocator cannot tell apart (a kind, or under admission by worth a chain) join a few at a time: weighed
-        whole they make cores slow to prove. docs/architecture.md ("Which jobs a decision weighs") says more.
+        (jobs that ran, jobs that never ran), the most promising first; jobs alike join a few at a time (weighed
+        whole they make cores slow to prove). docs/architecture.md ("Which jobs a decision weighs") says why.
 
-        ``apart``: a large decision, one solve of the machine per pass of the loop. The nodes left free are offered
-        by the caller, in the next pass; and copies added to what is weighed are weighed by the next pass's
-        decision: the answer is ``again``, not to be applied.
+        ``apart``: a large decision, one solve of the machine per pass of the loop: the caller offers the nodes left
+        free in the next pass, whose decision weighs the copies added here; the answer is ``again``, not applied.
         """
         admitted = self.admitted(room)
         jobs, kinds = admitted.jobs, admitted.kinds

@@ -1,21 +1,15 @@
 """Imported once by each torch agent's forkserver, so that every worker forked from it starts warm.
 
 A worker's first seconds are imports: torch, torch.distributed, the job's own
-module (scikit-learn, …) and ``torch._dynamo``, which torch imports when the
-first optimizer is created. Done once here, a restarted worker skips all of
-it. The job's module is named by
-``PILOTFILL_PRELOAD_MODULE``; a module that fails to import is left to the
-workers, which report the error properly.
+module (``PILOTFILL_PRELOAD_MODULE``; one that fails to import is left to the
+workers, which report it) and ``torch._dynamo``, which the first optimizer
+imports. Done once here, a restarted worker skips them.
 
 Nothing here runs a backward pass or starts threads: autograd's and OpenMP's
-thread pools do not survive ``fork``. The forkserver ignores SIGTERM (its
-workers, which die with it, get their grace from the agent); the workers it
-forks do not.
-
-The forkserver dies with its agent (``PR_SET_PDEATHSIG``, set first thing
-here), and the workers it forked die with it: without that, a SIGKILLed agent
-left the forkserver waiting for its workers (they hold its "alive" pipe) and
-the workers, orphans, training on for minutes.
+thread pools do not survive ``fork``. The forkserver ignores SIGTERM, its
+workers do not (the agent gives them their grace); it dies with its agent
+(``PR_SET_PDEATHSIG``, set first thing), taking its workers along: otherwise a
+SIGKILLed agent left them training as orphans.
 """
 
 from __future__ import annotations

@@ -640,12 +640,10 @@ class PbsScheduler(BatchScheduler):
     def _agent_argv(self, pilot_id: str) -> list[str]:
         """The pilot's command: the agent itself, as the job's top process (an executable job, ``qsub … -- argv``).
 
-        Not a job script: MOM runs a script through the user's login shell, which a preemption's SIGTERM ends at
-        once, before the agent has ended what runs on its nodes; the agent, orphaned, is no longer MOM's child, so
-        MOM sees the job's session empty only when its ``kill_delay`` timer fires (10 s by default) and the main job
-        waits that long (turn 4 (e), docs/sites.md). As the top process, the agent's own exit — after
-        everything it started — is what MOM waits for. PBS's commands are found where ``qsub`` was: the job gets no
-        login shell's PATH."""
+        Not a job script: a preemption's SIGTERM ends the script's login shell first, and MOM, its child gone, sees
+        the session empty only at its ``kill_delay`` check, which the main job waits for (docs/sites.md). As the top
+        process, the agent's own exit, after everything it started, is what MOM waits for. PBS's commands are found
+        where ``qsub`` was: the job gets no login shell's PATH."""
         python = self.config.python or sys.executable
         qsub = shutil.which("qsub")
         return agent_argv(self.run_dir, pilot_id, "pbs", self.pilot_config, python=python, bin_dir=str(Path(qsub).parent) if qsub else None)
