@@ -104,8 +104,11 @@ def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     if home is None:
         return {"error": "not_found", "run_id": run_id}
     results = []
-    if (home / "run" / "state.sqlite").exists():
+    try:
         state = State(home / "run", readonly=True)
+    except FileNotFoundError:  # no state yet: nothing has finished
+        state = None
+    if state is not None:
         try:
             for j in state.jobs((JobStatus.FINISHED,)):
                 results.append({"job": j.id, "name": j.name, "value": result_of(j, home / "run")})

@@ -264,6 +264,9 @@ class State:
                 if not self.path.is_file():
                     raise FileNotFoundError(f"no pilotfill state at {self.path}")
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
+                if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone() is None:
+                    self.db.close()  # the controller has created the file, not yet its tables: as good as no state yet
+                    raise FileNotFoundError(f"no pilotfill state at {self.path} yet")
             else:
                 check_journal_writable(self.path.parent)
                 # One writer at a time (the controller), but not always on the thread that opened it.

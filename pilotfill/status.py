@@ -16,9 +16,10 @@ def run_dir_status(run_dir: Path) -> dict[str, Any]:
     from .state import State
 
     out: dict[str, Any] = {"jobs": [], "pilots": [], "notices": []}
-    if not (Path(run_dir) / "state.sqlite").exists():
+    try:
+        state = State(run_dir, readonly=True)
+    except FileNotFoundError:  # no state yet: the run is starting
         return out
-    state = State(run_dir, readonly=True)
     try:
         out["jobs"] = [
             {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "committed": j.committed,

@@ -63,6 +63,13 @@ WARM_WAIT_S = 120.0
 """The longest a pilot waits for its zygote before registering its nodes (a node that never warms is still a node)."""
 WARM_CHECK_S = 2.0
 """How often a pilot without a zygote reads whether its run wants torch kept warm (``warm.json``)."""
+SIGNALLED_HOLD_S = 3.0
+"""A rank ended by a signal this agent did not send is told to the controller this long after: a batch system ending a
+preempted pilot signals the job's steps and this agent together, and a rank's end seen first must not read as the
+app's own (the pilot's leaving explains it, and the exit is then not told)."""
+SIGNAL_ENDS = frozenset({-signal.SIGTERM, -signal.SIGKILL, -signal.SIGINT, -signal.SIGHUP, 128 + signal.SIGTERM, 128 + signal.SIGKILL,
+                         128 + signal.SIGINT, 128 + signal.SIGHUP})  # fmt: skip
+"""Exit codes of a process ended by a signal (negative: Popen's; 128 + N: a shell's or srun's)."""
 ORPHAN_AFTER_S = 600.0
 """An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot even while the
 campaign's lease is renewed (a supervisor that restarts no controller that answers)."""
@@ -91,6 +98,7 @@ class Agent:
         self.orphan_after_s = max(ORPHAN_AFTER_S, 60 * heartbeat_s)
         self._heard_at = time.monotonic()
         self._exits: list[dict] = []
+        self._held: list[tuple[float, dict]] = []  # (when to tell it, the exit): ranks signalled by someone else
         self._here = socket.gethostname().split(".")[0]
         self.python = sys.executable
         self._sweeps: list[Sweep] = []
@@ -160,7 +168,7 @@ class Agent:
             return
         self._warm_checked = now
         if wanted(self.run_dir):
-            self.zygote = Zygote.start(log_path=str(Path(self.run_dir) / "logs" / f"warm-{self.pilot}.log"))
+            self.zygote = Zygote.start(log_path=str(Path(self.run_dir) / "logs" / f"warm-{self.pilot}.log"), run_dir=self.run_dir)
             self.launcher.warm = self.zygote  # what it cannot start yet (still importing) starts cold
 
     def _warm_before_registering(self) -> None:
@@ -181,7 +189,7 @@ class Agent:
             log.info("torch warm on this node after %.1f s", time.monotonic() - started)
 
     def _stop_warm(self) -> None:
-        """The zygote goes first when the pilot ends: it trains nothing, and the node is wanted."""
+        """The zygote goes once the jobs it forked have ended (they die with it: stopped first, it would cut their grace)."""
         if self.zygote is not None:
             self.launcher.warm = None
             self.zygote.close()
@@ -189,7 +197,15 @@ class Agent:
 
     def _heartbeat(self) -> dict:
         """One long poll: returns when the controller has something for us, or after ``heartbeat_s``."""
-        self._exits += [{"host": e.host, "job": e.job_id, "code": e.returncode, "requested": e.requested} for e in self.launcher.exits()]
+        now = time.monotonic()
+        for e in self.launcher.exits():
+            exit_ = {"host": e.host, "job": e.job_id, "code": e.returncode, "requested": e.requested}
+            if not e.requested and e.returncode in SIGNAL_ENDS:
+                self._held.append((now + SIGNALLED_HOLD_S, exit_))
+            else:
+                self._exits.append(exit_)
+        self._exits += [exit_ for at, exit_ in self._held if at <= now]
+        self._held = [(at, exit_) for at, exit_ in self._held if at > now]
         exits, self._exits = self._exits, []
         running = [list(pair) for pair in sorted(self._running_jobs())] if self._asked_running else None
         message = PilotHeartbeat(self.pilot, self.heartbeat_s, exits, running)
@@ -380,10 +396,10 @@ class Agent:
         only when all of it is gone: the batch system takes the nodes back once this agent has exited, and nothing
         of ours may still run there (recheck (a), (d): a main job waits for the pilot's whole session)."""
         log.info("ending (%s)", why)
-        self._stop_warm()
         self._sweep(list(self.nodes), deadline=kill_at, remote=remote)
         self._reap_sweeps(wait=True)
         self.launcher.close()
+        self._stop_warm()  # last: what it forked dies with it, and had the grace to end first
         # Last of the job's session: MOM sees the batch job end when its top process exits with nothing left behind.
         procs.settle_session(timeout_s=1.0)
         return code

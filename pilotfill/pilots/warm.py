@@ -118,14 +118,17 @@ class Zygote:
         self.path, self.proc = socket_path, proc
 
     @classmethod
-    def start(cls, log_path: str | None) -> Zygote:
-        """A zygote serving on a socket in a private directory of this node's (a socket's path is short: not the run's)."""
+    def start(cls, log_path: str | None, run_dir: str | Path) -> Zygote:
+        """A zygote serving on a socket in a private directory of this node's (a socket's path is short: not the run's).
+        Its environment names the run: what it forks keeps the environment it was started with (``/proc/PID/environ``),
+        so they are found as the run's processes, as a cold start's are."""
         import tempfile
 
         from .. import procs
 
         path = Path(tempfile.mkdtemp(prefix="pilotfill-warm-")) / "zygote.sock"
-        proc = procs.spawn([sys.executable, "-m", "pilotfill.pilots.warm", "--socket", str(path)], log_path=log_path)
+        env = {**os.environ, "PILOTFILL_RUN_DIR": str(run_dir)}
+        proc = procs.spawn([sys.executable, "-m", "pilotfill.pilots.warm", "--socket", str(path)], env=env, log_path=log_path)
         return cls(path, proc)
 
     def ready(self) -> bool:
