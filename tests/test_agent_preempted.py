@@ -79,3 +79,36 @@ def test_sigterm_while_it_registers_with_a_controller_that_does_not_answer(tmp_p
         wait_for(lambda: not _session_left(agent.pid), GRACE_S, "nothing of the agent's session left")
     finally:
         procs.kill_group(agent.pid)
+
+
+def test_a_rank_signalled_with_its_pilot_is_the_pilots_preemption_not_the_apps_end(tmp_path, monkeypatch):
+    """Seen on the real Slurm under load: preempting a pilot, slurmstepd SIGTERMed a rank's step a moment before the
+    pilot's agent heard its own SIGTERM; the agent told the rank's end first, the controller counted it as the app's
+    own end, and the third such preemption failed the job ("killed by SIGTERM … 3 times in a row"). Here the rank is
+    SIGTERMed, then its pilot's agent 1.5 s later (more than a heartbeat): the job runs again, nothing counted."""
+    from localrun import LocalRun
+
+    here = Path(__file__).resolve().parent
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
+    run = LocalRun(tmp_path, nodes=1, runtime="processes")
+    run.start(timeout_s=60)
+    out = tmp_path / "ranks.jsonl"
+
+    def ranks() -> list[dict]:
+        return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+    try:
+        job = run.client.submit({"name": "held", "entry": "rank_probe:probe", "kwargs": {"out": str(out), "runtime": "processes", "hold_s": 600.0},
+                                 "min_nodes": 1, "max_nodes": 1})  # fmt: skip
+        run.wait_for(lambda: len(ranks()) == 1, 120, "the rank to start")
+        rank = ranks()[0]["pid"]
+        agent = int(Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent: the pilot's agent
+        assert b"pilotfill.pilots.agent" in Path(f"/proc/{agent}/cmdline").read_bytes()
+        os.kill(rank, signal.SIGTERM)  # the batch system's signal reaches the rank first ...
+        time.sleep(1.5)
+        os.kill(agent, signal.SIGTERM)  # ... and the pilot's agent a heartbeat and more later
+        run.wait_for(lambda: len(ranks()) >= 2, 180, "the job to run again on a new pilot")
+        lost = [e for e in run.events("rank.lost") if e.get("job") == job]
+        assert not lost, f"the preemption was counted as the app's own end: {lost}"
+    finally:
+        run.stop()
