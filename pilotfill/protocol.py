@@ -313,6 +313,7 @@ class JobSpec(TypedDict, total=False):
     fresh: Annotated[bool, "elastic_app(cache=False): a call never answered by a finished job of the same key, nor resumed from its commits"]
     runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
     model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
+    model_name: Annotated[str, "its model's name: under admission by worth, before it reports it is valued by what its model's other jobs reported"]
     runtime_detected: Annotated[str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"]
     global_batch: Annotated[int, "samples per optimizer step whatever the world size (ElasticLoader): it is given at most the ranks that feeds"]
     min_per_rank: Annotated[int, "with global_batch: the fewest samples of a step a rank takes (absent: 1)"]
@@ -374,6 +375,8 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
         raise ProtocolError("job spec: fresh must be true or false")
     if out.get("group") is not None and not isinstance(out["group"], str):
         raise ProtocolError(f"job spec: group must be a string (a campaign, a user, a model family), got {out['group']!r}")
+    if out.get("model_name") is not None and not isinstance(out["model_name"], str):
+        raise ProtocolError(f"job spec: model_name must be a string, got {out['model_name']!r}")
     for name in ("global_batch", "min_per_rank"):
         value = out.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

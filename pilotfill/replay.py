@@ -409,6 +409,7 @@ class Replay:
         else:  # learning: the controller knows what a user who wrote nothing gives it; JPA measures the rest
             for cost in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s"):
                 del job[cost]
+            job["model_name"] = spec.model  # as the decorator says it (the job file's model column)
         if spec.objective is not None:
             job["objective"] = {"nodes": list(spec.objective.nodes), "values": list(spec.objective.values)}  # steers; progress stays samples
         if self.typed and self.library is not None and spec.descriptor is not None and self.profiles == "learned":

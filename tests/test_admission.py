@@ -312,3 +312,40 @@ def test_a_slow_job_passed_over_by_a_stream_of_faster_ones_starts_within_the_bou
         return
     assert slow.admitted is not None and 60 + overdue_h * HOURS <= slow.admitted - tr.start <= 60 + overdue_h * HOURS + 300
     assert slow.samples >= 0.999 * 10 * (tr.end - slow.admitted)  # never stopped for another job once started
+
+
+def test_under_learned_curves_a_never_run_job_is_valued_by_its_model_so_the_fast_models_waiting_jobs_start_first(write):
+    """Learned curves: no job's curve is given. On two nodes a slow job and a fast one start at once (both measured
+    first); slow jobs, then fast ones, wait behind them. When the fast one ends, the waiting jobs were all worth the
+    same (none ran), so by worth the oldest slow one took its node and kept it — the fast jobs never ran. Valued by
+    what their model's jobs reported (the job file's model, declared by name), the fast ones start first and all end."""
+    from pilotfill.allocator import Profiler
+
+    tr = trace_file(write, {"n0": True, "n1": True}, [], end=12 * HOURS)
+
+    def row(name: str, model: str, submit: float, per_node: float) -> str:
+        return linear_job(name, submit=submit, lo=1, hi=1, total=9e5, per_node=per_node).replace(",m,", f",{model},", 1)
+
+    rows = [row("slow0", "slowm", 0, 10), row("fast0", "fastm", 0, 1000)]
+    rows += [row(f"slow{i}", "slowm", 10, 10) for i in range(1, 6)] + [row(f"fast{i}", "fastm", 20, 1000) for i in range(1, 6)]
+    jobs = jobs_file(write, rows)
+    worth = replay(tr, jobs, keep_timeline=False, profiles="learned", noise=0.0, accounting="realistic")
+    fast = [j for j in worth.jobs if j.name.startswith("fast")]
+    assert all(j.finished is not None for j in fast)
+    assert sum(j.admitted is not None for j in worth.jobs if j.name.startswith("slow")) <= 2  # slow0, and the node left after the fast ones
+    arrival = replay(tr, jobs, keep_timeline=False, profiles="learned", noise=0.0, accounting="realistic", admission="arrival")
+    assert worth.samples > 2 * arrival.samples
+
+    jpa = Profiler()  # pure: what the model's jobs reported values a declared job until its own reports arrive
+    jpa.declare("a", "m")
+    jpa.declare("b", "m")
+    jpa.take_touched()
+    assert jpa.confirmed("b", 1, 4).at(2) < 1  # no job of the model reported: cold
+    jpa.observe("a", 2, 200.0, weight=60.0)
+    assert "b" in jpa.take_touched()
+    assert jpa.confirmed("b", 1, 4).at(2) == pytest.approx(200.0) and not jpa.measured("b")
+    jpa.forget("a")  # ended: what it reported stays with its model
+    assert jpa.confirmed("b", 1, 4).at(2) == pytest.approx(200.0)
+    jpa.observe("b", 1, 50.0, weight=60.0)
+    assert jpa.confirmed("b", 1, 4).at(1) == pytest.approx(50.0)  # its own reports replace the model's
+    assert jpa.confirmed("c", 1, 4).at(2) < 1  # undeclared: cold

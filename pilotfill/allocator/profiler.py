@@ -7,9 +7,12 @@ Amdahl's law in the form
     n / T(n) = a + b·n        (a, b ≥ 0;  T(1) = 1/(a+b), serial fraction b/(a+b))
 
 by non-negative least squares, which is linear in (a, b) and so cheap and
-stable under a few percent of noise. It starts every job cold — nothing is
-looked up by model name or borrowed from other jobs — and gives the allocator
-two curves per job:
+stable under a few percent of noise. It starts every job cold, unless the
+caller declares the job's model by name (:meth:`Profiler.declare`): a job never
+measured is then valued by what its model's other jobs reported, pooled (the
+same fit, as if they were one job), until its own reports arrive — a sweep's
+copies are not each measured from nothing, and the waiting ones of a fast model
+rank above a slow one's. It gives the allocator two curves per job:
 
 * ``confirmed``: what the reports support, conservative about any change. No
   report yet: a token rate at the job's minimum size, never enough to take a
@@ -108,6 +111,8 @@ class Profiler:
     _charged: dict[str, dict[str, float]] = field(default_factory=dict)  # per job and kind of change: the mean cost callers are given
     changes: int = 0  # moves with every job's version (and when a job is forgotten): a check of thousands of jobs in one
     _touched: set[str] = field(default_factory=set)  # jobs whose version moved since the caller last took them
+    _model_of: dict[str, str] = field(default_factory=dict)  # job -> its model's name, where declared (untyped curves only)
+    _members: dict[str, set[str]] = field(default_factory=dict)  # model -> its declared jobs (bumped when the model's reports move)
 
     def __post_init__(self) -> None:
         self._versions_view = MappingProxyType(self._versions)
@@ -116,18 +121,54 @@ class Profiler:
         """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds measured)."""
         if nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0 or not (math.isfinite(weight) and weight > 0):
             return
+        model = self._model_of.get(job_id) if node_type is None else None
+        if model is not None and self._record(_pooled(model), nodes, samples_per_s, weight, None):
+            for member in self._members[model]:  # those valued by the model's reports: their curves moved
+                if member != job_id and not self.measured(member):
+                    self._moved(member)
+        self._record(job_id, nodes, samples_per_s, weight, node_type)
+
+    def _record(self, job_id: str, nodes: int, samples_per_s: float, weight: float, node_type: str | None) -> bool:
+        """One report joins ``job_id``'s scales; whether its curves moved (see ``REFIT_TOLERANCE``)."""
         scale = self._seen.setdefault(job_id, {}).setdefault(node_type, {}).setdefault(int(nodes), _Scale())
         scale.total += samples_per_s * weight
         scale.weight += weight
         fitted = self._fitted.setdefault(job_id, {}).setdefault(node_type, {})
         before = fitted.get(int(nodes))
         if before is not None and abs(scale.mean - before) <= REFIT_TOLERANCE * abs(before):
-            return  # the curves fitted to ``before`` stand: the rate moved by less than the tolerance
+            return False  # the curves fitted to ``before`` stand: the rate moved by less than the tolerance
         fitted[int(nodes)] = scale.mean
+        self._moved(job_id)
+        return True
+
+    def _moved(self, job_id: str) -> None:
         self._cache.pop(job_id, None)
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
         self._touched.add(job_id)
         self.changes += 1
+
+    def declare(self, job_id: str, model: str | None) -> None:
+        """``job_id`` runs ``model`` (a name; None or empty: nothing said): until it reports itself, its curves (one
+        node type) are its model's, fitted to every report of the model's declared jobs, ended ones included; a model
+        none of whose jobs reported yet leaves it cold (measured first, on free nodes)."""
+        if not model or self._model_of.get(job_id) == model:
+            return
+        old = self._model_of.get(job_id)
+        if old is not None:
+            self._members[old].discard(job_id)
+        self._model_of[job_id] = model
+        self._members.setdefault(model, set()).add(job_id)
+        if not self.measured(job_id):
+            self._moved(job_id)
+
+    def _prior(self, job_id: str, node_type: str | None) -> str | None:
+        """Whose reports value ``job_id`` on one node type: its model's pooled ones where it never reported itself
+        and its model did (see :meth:`declare`), else None (its own)."""
+        model = self._model_of.get(job_id) if node_type is None else None
+        if model is None or self.measured(job_id):
+            return None
+        pooled = _pooled(model)
+        return pooled if self.measured(pooled) else None
 
     def version(self, job_id: str) -> int:
         """Bumped whenever the job's curves or costs change: callers may keep what they made from them until it moves."""
@@ -153,6 +194,9 @@ class Profiler:
         self._cache.pop(job_id, None)
         self._costs.pop(job_id, None)
         self._charged.pop(job_id, None)
+        model = self._model_of.pop(job_id, None)
+        if model is not None:
+            self._members[model].discard(job_id)  # what it reported stays with its model
 
     def observe_cost(self, job_id: str, kind: str, seconds: float) -> None:
         """A change of ``kind`` (``start``, ``up``, ``down``, ``commit``: the interval between commits) took ``seconds``."""
@@ -197,6 +241,9 @@ class Profiler:
 
     def curve(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None) -> ScalingCurve:
         """The optimistic estimate of ``job_id``'s throughput at 0…max_nodes nodes (see the module docstring)."""
+        prior = self._prior(job_id, node_type)
+        if prior is not None:
+            return self.curve(prior, min_nodes, max_nodes)
         return self._cached(job_id, (max_nodes, "optimistic", node_type), lambda: self._estimate(job_id, min_nodes, max_nodes, node_type))
 
     def confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None, trying: int = 0) -> ScalingCurve:
@@ -207,6 +254,9 @@ class Profiler:
         beyond) until it reports: it keeps those nodes until it is measured, as a job never measured keeps its
         first ones. Judged by its confirmed curve instead, the next decision would take them back before the
         measurement the growth was paid for arrives, and the one after would grow it again."""
+        prior = self._prior(job_id, node_type)
+        if prior is not None:
+            return self.confirmed(prior, min_nodes, max_nodes)
         seen = self._seen.get(job_id, {}).get(node_type)
         if seen and trying > max(seen):
             return self._cached(job_id, (max_nodes, "trying", node_type, trying), lambda: self._trying(job_id, min_nodes, max_nodes, node_type, trying))
@@ -370,6 +420,11 @@ class Profiler:
             linear = seen[top] * np.arange(top + 1, max_nodes + 1, dtype=float) / top
             est[top + 1 :] = beyond + self.optimism / (len(seen) - 1) * np.maximum(linear - beyond, 0.0)
         return ScalingCurve.dense(est)
+
+
+def _pooled(model: str) -> str:
+    """The id under which a model's declared jobs' reports are pooled (no job id starts with a NUL)."""
+    return "\0model:" + model
 
 
 def _linear(t0: float, n0: int, max_nodes: int, flat: bool) -> ScalingCurve:

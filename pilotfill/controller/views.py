@@ -29,10 +29,14 @@ from .world import Job, World
 class AllocatorViews:
     """The allocator's view of each job, cached per job; forgotten when the job ends (:meth:`forget`)."""
 
-    def __init__(self, world: World, profiler: Profiler, types: NodeTypes):
+    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, priors: bool = False):
+        """``priors``: a job that declares its model by name (``model_name``) is valued, before it reports, by what
+        its model's other jobs reported (:meth:`.Profiler.declare`), and waiting jobs of different models are not
+        alike; admission by worth uses it (ranking the never-run jobs by their models), arrival admission does not."""
         self.world = world
         self.profiler = profiler
         self.types = types
+        self.priors = priors and not types.typed  # on a typed machine the similarity policy predicts from descriptors
         self._made: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._curves: dict[str, ScalingCurve] = {}  # job (and job/objective) -> its given curve, parsed once
         self._kinds: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of what in it tells the job apart from other waiting jobs)
@@ -49,8 +53,14 @@ class AllocatorViews:
         self._kinds.pop(job_id, None)
         self._chains.pop(job_id, None)
 
+    def declare(self, job: Job) -> None:
+        """JPA is told the job's model (with ``priors``, for a job whose curve is learned)."""
+        if self.priors and not job.spec.get("curve"):
+            self.profiler.declare(job.id, job.spec.get("model_name"))
+
     def waiting_kind(self, job: Job) -> int:
         """A waiting job's kind (:class:`.WaitingJobs`): :meth:`kind`, or what sets it apart from every other."""
+        self.declare(job)
         kind = self.kind(job)
         if kind is None:
             kind = HOLDS_NODES if job.nodes else LIKE_NO_OTHER
@@ -87,7 +97,7 @@ class AllocatorViews:
             return None
         known = self._kinds.get(job.id)  # made once per spec (thousands wait on a saturated machine, weighed every decision)
         if known is None or known[0] is not spec:
-            kind = self.spec_kind(spec)
+            kind = self.spec_kind(spec, self.priors)
             number = self.kind_ids.get(kind)
             if number is None:
                 number = self.kind_ids[kind] = next(self._kind_numbers)
@@ -104,7 +114,7 @@ class AllocatorViews:
         spec = job.spec
         known = self._chains.get(job.id)
         if known is None or known[0] is not spec:
-            key = self.spec_kind({**spec, "total_samples": None, "scale_up_cost_s": 0.0, "scale_down_cost_s": 0.0, "restart_cost_s": 0.0})
+            key = self.spec_kind({**spec, "total_samples": None, "scale_up_cost_s": 0.0, "scale_down_cost_s": 0.0, "restart_cost_s": 0.0}, self.priors)
             number = self.chain_ids.get(key)
             if number is None:
                 number = self.chain_ids[key] = next(self._kind_numbers)
@@ -122,16 +132,17 @@ class AllocatorViews:
         return None
 
     @staticmethod
-    def spec_kind(spec: dict[str, Any]) -> Hashable:
+    def spec_kind(spec: dict[str, Any], priors: bool = False) -> Hashable:
         """Everything in a spec the allocator's view of a waiting job is made from: its curve (or one per node type),
         objective, model (what the similarity policy predicts from on a machine of several kinds of node), bounds,
-        work, weight, costs and group (the share objective's unit)."""
+        work, weight, costs and group (the share objective's unit); with ``priors``, its model's name too."""
         curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
         curves = tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items())) if spec.get("curves") else None
         objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
         model = json.dumps(spec["model"], sort_keys=True) if spec.get("model") else None
         return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"],
-                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")), spec.get("group", ""))  # fmt: skip
+                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")), spec.get("group", ""),
+                *((spec.get("model_name"),) if priors else ()))  # fmt: skip
 
     def prepare(self, jobs: list[Job], made_of: list[tuple] | None = None) -> None:
         """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
@@ -174,6 +185,7 @@ class AllocatorViews:
             return made
         lo, hi = spec["min_nodes"], spec["max_nodes"]
         explore = None
+        self.declare(job)  # declared when it first waited; again here for a job restored running
         if self.types.typed:
             curve, explore = self.types.curves(self.world, job)
         elif spec.get("curve"):
