@@ -70,6 +70,21 @@ def test_elastic_app_group_reaches_the_job_spec():
     assert inspect.signature(app.func).parameters[RESOURCE_KEY].default["group"] == "alice"
 
 
+def test_elastic_app_model_name_reaches_the_job_spec_and_is_checked():
+    """Calls that say the same model are valued, before they report, by what the others of that name measured."""
+    import inspect
+
+    import pilotfill
+    from pilotfill.executors.decorator import RESOURCE_KEY
+    from pilotfill.executors.elastic import SPEC_KEYS
+
+    app = pilotfill.elastic_app(max_nodes=2, model_name="resnet50-bs64")(lambda x: x)
+    spec = inspect.signature(app.func).parameters[RESOURCE_KEY].default
+    assert spec["model_name"] == "resnet50-bs64" and "model_name" in SPEC_KEYS  # what the executor submits
+    with pytest.raises(ValueError, match="model_name must be a non-empty string"):
+        pilotfill.elastic_app(model_name="")
+
+
 def test_remote_exception_reaches_the_future_with_its_traceback(tmp_path, fast_config):
     campaign = tmp_path / "raising.py"
     campaign.write_text(

@@ -60,6 +60,7 @@ def elastic_app(
     group: str | None = None,
     global_batch: int | None = None,
     min_per_rank: int = 1,
+    model_name: str | None = None,
 ) -> Callable:
     """Decorate a training function as an elastic Parsl app (see module docstring).
 
@@ -79,7 +80,10 @@ def elastic_app(
     ``global_batch``: the samples each optimizer step takes whatever the world
     size (the smallest, where calls differ); the job is never given more ranks
     than it feeds, ``min_per_rank`` samples each, and its ``ElasticLoader``
-    takes it when it names none.
+    takes it when it names none. ``model_name``: calls that train the same
+    model alike (same architecture and batch) say the same name; before one
+    reports, it is valued by what the others of its name measured (a sweep's
+    seeds; leave it out where calls scale differently).
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
     if global_batch is not None:
@@ -93,6 +97,10 @@ def elastic_app(
         if not isinstance(group, str):
             raise ElasticAppError(f"elastic_app: group must be a string (a campaign, a user, a model family), got {group!r}")
         spec["group"] = group
+    if model_name is not None:
+        if not isinstance(model_name, str) or not model_name:
+            raise ElasticAppError(f"elastic_app: model_name must be a non-empty string, got {model_name!r}")
+        spec["model_name"] = model_name
     if model is not None:
         from ..allocator.similarity import Descriptor, LibraryError
 

@@ -36,7 +36,7 @@ from .shipping import CannotShip, pack_call
 log = logging.getLogger("pilotfill.executor")
 
 SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "curves", "model", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime",
-             "runtime_detected", "group", "fresh", "global_batch", "min_per_rank"}
+             "runtime_detected", "group", "fresh", "global_batch", "min_per_rank", "model_name"}
 
 
 class CampaignHalted(RuntimeError):
