@@ -156,6 +156,11 @@ class SlurmCluster:
                 end = time.time() + 5
                 while time.time() < end and os.path.exists(f"/proc/{pid}"):
                     time.sleep(0.1)
+        # A job step's slurmstepd outlives its slurmd (seen: husks of a stopped cluster's batch steps for hours).
+        from pilotfill import procs
+
+        for pid in procs.with_environment(SLURM_CONF=str(self.conf)):
+            procs.kill_pid(pid)
         if self.hosts is not None:
             self.hosts.stop()  # and whatever a job left in a host's namespaces
         self.started = False
