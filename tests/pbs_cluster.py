@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -337,15 +336,12 @@ class Campaign:
         """``query(state)`` on the run's journal; empty ([]) before the controller has written it."""
         from pilotfill.state import State
 
-        if not (self.run_dir / "state.sqlite").exists():
+        try:
+            state = State(self.run_dir, readonly=True)
+        except FileNotFoundError:  # no file yet, or the controller made it and has not written its tables yet
             return []
-        state = State(self.run_dir, readonly=True)
         try:
             return query(state)
-        except sqlite3.OperationalError as exc:  # the controller made the file and has not written its tables yet
-            if "no such table" in str(exc):
-                return []
-            raise
         finally:
             state.close()
 

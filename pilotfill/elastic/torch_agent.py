@@ -67,7 +67,9 @@ STOP_GRACE_S = 5.0
 """Workers get this long after SIGTERM before SIGKILL, on restarts and on the agent's own end, unless told the pilot's
 grace (``--stop-grace``, which the torch runtime always passes)."""
 MONITOR_INTERVAL_S = 0.1
-REPORTED_CODES = (1, 75)
+JOB_OVER = 1
+"""A worker's exit status once the job's failure is told to the controller (its own error, or a peer's it saw)."""
+REPORTED_CODES = (JOB_OVER, 75)
 """Worker exit statuses pilotfill's own code gives (1: reported or judged, 75: a lost peer, re-form)."""
 
 
@@ -273,12 +275,12 @@ class AgentPhase(str, Enum):
 
     JOINING = "joining"  # its workers wait for a round (a fresh start: before they run; provisional: parked at their first batch)
     RUNNING = "running"  # its workers train in its round; a newer round is handed to them at their next boundary
-    RETURNED = "returned"  # its workers' function returned while the job goes on: waiting for the job's end or a new round
+    RETURNED = "returned"  # its workers returned, or told the job's failure: waiting for the job's end or a new round
     LEAVING = "leaving"  # told to go (SIGTERM) or no longer in the job: its workers leave at their next boundary
 
 
 AGENT_MOVES: dict[AgentPhase, frozenset[AgentPhase]] = {
-    AgentPhase.JOINING: frozenset({AgentPhase.RUNNING, AgentPhase.LEAVING, AgentPhase.JOINING}),
+    AgentPhase.JOINING: frozenset({AgentPhase.RUNNING, AgentPhase.LEAVING, AgentPhase.JOINING, AgentPhase.RETURNED}),
     AgentPhase.RUNNING: frozenset({AgentPhase.RUNNING, AgentPhase.JOINING, AgentPhase.RETURNED, AgentPhase.LEAVING}),
     AgentPhase.RETURNED: frozenset({AgentPhase.JOINING, AgentPhase.LEAVING}),
     AgentPhase.LEAVING: frozenset({AgentPhase.LEAVING}),
@@ -510,6 +512,14 @@ class InPlaceAgent:
             return None
         codes = {code for code in ended.values() if code is not None}
         log.info("%s: worker(s) %s ended with %s", self.args.host, sorted(ended), sorted(codes))
+        if codes == {JOB_OVER}:
+            # The job failed and the controller was told (torch_worker): it ends the job. Started again now, they would
+            # open a round the peers still judging their own failure take for a lost peer.
+            for i in ended:
+                del self.workers[i]
+            if not self._alive():
+                self._move(AgentPhase.RETURNED)
+            return None
         if self._alive():
             if codes <= {0}:
                 return None  # returned; the others still run (uneven): wait for them
