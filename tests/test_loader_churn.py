@@ -204,12 +204,19 @@ def _check_exactly_once(record: Path, job: dict) -> int:
         per_epoch[epoch] |= {i for r in seen for i in r["indices"]}
     assert all(per_epoch[e] == set(range(N)) for e in range(EPOCHS))
     # Done again only after a stop, from a commit: a process's fetches follow one another, except where it (or its
-    # first fetch) resumes, and that is at a commit (every COMMIT_EVERY steps and at each epoch's end).
+    # first fetch) resumes, and that is at a commit (every COMMIT_EVERY steps and at each epoch's end) — or it joins a
+    # group in place (the torch runtime's resizes): processes that went on from the batch before (survivors) went on
+    # to the same one, the joiner taking the state from them.
+    order: dict[int, list[int]] = defaultdict(list)
+    for r, (epoch, step) in fetches:
+        order[r["pid"]].append(epoch * len(SIZES) + step)
+    went_on = {(a, b) for ats in order.values() for a, b in zip(ats, ats[1:]) if b == a + 1}
     last_of: dict[int, int] = {}
     for r, (epoch, step) in fetches:
         at = epoch * len(SIZES) + step
         if last_of.get(r["pid"]) != at - 1:
-            assert step % COMMIT_EVERY == 0, f"a resume at step {step} of epoch {epoch}: not a commit"
+            joined = at > 0 and (at - 1, at) in went_on
+            assert step % COMMIT_EVERY == 0 or joined, f"a resume at step {step} of epoch {epoch}: not a commit, nor a join of a group going on"
         last_of[r["pid"]] = at
     attempts = Counter(batch for r, batch in fetches if r["rank"] == 0)
     redone = sum((n - 1) * SIZES[step] for (_, step), n in attempts.items())
