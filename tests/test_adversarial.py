@@ -291,6 +291,9 @@ def test_nothing_a_torch_run_started_outlives_a_sigkill_of_pilotfill_run(tmp_pat
         # Within the grace (3 s), with room for a busy machine; what was seen before ran on for minutes.
         assert time.monotonic() - killed <= 3.0 + 20.0, f"the run's processes outlived it by {time.monotonic() - killed:.0f} s"
     finally:
+        if proc.poll() is None:  # the test failed before its SIGKILL: pilotfill run must not outlive it
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
         for pid in _of_run(run_dir):
             procs.kill_pid(pid)
 
