@@ -33,6 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_pbs import TORCH_STEPS  # noqa: E402
 from rescale_figures import STEP_LOG, cell, figures, read_steps  # noqa: E402
+from waiting import wait_for as wait  # noqa: E402
 
 GRACE_S = 5
 CONFIG = """scheduler = "slurm"
@@ -57,16 +58,6 @@ bind = "0.0.0.0"
 kind = "torch"
 network_interface = "eth0"
 """
-
-
-def wait(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 class Run:
@@ -161,6 +152,7 @@ def resizes(cluster, root: Path, preemptions: int, resize: str) -> dict[str, lis
     def costs(change: str) -> list[float]:
         return [e["data"]["seconds"] for e in run.events("job.cost") if e["data"]["change"] == change]
 
+    missed_growbacks = 0
     try:
         wait(lambda: costs("up"), 400, "the job to grow")
         for _ in range(preemptions):
@@ -175,7 +167,7 @@ def resizes(cluster, root: Path, preemptions: int, resize: str) -> dict[str, lis
             try:
                 wait(lambda: len(costs("up")) > ups, 90, "the job to grow back")
             except TimeoutError:
-                pass
+                missed_growbacks += 1  # printed: a node given back that the job did not take again is a finding
             time.sleep(8)
         changes = [e for e in run.events() if e["kind"] in ("job.started", "job.resized")]
     finally:
@@ -188,6 +180,7 @@ def resizes(cluster, root: Path, preemptions: int, resize: str) -> dict[str, lis
         held = nodes
     out = figures(read_steps(steps), joins, leaves)
     out["cost_up"], out["cost_down"] = costs("up"), costs("down")
+    out["missed_growbacks"] = [missed_growbacks]
     return out
 
 
@@ -225,7 +218,8 @@ def main() -> int:
             for label, key, count in (("grow: a node joins -> it trains (<= 2 s)", "grow", False), ("grow: survivors' pause (<= 0.5 s)", "grow_pause", False),
                                       ("shrink (preempted): survivors' pause (<= 0.5 s)", "shrink", False),
                                       ("surviving workers restarted (0)", "restarted", True), ("samples redone (0)", "redone", True),
-                                      ("controller's job.cost, grow", "cost_up", False), ("controller's job.cost, shrink", "cost_down", False)):  # fmt: skip
+                                      ("controller's job.cost, grow", "cost_up", False), ("controller's job.cost, shrink", "cost_down", False),
+                                      ("node given back, not taken again within 90 s", "missed_growbacks", True)):  # fmt: skip
                 print(f"  {label:46}{cell(got['restart'][key], count):>30}{cell(got['in_place'][key], count):>30}")
         print(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
     finally:
