@@ -64,6 +64,7 @@ class RuntimeConfig:
     local_hosts: bool = False  # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
     network_interface: str = "lo"  # what Gloo uses between ranks (e.g. "hsn0" on a Slingshot machine)
     collective_timeout_s: float = 120.0  # a collective or rendezvous (NCCL, gloo; torch, Horovod) waiting this long for a peer fails; its rank restarts
+    silent_s: float = 300.0  # a job whose ranks neither report nor print this long is stuck (Horovod): formed again from its last commit
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
     "pilots.grace_s": (0.1, 3600.0, "ranks get this long to commit after SIGTERM"),
     "pilots.release_after_s": (0.0, 86400.0, "an unused node is kept this long"),
     "runtime.collective_timeout_s": (1.0, 86400.0, "a collective waiting this long for a peer fails"),
+    "runtime.silent_s": (10.0, 86400.0, "a job whose ranks are silent this long is formed again"),
 }
 RUNTIMES = RUNTIME_NAMES  # pilotfill/elastic/registry.py
 DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)

@@ -31,6 +31,7 @@ tick_s = 0.1
 t_fwd = 10.0
 [runtime]
 kind = "{runtime}"
+{runtime_options}
 """
 
 
@@ -50,13 +51,15 @@ def synthetic_job(name: str, total: float, per_rank: float = 40.0, lo: int = 1, 
 
 class LocalRun:
     def __init__(self, root: Path, nodes: int = 4, script: list[tuple[float, str, str]] = (), deadline: float = 3.0, grace: float = 3.0, runtime: str = "processes",
-                 config: str | None = None):  # fmt: skip
-        """``config``: the whole config file as a user would write it (the other options are then unused)."""
+                 config: str | None = None, runtime_options: str = ""):  # fmt: skip
+        """``config``: the whole config file as a user would write it (the other options are then unused);
+        ``runtime_options``: lines added to its ``[runtime]`` table."""
         self.run_dir = root / "run"
         self.config = root / "config.toml"
         items = ", ".join(f'{{ at = {at}, node = "{node}", state = "{state}" }}' for at, node, state in script)
         self.config.write_text(config if config is not None else
-                               SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace, runtime=runtime))  # fmt: skip
+                               SCRIPTED.format(nodes=nodes, workload="script" if script else "none", script=items, deadline=deadline, grace=grace, runtime=runtime,
+                                               runtime_options=runtime_options))  # fmt: skip
         self.proc: subprocess.Popen | None = None
         self.logs: list[Path] = []
 

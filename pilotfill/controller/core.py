@@ -181,7 +181,7 @@ class Controller:
         self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
                                  changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)  # fmt: skip
         self.training = Training(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
-                                 changed=self._decide_again, notices=self.notices)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
+                                 changed=self._decide_again, notices=self.notices, silent_s=config.runtime.silent_s)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
         self.enactment = Enactment(self.world, self.runtime, self.types, self.training, self.lifetimes,
                                    fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so  # fmt: skip
         self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,

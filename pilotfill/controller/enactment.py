@@ -114,13 +114,12 @@ class Enactment:
     def reform(self, job: Job, now: float) -> None:
         """A running job whose ranks went silent (:meth:`.Training.stalled`): stopped, to start again from its last
         commit at the next decision (said once on the progress line: the notice stays until it ends)."""
-        from .training import SILENT_S
-
-        log.warning("job %s (%s): its ranks neither reported nor printed for %.0f s: formed again from its last commit", job.id, job.name, SILENT_S)
+        silent_s = self.training.silent_s
+        log.warning("job %s (%s): its ranks neither reported nor printed for %.0f s: formed again from its last commit", job.id, job.name, silent_s)
         if self.training.notices is not None:
-            self.training.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {SILENT_S:.0f} s: started again from its last "
+            self.training.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {silent_s:.0f} s: started again from its last "
                                       "commit", now, level="waiting")  # fmt: skip
-        self.stop(job, now, sorted(job.nodes), f"its ranks were silent for {SILENT_S:.0f} s")
+        self.stop(job, now, sorted(job.nodes), f"its ranks were silent for {silent_s:.0f} s")
 
     def _resize(self, job: Job, new: list[str], old: list[str], lost: set[str], cause: str | None, now: float) -> None:
         world = self.world

@@ -26,7 +26,7 @@ from .world import Job, World
 log = logging.getLogger("pilotfill.controller")
 
 SILENT_S = 300.0
-"""A job that reported before and whose ranks have neither reported nor printed for this long, on a runtime that can
+"""The default of ``[runtime] silent_s``: a job that reported before and whose ranks have neither reported nor printed for this long, on a runtime that can
 stall out of sight of its collectives' timeouts, is stuck: it is formed again from its last commit (said once)."""
 OUTLIVED_LIMIT = 3
 """Runs in a row a job may lose to its pilots' walltime with nothing committed in between before it fails: it needs
@@ -41,8 +41,9 @@ class Training:
     curve changed, so the allocation rests on something new."""
 
     def __init__(self, world: World, profiler: Profiler, types: NodeTypes, runtime: Runtime, at_commit: Callable[[Job, float], None],
-                 changed: Callable[[], None], notices: Notices | None = None):  # fmt: skip
+                 changed: Callable[[], None], notices: Notices | None = None, silent_s: float = SILENT_S):  # fmt: skip
         self.world, self.profiler, self.types, self.runtime = world, profiler, types, runtime
+        self.silent_s = silent_s
         self._at_commit, self._estimate_changed = at_commit, changed
         self.notices = notices
         self._outlived: dict[str, tuple[int, float]] = {}  # job -> (runs lost to walltimes in a row, its committed progress then)
@@ -62,19 +63,19 @@ class Training:
         self._heard.pop(job.id, None)
 
     def stalled(self, now: float, silent_s: Callable[[str, float], float | None]) -> list[Job]:
-        """Running jobs that reported before and have since been silent for :data:`SILENT_S`: no report, and no output
+        """Running jobs that reported before and have since been silent for ``silent_s``: no report, and no output
         their runtime sees (``silent_s(job, now)``; None: the runtime's own timeouts end its stalls). Looked at every
         tenth of that, not in every pass."""
         if now < self._stall_check:
             return []
-        self._stall_check = now + SILENT_S / 10
+        self._stall_check = now + self.silent_s / 10
         out = []
         for job_id, heard in list(self._heard.items()):
             job = self.world.jobs.get(job_id)
             if job is None or job.status != JobStatus.RUNNING:
                 self._heard.pop(job_id, None)
                 continue
-            if now - heard >= SILENT_S and (quiet := silent_s(job_id, now)) is not None and quiet >= SILENT_S:
+            if now - heard >= self.silent_s and (quiet := silent_s(job_id, now)) is not None and quiet >= self.silent_s:
                 self._heard.pop(job_id, None)
                 out.append(job)
         return out

@@ -22,12 +22,14 @@ not wait out a cooldown that doubles with every preemption.
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -85,6 +87,7 @@ class HorovodRuntime(Runtime):
         self._hosts: dict[str, list[str]] = {}
         self._stopping: dict[str, subprocess.Popen] = {}
         self._removed: list[tuple[str, str, float]] = []  # job, host, kill-after
+        self._exits: dict[str, Path] = {}
         self._exits_read: dict[str, int] = {}
         self._bin = self.run_dir / "bin"
         if local:
@@ -103,7 +106,11 @@ class HorovodRuntime(Runtime):
         script = self.discovery / f"{job_id}.sh"
         script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(self.discovery / f'{job_id}.hosts'))}\n")  # paths may hold spaces
         script.chmod(0o700)
-        (self.discovery / f"{job_id}.exits").unlink(missing_ok=True)
+        for old in self.discovery.glob(f"{glob.escape(job_id)}.*.exits"):
+            old.unlink(missing_ok=True)
+        # Each start has its own exits file: the ranks of a start just stopped end after this one lists the same hosts,
+        # and their ends are that start's, not this one's crashes.
+        self._exits[job_id] = self.discovery / f"{job_id}.{uuid.uuid4().hex[:12]}.exits"
         self._exits_read[job_id] = 0
         horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
         if horovodrun is None:
@@ -124,6 +131,7 @@ class HorovodRuntime(Runtime):
             "PILOTFILL_RUN_DIR": str(self.run_dir),
             "PILOTFILL_JOB_ID": job_id,
             "PILOTFILL_RUNTIME": "horovod",
+            "PILOTFILL_EXITS_FILE": str(self._exits[job_id]),
             "PILOTFILL_GPUS_PER_NODE": str(int(spec.get("gpus_per_node", self.gpus_per_node) or 0)),
             "PYTHONUNBUFFERED": "1",
         }
@@ -218,9 +226,9 @@ class HorovodRuntime(Runtime):
             return ""
 
     def _new_exits(self, job_id: str) -> list[RankExit]:
-        path = self.discovery / f"{job_id}.exits"
+        path = self._exits.get(job_id)
         try:
-            lines = path.read_text().splitlines()
+            lines = path.read_text().splitlines() if path is not None else []
         except OSError:
             return []
         seen = self._exits_read.get(job_id, 0)

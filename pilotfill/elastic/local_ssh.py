@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _record_exit(host: str, code: int) -> None:
-    run_dir, job = os.environ.get("PILOTFILL_RUN_DIR"), os.environ.get("PILOTFILL_JOB_ID")
-    if not run_dir or not job:
+    run_dir, job, exits = os.environ.get("PILOTFILL_RUN_DIR"), os.environ.get("PILOTFILL_JOB_ID"), os.environ.get("PILOTFILL_EXITS_FILE")
+    if not run_dir or not job or not exits:
         return
     hosts_file = Path(run_dir) / "discovery" / f"{job}.hosts"
     try:
@@ -64,8 +64,7 @@ def _record_exit(host: str, code: int) -> None:
     except OSError:
         return
     if still_mine:
-        exits = Path(run_dir) / "discovery" / f"{job}.exits"
-        with open(exits, "a") as f:
+        with open(exits, "a") as f:  # this start's own file: an end after the job started again is not the new start's
             f.write(f"{host} {code}\n")
 
 

@@ -27,6 +27,7 @@ from ..results import pack
 from ..transport import Client
 from .ending import AppExited, exited, exited_text
 from .guard import refuse_horovod, refuse_torch_distributed
+from .horovod_sync import always_sync
 
 
 def resolve(entry: str):
@@ -99,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime = os.environ.get("PILOTFILL_RUNTIME", "processes")
     refuse_horovod(runtime)  # before the app's code: hvd.init() here would be a world of one
     refuse_torch_distributed(runtime)  # and torch's env:// rendezvous would find no peers
+    if runtime == "horovod":
+        always_sync()  # a removal and an addition in one new group would otherwise hang it
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
     reply = client.request(JobGet(job_id))
