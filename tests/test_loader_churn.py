@@ -257,7 +257,7 @@ def cluster(tmp_path, monkeypatch):
 
     def make(runtime: str) -> LocalRun:
         # A Horovod rank whose peer left can wait out Gloo's timeout in its collective: 45 s, not the default 120 s.
-        config = SCRIPTED.format(nodes=4, workload="none", script="", deadline=3.0, grace=3.0, runtime=runtime) + "collective_timeout_s = 45.0\n"
+        config = SCRIPTED.format(nodes=4, workload="none", script="", deadline=3.0, grace=3.0, runtime=runtime, runtime_options="") + "collective_timeout_s = 45.0\n"
         runs.append(LocalRun(tmp_path, config=config))
         return runs[-1]
 

@@ -436,10 +436,15 @@ def test_a_torch_campaign_survives_preemption_and_releases_with_one_store(pbs, t
                 return None
             return next((p for p in snap["pilots"] if p["state"] == "running" and set(p["nodes"]) & set(long["nodes"])), None)
 
-        pilot = wait_for(long_job_running_after_the_short_one, 600, "the short training to finish while the long one trains",
-                         detail=lambda: out.read_text()[-2000:])  # fmt: skip
+        wait_for(long_job_running_after_the_short_one, 600, "the short training to finish while the long one trains",
+                 detail=lambda: out.read_text()[-2000:])  # fmt: skip
         wait_for(lambda: journal(run_dir, "node.released"), 120, "the short training's nodes to be given back")
-        pbs("pbs_standin", "preempt", pilot["scheduler_id"], "20")
+
+        def preempted() -> bool:  # a pilot of the long training now (the one seen before may have gone meanwhile)
+            pilot = long_job_running_after_the_short_one()
+            return pilot is not None and pbs("pbs_standin", "preempt", pilot["scheduler_id"], "20", check=False).returncode == 0
+
+        wait_for(preempted, 120, "a pilot of the long training to preempt", detail=lambda: out.read_text()[-2000:])
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:

@@ -103,6 +103,9 @@ def test_a_job_forms_its_group_until_it_reports_training_or_commits(setup):
     with journal.transaction():
         start(world, training, job, ["n0", "n1"], 0.0)
         assert training.forming(job)
+        world.update_job(job, nodes=["n0", "n1", "n2"])
+        training.resized(job, True, 1.0)  # a pilot that registered late: its ranks join a group still forming
+        assert training.forming(job), "grown before it trained: its ranks are still forming the group"
         report(training, job, "n0", 4, 1.0, 3.0, first=True, commit=True)
         assert not training.forming(job), "it committed: its ranks are past forming the group"
         assert commits == [3.0] and job.committed == 4

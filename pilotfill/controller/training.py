@@ -81,8 +81,10 @@ class Training:
         return out
 
     def resized(self, job: Job, grew: bool, now: float) -> None:
-        """A running job's ranks were told of new nodes: what the resize costs is measured at the first report after."""
-        self._changed[job.id] = (now, "up" if grew else "down")
+        """A running job's ranks were told of new nodes: what the resize costs is measured at the first report after.
+        A job still forming its group stays forming: its start, nodes added on the way, ends at its first report."""
+        if not self.forming(job):
+            self._changed[job.id] = (now, "up" if grew else "down")
 
     def measure_from(self, job: Job, nodes: int, now: float) -> None:
         """A job's size changed (started, resized or stopped): its rate is measured anew at ``nodes``."""
