@@ -13,8 +13,8 @@ in memory; only its process group changes, at a step boundary:
 * **survivors** leave their group there, join the controller's next round (new
   rank and world size, its store prefix; the node's torch agent hands them the
   round in a *notice*, :mod:`pilotfill.elastic.torch_agent`), point every
-  ``DistributedDataParallel`` they hold at the new group
-  (``_update_process_group``) and go on with the same step;
+  ``DistributedDataParallel`` they hold at the new group (a new reducer,
+  :func:`regroup_ddp`) and go on with the same step;
 * **joiners** (a new node's workers, or a node's restarted workers) run the
   function's prologue — ``init_process_group``, data, model, ``ElasticState``,
   DDP — in a group of one (*provisional*), without waiting for anyone, and join
@@ -361,7 +361,7 @@ class Membership:
         for ref in self.ddps:
             ddp = ref()
             if ddp is not None:
-                ddp._update_process_group(dist.group.WORLD)  # torch's own in-place regroup of a DDP (buckets rebuilt)
+                regroup_ddp(ddp, dist.group.WORLD)
         was_provisional = self.phase is Phase.PROVISIONAL
         self._formed(notice.round)
         self.rank, self.world = rank, world
@@ -508,6 +508,27 @@ class Membership:
                 raise IllegalPhase(f"in-place membership: {self.phase.value} -> {to.value}")
             self.phase = to
         self._status_body["phase"] = to.value
+
+
+def regroup_ddp(ddp: Any, group: Any) -> None:
+    """Point a DistributedDataParallel at ``group`` with a new reducer, its buckets laid out as at construction.
+
+    torch's own ``_update_process_group`` keeps the reducer, and with it the bucket layout the reducer rebuilt after
+    its first step (the order gradients became ready): a survivor holds that layout, a joiner (whose DDP never
+    stepped) the construction one, and the first all-reduce of the new group then sums one parameter's gradient into
+    another's — every rank's model changes, each differently. A new reducer has the same layout on every rank (it
+    depends only on the parameters), and every rank rebuilds it after the same first step."""
+    parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
+    ddp.process_group = group
+    ddp._has_rebuilt_buckets = False
+    ddp._ddp_init_helper(parameters, expect_sparse_gradient, ddp._build_debug_param_to_name_mapping(parameters), ddp.static_graph)
+    if ddp.static_graph:
+        ddp.reducer._set_static_graph()
+        ddp.logger._set_static_graph()
+    import torch.distributed as dist
+
+    for hook, state in ddp._comm_hooks:  # a hook's state naming the old group is the app's to update (torch's rule)
+        dist._register_comm_hook(ddp.reducer, state, hook)
 
 
 def _mark(states: list[Any]) -> int:
