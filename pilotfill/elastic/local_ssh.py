@@ -6,8 +6,9 @@ cluster every "host" is this machine, so this runs the command here, with
 ``PILOTFILL_HOST=HOST`` in its environment so the rank knows where it "is".
 It dies with its parent (the Horovod driver's worker thread) and forwards
 SIGTERM/SIGINT. When the command dies on its own on a host the job still owns
-(not a shrink), it leaves an exit record for the runtime: a rank that was
-killed costs its job that host, not the job.
+(not a shrink, not ended through this process by horovodrun), it leaves an
+exit record for the runtime: a rank that was killed costs its job that host,
+not the job.
 """
 
 from __future__ import annotations
@@ -45,11 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     host, command = parse(list(sys.argv[1:] if argv is None else argv))
     die_with_parent()
     env = {**os.environ, "PILOTFILL_HOST": host}
-    child = subprocess.Popen(["bash", "-c", command or "true"], env=env, preexec_fn=die_with_parent)
+    told: list[int] = []
+    started: list[subprocess.Popen] = []
+
+    def forward(signum: int, frame: object) -> None:
+        told.append(signum)
+        for child in started:
+            child.send_signal(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, f: child.send_signal(s))
+        signal.signal(sig, forward)  # before the command starts: an end asked for at any time is seen as asked
+    child = subprocess.Popen(["bash", "-c", command or "true"], env=env, preexec_fn=die_with_parent)
+    started.append(child)
+    if told:
+        child.send_signal(told[0])
     code = child.wait()
-    if code != 0:
+    if code != 0 and not told:  # ended by horovodrun (a host it gave up, its shutdown): its decision, not a crash
         _record_exit(host, code)
     return code if code >= 0 else 128 - code
 
