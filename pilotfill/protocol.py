@@ -139,6 +139,7 @@ class JobReport(Message):
     first: bool = _field(bool, "its first report since it started: covers the start, not training", False)
     commit: bool = _field(bool, "it committed right after this work", False)
     position: float | None = _field(_NUMBER, "where its loader is after this work: global samples since the job began (rank 0 of an ElasticLoader)", None)
+    noise_scale: float | None = _field(_NUMBER, "an adaptive batch's measured gradient noise scale, in samples (rank 0)", None)
 
     def validate(self) -> None:
         if not (math.isfinite(self.samples) and self.samples >= 0):
@@ -147,6 +148,8 @@ class JobReport(Message):
             raise ProtocolError("job.report: position must be finite and at least the samples reported")
         if not (math.isfinite(self.seconds) and self.seconds > 0):
             raise ProtocolError("job.report: seconds must be finite and > 0")
+        if self.noise_scale is not None and not (math.isfinite(self.noise_scale) and self.noise_scale >= 0):
+            raise ProtocolError("job.report: noise_scale must be finite and >= 0")
 
 
 @dataclass(slots=True)
@@ -317,6 +320,7 @@ class JobSpec(TypedDict, total=False):
     runtime_detected: Annotated[str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"]
     global_batch: Annotated[int, "samples per optimizer step whatever the world size (ElasticLoader): it is given at most the ranks that feeds"]
     min_per_rank: Annotated[int, "with global_batch: the fewest samples of a step a rank takes (absent: 1)"]
+    adaptive: Annotated[dict, "{base_batch, max_batch, rule}: its batch grows with its ranks (elastic_app(global_batch=Adaptive(...))): a node is valued by samples/s times the batch's statistical efficiency"]
     ranks_per_node: Annotated[int, "set by the controller at a start on a typed machine: the type's ranks per node"]
     gpus_per_node: Annotated[int, "likewise: the type's GPUs per node"]
 
@@ -383,6 +387,15 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
             raise ProtocolError(f"job spec: {name} must be an integer >= 1, got {value!r}")
     if out.get("min_per_rank") is not None and out.get("global_batch") is None:
         raise ProtocolError("job spec: min_per_rank needs global_batch")
+    if out.get("adaptive") is not None:
+        from .elastic.adaptive import Adaptive
+
+        try:
+            Adaptive.from_spec(out["adaptive"])
+        except (TypeError, KeyError, ValueError) as exc:
+            raise ProtocolError(f"job spec: adaptive must be {{base_batch, max_batch, rule}}: {exc}") from None
+        if out.get("objective") is not None:
+            raise ProtocolError("job spec: adaptive values the job by its batch's efficiency; it takes no objective as well")
     _check_curve(out, "curve", "samples_per_s")
     _check_curve(out, "objective", "values")
     curves = out.get("curves")

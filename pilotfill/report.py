@@ -36,9 +36,10 @@ def _connect() -> Client:
     return _client
 
 
-def report(samples: float, position: float | None = None) -> float | None:
+def report(samples: float, position: float | None = None, noise_scale: float | None = None) -> float | None:
     """Report ``samples`` processed by this rank since its previous report; ``position``: where the job is after
-    them, in global samples since it began (the elastic loader's, on rank 0)."""
+    them, in global samples since it began (the elastic loader's, on rank 0); ``noise_scale``: an adaptive batch's
+    measured gradient noise scale (:mod:`pilotfill.elastic.adaptive`), what the allocator values its sizes by."""
     global _client, _last, _first
     job_id = os.environ.get("PILOTFILL_JOB_ID")
     if not job_id:
@@ -52,7 +53,8 @@ def report(samples: float, position: float | None = None) -> float | None:
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
     where = None if position is None else float(position)
-    reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first, position=where).to_dict())
+    reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first, position=where,
+                                    noise_scale=None if noise_scale is None else float(noise_scale)).to_dict())  # fmt: skip
     return float(reply["progress"])
 
 

@@ -171,7 +171,8 @@ class Controller:
         self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/node_types.py)
         if self.types.typed:
             typed_solver.warm()  # its MILP fallback's imports before the loop, not in the first decision that needs it
-        self.views = AllocatorViews(self.world, self.profiler, self.types, priors=config.controller.admission == "worth")  # the allocator's view of each job, made anew when it changed
+        self.views = AllocatorViews(self.world, self.profiler, self.types, priors=config.controller.admission == "worth",
+                                    ranks_per_node=config.runtime.ranks_per_node)  # the allocator's view of each job, made anew when it changed
         views = self.views
         self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version, views.waiting_traits)  # kept until a job changes
         self._idle_types: dict[str, int] | None = None

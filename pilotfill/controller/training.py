@@ -133,6 +133,8 @@ class Training:
             if job.id not in self._heard and self.notices is not None:
                 self.notices.clear(f"job.{job.id}.silent")  # training again after it was formed anew
             self._heard[job.id] = now
+        if message.noise_scale is not None and job.spec.get("adaptive"):
+            job.noise_scale = message.noise_scale  # its view is made anew when it moves far enough (AllocatorViews.inputs)
         if message.position is not None:  # rank 0 of an elastic loader: the job is where its loader is
             progress = world.at_position(job, message.position, message.samples)
         else:

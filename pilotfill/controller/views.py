@@ -20,6 +20,7 @@ from typing import Any
 from ..allocator import Job as AllocJob
 from ..allocator import ProblemError, Profiler, ScalingCurve
 from ..allocator.values import worth_per_node
+from ..elastic.adaptive import Adaptive, efficiency
 from ..lifecycle import JobStatus
 from .node_types import NodeTypes
 from .waiting import HOLDS_NODES, LIKE_NO_OTHER
@@ -29,11 +30,12 @@ from .world import Job, World
 class AllocatorViews:
     """The allocator's view of each job, cached per job; forgotten when the job ends (:meth:`forget`)."""
 
-    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, priors: bool = False):
+    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, priors: bool = False, ranks_per_node: int = 1):
         """``priors``: a job that declares its model by name (``model_name``) is valued, before it reports, by what
         its model's other jobs reported (:meth:`.Profiler.declare`), and waiting jobs of different models are not
         alike; admission by worth uses it (ranking the never-run jobs by their models), arrival admission does not."""
         self.world = world
+        self._ranks_per_node = ranks_per_node  # the runtime's, where a job's spec names none (an adaptive batch's size)
         self.profiler = profiler
         self.types = types
         self.priors = priors and not types.typed  # on a typed machine the similarity policy predicts from descriptors
@@ -44,6 +46,9 @@ class AllocatorViews:
         self.kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
         self.chain_ids: dict[Hashable, int] = {}  # the same less work and costs (see chain) -> its number, from the same count
         self._kind_numbers = itertools.count()
+
+    def ranks_per_node(self, spec: dict[str, Any]) -> int:
+        return int(spec.get("ranks_per_node") or self._ranks_per_node)
 
     def forget(self, job_id: str) -> None:
         """The job ended: nothing of it is kept."""
@@ -140,9 +145,10 @@ class AllocatorViews:
         curves = tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items())) if spec.get("curves") else None
         objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
         model = json.dumps(spec["model"], sort_keys=True) if spec.get("model") else None
+        adaptive = json.dumps(spec["adaptive"], sort_keys=True) if spec.get("adaptive") else None
         return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"],
                 spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")), spec.get("group", ""),
-                *((spec.get("model_name"),) if priors else ()))  # fmt: skip
+                adaptive, *((spec.get("model_name"),) if priors else ()))  # fmt: skip
 
     def prepare(self, jobs: list[Job], made_of: list[tuple] | None = None) -> None:
         """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
@@ -164,7 +170,8 @@ class AllocatorViews:
 
     def inputs(self, job: Job) -> tuple:
         """What a job's view is made from, besides its work left: it is made anew when this changes."""
-        return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else ())
+        return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else (),
+                _noise_bucket(job.noise_scale))  # fmt: skip
 
     def view(self, job: Job, inputs: tuple | None = None) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
@@ -198,6 +205,8 @@ class AllocatorViews:
             if job.status == JobStatus.RUNNING and not self.profiler.measured(job.id):
                 curve = explore  # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
         objective = None
+        if spec.get("adaptive") and not self.types.typed:
+            objective = adaptive_objective(curve, Adaptive.from_spec(spec["adaptive"]), self.ranks_per_node(spec), job.noise_scale)
         if spec.get("objective"):
             objective = self._curves.get(job.id + "/objective")
             if objective is None:
@@ -214,4 +223,16 @@ class AllocatorViews:
         return made
 
 
-__all__ = ["AllocatorViews"]
+def _noise_bucket(noise_scale: float | None) -> int | None:
+    """A noise scale to within a tenth of a factor of two: what a job's view is made anew for (it moves every step)."""
+    return None if noise_scale is None or noise_scale <= 0 else round(10 * math.log2(noise_scale))
+
+
+def adaptive_objective(curve: ScalingCurve, adaptive: Adaptive, ranks_per_node: int, noise_scale: float | None) -> ScalingCurve:
+    """An adaptive batch's value per node count: samples/s times the statistical efficiency of the batch it takes there
+    (:func:`..elastic.adaptive.efficiency`): a bigger batch is worth less per sample."""
+    values = [curve.at(n) * efficiency(adaptive.batch(n * ranks_per_node), adaptive.base_batch, noise_scale) if n else 0.0 for n in curve.nodes]
+    return ScalingCurve(curve.nodes, tuple(values))
+
+
+__all__ = ["AllocatorViews", "adaptive_objective"]

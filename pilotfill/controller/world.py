@@ -83,10 +83,11 @@ class Job:
     overran: bool = False  # counted progress passed its declared total_samples (logged once)
     lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
     crash_commit: float | None = None  # its committed progress at its last counted rank crash (not journaled)
+    noise_scale: float | None = None  # an adaptive batch's gradient noise scale, as its rank 0 last reported (not journaled)
 
     def record(self) -> dict[str, Any]:
         """The job as clients see it (``job.get``)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("lost", "crash_commit")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("lost", "crash_commit", "noise_scale")}
 
     def summary(self) -> dict[str, Any]:
         """The job as views see it: without the code it ships (a shipped call can be megabytes)."""

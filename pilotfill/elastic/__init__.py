@@ -5,6 +5,9 @@ For training code (imported lazily: they need torch, and Horovod for ``TorchStat
 * ``from pilotfill.elastic import ElasticLoader`` — global batches of one seeded
   order per epoch, split over the ranks there are now: what is learned does not
   depend on the allocation, and every sample is trained once per epoch;
+* ``from pilotfill.elastic import Adaptive`` — opt-in: a global batch that grows
+  with the ranks, the learning rate following a rule (this changes what is
+  learned; :mod:`pilotfill.elastic.adaptive`);
 * ``from pilotfill.elastic import ElasticState`` — plain ``torch.distributed``
   (``runtime.kind = "torch"``): a model, an optimizer and named values that
   survive every change of nodes, committed durably;
@@ -24,6 +27,10 @@ def __getattr__(name: str) -> Any:
         from .loader import ElasticLoader
 
         return ElasticLoader
+    if name == "Adaptive":
+        from .adaptive import Adaptive
+
+        return Adaptive
     if name == "ElasticState":
         from .state import ElasticState
 

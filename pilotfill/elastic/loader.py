@@ -56,6 +56,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from ..report import report
 from . import torch_inplace
+from .adaptive import Adaptive, GradientNoise
 
 GLOBAL_BATCH_ENV = "PILOTFILL_GLOBAL_BATCH"
 """Set on the ranks by ``elastic_app(global_batch=…)``: the loader's global batch when it names none, and the least it may
@@ -128,6 +129,8 @@ class Batch:
     rank: int
     world: int
     micro: tuple[Micro, ...] = field(repr=False)
+    lr_factor: float = 1.0  # with an adaptive batch: what the learning rate tuned at its base batch is scaled by
+    measured: Callable[[Batch], None] | None = field(default=None, repr=False)  # after its backward (adaptive, measuring)
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -181,6 +184,8 @@ class Batch:
             if micro.scale:
                 part = value.detach() if micro.scale == self.world else value.detach() * (micro.scale / self.world)
                 total = part if total is None else total + part
+        if self.measured is not None:
+            self.measured(self)
         return total if total is not None else torch.zeros(())
 
 
@@ -201,6 +206,26 @@ class _Tensors(Dataset):
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         idx = torch.as_tensor(indices, dtype=torch.long)
         return tuple(t[idx] for t in self.tensors)
+
+
+class _LocalNorm:
+    """A rank's squared gradient norm before the all-reduce, summed over its buckets (a tensor: no device sync)."""
+
+    def __init__(self) -> None:
+        self.sq: torch.Tensor | None = None
+
+    def take(self) -> float:
+        value, self.sq = self.sq, None
+        return float(value) if value is not None else 0.0
+
+
+def _measuring_allreduce(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks a hook's annotations: none here
+    """DDP's own all-reduce, after adding this rank's bucket to its squared norm."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    part = bucket.buffer().detach().double().pow(2).sum()
+    state.sq = part if state.sq is None else state.sq + part
+    return allreduce_hook(None, bucket)
 
 
 def _none_of(data: Any) -> Any:
@@ -250,15 +275,21 @@ class _ShareSampler(Sampler[list[int]]):
 class ElasticLoader:
     """Global batches of one seeded order per epoch, each split over the ranks there are now (module docstring)."""
 
-    def __init__(self, data: Dataset | torch.Tensor | Sequence[torch.Tensor], global_batch: int | None = None, *, seed: int = 0,
+    def __init__(self, data: Dataset | torch.Tensor | Sequence[torch.Tensor], global_batch: int | Adaptive | None = None, *, seed: int = 0,
                  shuffle: bool = True, drop_last: bool = False, micro_batch: int | None = None, report: bool = True,
                  world: Callable[[], tuple[int, int]] | None = None, **dataloader: Any):  # fmt: skip
         """``global_batch``: samples per optimizer step, whatever the world size (default: the app's
-        ``elastic_app(global_batch=…)``); ``micro_batch``: the most samples a rank forwards at once;
+        ``elastic_app(global_batch=…)``), or :class:`.Adaptive`: a batch that grows with the ranks, which changes what
+        is learned (:mod:`pilotfill.elastic.adaptive`); ``micro_batch``: the most samples a rank forwards at once;
         ``report``: rank 0 tells the controller of each global batch (``pilotfill.report``); ``world``: returns
         (rank, world size), default torch.distributed's or Horovod's; the rest goes to ``DataLoader`` (workers,
         ``collate_fn``, ``pin_memory``, …)."""
         declared = os.environ.get(GLOBAL_BATCH_ENV)
+        self.adaptive = global_batch if isinstance(global_batch, Adaptive) else None
+        if self.adaptive is not None:
+            if drop_last:
+                raise ValueError("ElasticLoader: an adaptive batch keeps every sample (drop_last=False): its batches change size with the ranks")
+            global_batch, declared = self.adaptive.base_batch, None  # the declaration is the largest batch (the ranks it feeds)
         if global_batch is None:
             if not declared:
                 raise ValueError("ElasticLoader needs a global batch: ElasticLoader(data, global_batch=256), or elastic_app(global_batch=256)")
@@ -294,6 +325,11 @@ class ElasticLoader:
         self._loader = DataLoader(data, batch_sampler=self._sampler, **dataloader)
         self._order_of: tuple[int, np.ndarray] | None = None
         self._warned = False
+        self.noise = GradientNoise()  # an adaptive batch's gradient statistics (measured on 2+ ranks: adapt(…, ddp))
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.base_lrs: list[float] = []
+        self._local_sq: _LocalNorm | None = None
+        self._params: list[torch.Tensor] = []
 
     # ------------------------------------------------------------ where the job is
 
@@ -325,8 +361,11 @@ class ElasticLoader:
         return self._order_of[1]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset, "position": self.position, "global_batch": self.global_batch, "seed": self.seed,
-                "length": self.length, "shuffle": self.shuffle, "drop_last": self.drop_last}  # fmt: skip
+        out = {"epoch": self.epoch, "offset": self.offset, "position": self.position, "global_batch": self.global_batch, "seed": self.seed,
+               "length": self.length, "shuffle": self.shuffle, "drop_last": self.drop_last}  # fmt: skip
+        if self.adaptive is not None:
+            out.update(adaptive=self.adaptive.to_spec(), noise=self.noise.state_dict(), base_lrs=list(self.base_lrs))
+        return out
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Continue at a commit's position (taken on any world size)."""
@@ -335,6 +374,50 @@ class ElasticLoader:
                 raise ValueError(f"ElasticLoader: the commit was made with {key}={saved[key]!r}, this loader has {getattr(self, key)!r}: "
                                  "resuming would not continue the same order")  # fmt: skip
         self.epoch, self.offset = int(saved["epoch"]), int(saved["offset"])
+        if self.adaptive is not None and saved.get("noise") is not None:
+            self.noise.load_state_dict(saved["noise"])  # what it measured, and the rates the app set (not the scaled ones)
+            self.base_lrs = [float(v) for v in saved.get("base_lrs") or self.base_lrs]
+
+    # ------------------------------------------------------------ an adaptive batch
+
+    def adapt(self, optimizer: torch.optim.Optimizer, ddp: torch.nn.Module | None = None) -> None:
+        """With an adaptive batch: scale ``optimizer``'s learning rates (as set now: tuned at the base batch) by the
+        rule's factor at every step; with ``ddp`` (a ``DistributedDataParallel``), measure the gradient's noise at every
+        step on two or more ranks (a communication hook: each rank's gradient before the all-reduce) — what AdaScale's
+        gain and the allocator's efficiency rest on. Call it once, before training."""
+        if self.adaptive is None:
+            raise ValueError("ElasticLoader.adapt: this loader's global batch is fixed (ElasticLoader(..., global_batch=Adaptive(…)) adapts)")
+        self._optimizer = optimizer
+        if not self.base_lrs:  # a restored commit brought the rates the app set; otherwise they are these
+            self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        if ddp is not None and hasattr(ddp, "register_comm_hook") and self._local_sq is None:
+            self._local_sq = _LocalNorm()
+            self._params = [p for p in ddp.parameters() if p.requires_grad]
+            ddp.register_comm_hook(self._local_sq, _measuring_allreduce)
+
+    def _scale_lr(self, size: int) -> float:
+        """Set the optimizer's rates for a step of ``size`` samples; returns the factor (1 with a fixed batch)."""
+        if self.adaptive is None:
+            return 1.0
+        factor = self.adaptive.lr_factor(size, self.noise)
+        if self._optimizer is not None:
+            for group, base in zip(self._optimizer.param_groups, self.base_lrs):
+                group["lr"] = base * factor
+        return factor
+
+    def _measure(self, batch: Batch) -> None:
+        """After a step's backward on 2+ ranks: each rank's share gradient and the step's (now all-reduced) gradient."""
+        import torch.distributed as dist
+
+        assert self._local_sq is not None
+        local = self._local_sq.take()
+        share = len(batch.indices)
+        share_sq = local * (batch.size / (share * batch.world)) ** 2 if share else 0.0  # the loader's loss scale undone
+        global_sq = float(sum(float(p.grad.detach().double().pow(2).sum()) for p in self._params if p.grad is not None))
+        sums = torch.tensor([share_sq, 1.0 / share if share else 0.0, 1.0 if share else 0.0], dtype=torch.float64)
+        dist.all_reduce(sums)
+        if sums[2] >= 2:
+            self.noise.update(float(sums[0] / sums[2]), float(sums[1] / sums[2]), global_sq, batch.size)
 
     # ------------------------------------------------------------ the steps
 
@@ -350,10 +433,27 @@ class ElasticLoader:
                 sizes = [rest]  # a dataset smaller than one global batch
         return sizes
 
+    def _sizes_from(self, world: int) -> list[tuple[int, int]]:
+        """(start, size) of this epoch's global batches at ``world`` ranks: the fixed ones, or an adaptive batch's from
+        where the job is (the rest folded into the last, as with a fixed batch)."""
+        if self.adaptive is None:
+            starts = np.cumsum([0, *self._sizes[:-1]]).tolist() if self._sizes else []
+            return list(zip(starts, self._sizes))
+        size, left = self.adaptive.batch(world), self.length - self.offset
+        full, rest = divmod(left, size)
+        sizes = [size] * full
+        if rest:
+            if sizes:
+                sizes[-1] += rest
+            else:
+                sizes = [rest]
+        starts = (self.offset + np.cumsum([0, *sizes[:-1]])).tolist() if sizes else []
+        return list(zip(starts, sizes))
+
     def _plan(self, rank: int, world: int) -> list[_Step]:
         """The rest of this epoch's global batches, and this rank's micro-batches of each."""
-        steps, start = [], 0
-        for size in self._sizes:
+        steps = []
+        for start, size in self._sizes_from(world):
             if start >= self.offset:
                 lo, hi = shares(size, world)[rank]
                 largest = -(-size // world)
@@ -363,7 +463,6 @@ class ElasticLoader:
                 else:
                     fetches = ((start, start, 0.0),)  # more ranks than samples: an empty share, kept in step at scale 0
                 steps.append(_Step(start, size, fetches))
-            start += size
         return steps
 
     def __iter__(self) -> Iterator[Batch]:
@@ -403,9 +502,12 @@ class ElasticLoader:
                         got = _none_of(got)
                     micro.append(Micro(got, scale, tuple(self._sampler.order[start:end].tolist())))
                 self.offset = step.start + step.size  # handed out: a commit from here on resumes after it
+                factor = self._scale_lr(step.size)
                 if reporting:
-                    report(samples=step.size, position=self.position)
-                yield Batch(self.epoch, step.start, step.size, step.start // self.global_batch, rank, world, tuple(micro))
+                    measured = {"noise_scale": self.noise.noise_scale} if self.adaptive is not None else {}
+                    report(samples=step.size, position=self.position, **measured)
+                yield Batch(self.epoch, step.start, step.size, step.start // self.global_batch, rank, world, tuple(micro), factor,
+                            self._measure if self._local_sq is not None and world > 1 else None)  # fmt: skip
             else:
                 break
         self.epoch, self.offset = self.epoch + 1, 0

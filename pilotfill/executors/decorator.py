@@ -33,6 +33,7 @@ from parsl import python_app
 
 from ..allocator import ProblemError, ScalingCurve
 from ..config import RUNTIMES
+from ..elastic.adaptive import Adaptive
 from .detect import detect_runtime
 
 RESOURCE_KEY = "parsl_resource_specification"
@@ -58,7 +59,7 @@ def elastic_app(
     runtime: str | None = None,
     model: dict[str, Any] | None = None,
     group: str | None = None,
-    global_batch: int | None = None,
+    global_batch: int | Adaptive | None = None,
     min_per_rank: int = 1,
     model_name: str | None = None,
 ) -> Callable:
@@ -80,13 +81,21 @@ def elastic_app(
     ``global_batch``: the samples each optimizer step takes whatever the world
     size (the smallest, where calls differ); the job is never given more ranks
     than it feeds, ``min_per_rank`` samples each, and its ``ElasticLoader``
-    takes it when it names none. ``model_name``: calls that train the same
+    takes it when it names none. ``global_batch=Adaptive(base_batch, …)``
+    (:mod:`pilotfill.elastic.adaptive`): the batch grows with the ranks and the
+    learning rate follows a rule — what is learned then depends on the
+    allocation; the allocator values the job's nodes by samples per second times
+    the batch's statistical efficiency. ``model_name``: calls that train the same
     model alike (same architecture and batch) say the same name; before one
     reports, it is valued by what the others of its name measured (a sweep's
     seeds; leave it out where calls scale differently).
     """
     spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
-    if global_batch is not None:
+    if isinstance(global_batch, Adaptive):
+        spec["adaptive"] = global_batch.to_spec()
+        if global_batch.max_batch is not None:  # the largest batch feeds at most this many ranks
+            spec.update(_check_batch(global_batch.max_batch, min_per_rank, min_nodes))
+    elif global_batch is not None:
         spec.update(_check_batch(global_batch, min_per_rank, min_nodes))
     if runtime is not None and runtime not in RUNTIMES:
         raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
