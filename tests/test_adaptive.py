@@ -115,8 +115,8 @@ def test_an_adaptive_spec_is_checked_and_declared_by_the_decorator():
     assert check_spec({**base, "adaptive": {"base_batch": 64, "max_batch": None, "rule": "sqrt"}})["adaptive"]["rule"] == "sqrt"
     with pytest.raises(ProtocolError, match="adaptive"):
         check_spec({**base, "adaptive": {"base_batch": 64, "rule": "cubic"}})
-    def train():
-        pass
+    def train() -> None:
+        """The app's function: only decorated here, never run."""
 
     app = elastic_app(min_nodes=1, max_nodes=4, global_batch=Adaptive(64, max_batch=512))(train)
     spec = inspect.signature(app.func).parameters[RESOURCE_KEY].default

@@ -208,6 +208,18 @@ class _Tensors(Dataset):
         return tuple(t[idx] for t in self.tensors)
 
 
+def _batches(length: int, size: int, drop_last: bool = False) -> list[int]:
+    """``length`` samples as steps of ``size``, the rest folded into the last (or dropped with ``drop_last``)."""
+    full, rest = divmod(length, size)
+    sizes = [size] * full
+    if rest and not drop_last:
+        if sizes:
+            sizes[-1] += rest
+        else:
+            sizes = [rest]  # fewer samples than one batch
+    return sizes
+
+
 class _LocalNorm:
     """A rank's squared gradient norm before the all-reduce, summed over its buckets (a tensor: no device sync)."""
 
@@ -413,7 +425,8 @@ class ElasticLoader:
         local = self._local_sq.take()
         share = len(batch.indices)
         share_sq = local * (batch.size / (share * batch.world)) ** 2 if share else 0.0  # the loader's loss scale undone
-        global_sq = float(sum(float(p.grad.detach().double().pow(2).sum()) for p in self._params if p.grad is not None))
+        grads = [p.grad.detach() for p in self._params if p.grad is not None]
+        global_sq = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])) ** 2) if grads else 0.0
         sums = torch.tensor([share_sq, 1.0 / share if share else 0.0, 1.0 if share else 0.0], dtype=torch.float64)
         dist.all_reduce(sums)
         if sums[2] >= 2:
@@ -424,30 +437,13 @@ class ElasticLoader:
     def _epoch_sizes(self) -> list[int]:
         """The global batches of an epoch: ``global_batch`` each, the rest of the order folded into the last one (so
         no step is ever smaller than the allocator sized the job for), or dropped with ``drop_last``."""
-        full, rest = divmod(self.length, self.global_batch)
-        sizes = [self.global_batch] * full
-        if rest and not self.drop_last:
-            if sizes:
-                sizes[-1] += rest
-            else:
-                sizes = [rest]  # a dataset smaller than one global batch
-        return sizes
+        return _batches(self.length, self.global_batch, self.drop_last)
 
     def _sizes_from(self, world: int) -> list[tuple[int, int]]:
         """(start, size) of this epoch's global batches at ``world`` ranks: the fixed ones, or an adaptive batch's from
-        where the job is (the rest folded into the last, as with a fixed batch)."""
-        if self.adaptive is None:
-            starts = np.cumsum([0, *self._sizes[:-1]]).tolist() if self._sizes else []
-            return list(zip(starts, self._sizes))
-        size, left = self.adaptive.batch(world), self.length - self.offset
-        full, rest = divmod(left, size)
-        sizes = [size] * full
-        if rest:
-            if sizes:
-                sizes[-1] += rest
-            else:
-                sizes = [rest]
-        starts = (self.offset + np.cumsum([0, *sizes[:-1]])).tolist() if sizes else []
+        where the job is (cut by the same rule)."""
+        first, sizes = (0, self._sizes) if self.adaptive is None else (self.offset, _batches(self.length - self.offset, self.adaptive.batch(world)))
+        starts = (first + np.cumsum([0, *sizes[:-1]])).tolist() if sizes else []
         return list(zip(starts, sizes))
 
     def _plan(self, rank: int, world: int) -> list[_Step]:
