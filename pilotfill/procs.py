@@ -33,9 +33,25 @@ PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
+_forked_by = 0
+"""The pid of the process that last forked here (set in the parent, just before the fork, and copied into the child)."""
+
+
+def _note_forking_parent() -> None:
+    global _forked_by
+    _forked_by = os.getpid()
+
+
+os.register_at_fork(before=_note_forking_parent)
+
+
 def die_with_parent() -> None:  # runs in the child between fork and exec
+    """SIGKILL when the parent dies. A parent that died between the fork and this call would never send it (the
+    child is already someone else's): then the child goes now, as it would have a moment later."""
     if _libc is not None:
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if _forked_by and os.getppid() != _forked_by:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def become_subreaper() -> None:

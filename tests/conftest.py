@@ -240,7 +240,7 @@ def local(tmp_path):
     yield make
     for run in runs:
         run.stop()
-        run.wait_for(lambda: not run.leftover_processes(), 15, "no leftover processes")  # raises if any is left
+        run.wait_for(lambda: not run.leftover_processes(), 30, "no leftover processes")  # raises, naming each one left
         assert run.leftover_processes() == []
 
 

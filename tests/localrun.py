@@ -129,6 +129,9 @@ class LocalRun:
         parts.append("events:\n" + "\n".join(lines))
         for log in sorted((self.run_dir / "logs").glob("*.log")) if (self.run_dir / "logs").is_dir() else []:
             parts.append(f"{log.name}:\n" + log.read_text(errors="replace")[-1500:])
+        left = self.leftover_processes()
+        if left:
+            parts.insert(0, "processes of this run still there:\n" + "\n".join(describe_process(pid) for pid in left))
         return "\n".join(parts)[-12000:]
 
     def leftover_processes(self) -> list[int]:
@@ -152,6 +155,20 @@ class LocalRun:
             if marker in cmd or b"PILOTFILL_RUN_DIR=" + marker in env:
                 found.append(int(pid))
         return found
+
+
+def describe_process(pid: int) -> str:
+    """One line: pid, state, parent, process group and session, and the command line — what tells an orphan (its
+    parent init or a subreaper) from a process still in its pilot's group."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"{pid}: gone"
+    state, ppid, pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
+    return f"{pid} {state} ppid={ppid} pgrp={pgrp} sid={session}: {cmd[:300]}"
 
 
 def digits_job(name: str, lo: int = 1, hi: int = 2, **kwargs: Any) -> dict[str, Any]:

@@ -38,7 +38,8 @@ RANK = textwrap.dedent("""
     both = [torch.zeros_like(flat) for _ in range(2)]
     dist.all_gather(both, flat)
     print(json.dumps({"noise_scale": loader.noise.noise_scale, "factors": factors, "lr": opt.param_groups[0]["lr"],
-                      "differ": float((both[0] - both[1]).abs().max()), "sizes": batch.size}))
+                      "differ": float((both[0] - both[1]).abs().max()), "sizes": batch.size}), flush=True)
+    dist.destroy_process_group()  # gloo's threads end before the interpreter's exit (otherwise std::terminate at exit)
 """)
 
 

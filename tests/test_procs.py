@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import subprocess
 import sys
 
@@ -53,3 +54,35 @@ def test_a_session_leader_settles_its_session():
     assert left == "[]"
     stat = f"/proc/{child}/stat"
     assert not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] in "ZX"
+
+
+def test_a_child_whose_parent_died_before_it_asked_to_die_with_it_goes_at_once():
+    """``die_with_parent`` runs in the child after the fork. A parent killed in between (a controller stopping as it
+    starts a pilot) never sends the kernel's SIGKILL, and the child lived on: a pilot agent left behind on the
+    site. The child now checks who its parent is after asking, and goes. Here the parent exits between the fork and
+    the call; the child must die by SIGKILL, not run on to write its marker."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from pilotfill import procs\n"
+        "r, w = os.pipe()\n"
+        "middle = os.fork()\n"
+        "if middle == 0:\n"
+        "    child = os.fork()\n"
+        "    if child == 0:\n"
+        "        os.close(w)\n"
+        "        os.read(r, 1)  # the middle process has exited: this child is now someone else's\n"
+        "        procs.die_with_parent()\n"
+        "        print('survived', flush=True)\n"
+        "        os._exit(0)\n"
+        "    print(child, flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(middle, 0)\n"
+        "os.close(w)  # the child's read returns now\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    child = int(out.stdout.split()[0])
+    deadline = time.time() + 60
+    while time.time() < deadline and procs.alive(child):
+        time.sleep(0.05)
+    assert "survived" not in out.stdout and not procs.alive(child), "the orphan outlived the parent that started it"
