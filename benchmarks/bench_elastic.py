@@ -36,8 +36,11 @@ run, all training digits with plain torch.distributed:
 * redone: global batches trained twice (every rank logs each step it trains:
           its epoch and offset), in samples.
 
+pilotfill's Elastic Horovod runtime goes through the same changes, printed as a
+third column: its workers stay through a reset (``hvd.elastic.run``), and what a
+release or a graceful preemption costs it is read from the same step logs.
+
     python benchmarks/bench_elastic.py [--repeats 5] [--only all|horovod|torch|pilotfill-torch]
-    python benchmarks/bench_elastic.py [--repeats 5] [--only all|horovod|torch]
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from pathlib import Path
 
 from pilotfill import procs
 from pilotfill.client import ControllerClient
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 HERE = Path(__file__).resolve().parent
 WORKER = """
@@ -158,7 +161,7 @@ def pilotfill_run(repeats: int, root: Path) -> tuple[list[float], list[float]]:
 
         def watch_leaves() -> None:
             # Record, for each leaving of pf-node-1, when its rank's last process exited.
-            state = State(run_dir, readonly=True)
+            state = Journal(run_dir, readonly=True)
             leaving = [e for e in state.events("node.leaving") if e["node"] == "pf-node-1"]
             state.close()
             if len(leaving) > len(gone):
@@ -170,7 +173,7 @@ def pilotfill_run(repeats: int, root: Path) -> tuple[list[float], list[float]]:
             watch_leaves()
             time.sleep(0.02)
         client.cancel(job)
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
         joins = [e for e in state.events("node.joined") if e["node"] == "pf-node-1"]
         state.close()
         grow = []
@@ -333,19 +336,20 @@ RELEASED = {"name": "greedy", "entry": "bench_worker:train", "kwargs": {"epochs"
 """A job that earns far more on a node than the bench job: the controller releases one of the bench job's nodes to it."""
 
 
-def torch_pilotfill(repeats: int, root: Path, resize: str) -> dict[str, list[float]]:
-    """pilotfill's torch runtime, the path that runs: the real controller, the local cluster's pilot agents starting
-    torch agents, the controller's rendezvous; ``resize``: ``restart`` or ``in_place``. The main workload frees and
+def pilotfill_changes(repeats: int, root: Path, kind: str, resize: str | None = None) -> dict[str, list[float]]:
+    """pilotfill's runtime ``kind`` (``torch``, with ``resize`` ``restart`` or ``in_place``; or ``horovod``), the path
+    that runs: the real controller, the local cluster's pilot agents starting the ranks. The main workload frees and
     takes back pf-node-1 ``repeats`` times (a preemption with a grace), then the controller releases it ``repeats``
     times to a job that earns more, and gives it back when that one is cancelled."""
-    work = root / f"pilotfill-torch-{resize}"
+    work = root / f"pilotfill-{kind}-{resize or 'elastic'}"
     work.mkdir()
     (work / "bench_worker.py").write_text(STEP_WORKER)
     steps = Steps(work / "steps.jsonl")
     period = 24.0
-    os.environ["PILOTFILL_TORCH_RESIZE"] = resize  # the controller's runtime: every agent it starts resizes this way
+    if resize:
+        os.environ["PILOTFILL_TORCH_RESIZE"] = resize  # the controller's runtime: every agent it starts resizes this way
     try:
-        run_dir, ctl = start_controller(work, steps, kind="torch", repeats=repeats, first_s=15.0, period=period, heartbeat_s=1.0, deadline_s=10.0,
+        run_dir, ctl = start_controller(work, steps, kind=kind, repeats=repeats, first_s=15.0, period=period, heartbeat_s=1.0, deadline_s=10.0,
                                         idle_at_end=True)  # fmt: skip
     finally:
         os.environ.pop("PILOTFILL_TORCH_RESIZE", None)
@@ -371,7 +375,7 @@ def torch_pilotfill(repeats: int, root: Path, resize: str) -> dict[str, list[flo
             releases.append((t0, t1))
         time.sleep(5)
         client.cancel(job)
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
         joins = [e["time"] for e in state.events("node.joined") if e["node"] == "pf-node-1"]
         leaves = [e["time"] for e in state.events("node.leaving") if e["node"] == "pf-node-1"]
         resized = [e for e in state.events("job.resized") if e["job"] == job]
@@ -452,7 +456,9 @@ def _cell(xs: list[float], unit: str = "s") -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--only", choices=("all", "horovod", "torch", "pilotfill-torch"), default="all")
+    ap.add_argument("--only", choices=("all", "horovod", "torch", "pilotfill-torch"), default="all",
+                    help="horovod: bare Elastic Horovod against pilotfill's, and pilotfill's Horovod through every change; "
+                         "pilotfill-torch: pilotfill's torch runtime, restarting and in place, beside its Horovod")
     args = ap.parse_args()
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp:
@@ -462,7 +468,9 @@ def main() -> None:
         if args.only in ("all", "torch"):
             results["torchrun"] = torchrun_bare(args.repeats, root)
         if args.only in ("all", "torch", "pilotfill-torch"):
-            results["torch"] = {resize: torch_pilotfill(args.repeats, root, resize) for resize in ("restart", "in_place")}
+            results["torch"] = {resize: pilotfill_changes(args.repeats, root, "torch", resize) for resize in ("restart", "in_place")}
+        if args.only in ("all", "horovod", "pilotfill-torch"):
+            results["changes_horovod"] = pilotfill_changes(args.repeats, root, "horovod")
     r = lambda xs: [round(x, 2) for x in xs]  # noqa: E731
     if "horovod" in results:
         (b_grow, b_shrink), (p_grow, p_shrink) = results["horovod"]
@@ -475,8 +483,8 @@ def main() -> None:
         bare_t = results["torchrun"]
         print(f"bare torchrun (c10d): grow {_cell(bare_t['grow'])}, pause {_cell(bare_t['pause'])}, shrink {_cell(bare_t['shrink'])}")
         print(f"  samples {({k: r(v) for k, v in bare_t.items()})}")
-    if "torch" in results:
-        ours = results["torch"]
+    if "torch" in results or "changes_horovod" in results:
+        ours = results.get("torch") or {}
         rows = [
             ("grow: a node joins -> it trains (target <= 2 s)", "grow", "s"),
             ("grow: survivor's pause (target <= 0.5 s)", "pause", "s"),
@@ -488,12 +496,15 @@ def main() -> None:
             ("samples redone, preemptions (target 0)", "redone_preempt", "n"),
             ("samples redone, releases (target 0)", "redone_release", "n"),
         ]
-        print(f"pilotfill's torch runtime through the local cluster, {args.repeats} of each change (medians)")
-        print(f"{'':50}{'restart':>16}{'in place':>16}")
+        columns = {f"torch, {resize.replace('_', ' ')}": got for resize, got in ours.items()}
+        if "changes_horovod" in results:
+            columns["Elastic Horovod"] = results["changes_horovod"]
+        print(f"pilotfill's runtimes through the local cluster, {args.repeats} of each change (medians)")
+        print(f"{'':50}" + "".join(f"{name:>18}" for name in columns))
         for label, key, unit in rows:
-            print(f"{label:50}{_cell(ours['restart'][key], unit):>16}{_cell(ours['in_place'][key], unit):>16}")
-        for resize, got in ours.items():
-            print(f"  {resize}: {({k: r(v) for k, v in got.items()})}")
+            print(f"{label:50}" + "".join(f"{_cell(got[key], unit):>18}" for got in columns.values()))
+        for name, got in columns.items():
+            print(f"  {name}: {({k: r(v) for k, v in got.items()})}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _nas(config: Path, where: Path, epochs: int, lr: float) -> tuple[list[dict], dict, float]:
     """One run of the NAS campaign: its leaderboard, what the controller saw (resizes, stops), and its seconds."""
-    from pilotfill.state import State
+    from pilotfill.journal import Journal
 
     campaign = where / "nas_campaign.py"
     shutil.copy(REPO / "workflows" / "nas_campaign.py", campaign)
@@ -49,7 +49,7 @@ def _nas(config: Path, where: Path, epochs: int, lr: float) -> tuple[list[dict],
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"pilotfill run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         events, jobs = state.events(), state.jobs()
     finally:

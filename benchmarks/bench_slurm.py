@@ -74,11 +74,11 @@ class Run:
                                       cwd=str(self.dir), stdout=out, stderr=err, start_new_session=True, env=env)  # fmt: skip
 
     def events(self, kind: str | None = None) -> list[dict]:
-        from pilotfill.state import State
+        from pilotfill.journal import Journal
 
         if not (self.run_dir / "state.sqlite").exists():
             return []
-        state = State(self.run_dir, readonly=True)
+        state = Journal(self.run_dir, readonly=True)
         try:
             return state.events(kind)
         finally:

@@ -15,6 +15,7 @@ Shared by the benchmarks that measure the torch runtime's restart and in-place p
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -46,13 +47,15 @@ def figures(rows: list[dict], joins: list[tuple[float, str]], leaves: list[tuple
             continue
         out["grow"].append(mine["time"] - t)
         other = next((r for r in rows if r["host"] != host and r["time"] > t and r["world"] == mine["world"]), None)
-        if other is not None:
-            out["grow_pause"].append(other["time"] - _before(rows, other["host"], other["time"]))
+        pause = other["time"] - _before(rows, other["host"], other["time"]) if other is not None else math.nan
+        if not math.isnan(pause):  # a peer that had trained before the join
+            out["grow_pause"].append(pause)
     for t, host in leaves:
         was = max((r["world"] for r in rows if r["time"] <= t and r["time"] > t - 10), default=None)
         other = next((r for r in rows if r["host"] != host and r["time"] > t and was is not None and r["world"] < was), None)
-        if other is not None:
-            out["shrink"].append(other["time"] - _before(rows, other["host"], other["time"]))
+        pause = other["time"] - _before(rows, other["host"], other["time"]) if other is not None else math.nan
+        if not math.isnan(pause):
+            out["shrink"].append(pause)
     changes = sorted([(t, h) for t, h in joins] + [(t, h) for t, h in leaves])
     restarted = 0
     last: dict[str, dict] = {}

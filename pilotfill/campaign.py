@@ -195,7 +195,7 @@ WRITTEN = ("", "controller.out", "controller.log", "controller.json", "state.sql
 def cannot_use(path: Path, exc: OSError) -> CampaignError:
     """One line naming what stops the run and what to do about it: the innermost existing part of ``path`` is asked why
     it cannot be written (immutable, append-only, read-only, not yours), else the system's words."""
-    from .state import unwritable
+    from .journal import unwritable
 
     probe = Path(path)
     while not os.path.lexists(probe) and probe != probe.parent:
@@ -229,7 +229,7 @@ def prepare_run_dir(run_dir: Path) -> Path:
     """The run directory, created private; one line if it cannot be, or if anything the run writes there cannot be
     written (an immutable or append-only file, a read-only filesystem, a full disk): said now, naming the file."""
     from .security import private_dir
-    from .state import unwritable
+    from .journal import unwritable
 
     run_dir = Path(run_dir).resolve()
     if run_dir.exists() and not run_dir.is_dir():

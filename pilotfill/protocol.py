@@ -5,7 +5,7 @@ Every request is a JSON object with a ``type`` and the fields of its class below
 wrong type is a :class:`ProtocolError` naming it); the controller's handlers take the classes, and whatever sends a
 request builds it from them (the client, pilot agents, ranks and torch agents; the replay's simulated site and
 runtime: ``JobReport(...).to_dict()``), so the replay cannot drift from production. The run's torch store has its own
-requests, made the same way (:mod:`pilotfill.elastic.torch_store`: only torch's agents and ranks load them). The table in ``docs/protocol.md`` is made from the classes
+requests, made the same way (:mod:`pilotfill.elastic.torch.store`: only torch's agents and ranks load them). The table in ``docs/protocol.md`` is made from the classes
 (``python -m pilotfill.protocol``; a test checks it is current). Transport and authentication are in
 :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
 """
@@ -238,7 +238,7 @@ class RdzvPoll(Message):
 
 BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in Message.__subclasses__()}
 """Every request type: the controller's handler table is keyed by these. (The run's torch store's requests are
-:class:`Message` too, made after these in :mod:`pilotfill.elastic.torch_store`: not the controller's, not here.)"""
+:class:`Message` too, made after these in :mod:`pilotfill.elastic.torch.store`: not the controller's, not here.)"""
 FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {t: {f.name: f.metadata["check"] for f in fields(m) if f.default is MISSING} for t, m in BY_TYPE.items()}
 """Each type's required fields and their types (made from the message classes)."""
 READ_ONLY = {t for t, m in BY_TYPE.items() if m.READ_ONLY}  # nothing journaled
@@ -259,7 +259,7 @@ def check(message: dict[str, Any]) -> str:
 
 def table(by_type: dict[str, type[Message]] | None = None) -> str:
     """The protocol as a Markdown table, made from the message classes (``docs/protocol.md``): the controller's
-    requests, or those of ``by_type`` (``torch_store.STORE_BY_TYPE``: the run's torch store's)."""
+    requests, or those of ``by_type`` (``torch.store.STORE_BY_TYPE``: the run's torch store's)."""
     rows = ["| type | fields | reply |", "| --- | --- | --- |"]
     for t, m in (BY_TYPE if by_type is None else by_type).items():
         parts = []
@@ -419,6 +419,6 @@ if __name__ == "__main__":  # the tables of docs/protocol.md
     print()
     print(spec_table(), end="")
     print()
-    from .elastic.torch_store import STORE_BY_TYPE
+    from .elastic.torch.store import STORE_BY_TYPE
 
     print(table(STORE_BY_TYPE), end="")

@@ -97,7 +97,7 @@ def run_status(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
 def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
     """Finished jobs' results (Parsl-serialized values decoded) and the campaign's output (e.g. the leaderboard)."""
     from .lifecycle import JobStatus
-    from .state import State
+    from .journal import Journal
     from .status import result_of
 
     home = _home(run_id, base_dir)
@@ -105,7 +105,7 @@ def run_results(run_id: str, base_dir: str | None = None) -> dict[str, Any]:
         return {"error": "not_found", "run_id": run_id}
     results = []
     try:
-        state = State(home / "run", readonly=True)
+        state = Journal(home / "run", readonly=True)
     except FileNotFoundError:  # no state yet: nothing has finished
         state = None
     if state is not None:

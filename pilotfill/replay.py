@@ -307,9 +307,9 @@ class Replay:
             if not self.library_learns:
                 self.controller.types.freeze()
             if self.overdue_s is not None:  # measuring the rule's other settings (docs/sites.md)
-                self.controller.weighing.overdue_s = self.overdue_s
+                self.controller.planner.overdue_s = self.overdue_s
             if self.due_share is not None:
-                self.controller.weighing.due_share = self.due_share
+                self.controller.planner.due_share = self.due_share
             try:
                 with collecting_rarely():  # as in a controller's process
                     self._loop(on_event)

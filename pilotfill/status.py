@@ -13,11 +13,11 @@ from .lifecycle import JobStatus
 def run_dir_status(run_dir: Path) -> dict[str, Any]:
     """The jobs (results decoded), pilots and notices of the run directory's journal: what it committed, whether or
     not a controller runs on it."""
-    from .state import State
+    from .journal import Journal
 
     out: dict[str, Any] = {"jobs": [], "pilots": [], "notices": []}
     try:
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
     except FileNotFoundError:  # no state yet: the run is starting
         return out
     try:

@@ -32,7 +32,7 @@ from pathlib import Path
 from . import procs
 from .controller.process import EXIT_CONFIG, EXIT_JOURNAL
 from .lease import Lease
-from .state import JournalError, State
+from .journal import JournalError, Journal
 
 log = logging.getLogger("pilotfill.supervisor")
 
@@ -53,7 +53,7 @@ def progress_mark(run_dir: Path) -> Mark | None:
     read. Counted samples fall back to the last commit when a job is requeued, so marks are compared after the new
     controller's take-over, from one start to the next death."""
     try:
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
     except (JournalError, OSError):
         return None
     try:

@@ -18,7 +18,7 @@ a few messages queued per peer (``RCVHWM``), and the replies remembered for
 retries (by count and bytes).
 
 The same server and client carry the torch store's channel
-(:mod:`pilotfill.elastic.torch_store`), with a key of its own.
+(:mod:`pilotfill.elastic.torch.store`), with a key of its own.
 
 Payloads are JSON objects; the message types are in :mod:`pilotfill.protocol`.
 """

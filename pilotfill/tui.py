@@ -228,7 +228,7 @@ def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
     import sqlite3
 
     from .protocol import StateSnapshot
-    from .state import JournalError, State
+    from .journal import JournalError, Journal
     from .transport import Client, ControllerUnavailable
 
     try:
@@ -240,7 +240,7 @@ def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
     except (ControllerUnavailable, FileNotFoundError, PermissionError, OSError, ValueError):
         pass
     try:
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
         try:
             counters = state.counters()
             return {

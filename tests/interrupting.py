@@ -12,7 +12,7 @@ from pathlib import Path
 
 from waiting import wait_for
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 
 def start_run(campaign: Path, config: Path, run_dir: Path, out: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -67,7 +67,7 @@ def wait_until_nothing_left(run_dir: Path, grace_s: float, timeout_s: float = 90
 
 
 def journal(run_dir: Path, kind: str) -> list[dict]:
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         return state.events(kind)
     finally:

@@ -14,7 +14,7 @@ from typing import Any
 from waiting import wait_for
 
 from pilotfill.client import ControllerClient
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 SCRIPTED = """
 scheduler = "local"
@@ -103,8 +103,8 @@ class LocalRun:
             self.proc.wait(timeout=30)
             raise
 
-    def state(self) -> State:
-        return State(self.run_dir, readonly=True)
+    def state(self) -> Journal:
+        return Journal(self.run_dir, readonly=True)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         s = self.state()

@@ -334,10 +334,10 @@ class Campaign:
 
     def _read(self, query):
         """``query(state)`` on the run's journal; empty ([]) before the controller has written it."""
-        from pilotfill.state import State
+        from pilotfill.journal import Journal
 
         try:
-            state = State(self.run_dir, readonly=True)
+            state = Journal(self.run_dir, readonly=True)
         except FileNotFoundError:  # no file yet, or the controller made it and has not written its tables yet
             return []
         try:

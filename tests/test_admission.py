@@ -17,7 +17,7 @@ from pilotfill.config import ConfigError, load_config
 from pilotfill.controller.waiting import WaitingJobs, admit, worth_order
 from pilotfill.controller.world import World
 from pilotfill.replay import replay
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +84,7 @@ class Described:
 
 def _world(tmp_path) -> World:
     (tmp_path / "run").mkdir()
-    return World(State(tmp_path / "run"))
+    return World(Journal(tmp_path / "run"))
 
 
 def test_admission_by_worth_takes_the_jobs_a_node_earns_most_while_they_fit_and_the_due_first(tmp_path):
@@ -244,15 +244,15 @@ def test_under_admission_by_worth_waiting_jobs_told_apart_only_by_their_work_are
     """Waiting jobs of one model differ in their work and costs; neither changes what starting one is worth but that
     more work may earn more: they are one chain, weighed the most work first, a few at a time (more only when every
     one weighed is used). In submission order each is a kind of its own, and all are weighed at once."""
-    from pilotfill.controller import weighing as weighing_module
+    from pilotfill.controller import planner as planner_module
 
     tr = trace_file(write, {f"n{i}": True for i in range(30)}, [], end=HOURS)
     rows = [linear_job(f"a{i}", lo=1, hi=8, total=1e9 * (i + 1), up=10 + i, per_node=100) for i in range(12)]
     rows += [linear_job(f"b{i}", lo=1, hi=8, total=1e9 * (i + 1), per_node=50) for i in range(12)]
     jobs = jobs_file(write, rows)
-    real = weighing_module.allocate
+    real = planner_module.allocate
     weighed: list[int] = []
-    monkeypatch.setattr(weighing_module, "allocate", lambda problem, *a, **k: weighed.append(len(problem.jobs)) or real(problem, *a, **k))
+    monkeypatch.setattr(planner_module, "allocate", lambda problem, *a, **k: weighed.append(len(problem.jobs)) or real(problem, *a, **k))
     worth = replay(tr, jobs, keep_timeline=False)
     most = max(weighed)
     weighed.clear()

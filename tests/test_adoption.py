@@ -23,7 +23,7 @@ from waiting import wait_for
 from pilotfill import procs
 from pilotfill.campaign import prepare_run_dir
 from pilotfill.client import ControllerClient
-from pilotfill.state import State
+from pilotfill.journal import Journal
 from pilotfill.supervisor import ControllerSupervisor
 
 pytestmark = pytest.mark.local
@@ -76,7 +76,7 @@ class Campaign:
         assert self.sup.fatal is None, self.sup.fatal
 
     def events(self, kind: str | None = None) -> list[dict]:
-        state = State(self.run_dir, readonly=True)
+        state = Journal(self.run_dir, readonly=True)
         try:
             return state.events(kind)
         finally:
@@ -264,7 +264,7 @@ def test_nothing_outlives_a_sigkilled_pilotfill_run(tmp_path, torch_runtime):
     try:
         def training() -> bool:
             try:
-                state = State(run_dir, readonly=True)
+                state = Journal(run_dir, readonly=True)
             except Exception:  # noqa: BLE001 — not there yet
                 return False
             try:

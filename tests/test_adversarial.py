@@ -25,7 +25,7 @@ from conftest import IN_CI
 from test_campaign import FAST
 from waiting import wait_for
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -65,7 +65,7 @@ def run_dir_of(root: Path) -> Path:
 
 def progress(run_dir: Path) -> float:
     try:
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
     except Exception:
         return 0.0
     try:
@@ -209,7 +209,7 @@ def test_the_torch_store_is_closed_to_another_user(local, torch_runtime):
     from localrun import digits_job
     from other_user import as_other_user, vm_hwm_mb
 
-    from pilotfill.elastic.torch_store import read_port_file
+    from pilotfill.elastic.torch.store import read_port_file
 
     r = local(runtime="torch", nodes=4)
     r.start()
@@ -414,7 +414,7 @@ def test_a_second_run_of_a_campaign_in_the_same_directory_refuses_with_one_line(
     out, err = first.communicate(timeout=600)
     assert first.returncode == 0, err[-3000:]
     assert "[1500, 1500]" in out
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         assert len(state.jobs()) == 2 and len(state.events("job.started")) == 2  # each call trained once, never twice
     finally:
@@ -456,9 +456,9 @@ def immutable(tmp_path):
 def test_a_commit_refused_by_an_immutable_journal_file_names_the_file_not_a_bare_io_error(tmp_path, immutable):
     """Seen in CI: with the WAL made immutable while the controller ran, SQLite said only 'disk I/O error' at the
     commit, and the run ended without saying which file or why. The error now asks the files."""
-    from pilotfill.state import JournalError
+    from pilotfill.journal import JournalError
 
-    state = State(tmp_path)
+    state = Journal(tmp_path)
     with state.transaction():
         state.set_meta("before", "1")
     immutable(tmp_path / "state.sqlite-wal")  # not the mapped -shm: writing it would kill this process (SIGBUS)
@@ -522,7 +522,7 @@ def test_top_on_another_users_run_names_it_and_whose_it_is(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "20261201-000000-abcd"
     run_dir.mkdir(parents=True)
-    State(run_dir).close()  # a run directory, private to its user (root here)
+    Journal(run_dir).close()  # a run directory, private to its user (root here)
     run_dir.chmod(0o700)
     top = Path(tempfile.gettempdir()).resolve()  # pytest's temporary directories below it are root's alone (0700)
     for p in [*reversed([d for d in tmp_path.resolve().parents if top in d.parents]), tmp_path, runs]:  # the other user may reach runs/, not the run

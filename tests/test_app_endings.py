@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_campaign import pilotfill_run
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -67,7 +67,7 @@ def _run(tmp_path: Path, runtime: str, ending: str):
     campaign = tmp_path / "campaign.py"
     campaign.write_text(CAMPAIGN.format(ending=ENDINGS[ending][0]))
     result = pilotfill_run(campaign, "--config", str(tmp_path / "c.toml"), "--run-dir", str(tmp_path / "run"), timeout=600)
-    state = State(tmp_path / "run", readonly=True)
+    state = Journal(tmp_path / "run", readonly=True)
     try:
         starts = len(state.events("job.started"))
     finally:
@@ -116,7 +116,7 @@ def test_a_result_of_300_mb_arrives(tmp_path):
     result = pilotfill_run(campaign, "--config", str(tmp_path / "c.toml"), "--run-dir", str(tmp_path / "run"), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"bytes": 300 << 20, "ones": 300 << 20}
-    state = State(tmp_path / "run", readonly=True)
+    state = Journal(tmp_path / "run", readonly=True)
     try:
         assert len(state.events("job.started")) == 1
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -118,7 +118,7 @@ with open(os.environ["OUT"], "w") as f:
     assert "inner_step" in seen["text"]  # the remote frames are kept
     assert seen["good"] == 42
     run_dir = next((tmp_path / "runs").glob("2*"))
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     failed = [j for j in state.jobs() if j.status == "failed"]
     assert len(failed) == 1 and "FloatingPointError" in failed[0].error
     state.close()
@@ -216,7 +216,7 @@ print([f.result() for f in [train(i) for i in range(3)]])
     assert "[0, 10, 20]" in result.stdout
     assert sorted(marks.read_text().split()) == ["0", "1", "2"]  # 0 and 1 were not trained again
     run2 = max((tmp_path / "runs").glob("2*"))
-    state = State(run2, readonly=True)
+    state = Journal(run2, readonly=True)
     assert [j.status for j in state.jobs()] == ["finished"]  # only the unfinished one was submitted
     state.close()
 
@@ -237,7 +237,7 @@ def test_nas_campaign_end_to_end(tmp_path, horovod):
     assert len(board) >= 8
     assert board[0]["val_accuracy"] >= 0.9
     assert "rank  depth" in result.stdout
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     jobs = state.jobs()
     events = state.events()
     counters = state.counters()
@@ -321,7 +321,7 @@ def test_an_elastic_app_uses_the_campaigns_imports_helpers_and_constants(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[20, 10]" in result.stdout
     run_dir = next((tmp_path / "runs").glob("2*"))
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         assert [j.progress % 96 == 0 and j.progress > 0 for j in state.jobs()] == [True, True]  # SAMPLES × 3 from every rank
     finally:

@@ -73,7 +73,7 @@ def test_every_rank_gets_nccl_error_handling_and_the_collective_timeout(cluster,
 def test_a_survivor_is_not_left_hanging_in_a_collective(cluster, tmp_path):
     """Rank 1 stops answering (alive, outside the collective); rank 0's all-reduce fails after the collective
     timeout instead of waiting 30 min (gloo's default). What the worker then makes of the failure (a lost peer or
-    its own error) is judged by evidence from its peers and the controller (``torch_worker.Peers``), tested in
+    its own error) is judged by evidence from its peers and the controller (``elastic/torch/worker.py``: ``Peers``), tested in
     test_adversarial.py."""
     ctl = cluster(collective_timeout_s=4.0)
     out = tmp_path / "survivor.jsonl"

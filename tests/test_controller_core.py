@@ -18,13 +18,13 @@ from conftest import JOB_HEADER
 from pilotfill.allocator import DEFAULT_TYPE
 from pilotfill.config import Config, ControllerConfig, PilotConfig
 from pilotfill.controller import Controller
-from pilotfill.controller import weighing as weighing_module
+from pilotfill.controller import planner as planner_module
 from pilotfill.controller import schedule
 from pilotfill.controller.schedule import Phase
 from pilotfill.controller.views import AllocatorViews
 from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.replay import ReplayScheduler
-from pilotfill.state import State
+from pilotfill.journal import Journal
 from pilotfill.traces import read_jobs, read_trace
 
 pytestmark = pytest.mark.unit
@@ -294,7 +294,7 @@ def test_the_journal_stays_bounded_as_pilots_come_and_go(tmp_path, write, monkey
         m.at(t)
     m.at(3100)
     assert m.ctl.world.counters["pilots_submitted"] > 300
-    state = State(m.run_dir, readonly=True)
+    state = Journal(m.run_dir, readonly=True)
     try:
         ended = [p for p in state.pilots() if p["state"] in ("ended", "lost")]
         assert len(ended) <= 50 + 2
@@ -345,11 +345,11 @@ def test_a_queue_of_identical_jobs_costs_a_decision_what_a_few_do_and_changes_no
     m.at(1)
     ctl = m.ctl
     room = len(ctl.world.ready)
-    active, problem, answer = ctl.weighing.solve(room, extra=0)[:3]
+    active, problem, answer = ctl.planner.solve(room, extra=0)[:3]
     assert len(active) < 40, f"{len(active)} jobs weighed for {room} nodes"
-    everyone = ctl.weighing.active(room)
+    everyone = ctl.planner.active(room)
     assert len(everyone) >= room  # the machine admits as many as could start
-    full = allocate(ctl.weighing.problem(everyone, 0))
+    full = allocate(ctl.planner.problem(everyone, 0))
     assert answer.objective == pytest.approx(full.objective, rel=1e-9)
     assert sum(answer.counts.values()) == sum(full.counts.values()) == 10
 
@@ -370,12 +370,12 @@ def test_what_tells_waiting_jobs_apart_is_remembered_while_a_job_of_that_kind_is
     assert len(set(kinds.values())) == 2 and len(kinds) >= 4  # 2 run (2 nodes), the rest wait: of two kinds
     assert {kinds[n] for n in kinds if n[0] == "a"} != {kinds[n] for n in kinds if n[0] == "b"}
     b = next(number for name, number in kinds.items() if name[0] == "b")
-    ctl.weighing.copies[(False, b)] = 8
+    ctl.planner.copies[(False, b)] = 8
     for name in m.specs:
         if name[0] == "b":
             assert ctl.handle({"type": "job.cancel", "job_id": m.ids[name]})["ok"]
     m.at(core.PRUNE_EVERY_S + 1)
-    assert b not in ctl.views.kind_ids.values() and (False, b) not in ctl.weighing.copies
+    assert b not in ctl.views.kind_ids.values() and (False, b) not in ctl.planner.copies
     assert len(ctl.views.kind_ids) == 1
     waiting = [n for n in m.specs if n[0] == "a" and m.job(n).status not in ("running", "finished") and not m.job(n).nodes]
     assert all(ctl.views.kind(m.job(n)) in ctl.views.kind_ids.values() for n in waiting)
@@ -409,21 +409,21 @@ def test_a_long_queue_of_waiting_jobs_is_weighed_the_most_promising_first_and_no
 
     rates = [(7 * i) % 30 + 1 for i in range(30)]  # every rate once, not in submission order
     m = Machine(tmp_path, write, 12, [linear(f"j{i}", 1, 1, float(r)) for i, r in enumerate(rates)])
-    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=6, admission="arrival")  # what a decision weighs, of the first submitted
+    m.ctl.planner.config = dataclasses.replace(m.ctl.planner.config, weigh_waiting=6, admission="arrival")  # what a decision weighs, of the first submitted
     for name in list(m.specs):
         m.submit(name)
         if resumes:
             m.job(name).progress = 1.0  # resumes from a checkpoint
 
     solves: list[tuple[int, int, list[float]]] = []  # per solve: (nodes, jobs holding nodes, the waiting jobs' rates)
-    real = weighing_module.allocate
+    real = planner_module.allocate
 
     def recording(problem, *args, **kwargs):
         waiting = sorted(j.throughput[DEFAULT_TYPE].at(1) for j in problem.jobs if j.id not in problem.current)
         solves.append((len(problem.pool.nodes), len(problem.current), waiting))
         return real(problem, *args, **kwargs)
 
-    monkeypatch.setattr(weighing_module, "allocate", recording)
+    monkeypatch.setattr(planner_module, "allocate", recording)
     m.at(0)
     admitted = sorted(float(r) for r in rates[:12])
     first = next(i for i, (nodes, _, _) in enumerate(solves) if nodes > 6)  # the first decision with nodes to spare
@@ -446,19 +446,19 @@ def test_stopped_jobs_do_not_crowd_new_ones_out_of_the_waiting_jobs_a_decision_w
 
     jobs = [linear(f"s{i}", 1, 1, 10.0) for i in range(8)] + [linear(f"n{i}", 1, 1, 1.0 + i) for i in range(6)]
     m = Machine(tmp_path, write, 16, jobs)  # room for all fourteen: every one is admitted
-    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=2)  # what a decision weighs
+    m.ctl.planner.config = dataclasses.replace(m.ctl.planner.config, weigh_waiting=2)  # what a decision weighs
     for name in list(m.specs):
         m.submit(name)
         if name.startswith("s"):
             m.job(name).progress = 1.0  # stopped after it ran: resumes from a checkpoint
     weighed: list[list[str]] = []
-    problem = m.ctl.weighing.problem
+    problem = m.ctl.planner.problem
 
     def recording(active, extra, without=()):
         weighed.append(sorted(j.spec["name"] for j in active if not j.nodes))
         return problem(active, extra, without)
 
-    m.ctl.weighing.problem = recording
+    m.ctl.planner.problem = recording
     m.at(0)
     first = next(w for w in weighed if w)
     assert [n for n in first if n.startswith("s")] == ["s0", "s1"]  # the limit of the stopped ones, earliest first among equals
@@ -471,7 +471,7 @@ def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of
     """Every rank reports what it did since its own last report, so two ranks' intervals never line up. The meter
     restarted its window whenever a report began before it: with two ranks 10 ms out of step it measured once (a
     window that began before either rank trained: 30 samples/s for 40) and never again."""
-    from pilotfill.controller.meter import METER_WINDOW_S, Meter
+    from pilotfill.controller.throughput import METER_WINDOW_S, Meter
 
     meter = Meter(2, since=0.0)
     assert meter.add(0.0, 0.3, 0.3, first=True, rank=("n0", 11)) is None  # ready after 0.3 s of start-up
@@ -485,7 +485,7 @@ def test_a_job_is_measured_at_the_sum_of_its_ranks_rates_when_they_report_out_of
 
 
 def test_a_report_that_spans_a_change_is_not_counted_and_a_replaced_rank_is_not_waited_for_ever():
-    from pilotfill.controller.meter import RANK_SILENT_S, Meter
+    from pilotfill.controller.throughput import RANK_SILENT_S, Meter
 
     meter = Meter(1, since=100.0)
     assert meter.add(500.0, 10.0, 105.0, rank=("n0", 1)) is None  # began at 95, before this size: not this size's rate
@@ -510,14 +510,14 @@ def test_the_pilots_question_on_a_saturated_machine_is_answered_without_a_solve_
     ctl = m.ctl
     assert len(ctl.world.ready) == 3 and sum(1 for j in ctl.world.open.values() if j.status != "running") >= 6
     solves = []
-    real = weighing_module.allocate
-    monkeypatch.setattr(weighing_module, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
+    real = planner_module.allocate
+    monkeypatch.setattr(planner_module, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
     for extra in (1, 4):
-        ctl.weighing.forget_answer()
+        ctl.planner.forget_answer()
         solves.clear()
-        shortcut = ctl.weighing.wanted(extra, None)
+        shortcut = ctl.planner.wanted(extra, None)
         assert not solves, "answered with a solve"
-        solved = ctl.weighing.solve(len(ctl.world.ready) + extra, extra).answer
+        solved = ctl.planner.solve(len(ctl.world.ready) + extra, extra).answer
         assert shortcut == sum(solved.counts.values()) == len(ctl.world.ready) + extra
 
 
@@ -704,7 +704,7 @@ def test_a_job_whose_ranks_cannot_lose_a_peer_while_forming_starts_again_on_the_
 def _weigh(m: Machine, n: int) -> None:
     import dataclasses
 
-    m.ctl.weighing.config = dataclasses.replace(m.ctl.weighing.config, weigh_waiting=n, admission="arrival")  # what a decision weighs, of the first submitted
+    m.ctl.planner.config = dataclasses.replace(m.ctl.planner.config, weigh_waiting=n, admission="arrival")  # what a decision weighs, of the first submitted
 
 
 @pytest.mark.parametrize("changed_between", [False, True], ids=["quiet", "a-submission-between"])
@@ -843,12 +843,12 @@ def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_
         m.submit(name)
     ctl = m.ctl
     solves = []
-    real = weighing_module.allocate
-    monkeypatch.setattr(weighing_module, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
-    assert ctl.weighing.whole_pool(16) is None  # ten start on one node: fewer than the sixteen nodes
-    counted = ctl.weighing.wanted(16, None)
+    real = planner_module.allocate
+    monkeypatch.setattr(planner_module, "allocate", lambda *a, **k: solves.append(1) or real(*a, **k))
+    assert ctl.planner.whole_pool(16) is None  # ten start on one node: fewer than the sixteen nodes
+    counted = ctl.planner.wanted(16, None)
     assert len(solves) == 1, "the free nodes were solved for"
-    full = ctl.weighing.solve(16, 16).answer  # the free nodes offered to the jobs left out, by a solve of them
+    full = ctl.planner.solve(16, 16).answer  # the free nodes offered to the jobs left out, by a solve of them
     assert len(solves) == 3
     assert counted == sum(full.counts.values()) == 16
     # Two jobs that start on one node, eight on two: too few to say the free nodes are all used: they are solved for.
@@ -857,9 +857,9 @@ def test_the_pilots_question_counts_the_free_nodes_the_jobs_left_out_would_take_
     for name in list(m2.specs):
         m2.submit(name)
     solves.clear()
-    counted = m2.ctl.weighing.wanted(16, None)
+    counted = m2.ctl.planner.wanted(16, None)
     assert len(solves) == 2
-    assert counted == sum(m2.ctl.weighing.solve(16, 16).answer.counts.values())
+    assert counted == sum(m2.ctl.planner.solve(16, 16).answer.counts.values())
 
 
 def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_next_pass(tmp_path, write, monkeypatch):
@@ -875,9 +875,9 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
         m.submit(name)
     ctl = m.ctl
     passes = []  # per pass: (a solve of it said "again", allocations logged so far, nodes in use)
-    solve, step = ctl.weighing.solve, ctl.step
+    solve, step = ctl.planner.solve, ctl.step
     said = []
-    ctl.weighing.solve = lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k))
+    ctl.planner.solve = lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k))
 
     def recording(now=None, more=False):
         said.clear()
@@ -890,7 +890,7 @@ def test_a_large_decision_that_weighs_more_copies_of_a_kind_weighs_them_in_the_n
     assert passes[again][1:] == passes[again - 1][1:] == (1, 0)  # not applied: nothing logged, nothing started
     assert passes[again + 1][1:] == (1, 0)  # the next pass decides, with the copies that could start, at once…
     assert passes[again + 2][1:] == (2, 10)  # …and the pass after applies it
-    full = allocate(ctl.weighing.problem(ctl.weighing.active(10), 0))
+    full = allocate(ctl.planner.problem(ctl.planner.active(10), 0))
     assert sum(len(j.nodes) for j in ctl.world.open.values()) == sum(full.counts.values()) == 10
     assert not m.job("odd").nodes  # ten copies on one node each earn more than any answer with the odd job
 
@@ -908,16 +908,16 @@ def test_the_pilots_question_that_would_weigh_more_copies_counts_the_nodes_they_
     for name in list(m.specs):
         m.submit(name)
     ctl = m.ctl
-    assert ctl.weighing.whole_pool(10) is None  # six could start on one node: fewer than the ten nodes
+    assert ctl.planner.whole_pool(10) is None  # six could start on one node: fewer than the ten nodes
     said = []
-    solve = ctl.weighing.solve
-    monkeypatch.setattr(ctl.weighing, "solve", lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k)))
+    solve = ctl.planner.solve
+    monkeypatch.setattr(ctl.planner, "solve", lambda *a, **k: (lambda out: said.append(out.again) or out)(solve(*a, **k)))
     solves = []
-    monkeypatch.setattr(weighing_module, "allocate", lambda *a, **k: solves.append(1) or allocate(*a, **k))
-    counted = ctl.weighing.wanted(10, None)
+    monkeypatch.setattr(planner_module, "allocate", lambda *a, **k: solves.append(1) or allocate(*a, **k))
+    counted = ctl.planner.wanted(10, None)
     assert said == [True] and len(solves) == 1  # every copy weighed was used; not asked again
-    monkeypatch.setattr(weighing_module, "allocate", allocate)
-    full = allocate(ctl.weighing.problem(ctl.weighing.active(10), 10))
+    monkeypatch.setattr(planner_module, "allocate", allocate)
+    full = allocate(ctl.planner.problem(ctl.planner.active(10), 10))
     assert counted == sum(full.counts.values()) == 10
 
 
@@ -1010,7 +1010,7 @@ def test_the_pilots_question_asks_a_waiting_job_once_per_change_of_its_own_not_i
     answers = []
     for t in (60, 90, 120):
         m.at(t)
-        answers.append(m.ctl.weighing.wanted(8, None))
+        answers.append(m.ctl.planner.wanted(8, None))
     assert answers == [len(m.ctl.world.ready) + 8] * 3
     assert asked and set(asked) <= waiting and len(asked) == len(set(asked))  # each once at most, then kept
 
@@ -1025,13 +1025,13 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     assert len(running) == 4 and len(set(described)) == 44 and len(described) == 44  # each once
 
     solves: list[int] = []
-    real_allocate = weighing_module.allocate
+    real_allocate = planner_module.allocate
 
     def recording(problem, *args, **kwargs):
         solves.append(len(problem.jobs))
         return real_allocate(problem, *args, **kwargs)
 
-    monkeypatch.setattr(weighing_module, "allocate", recording)
+    monkeypatch.setattr(planner_module, "allocate", recording)
     described.clear()
     for t in (60, 90, 120):
         m.ctl.schedule.changed()  # a decision in each of these passes
@@ -1039,7 +1039,7 @@ def test_a_waiting_job_is_described_once_per_change_of_its_own_not_in_every_deci
     assert len(solves) >= 3 and min(solves) > 4  # decisions that weighed waiting jobs
     assert described == []
     stopped = running[0]
-    m.ctl.enactment.stop_for_a_start(stopped, list(stopped.nodes), set(), m.now, "test")  # back to the queue, with its progress
+    m.ctl.applier.stop_for_a_start(stopped, list(stopped.nodes), set(), m.now, "test")  # back to the queue, with its progress
     m.ctl.schedule.changed()
     m.at(150)
     assert stopped.id in described and described.count(stopped.id) == 1
@@ -1168,7 +1168,7 @@ class _StallingRuntime(SimulatedRuntime):
 
 
 def test_a_job_whose_ranks_go_silent_is_formed_again_from_its_commit_and_said_once(tmp_path, write):
-    from pilotfill.controller.training import SILENT_S
+    from pilotfill.controller.job_progress import SILENT_S
 
     m = Machine(tmp_path, write, 2, [linear("a", 1, 2, 100)], runtime=_StallingRuntime)
     m.submit("a")

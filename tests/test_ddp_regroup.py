@@ -1,4 +1,4 @@
-"""A DDP moved to a new group in place (pilotfill.elastic.torch_inplace.regroup_ddp): real torch, two gloo ranks."""
+"""A DDP moved to a new group in place (pilotfill.elastic.torch.inplace.regroup_ddp): real torch, two gloo ranks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.local
 RANK = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from pilotfill.elastic.torch_inplace import regroup_ddp
+    from pilotfill.elastic.torch.inplace import regroup_ddp
     rank, port, how = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))  # the README's

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from conftest import JOB_HEADER
 
-from pilotfill.allocator.horizon import MIN_SAMPLES, PRIOR_S, HoldModel
+from pilotfill.allocator.hold_model import MIN_SAMPLES, PRIOR_S, HoldModel
 from pilotfill.replay import Replay
 from pilotfill.traces import read_jobs, read_trace
 
@@ -38,7 +38,7 @@ def test_the_hold_model_keeps_exactly_the_newest_holds_sorted_however_often_it_i
     counted each: whatever the pattern of reads, it is the newest ``keep`` holds, sorted."""
     import random
 
-    from pilotfill.allocator import horizon
+    from pilotfill.allocator import hold_model as horizon
 
     rng = random.Random(7)
     for keep, read_every in [(5, 1), (50, 7), (50, 1000), (300, 3)]:
@@ -89,9 +89,9 @@ def test_the_horizon_of_a_replay_is_learned_only_from_the_past(write, tmp_path):
     for name, future in (("a", future_a), ("b", future_b)):
         trace = read_trace(write(f"trace-{name}.csv", "\n".join(["time,node,state", *base, *past, *future, f"{stamp(1700)},,end"]) + "\n"))
         Replay(trace, jobs, run_dir=tmp_path / name, keep_timeline=False).run()
-        from pilotfill.state import State
+        from pilotfill.journal import Journal
 
-        s = State(tmp_path / name, readonly=True)
+        s = Journal(tmp_path / name, readonly=True)
         horizons.append([(e["time"], e["data"]["horizon_s"]) for e in s.events("allocation") if e["time"] < trace.start + 700])
         s.close()
     assert horizons[0] == horizons[1] and len(horizons[0]) > 10
@@ -105,9 +105,9 @@ def test_where_nodes_come_and_go_every_few_seconds_nothing_grows_and_nothing_is_
     trace = read_trace(write("trace.csv", "\n".join(["time,node,state", *rows, f"{stamp(620)},,end"]) + "\n"))
     jobs = read_jobs(write("jobs.csv", f"{JOB_HEADER}\na,m,{T0},1,8,1e12,10,5,0;1;8,0;100;800\n"))
     r = Replay(trace, jobs, profiles="learned", queue_delay_s=3.0, keep_timeline=False, run_dir=tmp_path / "run").run()
-    from pilotfill.state import State
+    from pilotfill.journal import Journal
 
-    s = State(tmp_path / "run", readonly=True)
+    s = Journal(tmp_path / "run", readonly=True)
     try:
         grown = [e for e in s.events("job.resized") if e["data"]["after"] > e["data"]["before"] - ("cause" in e["data"])]
         late_pilots = [e for e in s.events("pilot.submitted") if e["time"] > trace.start + 120]
@@ -191,7 +191,7 @@ def test_a_new_users_jobs_grow_onto_idle_vnodes_on_pbs_with_one_vnode_pilots(pbs
     import subprocess
     import sys
 
-    from pilotfill.state import State
+    from pilotfill.journal import Journal
 
     pbs("pbs_standin", "exec", "on")
     config, campaign, run_dir = tmp_path / "pbs.toml", tmp_path / "campaign.py", tmp_path / "run"
@@ -208,7 +208,7 @@ def test_a_new_users_jobs_grow_onto_idle_vnodes_on_pbs_with_one_vnode_pilots(pbs
             proc.wait()
     assert proc.returncode == 0, out.read_text()[-4000:]
     assert "results [0, 1, 2]" in out.read_text()
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         events = state.events()
     finally:

@@ -10,13 +10,13 @@ from pilotfill.controller.schedule import TRANSITIONS, Burst, Decision, Phase
 from pilotfill.controller.world import World
 from pilotfill.lifecycle import JOB_MOVES, NODE_MOVES, PILOT_MOVES, IllegalMove, JobStatus, NodeState, PilotState
 from pilotfill.schedulers.base import EndReason, EventKind, PilotEvent
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.unit
 
 
 def world(tmp_path) -> World:
-    return World(State(tmp_path))
+    return World(Journal(tmp_path))
 
 
 def spec() -> dict:
@@ -79,7 +79,7 @@ def test_a_run_directory_written_with_strings_loads_as_states(tmp_path):
         w.set_pilot(pilot, state="running")
         w.node_joins("n0", pilot, 1.0)
     w.journal.close()
-    again = World(State(tmp_path))
+    again = World(Journal(tmp_path))
     again.load()
     assert again.jobs["j1"].status is JobStatus.RUNNING
     assert again.pilots["p1"].state is PilotState.RUNNING and again.nodes["n0"].state is NodeState.READY

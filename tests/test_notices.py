@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -81,7 +81,7 @@ print(work().result())
     said = run.said()
     assert run.proc.returncode == 1, said[-3000:]
     assert "the job lost its work to its pilots' walltime 3 times in a row with nothing committed in between" in said, said[-3000:]
-    state = State(tmp_path / "run", readonly=True)
+    state = Journal(tmp_path / "run", readonly=True)
     try:
         assert [e["data"]["runs"] for e in state.events("job.outlived")] == [1, 2, 3]
         assert len(state.events("job.started")) == 3

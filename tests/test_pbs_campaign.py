@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -65,7 +65,7 @@ print("results", [f.result() for f in [train(i) for i in range({APPS})]])
 
 
 def events(run_dir: Path, kind: str, pilot: str) -> list[dict]:
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         return [e for e in state.events(kind) if e["pilot"] == pilot]
     finally:
@@ -116,7 +116,7 @@ def test_campaign_with_a_main_job_preempting_a_pilot(pbs, tmp_path):
         history = json.loads(pbs("qstat", "-x", "-f", "-F", "json").stdout).get("Jobs", {})
         assert {v["job_state"] for v in history.values() if v["Job_Name"].startswith("pf-")} == {"F"}
     # Restarts: each one follows a stop, by lost nodes (at most once per preemption) or by the allocator.
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         starts: dict[str, int] = {}
         for e in state.events("job.started"):
@@ -347,7 +347,7 @@ def test_ranks_on_a_sister_host_get_their_sigterm_through_pbs_tmrsh(pbs, tmp_pat
                  "the job's ranks on both hosts of the pilot")  # fmt: skip
         [pilot] = [r for r in pbs.state()["runs"] if r["name"].startswith("pf-")]
         assert sorted(pbs.job(pilot["job"])["exec_host"].split("+")) == ["vm-n1/0", "vm/0"], "a primary and a sister host"
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
         try:
             [job] = [j.id for j in state.jobs() if j.status == "running"]
         finally:

@@ -253,7 +253,7 @@ print(sorted([f.result() for f in [train(w, lr) for w, lr in ((32, 0.1), (64, 0.
 def progress_stalls(campaign: Campaign, until, on_tick=lambda elapsed: None, every_s: float = 1.0) -> dict[str, float]:
     """Sample every running job's journaled progress until ``until()`` (calling ``on_tick(seconds since the start)``
     each time); the longest stretch each job ran with no progress."""
-    from pilotfill.state import State
+    from pilotfill.journal import Journal
 
     still: dict[str, tuple[float, float]] = {}
     longest: dict[str, float] = {}
@@ -262,7 +262,7 @@ def progress_stalls(campaign: Campaign, until, on_tick=lambda elapsed: None, eve
         time.sleep(every_s)
         on_tick(time.monotonic() - start)
         try:
-            state = State(campaign.run_dir, readonly=True)
+            state = Journal(campaign.run_dir, readonly=True)
             jobs = state.jobs()
             state.close()
         except Exception:  # noqa: BLE001 - not written yet

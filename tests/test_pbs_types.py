@@ -16,7 +16,7 @@ import pytest
 from pilotfill.config import NodeTypeConfig, PilotConfig
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.pbs import PbsConfig, PbsScheduler
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -141,7 +141,7 @@ def test_a_campaign_on_two_types_of_pbs_vnode(typed_pbs, tmp_path):
     assert hosts["recommender"] and all(h.startswith("vm-n1[") for h in hosts["recommender"])  # gpu_type=k80
     selects = [a[a.index("-l") + 1] for a in pbs.calls("qsub")]
     assert {s.split(":", 1)[1] for s in selects} == {"ncpus=1:gpu_type=v100", "ncpus=1:gpu_type=k80"}
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         started = {e["job"]: e["data"] for e in state.events("job.started")}
     finally:

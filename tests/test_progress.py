@@ -18,7 +18,7 @@ from conftest import JOB_HEADER
 from test_controller_core import Machine, linear
 
 from pilotfill.replay import Replay
-from pilotfill.state import State
+from pilotfill.journal import Journal
 from pilotfill.traces import read_jobs, read_trace
 
 pytestmark = pytest.mark.unit
@@ -49,7 +49,7 @@ def test_a_stopped_job_resumes_from_its_last_commit_and_finishes_with_exact_samp
     assert a.samples == 50000  # exact: the simulated job's own accounts
     assert r.samples_redone == pytest.approx(3000)
     assert r.jobs_overran == 0
-    s = State(tmp_path / "run", readonly=True)
+    s = Journal(tmp_path / "run", readonly=True)
     try:
         (job,) = s.jobs()
         stopped = s.events("job.stopped")
@@ -72,7 +72,7 @@ def test_progress_falls_back_to_the_commit_on_every_kind_of_stop(tmp_path, write
     m.ctl.handle({"type": "job.report", "job_id": x, "host": job.nodes[0], "samples": 200.0, "seconds": 2.0})
     assert (job.progress, job.committed) == (700.0, 500.0)
     m.ctl.shutdown()  # the controller stops: the ranks are ended, the job resumes later from its commit
-    s = State(m.run_dir, readonly=True)
+    s = Journal(m.run_dir, readonly=True)
     try:
         row = s.job(x)
     finally:
@@ -133,7 +133,7 @@ def test_jpa_charges_what_a_start_really_costs_in_the_simulated_runtime(write, t
     sim = Replay(trace, jobs, accounting="realistic", profiles="learned", noise=0.0, run_dir=tmp_path / "run", keep_timeline=False)
     sim.runtime.start_cost_s = 20.0
     sim.run()
-    s = State(tmp_path / "run", readonly=True)
+    s = Journal(tmp_path / "run", readonly=True)
     try:
         costs = [e["data"] for e in s.events("job.cost")]
         estimates = [e["data"]["samples_per_s"] for e in s.events("job.estimate")]
@@ -230,7 +230,7 @@ def test_whole_machine_hours_realistic_learned_leave_no_started_job_stranded(sha
     # No node given back and asked for again within a minute: here one was, before a release asked whether the jobs
     # would want it back as a new pilot's node (they did: a fresh node's expected hold made the horizon longer).
     assert r.nodes_rerequested_within_60s == 0
-    s = State(tmp_path / "run", readonly=True)
+    s = Journal(tmp_path / "run", readonly=True)
     try:
         rows = s.jobs()
     finally:

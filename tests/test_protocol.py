@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pilotfill import protocol
-from pilotfill.elastic.torch_store import STORE_BY_TYPE, StoreGet, StoreMultiGet, StoreNumKeys, StoreWait
+from pilotfill.elastic.torch.store import STORE_BY_TYPE, StoreGet, StoreMultiGet, StoreNumKeys, StoreWait
 from pilotfill.protocol import BY_TYPE, JobReport, JobResult, PilotHeartbeat, ProtocolError, RdzvPoll, parse
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ import pytest
 from conftest import JOB_HEADER
 
 from pilotfill.allocator import ScalingCurve
-from pilotfill.controller import weighing as controller_weighing
+from pilotfill.controller import planner as controller_planner
 from pilotfill.replay import Replay, replay
 from pilotfill.traces import read_jobs, read_trace
 
@@ -127,7 +127,7 @@ def test_learned_profiles_never_show_the_allocator_a_true_curve(write, monkeypat
     jobs = jobs_file(write, [linear_job("a", hi=4, per_node=300), linear_job("b", hi=4, per_node=100)])
     truth = {j.name: j.throughput for j in jobs}
     seen: list[dict[str, ScalingCurve]] = []
-    real = controller_weighing.allocate
+    real = controller_planner.allocate
     names: dict[str, str] = {}
 
     def spy(problem, *args, **kwargs):
@@ -135,7 +135,7 @@ def test_learned_profiles_never_show_the_allocator_a_true_curve(write, monkeypat
             seen.append({j.id: (j.throughput["default"], j.explore) for j in problem.jobs})
         return real(problem, *args, **kwargs)
 
-    monkeypatch.setattr(controller_weighing, "allocate", spy)
+    monkeypatch.setattr(controller_planner, "allocate", spy)
     sim = Replay(tr, jobs, profiles="learned")
     r = sim.run()
     names = {job_id: job.spec.name for job_id, job in sim.runtime.jobs.items()}

@@ -27,7 +27,7 @@ from test_campaign import FAST
 from waiting import wait_for
 
 from pilotfill.config import ConfigError, load_config
-from pilotfill.state import State
+from pilotfill.journal import Journal
 from pilotfill.transport import RequestRefused
 
 pytestmark = pytest.mark.local
@@ -146,13 +146,13 @@ def test_a_killed_controller_is_restarted_and_the_campaign_finishes_without_retr
     wait_for(lambda: _progress(run_dir) >= 150, 120, "training under way")
     pid = _controller_pid(run_dir)
     os.kill(pid, signal.SIGKILL)
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     running = sorted(j.id for j in state.jobs() if j.status == "running")
     state.close()
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     assert "[400, 400]" in out
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         events = state.events()
         jobs = state.jobs()
@@ -428,7 +428,7 @@ def test_a_rerun_resumes_unfinished_trainings_from_their_commits_and_never_runs_
     second = run(campaign, "--config", str(fast), "--run-dir", str(run_dir))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "[1, 1]" in second.stdout  # both resumed from their commits
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         jobs = state.jobs()
         claimed = state.events("job.claimed")
@@ -497,7 +497,7 @@ def test_top_on_a_damaged_run_directory_is_one_line(tmp_path, damage):
     elif damage == "garbage":
         (run_dir / "state.sqlite").write_bytes(b"this is not a database" * 100)
     else:
-        State(run_dir).close()
+        Journal(run_dir).close()
         (run_dir / "controller.json").write_text("{}")
     out = subprocess.run([sys.executable, "-m", "pilotfill", "top", str(run_dir)], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     if damage == "endpoint":  # nothing wrong with the state itself: it is shown (no terminal here, so it draws once and ends)
@@ -548,7 +548,7 @@ def _alive(pid: int) -> bool:
 
 def _progress(run_dir: Path) -> float:
     try:
-        state = State(run_dir, readonly=True)
+        state = Journal(run_dir, readonly=True)
     except Exception:
         return 0.0
     try:

@@ -21,7 +21,7 @@ from pilotfill.config import PilotConfig
 from pilotfill.schedulers.base import NothingIdle, PilotRefused
 from pilotfill.schedulers.commands import SchedulerCommandError
 from pilotfill.schedulers.slurm import SlurmConfig, SlurmScheduler, hostnames, is_policy_refusal
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.site
 
@@ -152,7 +152,7 @@ local_hosts = true
         assert all(p["scheduler_id"].isdigit() for p in pilots) and sum(len(p["nodes"]) for p in pilots) == 4
 
         def events(kind=None):
-            s = State(run_dir, readonly=True)
+            s = Journal(run_dir, readonly=True)
             try:
                 return s.events(kind)
             finally:

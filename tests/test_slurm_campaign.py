@@ -13,7 +13,7 @@ import time
 import pytest
 from waiting import wait_for
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.site
 
@@ -80,7 +80,7 @@ def test_campaign_leaves_no_pilot_and_loses_no_start(slurm, tmp_path):
     assert f"results {[i * 10 for i in range(APPS)]}" in text
     wait_for(lambda: not slurm.command("squeue", "-h", "-p", "scavenger", "-o", "%i %T").stdout.strip(), 90, "no pilot left in squeue")
 
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         submitted = {e["pilot"]: e["data"]["scheduler_id"] for e in state.events("pilot.submitted")}
         started = {e["pilot"]: e["data"]["scheduler_id"] for e in state.events("pilot.started")}

@@ -12,7 +12,7 @@ import pytest
 
 from pilotfill.config import NodeTypeConfig, PilotConfig
 from pilotfill.schedulers.slurm import SlurmConfig, SlurmScheduler
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.site
 
@@ -117,7 +117,7 @@ def test_a_campaign_lands_each_job_on_the_node_type_that_suits_it(slurm, tmp_pat
         hosts.setdefault(name, set()).add(host)
     assert hosts["convnet"] and hosts["convnet"] <= {"node1", "node2"}  # v100
     assert hosts["recommender"] and hosts["recommender"] <= {"node3", "node4"}  # k80
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         submitted = [e["data"] for e in state.events("pilot.submitted")]
         started = {e["job"]: e["data"] for e in state.events("job.started")}

@@ -17,7 +17,7 @@ from waiting import wait_for
 from pilotfill.campaign import prepare_run_dir
 from pilotfill.client import ControllerClient
 from pilotfill.lease import LEASE_FILE
-from pilotfill.state import State
+from pilotfill.journal import Journal
 from pilotfill.supervisor import ControllerSupervisor
 
 pytestmark = pytest.mark.local
@@ -89,7 +89,7 @@ def test_controller_deaths_with_progress_between_them_never_end_the_campaign(tmp
     finally:
         client.close()
         sup.stop()
-    state = State(sup.run_dir, readonly=True)
+    state = Journal(sup.run_dir, readonly=True)
     try:
         started = [e for e in state.events() if e["kind"] == "job.started"]
         stopped = [e["data"]["incarnation"] for e in state.events("controller.stopped")]

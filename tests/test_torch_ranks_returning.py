@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_campaign import pilotfill_run
 
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.local
 
@@ -97,7 +97,7 @@ def test_a_rank_that_returns_first_keeps_its_node_until_rank_0s_result_ends_the_
     assert json.loads(result.stdout.strip().splitlines()[-1]) == "rank 0 after its evaluation"
     logs = _agent_logs(run_dir)
     assert "exit barrier" not in logs, logs[-3000:]
-    state = State(run_dir, readonly=True)
+    state = Journal(run_dir, readonly=True)
     try:
         started = state.events("job.started")
         stopped = state.events("job.stopped") + state.events("job.resized")

@@ -36,7 +36,7 @@ class MiniController:
     """Just enough of a controller for one job: its spec, its reports and outcome, and the rendezvous."""
 
     def __init__(self, run_dir: Path, **runtime_kw: Any):
-        from pilotfill.elastic.torch import TorchRuntime
+        from pilotfill.elastic.torch.runtime import TorchRuntime
 
         self.run_dir = run_dir
         self.server = Server(run_dir, create_secret(run_dir))

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import zmq
 
-from pilotfill.elastic.torch_store import Keys, StoreFull, StoreServer
+from pilotfill.elastic.torch.store import Keys, StoreFull, StoreServer
 from pilotfill.security import create_secret
 
 pytestmark = pytest.mark.local

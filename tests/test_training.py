@@ -8,19 +8,19 @@ import pytest
 
 from pilotfill.allocator import Profiler
 from pilotfill.config import parse_config
-from pilotfill.controller.meter import METER_WINDOW_S
-from pilotfill.controller.training import Training
+from pilotfill.controller.throughput import METER_WINDOW_S
+from pilotfill.controller.job_progress import JobProgress
 from pilotfill.controller.node_types import NodeTypes
 from pilotfill.controller.world import World
 from pilotfill.protocol import JobReport, check_spec
 from pilotfill.security import private_dir
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.unit
 
 
 class Ranks:
-    """The one question Training asks a runtime: does a resize restart every rank (torch) or not (Horovod)?"""
+    """The one question JobProgress asks a runtime: does a resize restart every rank (torch) or not (Horovod)?"""
 
     def __init__(self, restarts: bool):
         self.restarts = restarts
@@ -32,11 +32,11 @@ class Ranks:
 @pytest.fixture
 def setup(tmp_path):
     def make(restarts: bool = False, curve: bool = False):
-        journal = State(private_dir(tmp_path / f"run-{restarts}-{curve}"))
+        journal = Journal(private_dir(tmp_path / f"run-{restarts}-{curve}"))
         world, profiler = World(journal), Profiler()
         types = NodeTypes(parse_config({}), tmp_path, profiler)
         commits, changes = [], []
-        training = Training(world, profiler, types, Ranks(restarts), at_commit=lambda job, now: commits.append(now), changed=lambda: changes.append(1))
+        training = JobProgress(world, profiler, types, Ranks(restarts), at_commit=lambda job, now: commits.append(now), changed=lambda: changes.append(1))
         spec = {"name": "j", "entry": "m:f", "min_nodes": 1, "max_nodes": 4}
         if curve:
             spec["curve"] = {"nodes": [0, 1, 2, 3, 4], "samples_per_s": [0, 10, 20, 30, 40]}

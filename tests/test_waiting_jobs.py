@@ -10,7 +10,7 @@ import pytest
 
 from pilotfill.controller.waiting import WaitingJobs, admit, in_turns, most_promising
 from pilotfill.controller.world import World
-from pilotfill.state import State
+from pilotfill.journal import Journal
 
 pytestmark = pytest.mark.unit
 
@@ -72,7 +72,7 @@ class Described:
 
 def test_waiting_jobs_are_described_again_only_when_they_or_their_curves_change_and_admitted_as_the_world_admits(tmp_path):
     (tmp_path / "run").mkdir()
-    world = World(State(tmp_path / "run"))
+    world = World(Journal(tmp_path / "run"))
     described = Described()
     waiting = described.waiting()
     rng = random.Random(3)
@@ -145,7 +145,7 @@ def test_in_turns_takes_every_groups_first_then_every_groups_second():
 def _synced_queue(tmp_path, n: int):
     """A world of ``n`` waiting one-node jobs and a queue that has taken them in: (world, described, waiting, jobs)."""
     (tmp_path / "run").mkdir()
-    world = World(State(tmp_path / "run"))
+    world = World(Journal(tmp_path / "run"))
     described = Described()
     waiting = described.waiting()
     jobs = [world.add_job(f"j{i}", "sweep", {"min_nodes": 1}, 0.0) for i in range(n)]
@@ -204,7 +204,7 @@ def test_the_rows_stay_the_queue_in_submission_order_through_any_sequence_of_cha
     """Jobs start, stop with progress, end, arrive, change spec — a few at a time (rows inserted and deleted) or many
     (made again): after each sync the admitted jobs are those the world's own rule admits, with their descriptions."""
     (tmp_path / "run").mkdir()
-    world = World(State(tmp_path / "run"))
+    world = World(Journal(tmp_path / "run"))
     described = Described()
     waiting = described.waiting()
     rng = random.Random(seed)

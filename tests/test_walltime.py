@@ -369,7 +369,7 @@ def test_at_machine_scale_the_pools_horizon_reads_the_nodes_again_when_a_hundred
 
     import numpy as np
 
-    from pilotfill.controller import horizon
+    from pilotfill.controller import pool_horizon as horizon
 
     monkeypatch.setattr(horizon, "HORIZON_EXACT_NODES", 0)
     rows = [(t, f"n{i}", s) for t, i, s in [(5, 1, "idle"), (12, 2, "idle"), (20, 1, "busy"), (33, 3, "idle"), (41, 1, "idle"), (52, 2, "busy"),
@@ -402,10 +402,10 @@ def test_what_the_ready_nodes_are_held_within_has_a_version_that_moves_with_ever
     """The controller reads the ready nodes again only when this version moves: a node joining, a ready node leaving
     or gone, a walltime told; not a node changing hands between jobs, nor a node that was not ready going."""
     from pilotfill.controller.world import World
-    from pilotfill.state import State
+    from pilotfill.journal import Journal
 
     (tmp_path / "run").mkdir()
-    world = World(State(tmp_path / "run"))
+    world = World(Journal(tmp_path / "run"))
     pilot = world.add_pilot("p1", "1", 2, 0.0, 1)
     seen = [world.ready_version]
 

@@ -3,7 +3,7 @@ the shell (:mod:`pilotfill.library_file`); a time limit is read on the caller's 
 the controller's :func:`time.thread_time`), without which a search is bounded by its limit of states alone. (The
 MILP solvers, HiGHS and CBC, keep their own time limits.)"""
 
-from .horizon import HoldModel
+from .hold_model import HoldModel
 from .problem import DEFAULT_TYPE, Allocation, Job, NodePool, Problem, ProblemError, ScalingCurve
 from .profiler import Profiler
 from .solve import Formulation, Objective, allocate, objective_of

@@ -11,10 +11,10 @@ goes ends in ``remove_worker``.
 
 The loop is here — dispatch, ``remove_nodes``, the pass, the phases of a
 decision, ending a job, stopping — and the rest is in collaborators that own
-their caches: what the pilots' agents ask (:mod:`.pilot_desk`) and what
-clients and ranks ask about jobs (:mod:`.job_desk`), what a job's reports say
-about its training (:mod:`.training`), making an answer so (:mod:`.enactment`),
-what a decision and the pilots' question weigh (:mod:`.weighing`), the
+their caches: what the pilots' agents ask (:mod:`.pilot_handlers`) and what
+clients and ranks ask about jobs (:mod:`.job_handlers`), what a job's reports say
+about its training (:mod:`.job_progress`), making an answer so (:mod:`.applier`),
+what a decision and the pilots' question weigh (:mod:`.planner`), the
 allocator's views of the jobs (:mod:`.views`), the waiting queue
 (:mod:`.waiting`), the pilots' liveness — the batch system's events,
 heartbeats, walltimes (:mod:`.liveness`) — taking over from a predecessor
@@ -74,24 +74,24 @@ from ..protocol import (
 )
 from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
 from ..security import create_secret, private_dir
-from ..state import JournalError, State
+from ..journal import JournalError, Journal
 from ..transport import Park
 from .accounts import NodeSeconds
-from .enactment import Enactment
+from .applier import Applier
 from .gateway import SchedulerGateway
-from .horizon import PoolHorizon
-from .job_desk import JobDesk
-from .liveness import Heard, Liveness
+from .pool_horizon import PoolHorizon
+from .job_handlers import JobHandlers
+from .liveness import LastHeard, Liveness
 from .notices import Notices
-from .pilot_desk import PilotDesk, Wakes
+from .pilot_handlers import PilotHandlers, Wakes
 from .recovery import Adoption, TakeOver
 from .schedule import SETTLE_S, Action, DecisionSchedule, Do, Observed
-from .training import Training
+from .job_progress import JobProgress
 from .node_types import NodeTypes
 from .views import AllocatorViews
 from .waiting import WaitingJobs
 from .walltime import Walltimes, lead_s
-from .weighing import Solved, Weighing
+from .planner import Solved, Planner
 from .world import Job, Pilot, World
 
 log = logging.getLogger("pilotfill.controller")
@@ -137,7 +137,7 @@ class Controller:
         self.clock = clock
         self.key = create_secret(self.run_dir)
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else self.run_dir / "checkpoints"
-        self.journal = State(self.run_dir)
+        self.journal = Journal(self.run_dir)
         with self.journal.transaction():
             self.incarnation = self.journal.next_incarnation()
         self.world = World(self.journal)
@@ -151,7 +151,7 @@ class Controller:
         self.stopping = False
         self.draining = False  # stopping: ranks are leaving at their commits; nothing is decided any more
         self._leaving_ranks: set[tuple[str, str]] = set()  # (job, host) told to leave while stopping, not yet gone
-        self.heard = Heard(config.pilots.heartbeat_deadline_s, stall_s=max(config.pilots.heartbeat_s, 2 * config.controller.tick_s, 1.0))
+        self.heard = LastHeard(config.pilots.heartbeat_deadline_s, stall_s=max(config.pilots.heartbeat_s, 2 * config.controller.tick_s, 1.0))
         self._last_step: float | None = None
         self._polled_at = 0.0  # the last scheduler poll
         self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
@@ -161,7 +161,7 @@ class Controller:
         self.methods: Counter[str] = Counter()
         self._errors = 0
         self.last_method: str | None = None
-        self.wakes = Wakes()  # pilots whose parked heartbeat is answered after the commit (controller/pilot_desk.py)
+        self.wakes = Wakes()  # pilots whose parked heartbeat is answered after the commit (controller/pilot_handlers.py)
         self.launcher = AgentLauncher(self.world, wake=self.wakes.later)
         self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
@@ -177,34 +177,34 @@ class Controller:
         self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version, views.waiting_traits)  # kept until a job changes
         self._idle_types: dict[str, int] | None = None
         self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
-        self.weighing = Weighing(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
+        self.planner = Planner(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
                                  clock, fail=lambda job, error, why: self.end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
         self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
                                  changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)  # fmt: skip
-        self.training = Training(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
+        self.progress = JobProgress(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
                                  changed=self._decide_again, notices=self.notices, silent_s=config.runtime.silent_s)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
-        self.enactment = Enactment(self.world, self.runtime, self.types, self.training, self.lifetimes,
+        self.applier = Applier(self.world, self.runtime, self.types, self.progress, self.lifetimes,
                                    fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so  # fmt: skip
-        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.weighing, ends=self, incarnation=self.incarnation,
+        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.planner, ends=self, incarnation=self.incarnation,
                                    wake=self.wakes.later, notices=self.notices)  # fmt: skip
         self.adoption = Adoption()  # the ranks taken over from a predecessor, until their agents confirm them (controller/recovery.py)
-        self.pilot_desk = PilotDesk(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
+        self.pilot_handlers = PilotHandlers(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
                                     heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again, adoption=self.adoption)  # what the pilots' agents ask  # fmt: skip
-        self.job_desk = JobDesk(self.world, self.journal, self.training, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
-                                changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_desk.py)  # fmt: skip
+        self.job_handlers = JobHandlers(self.world, self.journal, self.progress, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
+                                changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_handlers.py)  # fmt: skip
         self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
-            PilotRegister.TYPE: self.pilot_desk.register,
-            PilotHeartbeat.TYPE: self.pilot_desk.heartbeat,
-            PilotLeaving.TYPE: self.pilot_desk.leaving,
-            JobSubmit.TYPE: self.job_desk.submit,
-            JobReport.TYPE: self.job_desk.report,
-            JobDescribe.TYPE: self.job_desk.describe,
-            JobCommit.TYPE: self.job_desk.commit,
-            JobResult.TYPE: self.job_desk.result,
-            JobFailed.TYPE: self.job_desk.failed,
-            JobCancel.TYPE: self.job_desk.cancel,
-            JobGet.TYPE: self.job_desk.get,
-            JobStatusQuery.TYPE: self.job_desk.status,
+            PilotRegister.TYPE: self.pilot_handlers.register,
+            PilotHeartbeat.TYPE: self.pilot_handlers.heartbeat,
+            PilotLeaving.TYPE: self.pilot_handlers.leaving,
+            JobSubmit.TYPE: self.job_handlers.submit,
+            JobReport.TYPE: self.job_handlers.report,
+            JobDescribe.TYPE: self.job_handlers.describe,
+            JobCommit.TYPE: self.job_handlers.commit,
+            JobResult.TYPE: self.job_handlers.result,
+            JobFailed.TYPE: self.job_handlers.failed,
+            JobCancel.TYPE: self.job_handlers.cancel,
+            JobGet.TYPE: self.job_handlers.get,
+            JobStatusQuery.TYPE: self.job_handlers.status,
             StateSnapshot.TYPE: self._on_state_snapshot,
         }
         for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
@@ -212,7 +212,7 @@ class Controller:
                 self.handlers[type_] = functools.partial(self._on_runtime_message, kind)
         # Take over from a predecessor (controller/recovery.py): what still runs is adopted, the other running jobs resume from their commits.
         TakeOver(self.world, self.journal, self.gateway, self.scheduler, self.runtime, self.heard, self, self.adoption,
-                 spec_of=lambda job, nodes: self.types.start_spec(self.world, job, nodes), measure=self.training.measure_from, incarnation=self.incarnation,
+                 spec_of=lambda job, nodes: self.types.start_spec(self.world, job, nodes), measure=self.progress.measure_from, incarnation=self.incarnation,
                  now=self.clock(), new_campaign=new_campaign, keep_ended_pilots=KEEP_ENDED_PILOTS).run()  # fmt: skip
         self.schedule.calm()
         for pilot in self.world.pilots.values():
@@ -409,8 +409,8 @@ class Controller:
             self.schedule.polled(events)
             for exit_ in self.runtime.poll():
                 self._on_rank_exit(exit_, now)
-            for job in self.training.stalled(now, self.runtime.silent_s):
-                self.enactment.reform(job, now)
+            for job in self.progress.stalled(now, self.runtime.silent_s):
+                self.applier.reform(job, now)
                 self.schedule.changed()
             self.liveness.drain_walltimes(now)
             self.liveness.check_heartbeats(now, self._last_step)
@@ -432,7 +432,7 @@ class Controller:
                 self._forget_dead_processes()
                 used = self.views.forget_kinds()
                 if used is not None:  # what was remembered of kinds no waiting job has any more goes with them
-                    self.weighing.forget_kinds(used)
+                    self.planner.forget_kinds(used)
                 # Python's full collections scan every object alive, and at whole-machine scale the controller's memory
                 # (nodes, jobs, curves, the modules it imported) made one a stall in the middle of a decision while
                 # finding nothing to free: what it holds has no cycles to break. What has lived this long is frozen
@@ -548,7 +548,7 @@ class Controller:
         decided = None
         if self.world.open or self.world.ready:
             t0 = time.perf_counter()
-            solved = self.weighing.solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, apart=apart)
+            solved = self.planner.solve(len(self.world.ready) + idle + self.world.pending_nodes(), 0, apart=apart)
             solve_ms = (time.perf_counter() - t0) * 1000
             self.stats["solve_ms"].append(solve_ms)
             self.methods[solved.answer.method] += 1
@@ -570,7 +570,7 @@ class Controller:
         answer = offer = None
         if decided is not None:
             active, problem, answer, left = decided.solved.active, decided.solved.problem, decided.solved.answer, decided.solved.left
-            moved = self.enactment.apply(active, answer, now)
+            moved = self.applier.apply(active, answer, now)
             self.world.log("allocation", now, solve_ms=round(decided.solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
                            moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
             if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
@@ -595,16 +595,16 @@ class Controller:
 
     def _offer_free(self, offer: tuple[Problem, Allocation, list[list[Job]]], now: float) -> None:
         """The pass after a large decision: the nodes its answer left free, offered to the waiting jobs it left out
-        (:meth:`.Weighing.offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
+        (:meth:`.Planner.offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
         taken anew), so its problem still holds; the pilots are sized on both answers together, in the pass after."""
         problem, answer, left = offer
         t0 = time.perf_counter()
         left = [[j for j in queue if j.status == JobStatus.PENDING and not j.nodes] for queue in left]
-        joined, offered = self.weighing.offer_left_free(problem, answer, left)
+        joined, offered = self.planner.offer_left_free(problem, answer, left)
         if not offered:
             return
         solve_ms = (time.perf_counter() - t0) * 1000
-        moved = self.enactment.apply(offered, joined, now)
+        moved = self.applier.apply(offered, joined, now)
         self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method, counts={j: n for j, n in joined.counts.items() if n},
                        moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3), offered=len(offered))  # fmt: skip
         self.schedule.offered(joined)
@@ -627,11 +627,11 @@ class Controller:
         self.world.update_job(job, **fields)
         self.world.log(f"job.{status}", now, job=job.id, **({"error": why} if why else {}), progress=job.progress)
         if status == JobStatus.FINISHED:
-            self.job_desk.finished(job, now)
+            self.job_handlers.finished(job, now)
         self.types.learned(job, status)  # a measured model joins the similarity library
         self.profiler.forget(job.id)
-        self.training.forget(job.id)
-        self.enactment.forget(job.id)
+        self.progress.forget(job.id)
+        self.applier.forget(job.id)
         self.views.forget(job.id)
         job.lost = set()
         self.schedule.changed()

@@ -5,7 +5,7 @@ the controller's one ``remove_nodes`` (and ``end_pilot``: :class:`~pilotfill.pil
 
 * the batch system says so when polled (:meth:`Liveness.on_pilot_event`: it
   started, is preempted, was requeued, ended);
-* the agent went silent (:class:`Heard`): it sends a heartbeat every
+* the agent went silent (:class:`LastHeard`): it sends a heartbeat every
   ``heartbeat_s``, and one silent longer than ``heartbeat_deadline_s`` is lost.
   The pilots are kept in the order they were last heard, oldest first, so a
   pass looks at the silent ones only — O(pilots lost), not O(pilots), with
@@ -29,7 +29,7 @@ from .walltime import Walltimes
 from .world import Job, World
 
 
-class Heard:
+class LastHeard:
     """Live pilot -> when it was last heard from, oldest first."""
 
     def __init__(self, deadline_s: float, stall_s: float):
@@ -68,7 +68,7 @@ class Liveness:
     """What the batch system said of the pilots, which are silent, whose walltime ends: their nodes removed through
     ``ends`` (the controller's ``remove_nodes`` and ``end_pilot``)."""
 
-    def __init__(self, world: World, heard: Heard, walltimes: Walltimes, gateway: SchedulerGateway, scheduler: BatchScheduler,
+    def __init__(self, world: World, heard: LastHeard, walltimes: Walltimes, gateway: SchedulerGateway, scheduler: BatchScheduler,
                  profiler: Profiler, ends: Ends, changed: Callable[[], None]):  # fmt: skip
         """``changed()``: the allocation must be decided again (a pilot ended)."""
         self.world, self.heard, self.walltimes = world, heard, walltimes
@@ -104,7 +104,7 @@ class Liveness:
                 self.changed()
 
     def check_heartbeats(self, now: float, last_pass: float | None) -> None:
-        """Pilots silent past the deadline are lost (:class:`Heard`: oldest first, O(pilots lost), not O(pilots))."""
+        """Pilots silent past the deadline are lost (:class:`LastHeard`: oldest first, O(pilots lost), not O(pilots))."""
         for pilot_id, silent in self.heard.silent(now, last_pass):
             pilot = self.world.pilot_of(pilot_id)
             if pilot is None or pilot.state == PilotState.QUEUED:

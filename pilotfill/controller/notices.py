@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ..state import State
+from ..journal import Journal
 
 META_KEY = "notices"
 
@@ -33,7 +33,7 @@ class Notice:
 class Notices:
     """The notices in force, by key; journaled (``meta.notices``) whenever one is said, changed or cleared."""
 
-    def __init__(self, journal: State):
+    def __init__(self, journal: Journal):
         self.journal = journal
         self._current: dict[str, Notice] = {}
         for item in _decode(journal.get_meta(META_KEY)):

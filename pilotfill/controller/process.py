@@ -25,7 +25,7 @@ from pathlib import Path
 from ..config import ConfigError, load_config
 from ..schedulers.base import SchedulerConfigError
 from ..security import private_dir
-from ..state import JournalError, unwritable
+from ..journal import JournalError, unwritable
 from ..transport import Server
 from .collection import collecting_rarely
 from .core import MAX_BATCH, Controller

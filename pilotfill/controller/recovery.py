@@ -35,9 +35,9 @@ from ..elastic.base import Runtime
 from ..lifecycle import JobStatus, NodeState, Removal
 from ..pilots.manager import Ends
 from ..schedulers.base import BatchScheduler
-from ..state import State
+from ..journal import Journal
 from .gateway import SchedulerGateway
-from .liveness import Heard
+from .liveness import LastHeard
 from .world import Job, World
 
 
@@ -98,11 +98,11 @@ class TakeOver:
     again from its next reports."""
 
     world: World
-    journal: State
+    journal: Journal
     gateway: SchedulerGateway
     scheduler: BatchScheduler
     runtime: Runtime
-    heard: Heard
+    heard: LastHeard
     ends: Ends
     adoption: Adoption
     spec_of: Callable[[Job, list[str]], dict[str, Any]]

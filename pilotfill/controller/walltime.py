@@ -16,7 +16,7 @@ Parsl/parsl#3059):
   has not yet committed twice has no window and leaves at ``end - lead``.
 * **Growth.** A free node whose drain comes sooner than a rescale pays off —
   within the scale-up plus scale-down cost of the costliest job the allocator
-  considers — is not offered to the allocator (``Weighing.ending_soon``): growing
+  considers — is not offered to the allocator (``Planner.ending_soon``): growing
   onto it would cost a scale-up now and a scale-down when it goes, for less
   than that in training. Nodes a job holds stay offered (it keeps them until
   the drain). The allocator's horizon (``Controller.horizon``) already bounds

@@ -3,14 +3,14 @@
 The controller must be cheap per event at whole-machine scale, so nothing on
 its hot path reads a table back: every question it asks (the ready nodes, a
 pilot's nodes, the jobs waiting, a node's holder) is a dictionary lookup here.
-Every change goes to the journal (:class:`pilotfill.state.State`) first and to
+Every change goes to the journal (:class:`pilotfill.journal.Journal`) first and to
 memory second, so that memory never holds what the journal lost (a full disk
 raises before anything changes). Ended pilots leave memory at once; the
 journal keeps a bounded number of them for ``top``.
 
 Why the mutators write the journal themselves, rather than the controller's shell after each step: a change and its
 row are one act, so no caller can make one without the other, and the write goes into the transaction the shell
-opened for the pass (``State.transaction``: one commit per pass, before any reply). The shell decides *when* it is
+opened for the pass (``Journal.transaction``: one commit per pass, before any reply). The shell decides *when* it is
 durable; the world says *what* changed, once. A change log drained by the shell would hold every change twice, in
 memory and in the log, on the hot path of a whole-machine pass.
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from ..lifecycle import JOB_MOVES, LIVE_PILOT_STATES, NODE_MOVES, PILOT_MOVES, TERMINAL, IllegalMove, JobStatus, NodeState, PilotState, checked
 from ..protocol import JobSpec
-from ..state import State
+from ..journal import Journal
 from .waiting import admit
 
 RECENTLY_ENDED = 10_000
@@ -99,7 +99,7 @@ class Job:
 class World:
     """The controller's working state; one writer, the controller."""
 
-    def __init__(self, journal: State):
+    def __init__(self, journal: Journal):
         self.journal = journal
         self.nodes: dict[str, Node] = {}
         self.ready: dict[str, None] = {}  # ready nodes, an ordered set

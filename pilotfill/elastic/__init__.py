@@ -20,7 +20,7 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name == "TorchState":
-        from .torch_state import TorchState
+        from .horovod_state import TorchState
 
         return TorchState
     if name == "ElasticLoader":

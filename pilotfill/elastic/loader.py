@@ -55,7 +55,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from ..report import report
-from . import torch_inplace
+from .torch import inplace
 from .adaptive import Adaptive, GradientNoise
 
 GLOBAL_BATCH_ENV = "PILOTFILL_GLOBAL_BATCH"
@@ -465,8 +465,8 @@ class ElasticLoader:
         """The rest of the current epoch, a global batch per step; at its end the next epoch begins (``epoch`` + 1).
 
         Under the torch runtime each step begins at a boundary where the job's group may re-form in place
-        (:mod:`pilotfill.elastic.torch_inplace`): the rest of the epoch is then planned for the ranks there are."""
-        membership = torch_inplace.active()
+        (:mod:`pilotfill.elastic.torch.inplace`): the rest of the epoch is then planned for the ranks there are."""
+        membership = inplace.active()
         formed = False
         while True:
             if membership is not None and not formed:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 RUNTIMES: dict[str, str] = {
     "processes": "pilotfill.elastic.processes:ProcessRuntime",
     "horovod": "pilotfill.elastic.horovod:HorovodRuntime",
-    "torch": "pilotfill.elastic.torch:TorchRuntime",
+    "torch": "pilotfill.elastic.torch.runtime:TorchRuntime",
 }
 
 NAMES: tuple[str, ...] = tuple(RUNTIMES)

@@ -10,7 +10,7 @@ a stable order (rank = position). Every change of those hosts opens a new
 round at once; the round closes the moment every one of its hosts has joined
 it — nothing waits out a timeout, since the controller knows exactly who is
 coming. Each round has its own store namespace: a random 128-bit prefix in
-the run's torch store (:mod:`pilotfill.elastic.torch_store`), handed out only
+the run's torch store (:mod:`pilotfill.elastic.torch.store`), handed out only
 in the reply to an authenticated ``rdzv.join`` by a member of that round.
 
 Messages (agents send them through :class:`pilotfill.transport.Client`, so
@@ -43,7 +43,7 @@ counts at once: the survivors re-form now. An agent whose workers failed
 without any membership change re-joins the round it already had; that opens a
 fresh round with the same hosts, which the others see as ``waiting`` too.
 
-A job whose ranks re-form in place (:mod:`pilotfill.elastic.torch_inplace`: its
+A job whose ranks re-form in place (:mod:`pilotfill.elastic.torch.inplace`: its
 agents say ``in_place``) is *staged*: its workers keep their processes, so a
 round must never make the survivors wait for a node that is still starting. A
 change that drops hosts opens a round of the hosts kept at once; a new host

@@ -1,4 +1,4 @@
-"""``RunStore``: a ``torch.distributed.Store`` backed by the run's store (:mod:`pilotfill.elastic.torch_store`).
+"""``RunStore``: a ``torch.distributed.Store`` backed by the run's store (:mod:`pilotfill.elastic.torch.store`).
 
 What the torch agents' rendezvous and the ranks' ``init_process_group()`` use
 in place of a ``TCPStore``: every request goes over pilotfill's transport
@@ -17,7 +17,7 @@ from typing import Any
 from torch.distributed import Store
 
 from ..transport import Client, ControllerUnavailable, RequestRefused
-from .torch_store import (
+from .torch.store import (
     CHANNEL,
     StoreAdd,
     StoreAppend,

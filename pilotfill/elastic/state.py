@@ -1,7 +1,7 @@
 """Durable elastic state for plain ``torch.distributed`` (the torch runtime).
 
 Under the torch runtime a worker outlives its job's membership changes
-(:mod:`pilotfill.elastic.torch_inplace`): the state it holds is the job's, and
+(:mod:`pilotfill.elastic.torch.inplace`): the state it holds is the job's, and
 a node that joins takes it from a peer at its first batch. What must survive
 more than that is what was committed: ``commit()`` has rank 0 write
 ``checkpoints/<job>.pt`` in the run directory atomically (write, fsync,
@@ -11,7 +11,7 @@ failed) resumes from. :class:`ElasticState` restores the durable commit where
 nobody holds the job's state — the job started again on new ranks: rank 0
 reads it and broadcasts it, so every rank starts from the same state even
 where only rank 0 sees the file. The file has the format of
-:class:`pilotfill.elastic.torch_state.TorchState` (Horovod's), so the two
+:class:`pilotfill.elastic.horovod_state.TorchState` (Horovod's), so the two
 runtimes resume each other's commits.
 
     import torch.distributed as dist
@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from ..checkpoints import checkpoint_path
 from ..report import committed
-from . import torch_inplace
+from .torch import inplace
 
 
 def stateful(value: Any) -> bool:
@@ -84,7 +84,7 @@ class ElasticState:
         for key, value in extra.items():
             setattr(self, key, value)
         self._held = False  # a provisional worker resumed from the commit its node holds in memory
-        membership = torch_inplace.active()
+        membership = inplace.active()
         self._index = membership.register_state(self) if membership is not None else 0
         if membership is not None and membership.provisional:
             # A worker joining a job that trains: the state comes from a peer when it joins the group, at its first batch
@@ -118,7 +118,7 @@ class ElasticState:
     def commit(self) -> None:
         """Rank 0 saves the state durably, each node's local rank 0 keeps it in memory; the others carry on (their
         state is the same)."""
-        membership = torch_inplace.active()
+        membership = inplace.active()
         if membership is not None and membership.provisional:
             return  # not the job's state yet: it comes when this worker joins
         durable = self.path is not None and rank() == 0
@@ -172,7 +172,7 @@ class ElasticState:
         check_private(self.path, self.path.parent)  # a pickle: loaded only if nobody else could have written it
         return torch.load(self.path, map_location="cpu", weights_only=False)
 
-    # ------------------------------------------------------------ in-place resize (pilotfill.elastic.torch_inplace)
+    # ------------------------------------------------------------ in-place resize (pilotfill.elastic.torch.inplace)
 
     def _payload(self, from_disk: bool) -> dict[str, Any] | None:
         """What this rank sends a joining rank: the state it holds, or (nobody holds one) the durable commit — or,
@@ -195,13 +195,13 @@ class ElasticState:
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         try:
-            torch_inplace.write_atomically(torch_inplace.commit_path(membership.dir, self._index), buffer.getvalue())
+            inplace.write_atomically(inplace.commit_path(membership.dir, self._index), buffer.getvalue())
         except OSError:
             pass  # no room in memory: a restarted worker takes the state from a peer, or the durable commit
 
     def _resume_from_memory(self, membership: Any) -> bool:
         """A worker restarted after a hard loss resumes from the commit its node holds in memory, if any."""
-        path = torch_inplace.commit_path(membership.dir, self._index)
+        path = inplace.commit_path(membership.dir, self._index)
         try:
             saved = torch.load(path, map_location="cpu", weights_only=False)
         except (OSError, EOFError, RuntimeError, ValueError):

@@ -10,7 +10,7 @@ placed on it: it imports what every torch job's agent and workers need, then
 waits. The pilot agent's launcher asks it for each torch agent it starts on this
 node (:class:`Zygote`): the zygote forks, and the child — torch already imported,
 no thread started yet — runs the agent, which forks its workers' forkserver from
-itself in turn (:func:`pilotfill.elastic.torch_agent.start_forkserver`).
+itself in turn (:func:`pilotfill.elastic.torch.agent.start_forkserver`).
 
 A forked agent is what :func:`pilotfill.procs.spawn` would have started: its own
 session, its output through a pipe the launcher reads (capped and rotated like
@@ -41,11 +41,11 @@ WARM_FILE = "warm.json"
 """In the run directory: what the campaign's jobs need warm on every pilot (``{"torch": true}``)."""
 MODULES = (
     "torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "torch.distributed.elastic.multiprocessing",
-    "pilotfill.elastic.torch_agent", "pilotfill.elastic.torch_worker", "pilotfill.elastic.torch_inplace", "pilotfill.elastic.state",
+    "pilotfill.elastic.torch.agent", "pilotfill.elastic.torch.worker", "pilotfill.elastic.torch.inplace", "pilotfill.elastic.state",
     "pilotfill.elastic.loader", "pilotfill.elastic.run_store", "pilotfill.report", "pilotfill.transport",
 )  # fmt: skip
-"""What the zygote imports: a torch agent's and its workers' imports (torch_preload's, without its signal settings)."""
-RUNS = {"pilotfill.elastic.torch_agent"}
+"""What the zygote imports: a torch agent's and its workers' imports (preload.py's, without its signal settings)."""
+RUNS = {"pilotfill.elastic.torch.agent"}
 """The modules a zygote runs (``python -m M``: ``M.main(argv)``); anything else is started cold."""
 
 

@@ -121,7 +121,7 @@ def train_horovod(epochs: int, depth: int, width: int, activation: str, lr: floa
     """Elastic Horovod; hvd.elastic.run keeps the ranks' state, the loader's position with it, across membership changes."""
     import horovod.torch as hvd
 
-    from ..elastic.torch_state import TorchState
+    from ..elastic.horovod_state import TorchState
 
     hvd.init()
     torch.manual_seed(seed)

@@ -1,11 +1,11 @@
 """One torch elastic agent per node of a job, started on its node by that node's pilot agent.
 
-    PILOTFILL_RUN_DIR=RUN python -m pilotfill.elastic.torch_agent --job-id J --host H --nproc N
+    PILOTFILL_RUN_DIR=RUN python -m pilotfill.elastic.torch.agent --job-id J --host H --nproc N
         [--min-nodes A --max-nodes B] [--gpus-per-node G] [--stop-grace S] [--collective-timeout T]
 
 torch's ``LocalElasticAgent`` with the ``pilotfill`` rendezvous backend
-(:mod:`pilotfill.elastic.torch_rdzv`) and N workers running
-:func:`pilotfill.elastic.torch_worker.entry`. Each worker gets torchrun's
+(:mod:`pilotfill.elastic.torch.rdzv`) and N workers running
+:func:`pilotfill.elastic.worker.entry`. Each worker gets torchrun's
 RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT (the run's
 store on the controller's machine) and TORCHELASTIC_*, plus PILOTFILL_RUN_DIR,
 PILOTFILL_JOB_ID, PILOTFILL_HOST, PILOTFILL_RUNTIME=torch, the round's store
@@ -18,7 +18,7 @@ What makes a restart fast (torchrun respawns its workers cold; ``benchmarks/benc
 
 * workers are forked from a forkserver that has already imported torch,
   ``torch._dynamo`` (the first optimizer's hidden import), pilotfill and the
-  job's own module (:mod:`pilotfill.elastic.torch_preload`), so a new worker
+  job's own module (:mod:`pilotfill.elastic.torch.preload`), so a new worker
   skips seconds of imports; and a new node joins only once its forkserver is
   warm, so the others do not stop training to wait for it;
 * membership changes are heard from the controller (``rdzv.poll``, at most
@@ -56,10 +56,10 @@ from enum import Enum
 from multiprocessing import forkserver
 from pathlib import Path
 
-from ..procs import die_with_parent
-from ..protocol import JobGet, RdzvJoin, RdzvPoll
-from ..transport import ControllerUnavailable, RequestRefused
-from .collectives import DEFAULT_TIMEOUT_S, worker_environment
+from ...procs import die_with_parent
+from ...protocol import JobGet, RdzvJoin, RdzvPoll
+from ...transport import ControllerUnavailable, RequestRefused
+from ..collectives import DEFAULT_TIMEOUT_S, worker_environment
 
 log = logging.getLogger("pilotfill.torch_agent")
 
@@ -98,7 +98,7 @@ def gpu_list(gpus_per_node: int | None) -> list[str]:
 
 def entry_module(run_dir: str, job_id: str) -> str | None:
     """The job's own module (to preload in the forkserver), if the job names one and it can be found."""
-    from ..transport import Client
+    from ...transport import Client
 
     try:
         spec = Client(run_dir, timeout_s=10).request(JobGet(job_id))["job"]["spec"]
@@ -129,11 +129,11 @@ def start_forkserver(job_module: str | None, warm: bool = False) -> threading.Th
     if job_module:
         os.environ["PILOTFILL_PRELOAD_MODULE"] = job_module
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["pilotfill.elastic.torch_preload"])
+    ctx.set_forkserver_preload(["pilotfill.elastic.torch.preload"])
     if warm:
-        fork_forkserver(["pilotfill.elastic.torch_preload"])
+        fork_forkserver(["pilotfill.elastic.torch.preload"])
         return None
-    # Started from this (the main) thread: the forkserver dies with its parent thread (torch_preload sets
+    # Started from this (the main) thread: the forkserver dies with its parent thread (preload.py sets
     # PR_SET_PDEATHSIG), and the warming thread below ends at once. Its workers die with it in turn.
     forkserver.ensure_running()
 
@@ -185,7 +185,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-    from . import torch_rdzv, torch_worker
+    from . import rdzv, worker
 
     gpus = gpu_list(args.gpus_per_node)
     grace = max(1, math.ceil(args.stop_grace))  # torch's shutdown timeouts are whole seconds
@@ -244,12 +244,12 @@ def make_agent(args: argparse.Namespace, run_dir: str):
         if not hasattr(LocalElasticAgent, hook):
             raise RuntimeError(f"this torch's LocalElasticAgent has no {hook}: pilotfill's agent is written for torch 2.13")
     params = RendezvousParameters(
-        backend=torch_rdzv.BACKEND, endpoint=run_dir, run_id=args.job_id, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
+        backend=rdzv.BACKEND, endpoint=run_dir, run_id=args.job_id, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
         host=args.host, poll_interval=args.poll_interval,
     )  # fmt: skip
     handler = get_rendezvous_handler(params)
     spec = WorkerSpec(
-        role="trainer", local_world_size=args.nproc, rdzv_handler=handler, entrypoint=torch_worker.entry, args=(),
+        role="trainer", local_world_size=args.nproc, rdzv_handler=handler, entrypoint=worker.entry, args=(),
         max_restarts=args.max_restarts, monitor_interval=args.monitor_interval,
     )  # fmt: skip
     log_dir = Path(run_dir) / "logs" / "torchelastic" / f"{args.job_id}.{args.host}"
@@ -292,7 +292,7 @@ agent ask for one: the same hosts, re-formed."""
 
 
 class InPlaceAgent:
-    """A node's agent whose workers outlive membership changes (:mod:`pilotfill.elastic.torch_inplace`).
+    """A node's agent whose workers outlive membership changes (:mod:`pilotfill.elastic.torch.inplace`).
 
     It starts its workers from the warm forkserver — after the first round closes for a job's first start, or at
     once, *provisional*, for a job whose ranks already train in place (they run their prologue alone and wait at
@@ -305,7 +305,7 @@ class InPlaceAgent:
     grace; then SIGKILL."""
 
     def __init__(self, args: argparse.Namespace, run_dir: str, client) -> None:
-        from . import torch_inplace
+        from . import inplace
 
         self.args, self.run_dir, self.client = args, run_dir, client
         self.gpus = gpu_list(args.gpus_per_node)
@@ -326,8 +326,8 @@ class InPlaceAgent:
         self.ctx = multiprocessing.get_context("forkserver")
         base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # node-local memory: notices and the commit it holds
         self.dir = Path(tempfile.mkdtemp(prefix=f"pilotfill-{args.job_id}-{args.host}-", dir=base))
-        self.notice_path = self.dir / torch_inplace.NOTICE
-        self._inplace = torch_inplace
+        self.notice_path = self.dir / inplace.NOTICE
+        self._inplace = inplace
 
     # ------------------------------------------------------------ the loop
 
@@ -452,7 +452,7 @@ class InPlaceAgent:
     # ------------------------------------------------------------ workers
 
     def _spawn(self, provisional: bool) -> None:
-        from . import torch_worker
+        from . import worker
 
         self.provisional = provisional
         if provisional:
@@ -461,7 +461,7 @@ class InPlaceAgent:
             self._inplace.worker_status_path(self.dir, local_rank).unlink(missing_ok=True)
             self._inplace.returned_path(self.dir, local_rank).unlink(missing_ok=True)
             env = self._worker_env(local_rank, provisional)
-            proc = self.ctx.Process(target=torch_worker.entry_in_place, args=(env,), name=f"worker-{local_rank}", daemon=False)
+            proc = self.ctx.Process(target=worker.entry_in_place, args=(env,), name=f"worker-{local_rank}", daemon=False)
             proc.start()
             self.workers[local_rank] = proc
 
@@ -487,8 +487,8 @@ class InPlaceAgent:
 
     def _reap(self) -> int | None:
         """Workers that ended: the agent's exit status if it must go now, else None (they are started again as needed)."""
-        from .torch_inplace import EXIT_LEFT
-        from .torch_worker import EXIT_PEER_LOST
+        from .inplace import EXIT_LEFT
+        from .worker import EXIT_PEER_LOST
 
         ended = {i: p.exitcode for i, p in self.workers.items() if not p.is_alive()}
         if not ended:
@@ -501,7 +501,7 @@ class InPlaceAgent:
             own_end = own_end or code == 0 and not self._inplace.returned_path(self.dir, i).exists()  # os._exit(0): no value, no error
             if own_end and self.phase is not AgentPhase.LEAVING:
                 # The app's own end (a segfault, the OOM killer, an exit status of its own): leave with it, the controller counts.
-                from .ending import exit_words
+                from ..ending import exit_words
 
                 log.error("%s: a worker %s: leaving (the controller counts such ends)", self.args.host, exit_words(code))
                 self._kill_workers()
@@ -513,7 +513,7 @@ class InPlaceAgent:
         codes = {code for code in ended.values() if code is not None}
         log.info("%s: worker(s) %s ended with %s", self.args.host, sorted(ended), sorted(codes))
         if codes == {JOB_OVER}:
-            # The job failed and the controller was told (torch_worker): it ends the job. Started again now, they would
+            # The job failed and the controller was told (worker.py): it ends the job. Started again now, they would
             # open a round the peers still judging their own failure take for a lost peer.
             for i in ended:
                 del self.workers[i]
@@ -652,7 +652,7 @@ class InPlaceAgent:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch_agent", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch.agent", description=__doc__.split("\n\n")[0])
     ap.add_argument("--job-id", required=True)
     ap.add_argument("--host", default=os.environ.get("PILOTFILL_HOST"))
     ap.add_argument("--nproc", type=int, default=1, help="ranks on this node")
@@ -666,7 +666,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="timeout of the workers' process groups, seconds")
     ap.add_argument("--preload", default=None, help="the job's module, imported once by the workers' forkserver (default: asked of the controller)")
     ap.add_argument("--resize", choices=("in_place", "restart"), default="restart",
-                    help="in_place: workers outlive membership changes (torch_inplace); restart: torch elastic's own restarts")
+                    help="in_place: workers outlive membership changes (elastic/torch/inplace.py); restart: torch elastic's own restarts")
     args = ap.parse_args(argv)
     if not args.host:
         ap.error("--host (or PILOTFILL_HOST) is required")
@@ -697,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = None
     try:
         if args.resize == "in_place":
-            from ..transport import Client
+            from ...transport import Client
 
             if warming is not None:
                 warming.join()
@@ -712,7 +712,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: stopping on %s", args.host, exc.sigval.name)
         return 128 + int(exc.sigval)
     except WorkerEnded as exc:
-        from .ending import exit_words
+        from ..ending import exit_words
 
         log.error("%s: a worker %s: leaving (the controller counts such ends)", args.host, exit_words(exc.code))
         return 128 - exc.code if exc.code < 0 else exc.code

@@ -1,10 +1,10 @@
 """The run's torch store: a key-value store only the run's processes can use, on the controller's machine.
 
-    python -m pilotfill.elastic.torch_store --run-dir RUN [--host ADDRESS] [--lease-deadline S]
+    python -m pilotfill.elastic.torch.store --run-dir RUN [--host ADDRESS] [--lease-deadline S]
 
 Started once by the torch runtime (:mod:`pilotfill.elastic.torch`); it listens
 on a random port and writes ``{"host", "port", "pid", "ticks"}`` to
-``RUN/torch_store.json`` (mode 0600, atomically) for the runtime, which hands
+``RUN/store.json`` (mode 0600, atomically) for the runtime, which hands
 it out in rendezvous replies. Rank 0's node holds nothing: when any node goes,
 the store and every other round's keys stay. It dies with the controller that
 started it — unless ``pilotfill run`` restarts that controller
@@ -19,9 +19,9 @@ peer without the run's secret is refused during the handshake — nothing it
 sends is read — and every request is HMAC-signed with a key of this channel.
 Ranks and agents reach it through
 :class:`pilotfill.elastic.run_store.RunStore`, a ``torch.distributed.Store``: the agents' rendezvous handler
-(:mod:`pilotfill.elastic.torch_rdzv`) and, in the workers, plain
+(:mod:`pilotfill.elastic.torch.rdzv`) and, in the workers, plain
 ``init_process_group()`` (``env://``, rebound by
-:func:`pilotfill.elastic.torch_worker.bind_store`). Each round still works
+:func:`pilotfill.elastic.worker.bind_store`). Each round still works
 under its own prefix, so rounds and jobs never see each other's keys.
 
 Why not torch's ``TCPStore``: it has no authentication, and torch 2.13's
@@ -53,13 +53,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..lease import LeaseWatch
-from ..lifecycle import LeaseState
-from ..procs import die_with_parent, start_ticks
-from ..protocol import _NUMBER, Message, _field
-from ..transport import Park, Server
+from ...lease import LeaseWatch
+from ...lifecycle import LeaseState
+from ...procs import die_with_parent, start_ticks
+from ...protocol import _NUMBER, Message, _field
+from ...transport import Park, Server
 
-PORT_FILE = "torch_store.json"
+PORT_FILE = "store.json"
 CHANNEL = "torch store"
 MAX_VALUE_BYTES = 16 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
@@ -379,9 +379,9 @@ def encode(value: bytes) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..security import load_secret
+    from ...security import load_secret
 
-    ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch_store")
+    ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch.store")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--host", default="127.0.0.1", help="the address clients on the nodes connect to")
     ap.add_argument("--lease-deadline", type=float, default=None,

@@ -1,6 +1,6 @@
 """Elastic PyTorch (``torch.distributed.elastic``) behind the runtime interface: ``runtime.kind = "torch"``.
 
-One torch elastic agent per node of a job (:mod:`pilotfill.elastic.torch_agent`),
+One torch elastic agent per node of a job (:mod:`pilotfill.elastic.torch.agent`),
 started and ended on its node through a :class:`~pilotfill.elastic.launch.NodeLauncher`
 (the node's pilot agent; :class:`~pilotfill.elastic.launch.LocalLauncher` on the
 local cluster and in tests) — this runtime never starts anything on a compute
@@ -11,7 +11,7 @@ answers the agents' ``rdzv.join``/``rdzv.poll`` (route them with
 allocated hosts have joined; agents on kept hosts hear of the change from the
 controller and hand the new round to their workers, which move to it at their
 next step boundary without stopping (``resize="in_place"``, the default:
-:mod:`pilotfill.elastic.torch_inplace`); a node that joins takes the job's
+:mod:`pilotfill.elastic.torch.inplace`); a node that joins takes the job's
 state from a peer, and a node that leaves (released, or preempted with a
 grace) leaves at a step boundary, so nothing is redone. Code that never reaches
 a loader boundary, and ``resize="restart"`` (``PILOTFILL_TORCH_RESIZE=restart``
@@ -19,7 +19,7 @@ in the controller's environment: what torch elastic does, kept to compare),
 restart every worker on a change, resuming from the last durable commit
 (:class:`pilotfill.elastic.state.ElasticState`).
 
-The run's torch store (:mod:`pilotfill.elastic.torch_store`) runs here, on the
+The run's torch store (:mod:`pilotfill.elastic.torch.store`) runs here, on the
 controller's machine, started once with the runtime; rank 0's node holds
 nothing that the job needs after it leaves, and no pilot agent can end the
 store (:func:`store_environment`), even one on the controller's own host.
@@ -51,18 +51,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import procs
-from ..lease import restarted_if_it_dies
-from ..protocol import RdzvJoin, RdzvPoll
-from .base import OnSpawn, RankExit, Runtime
-from .collectives import DEFAULT_TIMEOUT_S
-from .launch import NodeLauncher
-from .rendezvous import RendezvousBook
-from .rendezvous import handle as rendezvous_handle
+from ... import procs
+from ...lease import restarted_if_it_dies
+from ...protocol import RdzvJoin, RdzvPoll
+from ..base import OnSpawn, RankExit, Runtime
+from ..collectives import DEFAULT_TIMEOUT_S
+from ..launch import NodeLauncher
+from ..rendezvous import RendezvousBook
+from ..rendezvous import handle as rendezvous_handle
 
 if TYPE_CHECKING:
-    from ..config import Config
-from .torch_store import PORT_FILE, read_port_file
+    from ...config import Config
+from .store import PORT_FILE, read_port_file
 
 STORE_RESTART_BACKOFF_S = 2.0
 RESIZE_ENV = "PILOTFILL_TORCH_RESIZE"
@@ -151,7 +151,7 @@ class TorchRuntime(Runtime):
         self._store_started = 0.0
         self._rounds = self.run_dir / ROUNDS_DIR
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        from ..pilots.warm import want
+        from ...pilots.warm import want
 
         want(self.run_dir)  # this run's pilots keep torch warm on their nodes, for the agents placed there
         if store_lease_s is None or not self._adopt_store():
@@ -255,7 +255,7 @@ class TorchRuntime(Runtime):
     def agent_argv(self, job_id: str, host: str) -> list[str]:
         spec = self._specs[job_id]
         argv = [
-            self.python, "-m", "pilotfill.elastic.torch_agent", "--job-id", job_id, "--host", host,
+            self.python, "-m", "pilotfill.elastic.torch.agent", "--job-id", job_id, "--host", host,
             "--nproc", str(int(spec.get("ranks_per_node") or self.ranks_per_node)),
             "--min-nodes", str(spec.get("min_nodes", 1)), "--max-nodes", str(spec.get("max_nodes", 1 << 20)),
             "--poll-interval", str(self.poll_interval_s), "--stop-grace", str(self.grace_s),
@@ -282,8 +282,8 @@ class TorchRuntime(Runtime):
     def _start_store(self) -> None:
         (self.run_dir / PORT_FILE).unlink(missing_ok=True)
         self.rendezvous.store = None
-        log = self.run_dir / "logs" / "torch_store.log"
-        argv = [self.python, "-m", "pilotfill.elastic.torch_store", "--run-dir", str(self.run_dir), "--host", self.store_host]
+        log = self.run_dir / "logs" / "store.log"
+        argv = [self.python, "-m", "pilotfill.elastic.torch.store", "--run-dir", str(self.run_dir), "--host", self.store_host]
         if self.store_lease_s is not None:
             argv += ["--lease-deadline", str(self.store_lease_s)]
         self._store = procs.spawn(argv, env=store_environment(self.run_dir), log_path=str(log), outlive_parent=self.store_lease_s is not None)
@@ -342,7 +342,7 @@ class TorchRuntime(Runtime):
         deadline = time.monotonic() + timeout_s
         while self.rendezvous.store is None:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the torch store did not start; see {self.run_dir / 'logs' / 'torch_store.log'}")
+                raise TimeoutError(f"the torch store did not start; see {self.run_dir / 'logs' / 'store.log'}")
             time.sleep(0.05)
             self._check_store()
         return self.rendezvous.store

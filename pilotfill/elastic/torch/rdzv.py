@@ -9,10 +9,10 @@ joined, and ``num_nodes_waiting()`` is the controller's answer to "did the
 membership change since my round?".
 
 The round's store is the run's store on the controller's machine
-(:mod:`pilotfill.elastic.torch_store`, reached through an authenticated
+(:mod:`pilotfill.elastic.torch.store`, reached through an authenticated
 :class:`~pilotfill.elastic.run_store.RunStore`) under the round's prefix:
 ``<prefix>/agent`` for the agents, ``<prefix>/workers`` for the workers'
-``init_process_group`` (see :mod:`pilotfill.elastic.torch_worker`).
+``init_process_group`` (see :mod:`pilotfill.elastic.torch.worker`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
-from ..protocol import RdzvJoin, RdzvPoll
-from ..transport import Client, ControllerUnavailable, RequestRefused
-from .run_store import RunStore
+from ...protocol import RdzvJoin, RdzvPoll
+from ...transport import Client, ControllerUnavailable, RequestRefused
+from ..run_store import RunStore
 
 log = logging.getLogger(__name__)
 

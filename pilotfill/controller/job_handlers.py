@@ -4,7 +4,7 @@ model, return a result or a failure.
 A submission is checked (``protocol.check_spec``) and sized against the machine: a job that needs more nodes than the
 batch system could ever give is refused with the reason, one that asks for more than there is gets what there is. The
 same call again — a retry of a request an earlier incarnation applied, or a re-run of the campaign (the same key) — is
-the job it already is. Reports and commits go to :class:`~pilotfill.controller.training.Training`; every end of a job
+the job it already is. Reports and commits go to :class:`~pilotfill.controller.job_progress.JobProgress`; every end of a job
 goes to the controller's one ``end_job``.
 """
 
@@ -17,8 +17,8 @@ from typing import Any, Protocol
 from ..config import Config
 from ..lifecycle import TERMINAL, JobStatus
 from ..protocol import JobCancel, JobCommit, JobDescribe, JobFailed, JobGet, JobReport, JobResult, JobSpec, JobStatusQuery, JobSubmit, ProtocolError, check_spec
-from ..state import State
-from .training import Training
+from ..journal import Journal
+from .job_progress import JobProgress
 from .node_types import NodeTypes
 from .world import Job, World
 
@@ -38,13 +38,13 @@ class JobEnds(Protocol):
     def end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None, why: str | None = None) -> None: ...
 
 
-class JobDesk:
+class JobHandlers:
     """The handlers of the jobs' messages. ``capacity()``: the most nodes a job could ever get; ``changed()``: the
     jobs changed, the next pass decides again."""
 
-    def __init__(self, world: World, journal: State, training: Training, types: NodeTypes, ends: JobEnds, capacity: Callable[[], int],
+    def __init__(self, world: World, journal: Journal, progress: JobProgress, types: NodeTypes, ends: JobEnds, capacity: Callable[[], int],
                  checkpoint_dir: Path, changed: Callable[[], None]):  # fmt: skip
-        self.world, self.journal, self.training, self.types, self.ends = world, journal, training, types, ends
+        self.world, self.journal, self.progress, self.types, self.ends = world, journal, progress, types, ends
         self.capacity, self.checkpoint_dir, self._changed = capacity, checkpoint_dir, changed
 
     def known(self, job_id: str) -> Job:
@@ -124,14 +124,14 @@ class JobDesk:
         job = self.known(message.job_id)
         if job.status in TERMINAL:
             return {"progress": job.progress}
-        return {"progress": self.training.report(job, message, now)}
+        return {"progress": self.progress.report(job, message, now)}
 
     def commit(self, message: JobCommit, now: float) -> dict[str, Any]:
         """Rank 0 saved the job's state durably: what was counted so far survives any stop."""
         job = self.known(message.job_id)
         if job.status in TERMINAL:
             return {"committed": job.committed}
-        return {"committed": self.training.commit(job, now)}
+        return {"committed": self.progress.commit(job, now)}
 
     def describe(self, message: JobDescribe, now: float) -> dict[str, Any]:
         """A rank computed the job's model descriptor (parameters, FLOPs per sample, layer mix, batch size): the

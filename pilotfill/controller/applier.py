@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ..allocator import Allocation, HoldModel
 from ..elastic.base import Runtime
 from ..lifecycle import JobStatus, NodeState
-from .training import OUTLIVED_LIMIT, Training
+from .job_progress import OUTLIVED_LIMIT, JobProgress
 from .node_types import NodeTypes
 from .world import Job, World
 
@@ -25,12 +25,12 @@ Fail = Callable[[Job, float, str, str], None]
 """``fail(job, now, error, why)``: the job is over, failed (the controller's end of a job)."""
 
 
-class Enactment:
+class Applier:
     """Applies answers (:meth:`apply`); remembers when each running job's nodes last changed (how long an allocation
     lasts is learned from it: ``lifetimes``)."""
 
-    def __init__(self, world: World, runtime: Runtime, types: NodeTypes, training: Training, lifetimes: HoldModel, fail: Fail):
-        self.world, self.runtime, self.types, self.training, self.lifetimes = world, runtime, types, training, lifetimes
+    def __init__(self, world: World, runtime: Runtime, types: NodeTypes, progress: JobProgress, lifetimes: HoldModel, fail: Fail):
+        self.world, self.runtime, self.types, self.progress, self.lifetimes = world, runtime, types, progress, lifetimes
         self._fail = fail
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
 
@@ -67,7 +67,7 @@ class Enactment:
             if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
                 # Another kind of node: a stop (it resumes from its last commit) and a start there.
                 running = self.stop_for_a_start(job, old, lost, now, "moved to another node type")
-            if running and new and old and (lost or not set(old) <= set(new)) and self.training.forming(job) and not self.runtime.shrinks_while_forming(job.id):
+            if running and new and old and (lost or not set(old) <= set(new)) and self.progress.forming(job) and not self.runtime.shrinks_while_forming(job.id):
                 # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
                 running = self.stop_for_a_start(job, old, lost, now, f"{cause or 'shrunk'} while its ranks were forming the group")
             try:
@@ -88,7 +88,7 @@ class Enactment:
                 log.exception("runtime could not apply the allocation to %s", job.id)
                 self._fail(job, now, f"the runtime could not run the job: {exc!r}", repr(exc)[:200])
                 continue
-            self.training.measure_from(job, len(new), now)
+            self.progress.measure_from(job, len(new), now)
             moved[job.id] = len(new)
             if job.id in self._sized_at:
                 self.lifetimes.observe(now - self._sized_at[job.id])
@@ -112,12 +112,12 @@ class Enactment:
         return False
 
     def reform(self, job: Job, now: float) -> None:
-        """A running job whose ranks went silent (:meth:`.Training.stalled`): stopped, to start again from its last
+        """A running job whose ranks went silent (:meth:`.JobProgress.stalled`): stopped, to start again from its last
         commit at the next decision (said once on the progress line: the notice stays until it ends)."""
-        silent_s = self.training.silent_s
+        silent_s = self.progress.silent_s
         log.warning("job %s (%s): its ranks neither reported nor printed for %.0f s: formed again from its last commit", job.id, job.name, silent_s)
-        if self.training.notices is not None:
-            self.training.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {silent_s:.0f} s: started again from its last "
+        if self.progress.notices is not None:
+            self.progress.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {silent_s:.0f} s: started again from its last "
                                       "commit", now, level="waiting")  # fmt: skip
         self.stop(job, now, sorted(job.nodes), f"its ranks were silent for {silent_s:.0f} s")
 
@@ -125,7 +125,7 @@ class Enactment:
         world = self.world
         self.runtime.resize(job.id, new, lost=sorted(lost))
         world.update_job(job, nodes=new, rescales=job.rescales + 1)
-        self.training.resized(job, len(new) > len(old), now)
+        self.progress.resized(job, len(new) > len(old), now)
         if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new), job_id=job.id):
             world.roll_back(job)
         world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
@@ -133,7 +133,7 @@ class Enactment:
     def _start(self, job: Job, new: list[str], now: float) -> None:
         world = self.world
         self.runtime.start(job.id, self.types.start_spec(world, job, new), new)
-        self.training.started(job, now)
+        self.progress.started(job, now)
         world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
         world.log("job.started", now, job=job.id, nodes=new, progress=job.progress, **self.types.placed(world, job, new, now))
 
@@ -145,7 +145,7 @@ class Enactment:
 
     def _outlived(self, job: Job, lost: set[str], now: float) -> bool:
         """A job stopped because its pilots' walltime drained every node it had, after training most of their time
-        without a commit, has lost that work; the :data:`~.training.OUTLIVED_LIMIT`-th such run in a row fails it
+        without a commit, has lost that work; the :data:`~.job_progress.OUTLIVED_LIMIT`-th such run in a row fails it
         (True) rather than restart it for ever."""
         world = self.world
         nodes = [world.nodes[n] for n in lost if n in world.nodes]
@@ -153,10 +153,10 @@ class Enactment:
         if not nodes or any(p is None or p.walltime_end is None or node.deadline != p.walltime_end or node.state != NodeState.LEAVING for node, p in zip(nodes, pilots)):
             return False  # not (only) a walltime: a preemption, a lost node
         usable = max(node.since - p.registered_at for node, p in zip(nodes, pilots))  # a pilot's time from its start to its drain
-        if self.training.uncommitted_s(job, now) < 0.5 * usable:
+        if self.progress.uncommitted_s(job, now) < 0.5 * usable:
             return False  # it started late in its pilots' lives: no sign that it cannot fit in one
-        count = self.training.outlived(job, now)
-        world.log("job.outlived", now, job=job.id, runs=count, uncommitted_s=round(self.training.uncommitted_s(job, now), 3), pilot_s=round(usable, 3))
+        count = self.progress.outlived(job, now)
+        world.log("job.outlived", now, job=job.id, runs=count, uncommitted_s=round(self.progress.uncommitted_s(job, now), 3), pilot_s=round(usable, 3))
         if count < OUTLIVED_LIMIT:
             return False
         self._fail(job, now, f"the job lost its work to its pilots' walltime {count} times in a row with nothing committed in between: it trains "

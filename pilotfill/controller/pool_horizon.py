@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..allocator import HoldModel
-from ..state import State
+from ..journal import Journal
 from .world import World
 
 HORIZON_EXACT_NODES = 1000
@@ -30,7 +30,7 @@ class PoolHorizon:
     """The horizon of one controller: the holds and allocation lifetimes it learned, and the pool's ages read when
     they changed enough to move the median."""
 
-    def __init__(self, world: World, journal: State, t_fwd: float = 0.0):
+    def __init__(self, world: World, journal: Journal, t_fwd: float = 0.0):
         self.world = world
         self.journal = journal
         self.t_fwd = t_fwd

@@ -17,7 +17,7 @@ from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import Ends, PilotManager
 from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
 from ..transport import Park
-from .liveness import Heard
+from .liveness import LastHeard
 from .recovery import Adoption
 from .world import World
 
@@ -43,11 +43,11 @@ class Wakes:
         self._due.clear()
 
 
-class PilotDesk:
+class PilotHandlers:
     """The handlers of the pilots' messages. ``ends``: the controller's ``remove_nodes``; ``changed()``: the pool
     changed, the next pass decides again."""
 
-    def __init__(self, world: World, heard: Heard, launcher: AgentLauncher, pilots: PilotManager, wakes: Wakes, ends: Ends, incarnation: int,
+    def __init__(self, world: World, heard: LastHeard, launcher: AgentLauncher, pilots: PilotManager, wakes: Wakes, ends: Ends, incarnation: int,
                  heartbeat_s: float, changed: Callable[[], None], adoption: Adoption | None = None):  # fmt: skip
         """``adoption``: the jobs' processes this controller adopted from its predecessor, per pilot (controller/recovery.py)."""
         self.world, self.heard, self.launcher, self.pilots, self.wakes, self.ends = world, heard, launcher, pilots, wakes, ends

@@ -6,7 +6,7 @@ with ``extra`` more: :class:`~pilotfill.pilots.manager.Question`). Both weigh
 the same jobs the same way — every running job, and waiting ones from two
 queues, the most promising first, copies of a sweep a few at a time — and
 both leave out the free nodes whose pilot ends before a rescale would pay.
-:class:`Weighing` holds that, with what it remembers between questions (how
+:class:`Planner` holds that, with what it remembers between questions (how
 many copies of a kind the last answer used, the last question's answer). It
 reads the world and changes nothing in it but a job the allocator cannot use,
 which it fails through the controller (``fail``).
@@ -33,14 +33,14 @@ from .walltime import Walltimes
 from .world import Job, World
 
 MIN_COPIES = 4
-"""Waiting jobs of one kind a decision weighs at least (see :meth:`Weighing.solve`)."""
+"""Waiting jobs of one kind a decision weighs at least (see :meth:`Planner.solve`)."""
 SOLVER_CLOCK = time.thread_time
 """What the allocator's time limit is read on (it reads no clock of its own): this thread's CPU time, not the wall's,
 so that on a busy host the same problem gets the same search and the controller's other threads do not spend it."""
 
 
 class Solved(NamedTuple):
-    """What :meth:`Weighing.solve` weighed and answered."""
+    """What :meth:`Planner.solve` weighed and answered."""
 
     active: list[Job]  # the jobs weighed (running, and waiting ones by rank)
     problem: Problem
@@ -50,7 +50,7 @@ class Solved(NamedTuple):
     unweighed: tuple[Job, ...] = ()  # with ``again``: the copies of those kinds not weighed yet
 
 
-class Weighing:
+class Planner:
     """The jobs a decision or the pilots' question weighs, its problem and the allocator's answer (the controller's
     :class:`~pilotfill.pilots.manager.Question`)."""
 

@@ -29,7 +29,7 @@ import torch.distributed  # noqa: F401
 import torch.nn.parallel  # noqa: F401
 
 import pilotfill.elastic.state  # noqa: F401
-import pilotfill.elastic.torch_worker  # noqa: F401
+import pilotfill.elastic.torch.worker  # noqa: F401
 import pilotfill.report  # noqa: F401
 from pilotfill.elastic.collectives import configure_process_groups
 from pilotfill.elastic.guard import refuse_horovod

@@ -2,10 +2,10 @@
 the rate it trains at — learned only from reports that describe steady training at the size it holds.
 
 A report is not always the job's throughput: the first after a start or a resize covers imports, rendezvous and
-restoring (it measures what the change cost, :meth:`Training.report`); a torch job's old ranks report at the old size
+restoring (it measures what the change cost, :meth:`JobProgress.report`); a torch job's old ranks report at the old size
 until the new rendezvous round's ranks do (``Runtime.resize_restarts_ranks``); and work reported is not work kept,
 only what a commit covered survives a stop. The controller hands each report here and is told whether the estimate
-changed; the :class:`~pilotfill.controller.meter.Meter` of each job measures one size at a time.
+changed; the :class:`~pilotfill.controller.throughput.Meter` of each job measures one size at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..allocator import Profiler
 from ..elastic.base import Runtime
 from ..lifecycle import JobStatus
 from ..protocol import JobReport
-from .meter import Meter
+from .throughput import Meter
 from .notices import Notices
 from .node_types import NodeTypes
 from .world import Job, World
@@ -33,7 +33,7 @@ OUTLIVED_LIMIT = 3
 longer between commits than a pilot lasts, and would be restarted for ever."""
 
 
-class Training:
+class JobProgress:
     """Per running job: its meter (:class:`Meter`), its last start or resize not yet seen training, its last commit.
 
     ``runtime``: asked whether a resize restarts every rank; ``at_commit(job, now)``: a commit happened (ranks told to

@@ -12,7 +12,7 @@ in memory; only its process group changes, at a step boundary:
   whether to re-form now — all of them at the same step, or none;
 * **survivors** leave their group there, join the controller's next round (new
   rank and world size, its store prefix; the node's torch agent hands them the
-  round in a *notice*, :mod:`pilotfill.elastic.torch_agent`), point every
+  round in a *notice*, :mod:`pilotfill.elastic.torch.agent`), point every
   ``DistributedDataParallel`` they hold at the new group (a new reducer,
   :func:`regroup_ddp`) and go on with the same step;
 * **joiners** (a new node's workers, or a node's restarted workers) run the
@@ -28,7 +28,7 @@ in memory; only its process group changes, at a step boundary:
   so they keep every step they took. One stuck away from any boundary (waiting
   on a vanished peer) goes after a few steps' time instead;
 * **a hard loss** (a peer killed, a node gone silent, a collective that fails)
-  ends the worker as before (:mod:`pilotfill.elastic.torch_worker`); its agent
+  ends the worker as before (:mod:`pilotfill.elastic.torch.worker`); its agent
   starts it again provisional, and it resumes from the last commit as its node
   holds it in memory (``/dev/shm``: local rank 0 writes each commit there), not
   from the durable copy.
@@ -341,7 +341,7 @@ class Membership:
         """Leave this group, join the agent's newer round, point the job's DDPs at it, and sync the state."""
         import torch.distributed as dist
 
-        from .torch_worker import bind_store
+        from .worker import bind_store
 
         notice = self._await_notice(self.round)
         started = time.monotonic()
@@ -368,7 +368,7 @@ class Membership:
         moved = self._sync(was_provisional)
         self.paused_s = time.monotonic() - paused_from
         self._say(parked=None, wants=None)
-        from ..report import measure_from
+        from ...report import measure_from
 
         measure_from(time.time())  # the next report is the first of the new size (what the change cost)
         log.info("rank %d of %d in round %d (%.2f s to re-form, %s)", rank, world, notice.round, time.monotonic() - started, moved)
@@ -496,7 +496,7 @@ class Membership:
                 print(f"pilotfill: rank {self.rank} was told to go and reached no step boundary for {idle:.1f} s: leaving now", file=sys.stderr, flush=True)
                 os._exit(143)
             if self.boundaries and idle > max(STUCK_REFORM_S, 10 * self.step_s) and self._newer_notice():
-                from .torch_worker import EXIT_PEER_LOST
+                from .worker import EXIT_PEER_LOST
 
                 print(f"pilotfill: rank {self.rank} reached no step boundary for {idle:.1f} s while its job re-forms (a peer it waits on is gone): "
                       "restarting from the commit its node holds", file=sys.stderr, flush=True)  # fmt: skip

@@ -1,13 +1,13 @@
 """One rank under the torch runtime: :mod:`pilotfill.elastic.rank`, adapted to torch elastic.
 
-The elastic agent (:mod:`pilotfill.elastic.torch_agent`) starts it — forked
+The elastic agent (:mod:`pilotfill.elastic.torch.agent`) starts it — forked
 from a warm forkserver as a function (:func:`entry`), or as
-``python -m pilotfill.elastic.torch_worker``. It fetches the job and runs its
+``python -m pilotfill.elastic.torch.worker``. It fetches the job and runs its
 function like ``rank`` does, with three differences:
 
 * the round's store namespace: a plain ``dist.init_process_group()``
   (``env://``) uses the run's store at ``MASTER_ADDR:MASTER_PORT`` — an
-  authenticated store only the run's processes can use (:mod:`.torch_store`),
+  authenticated store only the run's processes can use (:mod:`.store`),
   not a ``TCPStore`` — under the round's prefix (``PILOTFILL_RDZV_PREFIX``), so
   it never sees another round's or another job's keys;
 * when the job's function raises, what happened is judged by what happened
@@ -43,14 +43,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..procs import die_with_parent
-from ..protocol import JobFailed, JobGet, JobResult, JobStatusQuery, RdzvPoll
-from ..transport import Client, ControllerUnavailable, RequestRefused
-from .collectives import configure_process_groups
-from .ending import exited_text
-from . import torch_inplace
-from .guard import refuse_horovod
-from .rank import resolve, run_parsl_task
+from ...procs import die_with_parent
+from ...protocol import JobFailed, JobGet, JobResult, JobStatusQuery, RdzvPoll
+from ...transport import Client, ControllerUnavailable, RequestRefused
+from ..collectives import configure_process_groups
+from ..ending import exited_text
+from . import inplace
+from ..guard import refuse_horovod
+from ..rank import resolve, run_parsl_task
 
 EXIT_PEER_LOST = 75
 """Exit status of a rank whose collective failed because another rank is gone (EX_TEMPFAIL)."""
@@ -139,7 +139,7 @@ class Peers:
     def _store(self, prefix: str):
         from torch.distributed import PrefixStore
 
-        from .run_store import RunStore
+        from ..run_store import RunStore
 
         run_dir, host, port = self.where
         return PrefixStore(prefix, RunStore(run_dir, host, int(port), timeout=timedelta(seconds=10)))
@@ -288,7 +288,7 @@ def bind_store(prefix: str | None = None) -> None:
 
     from torch.distributed import PrefixStore
 
-    from .run_store import RunStore
+    from ..run_store import RunStore
 
     rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module; torch.distributed.rendezvous is also a function
     handlers = rdzv._rendezvous_handlers  # torch's scheme -> handler table (register_rendezvous_handler refuses to replace)
@@ -315,7 +315,7 @@ def main() -> int:
     die_with_parent()
     refuse_horovod("torch")  # before the app's code: hvd.init() here would be a world of one per rank
     configure_process_groups()  # a peer that leaves cannot hang a collective for torch's 10-30 min
-    torch_inplace.install()  # its agent says whether this worker outlives membership changes (torch_inplace)
+    inplace.install()  # its agent says whether this worker outlives membership changes (inplace.py)
     bind_store()
     run_dir, job_id = os.environ["PILOTFILL_RUN_DIR"], os.environ["PILOTFILL_JOB_ID"]
     client = Client(run_dir, timeout_s=60)
@@ -358,7 +358,7 @@ def entry() -> None:
 
 
 def entry_in_place(env: dict[str, str]) -> None:
-    """What the in-place agent forks (:mod:`pilotfill.elastic.torch_agent`): this worker's environment, then
+    """What the in-place agent forks (:mod:`pilotfill.elastic.torch.agent`): this worker's environment, then
     :func:`entry`. Its status is its exit code (the agent reads ``Process.exitcode``)."""
     os.environ.update(env)
     import logging
@@ -378,7 +378,7 @@ def entry_in_place(env: dict[str, str]) -> None:
         os._exit(done.code if isinstance(done.code, int) else 1)
     sys.stdout.flush()
     sys.stderr.flush()
-    torch_inplace.returned()  # its agent tells this from an app's own os._exit(0), which is the app's end
+    inplace.returned()  # its agent tells this from an app's own os._exit(0), which is the app's end
     os._exit(0)  # no interpreter teardown: a gloo group's destructor can wait on peers that are gone
 
 
