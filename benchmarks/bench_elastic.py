@@ -363,6 +363,8 @@ def pilotfill_changes(repeats: int, root: Path, kind: str, resize: str | None = 
         releases: list[tuple[float, float]] = []  # (released, given back) times
         for _ in range(repeats):
             wait_until(lambda: _nodes_of(client, job) == 2, 120, 0.2)
+            since = time.time()
+            wait_until(lambda: steps.first("pf-node-0", 2, since) is not None, 120, 0.1)  # trains at two (a grow back is done)
             time.sleep(3)
             greedy = client.submit(RELEASED)
             t0 = time.time()
@@ -392,7 +394,7 @@ def pilotfill_changes(repeats: int, root: Path, kind: str, resize: str | None = 
             up = next((e["time"] for e in resized if e["time"] >= back and e["data"]["after"] == 2), None)
             first = _first(mine, "pf-node-0", 1, down) if down is not None else None
             if first is not None:
-                out["release"].append(first["time"] - _last_before(mine, "pf-node-0", 2, first["time"]))
+                out["release"].append(first["time"] - _last_before(mine, "pf-node-0", None, first["time"]))
             if up is not None:
                 _grow(steps, mine, up, out["regrow"], out["regrow_pause"])
         out["restarted"] = [len({r["pid"] for r in mine if r["host"] == "pf-node-0"}) - 1]
@@ -413,8 +415,9 @@ def _first(rows: list[dict], host: str, world: int, after: float) -> dict | None
     return next((r for r in rows if r["host"] == host and r["world"] == world and r["time"] > after), None)
 
 
-def _last_before(rows: list[dict], host: str, world: int, before: float) -> float:
-    times = [r["time"] for r in rows if r["host"] == host and r["world"] == world and r["time"] < before]
+def _last_before(rows: list[dict], host: str, world: int | None, before: float) -> float:
+    """When ``host`` last stepped before ``before`` (at size ``world``; None: at any size)."""
+    times = [r["time"] for r in rows if r["host"] == host and world in (None, r["world"]) and r["time"] < before]
     return max(times) if times else float("nan")
 
 

@@ -296,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     from ..procs import die_with_parent
 
     die_with_parent()  # it goes with the pilot's agent, and what it forked with it
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    # Slurm signals every process of a preempted job, not only its top one: a zygote that went at SIGTERM took the torch
+    # agents it forked along (they die with it), and their workers died in the middle of a step instead of leaving at
+    # the next boundary. It goes when the pilot's agent does, after the workers had their grace.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve(Path(args.socket))
     return 0
 
