@@ -287,6 +287,8 @@ AGENT_MOVES: dict[AgentPhase, frozenset[AgentPhase]] = {
 }
 TICK_S = 0.02
 REFORM_ASK_S = 3.0
+JOIN_RETRY_S = 0.05
+"""A join answered "wait" (the round waits for its other hosts) is asked again this often until the round closes."""
 """A worker that waits this long for a round nobody opened (a collective failed with every node still there) has its
 agent ask for one: the same hosts, re-formed."""
 
@@ -320,6 +322,8 @@ class InPlaceAgent:
         self.term_at: float | None = None
         self.deadline: float | None = None
         self._polled = 0.0
+        self._join_asked: float | None = None  # a join of a newer round answered "wait": asked again every JOIN_RETRY_S
+        self._join_waits_since = 0.0
         self._nudged: float | None = None
         self._joining_since: float | None = None
         self._want_since: float | None = None
@@ -402,23 +406,33 @@ class InPlaceAgent:
             self._want_since = time.monotonic()
         elif not wants:
             self._want_since = None
-        if not asked and time.monotonic() - self._polled < self.args.poll_interval:
-            return
-        reply = self._poll(self.round)
-        if reply is None:
-            return
-        if not reply.get("current") or not reply.get("member", True):
-            log.info("%s: no part in %s any more: its workers leave at their next step", self.args.host, self.args.job_id)
-            self._move(AgentPhase.LEAVING)
-            self._tell_leave()
-            return
-        changed = int(reply.get("waiting") or 0) > 0 or reply.get("current") != self.round
-        stuck = self._want_since is not None and time.monotonic() - self._want_since > REFORM_ASK_S
-        if not (changed or stuck):
-            return
-        if not all(self._formed(i) for i in self.workers if self.workers[i].is_alive()):
-            return  # its workers are still moving to the last round: one move at a time, so every rank goes to the same
+        if self._join_asked is not None and time.monotonic() - self._join_waits_since > REFORM_ASK_S:
+            self._join_asked = None  # a host that never joins: back to asking at the poll interval
+        if self._join_asked is not None:
+            if time.monotonic() - self._join_asked < JOIN_RETRY_S:
+                return  # the round closes when its last host joins: this one hears it at its next ask, not a poll later
+        else:
+            if not asked and time.monotonic() - self._polled < self.args.poll_interval:
+                return
+            reply = self._poll(self.round)
+            if reply is None:
+                return
+            if not reply.get("current") or not reply.get("member", True):
+                log.info("%s: no part in %s any more: its workers leave at their next step", self.args.host, self.args.job_id)
+                self._move(AgentPhase.LEAVING)
+                self._tell_leave()
+                return
+            changed = int(reply.get("waiting") or 0) > 0 or reply.get("current") != self.round
+            stuck = self._want_since is not None and time.monotonic() - self._want_since > REFORM_ASK_S
+            if not (changed or stuck):
+                return
+            if not all(self._formed(i) for i in self.workers if self.workers[i].is_alive()):
+                return  # its workers are still moving to the last round: one move at a time, so every rank goes to the same
         reply = self._join()  # a newer round; or, stuck, the same hosts re-formed (the book opens one)
+        waits = reply is not None and reply.get("state") == "wait"
+        if waits and self._join_asked is None:
+            self._join_waits_since = time.monotonic()
+        self._join_asked = time.monotonic() if waits else None
         if reply is None or reply.get("state") == "wait":
             return
         if reply.get("state") == "ended":
