@@ -26,6 +26,7 @@ FULL = [
     ["benchmarks/bench_replay.py"],
     ["benchmarks/bench_hetero.py"],
     ["benchmarks/bench_pbs.py"],  # the real OpenPBS of the tests (root): what pilots cost the main workload
+    ["benchmarks/bench_slurm.py", "--repeats", "3"],  # the real Slurm (root): a torch job's resizes, the main job's wait behind training
     ["benchmarks/bench_loader.py"],  # the NAS leaderboard held still and under churn; the elastic loader's cost per step
     ["benchmarks/bench_elastic.py"],  # a torch job's resizes on the local cluster: restarting its workers and in place
     ["benchmarks/bench_rescale.py"],  # the realistic week with today's rescale costs and the in-place runtime's
