@@ -5,7 +5,7 @@
 
 torch's ``LocalElasticAgent`` with the ``pilotfill`` rendezvous backend
 (:mod:`pilotfill.elastic.torch.rdzv`) and N workers running
-:func:`pilotfill.elastic.worker.entry`. Each worker gets torchrun's
+:func:`pilotfill.elastic.torch.worker.entry`. Each worker gets torchrun's
 RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT (the run's
 store on the controller's machine) and TORCHELASTIC_*, plus PILOTFILL_RUN_DIR,
 PILOTFILL_JOB_ID, PILOTFILL_HOST, PILOTFILL_RUNTIME=torch, the round's store

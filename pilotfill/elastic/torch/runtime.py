@@ -282,7 +282,7 @@ class TorchRuntime(Runtime):
     def _start_store(self) -> None:
         (self.run_dir / PORT_FILE).unlink(missing_ok=True)
         self.rendezvous.store = None
-        log = self.run_dir / "logs" / "store.log"
+        log = self.run_dir / "logs" / "torch_store.log"
         argv = [self.python, "-m", "pilotfill.elastic.torch.store", "--run-dir", str(self.run_dir), "--host", self.store_host]
         if self.store_lease_s is not None:
             argv += ["--lease-deadline", str(self.store_lease_s)]
@@ -342,7 +342,7 @@ class TorchRuntime(Runtime):
         deadline = time.monotonic() + timeout_s
         while self.rendezvous.store is None:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the torch store did not start; see {self.run_dir / 'logs' / 'store.log'}")
+                raise TimeoutError(f"the torch store did not start; see {self.run_dir / 'logs' / 'torch_store.log'}")
             time.sleep(0.05)
             self._check_store()
         return self.rendezvous.store

@@ -4,7 +4,7 @@
 
 Started once by the torch runtime (:mod:`pilotfill.elastic.torch`); it listens
 on a random port and writes ``{"host", "port", "pid", "ticks"}`` to
-``RUN/store.json`` (mode 0600, atomically) for the runtime, which hands
+``RUN/torch_store.json`` (mode 0600, atomically) for the runtime, which hands
 it out in rendezvous replies. Rank 0's node holds nothing: when any node goes,
 the store and every other round's keys stay. It dies with the controller that
 started it — unless ``pilotfill run`` restarts that controller
@@ -21,7 +21,7 @@ Ranks and agents reach it through
 :class:`pilotfill.elastic.run_store.RunStore`, a ``torch.distributed.Store``: the agents' rendezvous handler
 (:mod:`pilotfill.elastic.torch.rdzv`) and, in the workers, plain
 ``init_process_group()`` (``env://``, rebound by
-:func:`pilotfill.elastic.worker.bind_store`). Each round still works
+:func:`pilotfill.elastic.torch.worker.bind_store`). Each round still works
 under its own prefix, so rounds and jobs never see each other's keys.
 
 Why not torch's ``TCPStore``: it has no authentication, and torch 2.13's
@@ -59,7 +59,7 @@ from ...procs import die_with_parent, start_ticks
 from ...protocol import _NUMBER, Message, _field
 from ...transport import Park, Server
 
-PORT_FILE = "store.json"
+PORT_FILE = "torch_store.json"
 CHANNEL = "torch store"
 MAX_VALUE_BYTES = 16 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
