@@ -395,12 +395,20 @@ def test_a_preempted_pilots_whole_process_tree_is_gone_before_the_main_job_start
 TORCH_CAMPAIGN = """
 import pilotfill
 
-@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
-def train(epochs, width):
-    from pilotfill.workloads import digits
-    return digits.train(epochs=epochs, width=width, step_delay_s=0.02)
+HOLD = "HOLD_FILE"
 
-short, long = train(SHORT, 16), train(LONG, 32)
+@pilotfill.elastic_app(min_nodes=1, max_nodes=2)
+def train(epochs, width, hold=False):
+    import os
+    from pilotfill.workloads import digits
+
+    class Held(int):  # not reached while HOLD exists: the test preempts a pilot of this training, then lets it end
+        def __gt__(self, epoch):
+            return os.path.exists(HOLD) or int(self) > epoch
+
+    return {"val_accuracy": digits.train(epochs=Held(epochs) if hold else epochs, width=width, step_delay_s=0.02)["val_accuracy"]}
+
+short, long = train(SHORT, 16), train(LONG, 32, hold=True)
 print("results", [r["val_accuracy"] > 0.5 for r in (short.result(), long.result())])
 """
 
@@ -422,7 +430,9 @@ def test_a_torch_campaign_survives_preemption_and_releases_with_one_store(pbs, t
     pbs("pbs_standin", "exec", "on")
     config, campaign, run_dir, out = tmp_path / "pbs.toml", tmp_path / "campaign.py", tmp_path / "run", tmp_path / "campaign.out"
     config.write_text(CONFIG.replace("nodes_per_pilot = 2", "nodes_per_pilot = 1").replace('kind = "processes"', 'kind = "torch"'))
-    campaign.write_text(TORCH_CAMPAIGN.replace("SHORT", "3").replace("LONG", "40"))
+    hold = tmp_path / "hold"
+    hold.touch()  # the long training goes on until a pilot of it was preempted (it once finished first on a quiet machine)
+    campaign.write_text(TORCH_CAMPAIGN.replace("SHORT", "3").replace("LONG", "10").replace("HOLD_FILE", str(hold)))
     proc = start_run(campaign, config, run_dir, out)
     try:
         wait_for(lambda: (run_dir / "controller.json").exists(), 120, "the controller")
@@ -430,8 +440,8 @@ def test_a_torch_campaign_survives_preemption_and_releases_with_one_store(pbs, t
 
         def long_job_running_after_the_short_one():
             snap = client.snapshot()
-            jobs = {j["name"]: j for j in snap["jobs"]}
-            short, long = jobs.get("train(3, 16)"), jobs.get("train(40, 32)")
+            short = next((j for j in snap["jobs"] if j["name"].startswith("train(3, 16")), None)
+            long = next((j for j in snap["jobs"] if j["name"].startswith("train(10, 32")), None)
             if short is None or long is None or short["status"] != "finished" or long["status"] != "running" or not long["nodes"]:
                 return None
             return next((p for p in snap["pilots"] if p["state"] == "running" and set(p["nodes"]) & set(long["nodes"])), None)
@@ -445,6 +455,8 @@ def test_a_torch_campaign_survives_preemption_and_releases_with_one_store(pbs, t
             return pilot is not None and pbs("pbs_standin", "preempt", pilot["scheduler_id"], "20", check=False).returncode == 0
 
         wait_for(preempted, 120, "a pilot of the long training to preempt", detail=lambda: out.read_text()[-2000:])
+        wait_for(lambda: journal(run_dir, "pilot.requeued") or journal(run_dir, "node.leaving"), 120, "the preemption to be seen")
+        hold.unlink()
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
