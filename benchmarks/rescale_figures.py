@@ -47,15 +47,11 @@ def figures(rows: list[dict], joins: list[tuple[float, str]], leaves: list[tuple
             continue
         out["grow"].append(mine["time"] - t)
         other = next((r for r in rows if r["host"] != host and r["time"] > t and r["world"] == mine["world"]), None)
-        pause = other["time"] - _before(rows, other["host"], other["time"]) if other is not None else math.nan
-        if not math.isnan(pause):  # a peer that had trained before the join
-            out["grow_pause"].append(pause)
+        out["grow_pause"] += _pause(rows, other)
     for t, host in leaves:
         was = max((r["world"] for r in rows if r["time"] <= t and r["time"] > t - 10), default=None)
         other = next((r for r in rows if r["host"] != host and r["time"] > t and was is not None and r["world"] < was), None)
-        pause = other["time"] - _before(rows, other["host"], other["time"]) if other is not None else math.nan
-        if not math.isnan(pause):
-            out["shrink"].append(pause)
+        out["shrink"] += _pause(rows, other)
     changes = sorted([(t, h) for t, h in joins] + [(t, h) for t, h in leaves])
     restarted = 0
     last: dict[str, dict] = {}
@@ -71,6 +67,12 @@ def figures(rows: list[dict], joins: list[tuple[float, str]], leaves: list[tuple
             seen.setdefault((r["epoch"], r["start"]), []).append(r["size"])
     out["redone"] = [float(sum(sum(sizes[1:]) for sizes in seen.values()))]
     return out
+
+
+def _pause(rows: list[dict], step: dict | None) -> list[float]:
+    """How long ``step``'s host stood still before it: [] without a step, or with none of its host's before it."""
+    pause = step["time"] - _before(rows, step["host"], step["time"]) if step is not None else math.nan
+    return [] if math.isnan(pause) else [pause]
 
 
 def _before(rows: list[dict], host: str, t: float) -> float:

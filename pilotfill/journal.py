@@ -21,6 +21,7 @@ was written; a reader inside the transaction sees it first.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -343,10 +344,8 @@ class Journal:
         self._events.clear()
         self._meta.clear()
         self._keys.clear()  # what the table holds is read again
-        try:
+        with contextlib.suppress(sqlite3.Error):  # SQLite already rolled back on the error: nothing left to undo
             self.db.execute("ROLLBACK")
-        except sqlite3.Error:
-            pass
 
     # ---------------------------------------------------------------- gathered writes
 
