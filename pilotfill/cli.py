@@ -18,7 +18,7 @@ from rich.text import Text
 
 from .allocator import Formulation, Objective
 from .allocator.similarity import LibraryError
-from .config import SimilarityConfig
+from .config import ControllerConfig, SimilarityConfig
 from .library_file import read_library
 from .lifecycle import LIVE_PILOT_STATES, JobStatus
 from .traces import InputError, format_time, parse_time, read_jobs, read_models, read_trace, with_models
@@ -205,6 +205,7 @@ def replay(
     hold_out: Annotated[Optional[str], typer.Option(help="Leave this family (a library entry's family) out of the library.")] = None,
     objective: Annotated[Objective, typer.Option(help="samples: the most samples in all; share: each group (--share-by) its share of the machine first, then the most samples.")] = Objective.SAMPLES,
     share_by: Annotated[ShareBy, typer.Option(help="With --objective share, a job's group: the job file's group column, its model, or its model's family (the model less -bsN).")] = ShareBy.group,
+    share_cost: Annotated[float, typer.Option(help="With --objective share: the most of a decision's samples optimum the shares may cost (1: whole shares, whatever they cost).", min=0.0, max=1.0)] = ControllerConfig.share_cost,
     far: Annotated[float, typer.Option(help="With --library: a model whose nearest library model is less similar than this is measured once on every type (0: trust any neighbour).", min=0.0, max=1.0)] = SimilarityConfig.far,
     admission: Annotated[Admission, typer.Option(help="Which waiting jobs a decision weighs: worth: by what starting each would add (a job waiting a day goes first); arrival: first come, first served (BFTrainer's setup).")] = Admission.worth,
 ) -> None:
@@ -240,7 +241,8 @@ def replay(
         tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
         time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
         pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
-        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value, far=far, admission=admission.value,
+        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value, share_cost=share_cost, far=far,
+        admission=admission.value,
     )  # fmt: skip
 
     if tui and not as_json:

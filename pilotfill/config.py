@@ -52,6 +52,7 @@ class ControllerConfig:
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
     objective: str = "samples"  # the most samples in all (BFTrainer's); "share": each job group (spec "group") its share of the machine first (allocator/shares.py)
+    share_cost: float = 0.03  # objective "share": the most of a decision's samples optimum the shares may cost (1: the whole shares, whatever they cost)
     admission: str = "worth"  # which waiting jobs a decision weighs: by what starting each would add ("worth"; a job waiting a day goes first), or "arrival" (first come, first served: BFTrainer's)
     max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
 
@@ -132,13 +133,14 @@ class Config:
 
 SCHEDULERS = BATCH_SYSTEM_NAMES  # pilotfill/schedulers/registry.py
 OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
-MAY_BE_ZERO = {"gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s", "far"}
+MAY_BE_ZERO = {"share_cost", "gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s", "far"}
 # Values that validate as numbers and then cannot work (issue: tick_s = 1e12 killed the controller four times with an
 # OverflowError in zmq_poll; heartbeat_s = 1e-6 lost 12 pilots in 30 s): (lowest, highest, what goes wrong outside).
 BOUNDS: dict[str, tuple[float, float, str]] = {
     "similarity.far": (0.0, 1.0, "a similarity is at most 1: above it every model would be measured on every type"),
     "controller.tick_s": (0.01, 60.0, "the controller's loop waits this long between passes; beyond a minute nothing is timely"),
     "controller.solver_time_limit_s": (0.01, 600.0, "a decision may take this long"),
+    "controller.share_cost": (0.0, 1.0, "a fraction of the samples optimum"),
     "pilots.heartbeat_s": (0.05, 600.0, "each agent asks the controller this often; faster floods it"),
     "pilots.heartbeat_deadline_s": (0.5, 3600.0, "a pilot silent this long is taken for lost"),
     "pilots.grace_s": (0.1, 3600.0, "ranks get this long to commit after SIGTERM"),

@@ -247,6 +247,7 @@ class Replay:
     library: Library | None = None  # the similarity policy's measured models (learned profiles; jobs need descriptors)
     library_learns: bool = False  # jobs measured in this replay join the library (False: held-out models stay held out)
     objective: str = "samples"  # the controller's: "samples" or "share" (each group its share first)
+    share_cost: float = ControllerConfig.share_cost  # objective "share": the most of a decision's samples optimum the shares may cost
     admission: str = "worth"  # the controller's: waiting jobs weighed by what starting each would add, or "arrival" (BFTrainer's)
     overdue_s: float | None = None  # admission by worth: how long a job waits before it is due (None: the controller's own)
     due_share: float | None = None  # admission by worth: the most of the room due jobs take at once (None: the controller's own)
@@ -263,6 +264,8 @@ class Replay:
             raise ValueError(f"share_by must be one of {', '.join(SHARE_BY)}, got {self.share_by!r}")
         if not 0.0 <= self.far <= 1.0:
             raise ValueError(f"far must be a similarity from 0 to 1, got {self.far!r}")
+        if not 0.0 <= self.share_cost <= 1.0:
+            raise ValueError(f"share_cost must be between 0 and 1, got {self.share_cost!r}")
         if self.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.node_types not in ("aware", "blind"):
@@ -285,7 +288,7 @@ class Replay:
         pilots = PilotConfig(heartbeat_s=span, heartbeat_deadline_s=2 * span + 1, grace_s=self.grace_s, nodes_per_pilot=self.nodes_per_pilot,
                              max_queued_pilots=self.max_queued_pilots, max_submits_per_minute=self.max_submits_per_minute)  # fmt: skip
         controller = ControllerConfig(tick_s=1.0, t_fwd=self.t_fwd, max_jobs=self.max_jobs, solver_time_limit_s=self.time_limit_s, formulation=self.formulation,
-                                      objective=self.objective, admission=self.admission)  # fmt: skip
+                                      objective=self.objective, share_cost=self.share_cost, admission=self.admission)  # fmt: skip
         if not self.typed:
             return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
         types = tuple(NodeTypeConfig(t) for t in sorted(self.trace.type_counts()))

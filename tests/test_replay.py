@@ -221,7 +221,7 @@ def test_a_model_like_nothing_in_the_library_is_measured_on_every_type_before_it
         replay(typed_trace(write), jobs, far=1.5)
 
 
-def test_the_share_objective_gives_a_slow_group_its_share_and_samples_gives_it_none(write):
+def test_whole_shares_give_a_slow_group_its_share_and_samples_gives_it_none(write):
     # Group "fast" has three jobs of 1000/s per node, group "slow" two of 10/s; eight nodes for 1000 s.
     header = JOB_HEADER + ",group"
     rows = [f"f{i},m,{T0},1,4,1e12,0,0,0;1;4,0;1000;4000,fast" for i in range(3)]
@@ -231,15 +231,20 @@ def test_the_share_objective_gives_a_slow_group_its_share_and_samples_gives_it_n
     tr = trace_file(write, {f"n{i}": True for i in range(8)}, [], end=1000)
     rate = lambda r, g: sum(j.samples for j in r.jobs if j.name[0] == g) / 900  # noqa: E731 — past the first moments
     samples = replay(tr, jobs, t_fwd=600)
-    share = replay(tr, jobs, t_fwd=600, objective="share")
+    share = replay(tr, jobs, t_fwd=600, objective="share", share_cost=1.0)
     assert rate(samples, "s") == 0  # every node earns more on a fast job
     assert rate(share, "s") >= 0.9 * 4 * 10  # the slow group's half of the machine: 4 nodes, 10/s each
     assert 0.9 * 4 * 1000 <= rate(share, "f") <= (4 * 1000 * 1000 + 8 * 1000) / 900  # and the fast group its half (all 8 in the first second)
     assert share.samples < samples.samples
-    by_model = replay(tr, jobs, t_fwd=600, objective="share", share_by="model")  # every job's model is "m": one group
+    # At the default bound the slow group's half of the machine would cost about half the samples: it gets what 3 % buys.
+    bounded = replay(tr, jobs, t_fwd=600, objective="share")
+    assert bounded.samples >= 0.97 * samples.samples and rate(bounded, "s") < rate(share, "s")
+    by_model = replay(tr, jobs, t_fwd=600, objective="share", share_by="model", share_cost=1.0)  # every job's model is "m": one group
     assert rate(by_model, "s") == 0
     with pytest.raises(ValueError, match="share_by must be one of group, model, family"):
         Replay(tr, jobs, share_by="user")
+    with pytest.raises(ValueError, match="share_cost must be between 0 and 1"):
+        Replay(tr, jobs, share_cost=1.5)
 
 
 def test_a_type_aware_replay_places_each_job_where_it_is_fastest(write):

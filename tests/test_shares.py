@@ -66,7 +66,7 @@ def test_every_group_gets_at_least_its_share_optimum_and_the_answer_fits():
         tables = _random(rng, rng.randint(2, 9), types)
         groups = [rng.choice("AB C") for _ in tables]
         caps = {t: rng.randint(0, 6) for t in types}
-        choices, value, how = shares.solve(tables, groups, caps)
+        choices, value, how = shares.solve(tables, groups, caps, cost=1.0)
         assert how == "share" or how.startswith("share-")
         for t in types:
             assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
@@ -97,7 +97,7 @@ def test_no_node_a_job_would_gain_from_is_left_idle():
     # Group "slow" has one job that can use 1 node; its share is 4: the 3 it leaves go to group "fast".
     fast = {"v100": np.array([0.0] + [100.0 * n for n in range(1, 9)])}
     slow = {"v100": np.array([0.0, 5.0])}
-    choices, _, _ = shares.solve([fast, slow], ["fast", "slow"], {"v100": 8})
+    choices, _, _ = shares.solve([fast, slow], ["fast", "slow"], {"v100": 8}, cost=1.0)
     assert choices == [Choice("v100", 7), Choice("v100", 1)]
 
 
@@ -106,14 +106,53 @@ def _problem(groups: list[str], rates: list[float], nodes: int, hi: int = 8) -> 
     return Problem(jobs, NodePool(tuple(f"n{i}" for i in range(nodes))), {}, 10.0)
 
 
-def test_a_slow_group_is_not_starved_under_share_and_is_under_samples():
+def test_a_slow_group_is_not_starved_under_whole_shares_and_is_under_samples():
     problem = _problem(["fast", "fast", "slow", "slow"], [100.0, 90.0, 1.0, 1.0], nodes=16)
     samples = allocate(problem)
-    share = allocate(problem, objective=Objective.SHARE)
+    share = allocate(problem, objective=Objective.SHARE, share_cost=1.0)
     assert samples.counts["j2"] + samples.counts["j3"] == 0  # every node earns more on the fast group's jobs
     assert share.counts["j2"] + share.counts["j3"] == 8 and share.counts["j0"] + share.counts["j1"] == 8
     assert share.method.startswith("share-") and share.objective < samples.objective
-    assert allocate(problem, objective="share").counts == share.counts
+    assert allocate(problem, objective="share", share_cost=1.0).counts == share.counts
+
+
+def test_the_share_objective_never_costs_more_than_its_bound():
+    rng = random.Random(11)
+    types = ["k80", "p100", "v100"]
+    for _ in range(60):
+        tables = _random(rng, rng.randint(2, 9), types)
+        groups = [rng.choice("AB C") for _ in tables]
+        caps = {t: rng.randint(0, 6) for t in types}
+        stopped = sum(float(next(iter(tb.values()))[0]) for tb in tables)
+        best = typed.solve(tables, caps)[1]
+        for cost in (0.0, 0.03, 0.3):
+            choices, value, _ = shares.solve(tables, groups, caps, cost=cost)
+            for t in types:
+                assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
+            assert value == pytest.approx(_worth(tables, choices, range(len(tables))))
+            assert value - stopped >= (1 - cost) * (best - stopped) - 1e-6 * max(1.0, abs(best)), f"share at cost {cost} below its bound"
+
+
+def test_shares_that_cost_little_are_kept_whole():
+    # Two groups of like jobs: the even split costs nothing, so the default bound keeps each group's whole share.
+    problem = _problem(["a", "a", "b", "b"], [10.0, 10.0, 10.0, 10.0], nodes=8)
+    bounded = allocate(problem, objective=Objective.SHARE)
+    whole = allocate(problem, objective=Objective.SHARE, share_cost=1.0)
+    assert bounded.counts == whole.counts
+    assert bounded.counts["j0"] + bounded.counts["j1"] == 4 == bounded.counts["j2"] + bounded.counts["j3"]
+
+
+def test_where_whole_shares_cost_too_much_they_shrink_to_what_the_bound_allows():
+    # The slow group's nodes earn a hundredth of the fast group's: its whole share would cost about half the samples.
+    problem = _problem(["fast", "fast", "slow", "slow"], [100.0, 90.0, 1.0, 1.0], nodes=16)
+    samples = allocate(problem)
+    slow = {}
+    for cost in (0.0, 0.03, 0.3, 1.0):
+        answer = allocate(problem, objective=Objective.SHARE, share_cost=cost)
+        assert answer.objective >= (1 - cost) * samples.objective - 1e-6
+        slow[cost] = answer.counts["j2"] + answer.counts["j3"]
+    assert slow[0.0] == 0 and slow[1.0] == 8
+    assert slow[0.0] <= slow[0.03] <= slow[0.3] <= slow[1.0] and slow[0.3] > 0  # more bound, more of the share
 
 
 def test_share_without_groups_decides_as_samples():

@@ -125,12 +125,14 @@ def test_the_most_promising_rank_first_earlier_submissions_first_among_equals():
     assert most_promising(np.array([1, 2, 3, 4, 5, 6]), worth).tolist() == [6, 2, 4, 3, 1, 5]
 
 
-def test_admission_by_groups_takes_them_in_turns_not_one_groups_backlog():
+def test_admission_by_groups_takes_them_in_turns_besides_those_in_order_not_one_groups_backlog():
     lo = np.array([1, 1, 1, 1, 1, 1, 1, 1])
     groups = ["a"] * 6 + ["b", "b"]  # a's backlog, then b's two jobs
     assert admit(lo, 4, 0, 0).tolist() == [0, 1, 2, 3]
-    assert admit(lo, 4, 0, 0, groups).tolist() == [0, 1, 6, 7]  # in submission order, two of each group
-    assert admit(np.array([3, 1, 1, 1]), 4, 0, 0, ["a", "a", "b", "b"]).tolist() == [0, 2]  # min_nodes still fit the room
+    # In submission order: the four that order admits, and the two of each group in turns (b's two among them).
+    assert admit(lo, 4, 0, 0, groups).tolist() == [0, 1, 2, 3, 6, 7]
+    # min_nodes still fit the room, each way: in order 0 and 1, in turns 0 and 2.
+    assert admit(np.array([3, 1, 1, 1]), 4, 0, 0, ["a", "a", "b", "b"]).tolist() == [0, 1, 2]
     assert admit(lo, None, 3, 0, groups).tolist() == [0, 1, 6]  # a limit: the first three in turns
 
 

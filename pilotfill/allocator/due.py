@@ -96,14 +96,15 @@ def bonus(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], kept: Seq
 
 
 def solve(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], capacities: dict[str, int], time_limit_s: float = 1.0,
-          groups: Sequence[str] | None = None, kept: Sequence[bool] | None = None, clock: Clock | None = None) -> tuple[list[Choice], float, str]:  # fmt: skip
+          groups: Sequence[str] | None = None, kept: Sequence[bool] | None = None, clock: Clock | None = None,
+          share_cost: float = shares.COST) -> tuple[list[Choice], float, str]:  # fmt: skip
     """Choices with the due jobs run first (:func:`bonus`; ``kept``: the jobs they do not displace), then the most total
     worth (``groups``: the share objective's, :func:`.shares.solve`). ``tables[j][t][n]`` as :func:`.typed.solve` takes
     them. Returns the choices, their total worth by ``tables`` (no bonus) and how it was solved. ``time_limit_s`` and
     ``clock``: each typed solve's (:func:`.typed.solve`). May raise :class:`.dp.TooLarge` (the caller's fallback)."""
     weighted = bonus(tables, due, kept)
     if groups is not None and len(set(groups)) > 1:
-        choices, _, how = shares.solve(weighted, groups, capacities, time_limit_s, clock)
+        choices, _, how = shares.solve(weighted, groups, capacities, time_limit_s, clock, share_cost)
     else:
         choices, how = shares.exact(weighted, {t: int(n) for t, n in capacities.items()}, time_limit_s, clock)
     value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))

@@ -17,8 +17,11 @@ Two stages, each exact with the solvers the samples objective uses (:func:`.dp.s
    1: a job given nodes in stage 1 may grow on that type, a job given none may start on any type. Stage 1's choices
    stand, so every group keeps at least its share's optimum, and no node a job would gain from is left idle.
 
-The price is total worth: the samples objective's optimum is an upper bound on what this reaches (``bench_hetero``
-prints both, with each group's samples). Pure: tables in, choices out.
+The price is total worth, and it is bounded: the shares are cut from the largest fraction of the machine whose answer
+keeps at least ``1 - cost`` of the samples objective's gain (``[controller] share_cost``, :data:`COST` by default), so
+a group whose nodes earn little gets what that much of the samples buys, not its whole share (``cost`` 1: whole
+shares, the sharing incentive above). ``bench_hetero`` and ``bench_replay`` print both objectives. Pure: tables in,
+choices out.
 """
 
 from __future__ import annotations
@@ -47,12 +50,29 @@ def split(capacities: dict[str, int], users: dict[str, set[str]]) -> dict[str, d
     return out
 
 
+COST = 0.03
+"""The most of a decision's samples optimum (its gain over stopping every job) the share objective gives up by
+default: ``[controller] share_cost``; docs/sites.md says why this much."""
+STEPS = 3
+"""Halvings of the shared fraction tried after the whole machine's shares cost too much."""
+SEARCH_S = 0.04
+"""The most time (on the solve's ``clock``) the shares may take beyond the samples optimum: each fraction tried solves
+every group's share, typed ones included, and a decision has a time target; past it the best answer found stands."""
+
+
 def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capacities: dict[str, int],
-          time_limit_s: float = 1.0, clock: Clock | None = None) -> tuple[list[Choice], float, str]:  # fmt: skip
+          time_limit_s: float = 1.0, clock: Clock | None = None, cost: float = COST) -> tuple[list[Choice], float, str]:  # fmt: skip
     """Choices under the share objective: ``tables[j][t][n]`` as :func:`.typed.solve` takes them (every table of a
     job the same finite value at 0: stopped), ``groups[j]`` job j's group. Returns the choices, their total worth
     and how it was solved. ``time_limit_s`` and ``clock``: each typed solve's (:func:`.typed.solve`). May raise
-    :class:`.dp.TooLarge` (the caller's fallback)."""
+    :class:`.dp.TooLarge` (the caller's fallback).
+
+    ``cost`` bounds the price: the answer's gain over stopping every job is at least ``1 - cost`` of the samples
+    optimum's. The shares are cut from the largest fraction of the machine that keeps to it (the whole machine,
+    else a half, a quarter, an eighth; none: the samples optimum), so where the groups' shares cost little every group
+    gets its whole share, and where one group's nodes earn far more than another's the shares shrink to what the bound
+    allows. The fractions are tried for :data:`SEARCH_S` on ``clock`` at most. ``cost`` 1: whole shares, whatever
+    they cost (and however long they take)."""
     J = len(tables)
     if J == 0:
         return [], 0.0, "share"
@@ -61,26 +81,75 @@ def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capaci
         for t, tb in job.items():
             if t in capacities and np.isfinite(tb[1 : capacities[t] + 1]).any():
                 users.setdefault(t, set()).add(g)
-    shares = split(capacities, users)
+    if cost >= 1:
+        whole, how = shared(tables, groups, capacities, users, 1.0, time_limit_s, clock)
+        return whole, worth(tables, whole), label(how)
+    best, best_how = exact(tables, capacities, time_limit_s, clock)
+    stopped = sum(float(next(iter(tb.values()))[0]) for tb in tables)
+    floor = stopped + (1 - cost) * (worth(tables, best) - stopped)
+    deadline = clock() + SEARCH_S if clock is not None else None
+    lo, hi = 0.0, 1.0  # the largest fraction known to keep to the bound, the smallest known not to
+    for fraction in (1.0, *([None] * STEPS)):
+        fraction = fraction if fraction is not None else (lo + hi) / 2
+        answer = shared(tables, groups, capacities, users, fraction, time_limit_s, clock, deadline)
+        if answer is None:
+            break  # out of time: the best found stands
+        picked, method = answer
+        if worth(tables, picked) >= floor:
+            lo, best, best_how = fraction, picked, method
+            if fraction == 1.0:
+                break
+        else:
+            hi = fraction
+    return best, worth(tables, best), label(best_how) if lo == 1.0 else f"{label(best_how)} ({lo:g} shared)"
+
+
+def shared(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capacities: dict[str, int],
+           users: dict[str, set[str]], fraction: float, time_limit_s: float, clock: Clock | None,
+           deadline: float | None = None) -> tuple[list[Choice], str] | None:  # fmt: skip
+    """The two stages (the module docstring) with ``fraction`` of each type's nodes cut into shares; None where
+    ``clock`` passed ``deadline`` before they were done."""
+    J = len(tables)
+    shares = split({t: int(fraction * n) for t, n in capacities.items()}, users)
     choices: list[Choice] = [Choice(None, 0)] * J
     how = set()
     for g in sorted(set(groups)):
+        if deadline is not None and clock is not None and clock() > deadline:
+            return None
         members = [j for j in range(J) if groups[j] == g]
         share = shares.get(g)
-        if not share:
+        if not share or not any(share.values()):
             continue  # none of its jobs can run on any type: they wait for the rest (stage 2 finds none either)
-        picked, method = exact([tables[j] for j in members], share, time_limit_s, clock)
+        picked, method = exact([tables[j] for j in members], share, left_of(time_limit_s, clock, deadline), clock)
         how.add(method)
         for j, c in zip(members, picked):
             choices[j] = c
     left = {t: int(capacities[t]) - sum(c.count for c in choices if c.node_type == t) for t in capacities}
     if any(n > 0 for n in left.values()):
+        if deadline is not None and clock is not None and clock() > deadline:
+            return None
         rest = [on_top(tables[j], choices[j], left) for j in range(J)]
-        extra, method = exact(rest, left, time_limit_s, clock)
+        extra, method = exact(rest, left, left_of(time_limit_s, clock, deadline), clock)
         how.add(method)
         choices = [plus(c, e) for c, e in zip(choices, extra)]
-    value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
-    return choices, value, "share-" + "+".join(sorted(how)) if how else "share"
+    return choices, "+".join(sorted(how))
+
+
+def left_of(time_limit_s: float, clock: Clock | None, deadline: float | None) -> float:
+    """A typed solve's time limit within the search's ``deadline`` (a few ms at least: it answers with the best found)."""
+    if deadline is None or clock is None:
+        return time_limit_s
+    return min(time_limit_s, max(0.005, deadline - clock()))
+
+
+def label(how: str) -> str:
+    """How a share answer was solved, as the allocation's method says it."""
+    return "share-" + how if how else "share"
+
+
+def worth(tables: Sequence[dict[str, np.ndarray]], choices: Sequence[Choice]) -> float:
+    """The total worth of ``choices`` by ``tables``."""
+    return sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
 
 
 def exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float, clock: Clock | None = None) -> tuple[list[Choice], str]:

@@ -52,7 +52,7 @@ class Objective(str, Enum):
 
 
 def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGREGATED, time_limit_s: float = 1.0,
-             objective: Objective | str = Objective.SAMPLES, clock: Clock | None = None) -> Allocation:  # fmt: skip
+             objective: Objective | str = Objective.SAMPLES, clock: Clock | None = None, share_cost: float = shares.COST) -> Allocation:  # fmt: skip
     """Node counts and concrete nodes for every job of ``problem``.
 
     Two stages: the optimum by the jobs' confirmed curves (under ``objective``),
@@ -62,13 +62,14 @@ def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGR
     measured job. Jobs that are ``due`` run first in the first stage (:mod:`.due`), and keep that through the second.
 
     ``clock``: what the typed solver's time limits are read on (:func:`.typed.solve`; the controller's:
-    :func:`time.thread_time`). None: its searches are bounded by their limit of states alone.
+    :func:`time.thread_time`). None: its searches are bounded by their limit of states alone. ``share_cost``: the
+    most of the samples optimum the share objective gives up (:func:`.shares.solve`).
     """
     answer = None
     if Formulation(formulation) is Formulation.AGGREGATED and any(j.due for j in problem.jobs):
-        answer = _due(problem, Objective(objective), time_limit_s, clock)
+        answer = _due(problem, Objective(objective), time_limit_s, clock, share_cost)
     if answer is None and Objective(objective) is Objective.SHARE and len({j.group for j in problem.jobs}) > 1:
-        answer = _shares(problem, time_limit_s, clock)
+        answer = _shares(problem, time_limit_s, clock, share_cost)
     if answer is None:
         answer = _allocate(problem, Formulation(formulation), time_limit_s, clock)
     if any(j.explore is not None for j in problem.jobs):
@@ -179,7 +180,7 @@ def _typed(problem: Problem, time_limit_s: float, clock: Clock | None = None) ->
     return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
-def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None) -> Allocation | None:
+def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None, cost: float = shares.COST) -> Allocation | None:
     """The share objective (:mod:`.shares`); None where a knapsack inside it is too large or the solver fails (the
     samples objective answers then: a decision is never lost to the objective)."""
     all_tables = value_tables(problem)
@@ -187,7 +188,7 @@ def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None) -
     tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
               for job_tables in all_tables]  # fmt: skip
     try:
-        choices, _, how = shares.solve(tables, [j.group for j in problem.jobs], capacities, time_limit_s, clock)
+        choices, _, how = shares.solve(tables, [j.group for j in problem.jobs], capacities, time_limit_s, clock, cost)
     except Exception:  # dp.TooLarge, or a solver bug: the samples objective instead
         return None
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
@@ -196,7 +197,7 @@ def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None) -
     return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
-def _due(problem: Problem, objective: Objective, time_limit_s: float, clock: Clock | None = None) -> Allocation | None:
+def _due(problem: Problem, objective: Objective, time_limit_s: float, clock: Clock | None = None, share_cost: float = shares.COST) -> Allocation | None:
     """The objective's optimum among the answers that run the due jobs first (:mod:`.due`); None where a knapsack inside
     it is too large or the solver fails (the objective alone answers then: a decision is never lost to the rule)."""
     all_tables = value_tables(problem)
@@ -207,7 +208,7 @@ def _due(problem: Problem, objective: Objective, time_limit_s: float, clock: Clo
     groups = [j.group for j in jobs] if objective is Objective.SHARE else None
     measuring = [current_rate(job, held) >= MEASURING_RATE for job, held in zip(jobs, problem.held_counts)]  # keeps its nodes until it reports
     try:
-        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring, clock)
+        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring, clock, share_cost)
     except Exception:  # dp.TooLarge, or a solver bug
         return None
     counts = {job.id: c.count for job, c in zip(jobs, choices)}

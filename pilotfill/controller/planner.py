@@ -88,8 +88,7 @@ class Planner:
         active = self.active(room)
         if not active:
             return {}
-        potential = allocate(self.problem(active, extra, without), self.config.formulation, self.config.solver_time_limit_s, self.config.objective,
-                             clock=SOLVER_CLOCK)  # fmt: skip
+        potential = self.allocate(self.problem(active, extra, without))
         return self.types.counts_by_type(potential)
 
     def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
@@ -230,7 +229,7 @@ class Planner:
             weighed = [j for q, w in zip(queues, weigh) for j in q[:w]]
             active = sorted(running + weighed, key=lambda j: j.seq)
             problem = self.problem(active, extra, without)
-            answer = allocate(problem, self.config.formulation, self.config.solver_time_limit_s, self.config.objective, clock=SOLVER_CLOCK)
+            answer = self.allocate(problem)
             left = [q[w:] for q, w in zip(queues, weigh)]
             if not apart:
                 answer, offered = self.offer_left_free(problem, answer, left)
@@ -286,11 +285,16 @@ class Planner:
             used = {n for nodes in answer.assignment.values() for n in nodes}
             nodes = tuple(n for n in problem.pool.nodes if n not in used)
             types = {n: problem.pool.types[n] for n in nodes if n in problem.pool.types}
-            rest = allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd), self.config.formulation,
-                            self.config.solver_time_limit_s, self.config.objective, clock=SOLVER_CLOCK)  # fmt: skip
+            rest = self.allocate(Problem(tuple(views), NodePool(nodes, types), {}, problem.t_fwd))
             answer = answer.joined(rest)
             offered += [j for j in more if j.status not in TERMINAL]
         return answer, offered
+
+    def allocate(self, problem: Problem) -> Allocation:
+        """The allocator's answer to ``problem`` under the configured formulation, objective and time limit."""
+        config = self.config
+        return allocate(problem, config.formulation, config.solver_time_limit_s, config.objective, clock=SOLVER_CLOCK,
+                        share_cost=config.share_cost)  # fmt: skip
 
     def admitted(self, room: int) -> Admitted:
         """The waiting jobs a decision admits with ``room`` nodes (:func:`.waiting.admit`: by worth, or in submission

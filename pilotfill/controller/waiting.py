@@ -60,23 +60,27 @@ def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int, gro
     ``min_nodes`` alone exceeds it takes no place, so a job nothing can place
     never blocks the rest. ``limit`` > 0 instead admits at most that many jobs
     in all, the ``running`` ones included (BFTrainer's setup: 10 at once).
-    ``groups`` (the share objective: each job's group) takes the groups in turns — each one's first in that order,
-    then each one's second, … (:func:`in_turns`) — so that a group that submitted later is not left behind
-    another's backlog; the positions come back in submission order."""
+    ``groups`` (the share objective: each job's group) admits besides the jobs that taking the groups in turns admits
+    — each one's first in that order, then each one's second, … (:func:`in_turns`) — so that a group that submitted
+    later, or whose jobs are worth less, is not left behind another's backlog, while the jobs the samples objective
+    would weigh are still weighed (the share objective's price is bounded against them: :func:`..allocator.shares.solve`;
+    with a ``limit``, in turns alone); the positions come back in submission order."""
     lo = np.asarray(min_nodes, dtype=np.int64)
     place = np.arange(len(lo)) if order is None else np.asarray(order, dtype=np.int64)
     if room is not None:
         place = place[lo[place] <= room]
+
+    def taken(place: np.ndarray) -> np.ndarray:
+        if limit:
+            return place[: max(0, limit - running)]
+        if room is None:
+            return place
+        return place[: int(np.searchsorted(np.cumsum(lo[place]), room, side="right"))]
+
     if groups is not None and len(place):
-        place = place[in_turns([groups[i] for i in place.tolist()])]
-    if limit:
-        taken = place[: max(0, limit - running)]
-    elif room is None:
-        taken = place
-    else:
-        need = np.cumsum(lo[place])
-        taken = place[: int(np.searchsorted(need, room, side="right"))]
-    return np.sort(taken) if groups is not None or order is not None else taken
+        turns = taken(place[in_turns([groups[i] for i in place.tolist()])])
+        return np.sort(turns) if limit else np.union1d(taken(place), turns)  # a limit is a number of jobs: in turns alone
+    return np.sort(taken(place)) if order is not None else taken(place)
 
 
 def worth_order(worth: np.ndarray, due: np.ndarray) -> np.ndarray:
