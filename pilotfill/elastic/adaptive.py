@@ -38,7 +38,8 @@ RULES = ("linear", "sqrt", "adascale")
 
 @dataclass(frozen=True)
 class Adaptive:
-    """A global batch of ``base_batch`` samples per rank, at most ``max_batch``, the learning rate scaled by ``rule``."""
+    """A global batch of ``base_batch`` samples per rank, at most ``max_batch``, the learning rate scaled by
+    ``rule``."""
 
     base_batch: int
     max_batch: int | None = None
@@ -47,8 +48,12 @@ class Adaptive:
     def __post_init__(self) -> None:
         if not isinstance(self.base_batch, int) or isinstance(self.base_batch, bool) or self.base_batch < 1:
             raise ValueError(f"Adaptive: base_batch must be an integer >= 1, got {self.base_batch!r}")
-        if self.max_batch is not None and (not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch < self.base_batch):
-            raise ValueError(f"Adaptive: max_batch must be an integer >= base_batch ({self.base_batch}), got {self.max_batch!r}")
+        if self.max_batch is not None and (
+            not isinstance(self.max_batch, int) or isinstance(self.max_batch, bool) or self.max_batch < self.base_batch
+        ):
+            raise ValueError(
+                f"Adaptive: max_batch must be an integer >= base_batch ({self.base_batch}), got {self.max_batch!r}"
+            )
         if self.rule not in RULES:
             raise ValueError(f"Adaptive: rule must be one of {', '.join(RULES)}, got {self.rule!r}")
 
@@ -74,11 +79,14 @@ class Adaptive:
     def from_spec(cls, declared: dict[str, Any]) -> Adaptive:
         """From ``spec["adaptive"]``."""
         top = declared.get("max_batch")
-        return cls(int(declared["base_batch"]), None if top is None else int(top), str(declared.get("rule", "adascale")))
+        return cls(
+            int(declared["base_batch"]), None if top is None else int(top), str(declared.get("rule", "adascale"))
+        )
 
 
 def efficiency(batch: float, base_batch: float, noise_scale: float | None) -> float:
-    """Progress per sample at ``batch`` relative to ``base_batch``: ``(φ + B₀) / (φ + B)`` (``φ`` unknown: ``B₀``)."""
+    """Progress per sample at ``batch`` relative to ``base_batch``: ``(φ + B₀) / (φ + B)`` (``φ`` unknown:
+    ``B₀``)."""
     phi = base_batch if noise_scale is None or not math.isfinite(noise_scale) or noise_scale < 0 else noise_scale
     return (phi + base_batch) / (phi + batch)
 
@@ -107,7 +115,11 @@ class GradientNoise:
         var = max(0.0, (local_sq_mean - global_sq) / spread)
         sq = global_sq - var / batch
         a = self.smoothing
-        self.var, self.sq, self.weight = a * self.var + (1 - a) * var, a * self.sq + (1 - a) * sq, a * self.weight + (1 - a)
+        self.var, self.sq, self.weight = (
+            a * self.var + (1 - a) * var,
+            a * self.sq + (1 - a) * sq,
+            a * self.weight + (1 - a),
+        )
         self.steps += 1
 
     @property
@@ -116,7 +128,8 @@ class GradientNoise:
 
     @property
     def noise_scale(self) -> float | None:
-        """``φ = var / sq``, in samples: the batch beyond which a bigger one pays less than linearly (None: unknown)."""
+        """``φ = var / sq``, in samples: the batch beyond which a bigger one pays less than linearly (None:
+        unknown)."""
         return self.var / self.sq if self.known else None
 
     def gain(self, base_batch: int, batch: int) -> float:
@@ -132,7 +145,12 @@ class GradientNoise:
         return {"var": self.var, "sq": self.sq, "weight": self.weight, "steps": self.steps}
 
     def load_state_dict(self, saved: dict[str, float]) -> None:
-        self.var, self.sq, self.weight, self.steps = float(saved["var"]), float(saved["sq"]), float(saved["weight"]), int(saved["steps"])
+        self.var, self.sq, self.weight, self.steps = (
+            float(saved["var"]),
+            float(saved["sq"]),
+            float(saved["weight"]),
+            int(saved["steps"]),
+        )
 
 
 __all__ = ["RULES", "Adaptive", "GradientNoise", "efficiency"]

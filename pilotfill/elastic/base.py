@@ -94,7 +94,8 @@ class Runtime(ABC):
 
     def shrinks_while_forming(self, job_id: str | None = None) -> bool:
         """Whether a job (``job_id``) can lose ranks while the others are still forming the group, before they have
-        reported or committed since the job started. Where it cannot, the controller restarts it on the nodes it keeps."""
+        reported or committed since the job started. Where it cannot, the controller restarts it on the nodes it
+        keeps."""
         return True
 
     def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
@@ -104,8 +105,8 @@ class Runtime(ABC):
         return False
 
     def silent_s(self, job_id: str, now: float) -> float | None:
-        """Seconds since the job's ranks last showed a sign of life of this runtime's own (their output), where a job can
-        stall out of sight of its collectives' timeouts (Elastic Horovod's driver waits up to its elastic timeout);
+        """Seconds since the job's ranks last showed a sign of life of this runtime's own (their output), where a job
+        can stall out of sight of its collectives' timeouts (Elastic Horovod's driver waits up to its elastic timeout);
         None where the runtime's own timeouts end every stall."""
         return None
 

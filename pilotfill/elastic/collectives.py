@@ -54,7 +54,10 @@ def configure_process_groups(timeout_s: float | None = None) -> timedelta:
     timeout = timedelta(seconds=timeout_s)
     for name in ("default_pg_timeout", "default_pg_nccl_timeout", "_get_default_timeout"):
         if not hasattr(c10d, name):
-            raise RuntimeError(f"this torch has no distributed_c10d.{name}: pilotfill's process-group defaults are written for torch 2.13")
+            raise RuntimeError(
+                f"this torch has no distributed_c10d.{name}: pilotfill's process-group defaults are written for torch "
+                "2.13"
+            )
     c10d.default_pg_timeout = timeout  # gloo and every other backend
     c10d.default_pg_nccl_timeout = timeout  # NCCL (the module keeps its own default for it)
     return timeout

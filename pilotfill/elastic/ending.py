@@ -12,9 +12,14 @@ import signal
 import traceback
 
 SIGNAL_WORDS = {
-    signal.SIGSEGV: "segmentation fault", signal.SIGBUS: "bus error", signal.SIGABRT: "aborted", signal.SIGFPE: "floating-point exception",
-    signal.SIGILL: "illegal instruction", signal.SIGKILL: "killed (out of memory, or by someone)", signal.SIGTERM: "terminated",
-}  # fmt: skip
+    signal.SIGSEGV: "segmentation fault",
+    signal.SIGBUS: "bus error",
+    signal.SIGABRT: "aborted",
+    signal.SIGFPE: "floating-point exception",
+    signal.SIGILL: "illegal instruction",
+    signal.SIGKILL: "killed (out of memory, or by someone)",
+    signal.SIGTERM: "terminated",
+}
 
 
 class AppExited(RuntimeError):
@@ -23,7 +28,8 @@ class AppExited(RuntimeError):
 
 
 def exited(exc: BaseException) -> AppExited:
-    """An :class:`AppExited` saying what ``exc`` (a ``SystemExit``, ``KeyboardInterrupt``, … raised by the app) was."""
+    """An :class:`AppExited` saying what ``exc`` (a ``SystemExit``, ``KeyboardInterrupt``, … raised by the app)
+    was."""
     if isinstance(exc, SystemExit):
         what = f"the app called sys.exit({exc.code!r})" if exc.code is not None else "the app called sys.exit()"
     else:

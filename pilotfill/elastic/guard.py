@@ -35,9 +35,12 @@ class RuntimeMismatch(RuntimeError):
 
 
 def horovod_message(runtime: str) -> str:
-    return (f"this app calls Horovod (hvd.init()), but its ranks run under the {runtime} runtime, which does not launch them with "
-            f"horovodrun: each rank would be a Horovod world of one. Run it with Horovod: @pilotfill.elastic_app(..., runtime=\"horovod\"), "
-            f"or [runtime] kind = \"horovod\" in the site config")  # fmt: skip
+    return (
+        f"this app calls Horovod (hvd.init()), but its ranks run under the {runtime} runtime, which does not launch "
+        "them with "
+        'horovodrun: each rank would be a Horovod world of one. Run it with Horovod: @pilotfill.elastic_app(..., '
+        f'runtime="horovod"), or [runtime] kind = "horovod" in the site config'
+    )
 
 
 def refuse_horovod(runtime: str) -> bool:
@@ -64,9 +67,11 @@ def refuse_horovod(runtime: str) -> bool:
 
 
 def torch_message(runtime: str) -> str:
-    return (f"this app calls torch.distributed.init_process_group() (env://), but its ranks run under the {runtime} runtime, "
-            f"which does not start torch's rendezvous: no rank would find the others. Run it with torch: "
-            f"@pilotfill.elastic_app(..., runtime=\"torch\"), or [runtime] kind = \"torch\" in the site config")  # fmt: skip
+    return (
+        f"this app calls torch.distributed.init_process_group() (env://), but its ranks run under the {runtime} "
+        f"runtime, which does not start torch's rendezvous: no rank would find the others. Run it with torch: "
+        f'@pilotfill.elastic_app(..., runtime="torch"), or [runtime] kind = "torch" in the site config'
+    )
 
 
 def refuse_torch_distributed(runtime: str) -> bool:
@@ -89,7 +94,11 @@ def refuse_torch_distributed(runtime: str) -> bool:
 
         def init_process_group(*args, **kwargs):
             init_method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
-            if kwargs.get("store") is None and (init_method is None or str(init_method).startswith("env://")) and "MASTER_ADDR" not in os.environ:
+            if (
+                kwargs.get("store") is None
+                and (init_method is None or str(init_method).startswith("env://"))
+                and "MASTER_ADDR" not in os.environ
+            ):
                 raise RuntimeMismatch(message)
             return original(*args, **kwargs)
 

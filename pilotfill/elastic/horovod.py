@@ -52,12 +52,20 @@ class HorovodRuntime(Runtime):
     def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> HorovodRuntime:
         rt = config.runtime
 
-        def record(p: subprocess.Popen, job: str, host: str) -> None:  # the horovodrun driver runs here, with the controller
+        def record(p: subprocess.Popen, job: str, host: str) -> None:
+            # the horovodrun driver runs here, with the controller
             on_spawn(p, "driver", job, host)
 
-        return cls(run_dir, launcher=launcher, local=config.scheduler == "local" or rt.local_hosts, network_interface=rt.network_interface,
-                   on_spawn=record, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node,
-                   collective_timeout_s=rt.collective_timeout_s)  # fmt: skip
+        return cls(
+            run_dir,
+            launcher=launcher,
+            local=config.scheduler == "local" or rt.local_hosts,
+            network_interface=rt.network_interface,
+            on_spawn=record,
+            ranks_per_node=rt.ranks_per_node,
+            gpus_per_node=rt.gpus_per_node,
+            collective_timeout_s=rt.collective_timeout_s,
+        )
 
     def __init__(
         self,
@@ -104,7 +112,8 @@ class HorovodRuntime(Runtime):
         self._slots[job_id] = slots = int(spec.get("ranks_per_node") or self.ranks_per_node)
         self._write_hosts(job_id, hosts)
         script = self.discovery / f"{job_id}.sh"
-        script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(self.discovery / f'{job_id}.hosts'))}\n")  # paths may hold spaces
+        # paths may hold spaces
+        script.write_text(f"#!/bin/sh\nexec cat {shlex.quote(str(self.discovery / f'{job_id}.hosts'))}\n")
         script.chmod(0o700)
         for old in self.discovery.glob(f"{glob.escape(job_id)}.*.exits"):
             old.unlink(missing_ok=True)
@@ -112,17 +121,33 @@ class HorovodRuntime(Runtime):
         # and their ends are that start's, not this one's crashes.
         self._exits[job_id] = self.discovery / f"{job_id}.{uuid.uuid4().hex[:12]}.exits"
         self._exits_read[job_id] = 0
-        horovodrun = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+        horovodrun = shutil.which(
+            "horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        )
         if horovodrun is None:
             raise RuntimeError("horovodrun not found: install Horovod (scripts/build_horovod.sh)")
         argv = [
-            horovodrun, "-np", str(len(hosts) * slots), "--min-np", str(spec["min_nodes"] * slots), "--max-np", str(spec["max_nodes"] * slots),
-            "--host-discovery-script", shlex.quote(str(script)), "--gloo", "--elastic-timeout", "600",  # Horovod runs it in a shell
-            "--blacklist-cooldown-range", str(self.cooldown_s[0]), str(self.cooldown_s[1]),
+            horovodrun,
+            "-np",
+            str(len(hosts) * slots),
+            "--min-np",
+            str(spec["min_nodes"] * slots),
+            "--max-np",
+            str(spec["max_nodes"] * slots),
+            # Horovod runs it in a shell
+            "--host-discovery-script",
+            shlex.quote(str(script)),
+            "--gloo",
+            "--elastic-timeout",
+            "600",
+            "--blacklist-cooldown-range",
+            str(self.cooldown_s[0]),
+            str(self.cooldown_s[1]),
             # Gloo's rendezvous and collectives wait this long (Horovod's default, 30 s, is shorter than a rank's start
             # on a busy node).
-            "--gloo-timeout-seconds", str(max(1, round(self.collective_timeout_s))),
-        ]  # fmt: skip
+            "--gloo-timeout-seconds",
+            str(max(1, round(self.collective_timeout_s))),
+        ]
         if self.network_interface:
             argv += ["--network-interfaces", self.network_interface]
         argv += [sys.executable, "-m", "pilotfill.elastic.rank"]

@@ -69,7 +69,8 @@ class TorchState(hvd.elastic.TorchState):
                 optimizer.load_state_dict(saved["optimizer"])
             for key, value in saved["extra"].items():
                 if key in kwargs and stateful(kwargs[key]):
-                    kwargs[key].load_state_dict(value)  # the loader: restored in place, where the training loop holds it
+                    # the loader: restored in place, where the training loop holds it
+                    kwargs[key].load_state_dict(value)
                 elif key in kwargs:
                     kwargs[key] = value
         # Horovod's ObjectState routes attribute writes through handlers set up in __init__:
@@ -86,7 +87,9 @@ class TorchState(hvd.elastic.TorchState):
         payload = {
             "model": self.model.state_dict() if getattr(self, "model", None) is not None else None,
             "optimizer": self.optimizer.state_dict() if getattr(self, "optimizer", None) is not None else None,
-            "extra": {k: (v.state_dict() if stateful(v) else v) for k in self._durable_keys for v in [getattr(self, k)]},
+            "extra": {
+                k: (v.state_dict() if stateful(v) else v) for k in self._durable_keys for v in [getattr(self, k)]
+            },
         }
         self._durable_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = self._durable_path.with_name(f".{self._durable_path.name}.{os.getpid()}.tmp")

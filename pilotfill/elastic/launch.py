@@ -61,7 +61,12 @@ class LocalLauncher(NodeLauncher):
     ``log_dir``: each process's output goes to ``<job>.<host>.log`` there (else nowhere).
     """
 
-    def __init__(self, log_dir: Path | str | None = None, grace_s: float = TERMINATE_GRACE_S, base_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        log_dir: Path | str | None = None,
+        grace_s: float = TERMINATE_GRACE_S,
+        base_env: dict[str, str] | None = None,
+    ):
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.grace_s = grace_s
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -80,7 +85,12 @@ class LocalLauncher(NodeLauncher):
             self.terminate(host, job_id)
             self._reap(host, job_id, wait=True)
         log = str(self.log_path(host, job_id)) if self.log_dir is not None else None
-        proc = procs.spawn(argv, env={**self.base_env, **env, "PILOTFILL_HOST": host}, log_path=log, log_limit_bytes=procs.LOG_LIMIT_BYTES)
+        proc = procs.spawn(
+            argv,
+            env={**self.base_env, **env, "PILOTFILL_HOST": host},
+            log_path=log,
+            log_limit_bytes=procs.LOG_LIMIT_BYTES,
+        )
         with self._lock:
             self._running[(host, job_id)] = _Running(proc, procs.start_ticks(proc.pid))
 

@@ -59,14 +59,15 @@ from .torch import inplace
 from .adaptive import Adaptive, GradientNoise
 
 GLOBAL_BATCH_ENV = "PILOTFILL_GLOBAL_BATCH"
-"""Set on the ranks by ``elastic_app(global_batch=…)``: the loader's global batch when it names none, and the least it may
-name (the allocator sized the job for it)."""
+"""Set on the ranks by ``elastic_app(global_batch=…)``: the loader's global batch when it names none, and the least it
+may name (the allocator sized the job for it)."""
 
 _RESERVED = {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"}
 
 
 def shares(size: int, world: int) -> list[tuple[int, int]]:
-    """Each rank's ``[start, end)`` of a global batch of ``size``: contiguous, by rank, sizes differing by at most one."""
+    """Each rank's ``[start, end)`` of a global batch of ``size``: contiguous, by rank, sizes differing by at most
+    one."""
     base, extra = divmod(size, world)
     out, start = [], 0
     for rank in range(world):
@@ -89,7 +90,8 @@ def pieces(start: int, end: int, count: int) -> list[tuple[int, int]]:
 
 
 def current_world() -> tuple[int, int]:
-    """(rank, world size) of the data-parallel group this process is in: torch.distributed's, else Horovod's, else (0, 1)."""
+    """(rank, world size) of the data-parallel group this process is in: torch.distributed's, else Horovod's, else (0,
+    1)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -111,7 +113,8 @@ def _grouped() -> bool:
 @dataclass(slots=True)
 class Micro:
     """One micro-batch of a rank's share: its data as the ``DataLoader`` collated it, the factor its per-sample-mean
-    loss is scaled by (0 for an empty share, forwarded only to keep an idle rank in step), and the dataset indices it holds."""
+    loss is scaled by (0 for an empty share, forwarded only to keep an idle rank in step), and the dataset indices it
+    holds."""
 
     data: Any
     scale: float
@@ -120,7 +123,8 @@ class Micro:
 
 @dataclass(slots=True)
 class Batch:
-    """This rank's share of one global batch: ``size`` samples at ``start`` of epoch ``epoch``'s order, ``world`` ranks."""
+    """This rank's share of one global batch: ``size`` samples at ``start`` of epoch ``epoch``'s order, ``world``
+    ranks."""
 
     epoch: int
     start: int
@@ -130,7 +134,8 @@ class Batch:
     world: int
     micro: tuple[Micro, ...] = field(repr=False)
     lr_factor: float = 1.0  # with an adaptive batch: what the learning rate tuned at its base batch is scaled by
-    measured: Callable[[Batch], None] | None = field(default=None, repr=False)  # after its backward (adaptive, measuring)
+    # after its backward (adaptive, measuring)
+    measured: Callable[[Batch], None] | None = field(default=None, repr=False)
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -141,14 +146,18 @@ class Batch:
     def data(self) -> Any:
         """The share's data, where it is one micro-batch (else ``backward`` or ``micro``: it was fetched in parts)."""
         if len(self.micro) != 1:
-            raise ValueError(f"this share is {len(self.micro)} micro-batches: use batch.backward(...) or iterate batch.micro")
+            raise ValueError(
+                f"this share is {len(self.micro)} micro-batches: use batch.backward(...) or iterate batch.micro"
+            )
         return self.micro[0].data
 
     @property
     def scale(self) -> float:
         """The factor the share's per-sample-mean loss is scaled by, where it is one micro-batch."""
         if len(self.micro) != 1:
-            raise ValueError(f"this share is {len(self.micro)} micro-batches, each with its own scale: iterate batch.micro")
+            raise ValueError(
+                f"this share is {len(self.micro)} micro-batches, each with its own scale: iterate batch.micro"
+            )
         return self.micro[0].scale
 
     def backward(self, loss: Callable[..., torch.Tensor], model: torch.nn.Module | None = None) -> torch.Tensor:
@@ -161,10 +170,14 @@ class Batch:
         all-reduce). Returns this rank's part of the global batch's mean loss (summed over ranks: the mean)."""
         last = len(self.micro) - 1
         if last and model is None:
-            raise ValueError(f"this share is {len(self.micro)} micro-batches: batch.backward(loss, model) needs the model, so that they "
-                             "accumulate before the gradients are all-reduced")  # fmt: skip
+            raise ValueError(
+                f"this share is {len(self.micro)} micro-batches: batch.backward(loss, model) needs the model, so that "
+                "they accumulate before the gradients are all-reduced"
+            )
         no_sync = getattr(model, "no_sync", None)
-        params = [p for p in model.parameters() if p.requires_grad] if model is not None and no_sync is None and last else []
+        params = (
+            [p for p in model.parameters() if p.requires_grad] if model is not None and no_sync is None and last else []
+        )
         total: torch.Tensor | None = None
         for i, micro in enumerate(self.micro):
             args = micro.data if isinstance(micro.data, (tuple, list)) else (micro.data,)
@@ -174,7 +187,8 @@ class Batch:
                     (value * micro.scale).backward()
             elif i < last and params:
                 value = loss(*args)
-                grads = torch.autograd.grad(value * micro.scale, params, allow_unused=True)  # no AccumulateGrad: no hook fires
+                # no AccumulateGrad: no hook fires
+                grads = torch.autograd.grad(value * micro.scale, params, allow_unused=True)
                 for p, g in zip(params, grads):
                     if g is not None:
                         p.grad = g if p.grad is None else p.grad.add_(g)
@@ -264,7 +278,8 @@ class _Step:
 
 
 class _ShareSampler(Sampler[list[int]]):
-    """The batch sampler under the ``DataLoader``: the index lists of this rank's micro-batches for the steps planned."""
+    """The batch sampler under the ``DataLoader``: the index lists of this rank's micro-batches for the steps
+    planned."""
 
     def __init__(self, empty_fetch: bool) -> None:
         self.order = np.zeros(0, dtype=np.int64)
@@ -278,7 +293,8 @@ class _ShareSampler(Sampler[list[int]]):
                 if end > start or self.empty_fetch:
                     yield order[start:end].tolist()
                 else:
-                    yield order[step.start : step.start + 1].tolist()  # one sample, to know the shape of an empty share (cut to none)
+                    # one sample, to know the shape of an empty share (cut to none)
+                    yield order[step.start : step.start + 1].tolist()
 
     def __len__(self) -> int:
         return sum(len(step.fetches) for step in self.steps)
@@ -287,9 +303,19 @@ class _ShareSampler(Sampler[list[int]]):
 class ElasticLoader:
     """Global batches of one seeded order per epoch, each split over the ranks there are now (module docstring)."""
 
-    def __init__(self, data: Dataset | torch.Tensor | Sequence[torch.Tensor], global_batch: int | Adaptive | None = None, *, seed: int = 0,
-                 shuffle: bool = True, drop_last: bool = False, micro_batch: int | None = None, report: bool = True,
-                 world: Callable[[], tuple[int, int]] | None = None, **dataloader: Any):  # fmt: skip
+    def __init__(
+        self,
+        data: Dataset | torch.Tensor | Sequence[torch.Tensor],
+        global_batch: int | Adaptive | None = None,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        micro_batch: int | None = None,
+        report: bool = True,
+        world: Callable[[], tuple[int, int]] | None = None,
+        **dataloader: Any,
+    ):
         """``global_batch``: samples per optimizer step, whatever the world size (default: the app's
         ``elastic_app(global_batch=…)``), or :class:`.Adaptive`: a batch that grows with the ranks, which changes what
         is learned (:mod:`pilotfill.elastic.adaptive`); ``micro_batch``: the most samples a rank forwards at once;
@@ -300,21 +326,35 @@ class ElasticLoader:
         self.adaptive = global_batch if isinstance(global_batch, Adaptive) else None
         if self.adaptive is not None:
             if drop_last:
-                raise ValueError("ElasticLoader: an adaptive batch keeps every sample (drop_last=False): its batches change size with the ranks")
-            global_batch, declared = self.adaptive.base_batch, None  # the declaration is the largest batch (the ranks it feeds)
+                raise ValueError(
+                    "ElasticLoader: an adaptive batch keeps every sample (drop_last=False): its batches change size "
+                    "with the ranks"
+                )
+            # the declaration is the largest batch (the ranks it feeds)
+            global_batch, declared = self.adaptive.base_batch, None
         if global_batch is None:
             if not declared:
-                raise ValueError("ElasticLoader needs a global batch: ElasticLoader(data, global_batch=256), or elastic_app(global_batch=256)")
+                raise ValueError(
+                    "ElasticLoader needs a global batch: ElasticLoader(data, global_batch=256), or "
+                    "elastic_app(global_batch=256)"
+                )
             global_batch = int(declared)
         elif declared and isinstance(global_batch, int) and global_batch < int(declared):
-            raise ValueError(f"ElasticLoader(global_batch={global_batch}) is smaller than the {declared} the app declares (elastic_app(global_batch=…)): "
-                             "the allocator gives the job as many ranks as the declaration feeds, so some would idle; declare the smallest")  # fmt: skip
+            raise ValueError(
+                f"ElasticLoader(global_batch={global_batch}) is smaller than the {declared} the app declares "
+                "(elastic_app(global_batch=…)): "
+                "the allocator gives the job as many ranks as the declaration feeds, so some would idle; declare the "
+                "smallest"
+            )
         if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1:
             raise ValueError(f"ElasticLoader: global_batch must be an integer >= 1, got {global_batch!r}")
         if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
             raise ValueError(f"ElasticLoader: micro_batch must be an integer >= 1 or None, got {micro_batch!r}")
         if _RESERVED & set(dataloader):
-            raise ValueError(f"ElasticLoader: {', '.join(sorted(_RESERVED & set(dataloader)))} is the loader's own (global_batch, seed, drop_last)")
+            raise ValueError(
+                f"ElasticLoader: {', '.join(sorted(_RESERVED & set(dataloader)))} is the loader's own (global_batch, "
+                "seed, drop_last)"
+            )
         if isinstance(data, torch.Tensor):
             data = _Tensors((data,))
         elif isinstance(data, (tuple, list)) and data and all(isinstance(t, torch.Tensor) for t in data):
@@ -373,8 +413,16 @@ class ElasticLoader:
         return self._order_of[1]
 
     def state_dict(self) -> dict[str, Any]:
-        out = {"epoch": self.epoch, "offset": self.offset, "position": self.position, "global_batch": self.global_batch, "seed": self.seed,
-               "length": self.length, "shuffle": self.shuffle, "drop_last": self.drop_last}  # fmt: skip
+        out = {
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "position": self.position,
+            "global_batch": self.global_batch,
+            "seed": self.seed,
+            "length": self.length,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+        }
         if self.adaptive is not None:
             out.update(adaptive=self.adaptive.to_spec(), noise=self.noise.state_dict(), base_lrs=list(self.base_lrs))
         return out
@@ -383,11 +431,14 @@ class ElasticLoader:
         """Continue at a commit's position (taken on any world size)."""
         for key in ("length", "seed", "shuffle", "drop_last"):
             if key in saved and saved[key] != getattr(self, key):
-                raise ValueError(f"ElasticLoader: the commit was made with {key}={saved[key]!r}, this loader has {getattr(self, key)!r}: "
-                                 "resuming would not continue the same order")  # fmt: skip
+                raise ValueError(
+                    f"ElasticLoader: the commit was made with {key}={saved[key]!r}, this loader has "
+                    f"{getattr(self, key)!r}: resuming would not continue the same order"
+                )
         self.epoch, self.offset = int(saved["epoch"]), int(saved["offset"])
         if self.adaptive is not None and saved.get("noise") is not None:
-            self.noise.load_state_dict(saved["noise"])  # what it measured, and the rates the app set (not the scaled ones)
+            # what it measured, and the rates the app set (not the scaled ones)
+            self.noise.load_state_dict(saved["noise"])
             self.base_lrs = [float(v) for v in saved.get("base_lrs") or self.base_lrs]
 
     # ------------------------------------------------------------ an adaptive batch
@@ -398,7 +449,10 @@ class ElasticLoader:
         step on two or more ranks (a communication hook: each rank's gradient before the all-reduce) — what AdaScale's
         gain and the allocator's efficiency rest on. Call it once, before training."""
         if self.adaptive is None:
-            raise ValueError("ElasticLoader.adapt: this loader's global batch is fixed (ElasticLoader(..., global_batch=Adaptive(…)) adapts)")
+            raise ValueError(
+                "ElasticLoader.adapt: this loader's global batch is fixed (ElasticLoader(..., "
+                "global_batch=Adaptive(…)) adapts)"
+            )
         self._optimizer = optimizer
         if not self.base_lrs:  # a restored commit brought the rates the app set; otherwise they are these
             self.base_lrs = [float(group["lr"]) for group in optimizer.param_groups]
@@ -426,7 +480,14 @@ class ElasticLoader:
         share = len(batch.indices)
         share_sq = local * (batch.size / (share * batch.world)) ** 2 if share else 0.0  # the loader's loss scale undone
         grads = [p.grad.detach() for p in self._params if p.grad is not None]
-        global_sq = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads])) ** 2) if grads else 0.0
+        global_sq = (
+            float(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]))
+                ** 2
+            )
+            if grads
+            else 0.0
+        )
         sums = torch.tensor([share_sq, 1.0 / share if share else 0.0, 1.0 if share else 0.0], dtype=torch.float64)
         dist.all_reduce(sums)
         if sums[2] >= 2:
@@ -442,7 +503,11 @@ class ElasticLoader:
     def _sizes_from(self, world: int) -> list[tuple[int, int]]:
         """(start, size) of this epoch's global batches at ``world`` ranks: the fixed ones, or an adaptive batch's from
         where the job is (cut by the same rule)."""
-        first, sizes = (0, self._sizes) if self.adaptive is None else (self.offset, _batches(self.length - self.offset, self.adaptive.batch(world)))
+        first, sizes = (
+            (0, self._sizes)
+            if self.adaptive is None
+            else (self.offset, _batches(self.length - self.offset, self.adaptive.batch(world)))
+        )
         starts = (first + np.cumsum([0, *sizes[:-1]])).tolist() if sizes else []
         return list(zip(starts, sizes))
 
@@ -455,7 +520,9 @@ class ElasticLoader:
                 largest = -(-size // world)
                 count = -(-largest // self.micro_batch) if self.micro_batch else 1
                 if hi > lo:
-                    fetches = tuple((start + a, start + b, (b - a) * world / size) for a, b in pieces(lo, hi, count) if b > a)
+                    fetches = tuple(
+                        (start + a, start + b, (b - a) * world / size) for a, b in pieces(lo, hi, count) if b > a
+                    )
                 else:
                     fetches = ((start, start, 0.0),)  # more ranks than samples: an empty share, kept in step at scale 0
                 steps.append(_Step(start, size, fetches))
@@ -475,22 +542,28 @@ class ElasticLoader:
             rank, world = self._world()
             if world > self.global_batch and not self._warned:
                 self._warned = True
-                warnings.warn(f"ElasticLoader: {world} ranks for a global batch of {self.global_batch}: "
-                              f"{world - self.global_batch} of them idle each step (elastic_app(global_batch=…) keeps the allocator below)",
-                              stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"ElasticLoader: {world} ranks for a global batch of {self.global_batch}: "
+                    f"{world - self.global_batch} of them idle each step (elastic_app(global_batch=…) keeps the "
+                    "allocator below)",
+                    stacklevel=2,
+                )
             steps = self._plan(rank, world)
             if not steps:
                 break
             self._sampler.order, self._sampler.steps = self._order(self.epoch), steps
             fetched = iter(self._loader)
-            reporting = self.report and rank == 0 and bool(os.environ.get("PILOTFILL_JOB_ID"))  # outside pilotfill: nobody to tell
-            watch = self._world if self._world is not current_world or world > 1 or _grouped() else None  # alone and in no group: nothing changes
+            # outside pilotfill: nobody to tell
+            reporting = self.report and rank == 0 and bool(os.environ.get("PILOTFILL_JOB_ID"))
+            # alone and in no group: nothing changes
+            watch = self._world if self._world is not current_world or world > 1 or _grouped() else None
             for i, step in enumerate(steps):
                 if i and membership is not None and membership.boundary():
                     formed = True
                     break  # the group re-formed at this step: plan the rest of the epoch for the new one
                 if watch is not None and watch() != (rank, world):
-                    break  # the group changed under this epoch (Horovod's in-place reset): plan the rest for the new one
+                    # the group changed under this epoch (Horovod's in-place reset): plan the rest for the new one
+                    break
                 micro = []
                 for start, end, scale in step.fetches:
                     got = next(fetched)
@@ -502,8 +575,17 @@ class ElasticLoader:
                 if reporting:
                     measured = {"noise_scale": self.noise.noise_scale} if self.adaptive is not None else {}
                     report(samples=step.size, position=self.position, **measured)
-                yield Batch(self.epoch, step.start, step.size, step.start // self.global_batch, rank, world, tuple(micro), factor,
-                            self._measure if self._local_sq is not None and world > 1 else None)  # fmt: skip
+                yield Batch(
+                    self.epoch,
+                    step.start,
+                    step.size,
+                    step.start // self.global_batch,
+                    rank,
+                    world,
+                    tuple(micro),
+                    factor,
+                    self._measure if self._local_sq is not None and world > 1 else None,
+                )
             else:
                 break
         self.epoch, self.offset = self.epoch + 1, 0

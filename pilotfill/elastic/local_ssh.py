@@ -21,7 +21,27 @@ from pathlib import Path
 
 from ..procs import die_with_parent
 
-OPTIONS_WITH_VALUE = {"-o", "-p", "-i", "-l", "-F", "-J", "-b", "-c", "-E", "-e", "-m", "-O", "-Q", "-S", "-W", "-w", "-D", "-L", "-R"}
+OPTIONS_WITH_VALUE = {
+    "-o",
+    "-p",
+    "-i",
+    "-l",
+    "-F",
+    "-J",
+    "-b",
+    "-c",
+    "-E",
+    "-e",
+    "-m",
+    "-O",
+    "-Q",
+    "-S",
+    "-W",
+    "-w",
+    "-D",
+    "-L",
+    "-R",
+}
 
 
 def parse(argv: list[str]) -> tuple[str, str]:
@@ -67,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _record_exit(host: str, code: int) -> None:
-    run_dir, job, exits = os.environ.get("PILOTFILL_RUN_DIR"), os.environ.get("PILOTFILL_JOB_ID"), os.environ.get("PILOTFILL_EXITS_FILE")
+    run_dir, job, exits = (
+        os.environ.get("PILOTFILL_RUN_DIR"),
+        os.environ.get("PILOTFILL_JOB_ID"),
+        os.environ.get("PILOTFILL_EXITS_FILE"),
+    )
     if not run_dir or not job or not exits:
         return
     hosts_file = Path(run_dir) / "discovery" / f"{job}.hosts"

@@ -25,9 +25,18 @@ if TYPE_CHECKING:
 class ProcessRuntime(Runtime):
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, launcher: NodeLauncher, on_spawn: OnSpawn) -> ProcessRuntime:
-        return cls(run_dir, launcher, ranks_per_node=config.runtime.ranks_per_node, gpus_per_node=config.runtime.gpus_per_node)
+        return cls(
+            run_dir, launcher, ranks_per_node=config.runtime.ranks_per_node, gpus_per_node=config.runtime.gpus_per_node
+        )
 
-    def __init__(self, run_dir: Path, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int = 0, python: str = sys.executable):
+    def __init__(
+        self,
+        run_dir: Path,
+        launcher: NodeLauncher,
+        ranks_per_node: int = 1,
+        gpus_per_node: int = 0,
+        python: str = sys.executable,
+    ):
         self.run_dir = Path(run_dir)
         self.launcher = launcher
         self.ranks_per_node, self.gpus_per_node, self.python = ranks_per_node, gpus_per_node, python
@@ -77,7 +86,8 @@ class ProcessRuntime(Runtime):
         for ended in self.launcher.exits():
             held = ended.host in self._hosts.get(ended.job_id, [])
             if held and not ended.requested:
-                self._hosts[ended.job_id].remove(ended.host)  # died on its own: the controller takes the host off the job
+                # died on its own: the controller takes the host off the job
+                self._hosts[ended.job_id].remove(ended.host)
             out.append(RankExit(ended.job_id, ended.host, ended.returncode, requested=ended.requested or not held))
         return out
 

@@ -73,8 +73,15 @@ def node_share(nproc: int) -> int:
     node = int(os.environ.get("PILOTFILL_NODE_RANK", "0") or 0)
     children = []
     for i in range(nproc):
-        env = {**os.environ, "LOCAL_RANK": str(i), "LOCAL_WORLD_SIZE": str(nproc), "PILOTFILL_RANK": str(node * nproc + i)}
-        children.append(subprocess.Popen([sys.executable, "-m", "pilotfill.elastic.rank"], env=env, preexec_fn=die_with_parent))
+        env = {
+            **os.environ,
+            "LOCAL_RANK": str(i),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "PILOTFILL_RANK": str(node * nproc + i),
+        }
+        children.append(
+            subprocess.Popen([sys.executable, "-m", "pilotfill.elastic.rank"], env=env, preexec_fn=die_with_parent)
+        )
 
     def forward(signum, frame) -> None:
         for child in children:
@@ -145,7 +152,8 @@ def run_parsl_task(client: Client, job_id: str, payload: str, sends_result: Call
         return 1
     try:
         value = func(*args, **kwargs)
-    except BaseException as exc:  # Parsl's wrapper catches Exception only: sys.exit(), KeyboardInterrupt end the app here
+    except BaseException as exc:
+        # Parsl's wrapper catches Exception only: sys.exit(), KeyboardInterrupt end the app here
         value = RemoteExceptionWrapper(AppExited, exited(exc), exc.__traceback__)
     run_dir = client.run_dir
     if isinstance(value, RemoteExceptionWrapper):

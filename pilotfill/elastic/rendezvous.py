@@ -94,7 +94,8 @@ class _Job:
     history: dict[int, tuple[str, ...]] = field(default_factory=dict)
     in_place: bool = False  # its ranks re-form in place: its rounds are staged
     target: tuple[str, ...] = ()  # the controller's hosts: the current round's and those still to enter one (staged)
-    ready: dict[str, float] = field(default_factory=dict)  # hosts still to enter a round whose agents asked to join (since when)
+    # hosts still to enter a round whose agents asked to join (since when)
+    ready: dict[str, float] = field(default_factory=dict)
 
 
 class RendezvousBook:
@@ -114,8 +115,8 @@ class RendezvousBook:
         self.store = (host, int(port))
 
     def expect(self, job_id: str, hosts: Sequence[str], now: float) -> Round | None:
-        """The controller's hosts for ``job_id`` now (start, resize; [] on stop). Opens a round on any change — a staged
-        job's only for the hosts that leave; its new hosts enter a round when they join (module docstring)."""
+        """The controller's hosts for ``job_id`` now (start, resize; [] on stop). Opens a round on any change — a
+        staged job's only for the hosts that leave; its new hosts enter a round when they join (module docstring)."""
         hosts = list(dict.fromkeys(hosts))
         job = self._jobs.get(job_id)
         if job is None:
@@ -134,7 +135,8 @@ class RendezvousBook:
         job.ready = {h: t for h, t in job.ready.items() if h in hosts and h not in current}
         kept = tuple(h for h in current if h in hosts)
         if not kept:
-            return self._open(job_id, tuple(hosts), now) if set(current) != set(hosts) else job.current  # nobody trains on: all at once
+            # nobody trains on: all at once
+            return self._open(job_id, tuple(hosts), now) if set(current) != set(hosts) else job.current
         if kept != current:
             return self._open(job_id, kept, now)  # the hosts that stay re-form now; new ones enter when they are ready
         return job.current
@@ -157,15 +159,36 @@ class RendezvousBook:
         if job is None:
             return None
         rnd = job.current
-        return {"number": rnd.number, "hosts": list(rnd.hosts), "prefix": rnd.prefix, "opened": rnd.opened, "joined": sorted(rnd.joined),
-                "closed_at": rnd.closed_at, "history": [[n, list(h)] for n, h in job.history.items()], "in_place": job.in_place,
-                "target": list(job.target), "ready": job.ready}  # fmt: skip
+        return {
+            "number": rnd.number,
+            "hosts": list(rnd.hosts),
+            "prefix": rnd.prefix,
+            "opened": rnd.opened,
+            "joined": sorted(rnd.joined),
+            "closed_at": rnd.closed_at,
+            "history": [[n, list(h)] for n, h in job.history.items()],
+            "in_place": job.in_place,
+            "target": list(job.target),
+            "ready": job.ready,
+        }
 
     def restore(self, job_id: str, saved: dict[str, Any]) -> Round:
         """Take ``job_id``'s round back from a predecessor's :meth:`saved`: its agents carry on in it."""
-        rnd = Round(int(saved["number"]), tuple(saved["hosts"]), str(saved["prefix"]), float(saved["opened"]), set(saved["joined"]), saved["closed_at"])
-        self._jobs[job_id] = _Job(rnd, {int(n): tuple(h) for n, h in saved["history"]}, bool(saved.get("in_place")),
-                                  tuple(saved.get("target") or rnd.hosts), {str(h): float(t) for h, t in (saved.get("ready") or {}).items()})  # fmt: skip
+        rnd = Round(
+            int(saved["number"]),
+            tuple(saved["hosts"]),
+            str(saved["prefix"]),
+            float(saved["opened"]),
+            set(saved["joined"]),
+            saved["closed_at"],
+        )
+        self._jobs[job_id] = _Job(
+            rnd,
+            {int(n): tuple(h) for n, h in saved["history"]},
+            bool(saved.get("in_place")),
+            tuple(saved.get("target") or rnd.hosts),
+            {str(h): float(t) for h, t in (saved.get("ready") or {}).items()},
+        )
         self._next_round = max(self._next_round, rnd.number + 1)
         return rnd
 
@@ -187,7 +210,8 @@ class RendezvousBook:
             job.in_place = True
             self._changed.add(job_id)
         if host not in job.current.hosts and job.in_place and host in job.target:
-            job.ready.setdefault(host, now)  # a staged new host, ready: it enters the next round (with those ready with it)
+            # a staged new host, ready: it enters the next round (with those ready with it)
+            job.ready.setdefault(host, now)
             self._stage(job_id, job, now)
             if host not in job.current.hosts:
                 return {"state": "wait", "round": job.current.number, "in_place": True}
@@ -216,7 +240,9 @@ class RendezvousBook:
             **extra,
         }
 
-    def poll(self, job_id: str, host: str, round_number: int, in_place: bool = False, now: float | None = None) -> dict[str, Any]:
+    def poll(
+        self, job_id: str, host: str, round_number: int, in_place: bool = False, now: float | None = None
+    ) -> dict[str, Any]:
         job = self._jobs.get(job_id)
         if job is None:
             return {"waiting": 1, "current": 0, "member": False}

@@ -119,14 +119,18 @@ class RunStore(Store):
                 return self._client.request(message, timeout_s=budget, attempt_s=budget)
         except ControllerUnavailable:
             _, host, port = self._where
-            raise DistStoreError(f"the run's torch store at {host}:{port} did not answer {message.TYPE} within {budget:.0f} s") from None
+            raise DistStoreError(
+                f"the run's torch store at {host}:{port} did not answer {message.TYPE} within {budget:.0f} s"
+            ) from None
         except RequestRefused as exc:
             raise DistStoreError(f"the run's torch store refused {message.TYPE}: {exc}") from None
 
     def _timed_out(self, keys: list[str], wait: timedelta) -> None:
         from torch.distributed import DistStoreError
 
-        raise DistStoreError(f"timed out after {wait.total_seconds():.0f} s waiting for {list(keys)[:4]} in the run's torch store")
+        raise DistStoreError(
+            f"timed out after {wait.total_seconds():.0f} s waiting for {list(keys)[:4]} in the run's torch store"
+        )
 
 
 def _raw(value: bytes | str) -> bytes:

@@ -55,11 +55,13 @@ class JobRuntimes(Runtime):
         runtime.start(job_id, spec, hosts)
 
     def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
-        """A predecessor's job, on the runtime its spec names (made now if need be: the torch store is adopted with it)."""
+        """A predecessor's job, on the runtime its spec names (made now if need be: the torch store is adopted with
+        it)."""
         kind = self.kind_of(spec)
         try:
             runtime = self.of_kind(kind)
-        except Exception:  # a runtime that cannot be made adopts nothing: the job is requeued, and its start will say why
+        except Exception:
+            # a runtime that cannot be made adopts nothing: the job is requeued, and its start will say why
             return False
         if not runtime.adopt(job_id, spec, hosts):
             return False

@@ -104,9 +104,18 @@ class SimJob:
 
 
 class SimulatedRuntime(Runtime):
-    def __init__(self, specs: Mapping[str, JobSpec], accounting: str = "bftrainer", noise: float = 0.0, seed: int = 0,
-                 start_cost_s: float = 30.0, commit_interval_s: float = 60.0, now: float = 0.0, node_types: Mapping[str, str] | None = None,
-                 rescale: str = "restart"):  # fmt: skip
+    def __init__(
+        self,
+        specs: Mapping[str, JobSpec],
+        accounting: str = "bftrainer",
+        noise: float = 0.0,
+        seed: int = 0,
+        start_cost_s: float = 30.0,
+        commit_interval_s: float = 60.0,
+        now: float = 0.0,
+        node_types: Mapping[str, str] | None = None,
+        rescale: str = "restart",
+    ):
         if accounting not in ("bftrainer", "realistic"):
             raise ValueError(f"accounting must be 'bftrainer' or 'realistic', got {accounting!r}")
         if rescale not in ("restart", "in_place"):
@@ -249,7 +258,8 @@ class SimulatedRuntime(Runtime):
             job.charged += samples
 
     def _commit(self, job: SimJob, dt: float) -> bool:
-        """Commit every ``commit_interval_s`` of training (realistic); BFTrainer's stops lose nothing, as if every step committed."""
+        """Commit every ``commit_interval_s`` of training (realistic); BFTrainer's stops lose nothing, as if every step
+        committed."""
         job.since_commit_s += dt
         if self.accounting == "bftrainer" or job.since_commit_s >= self.commit_interval_s:
             job.committed, job.since_commit_s = job.done, 0.0

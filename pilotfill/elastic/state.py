@@ -54,7 +54,8 @@ from .torch import inplace
 
 
 def stateful(value: Any) -> bool:
-    """Whether a named value is restored in place from its ``state_dict`` (a loader, a scheduler) rather than replaced."""
+    """Whether a named value is restored in place from its ``state_dict`` (a loader, a scheduler) rather than
+    replaced."""
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
@@ -87,8 +88,8 @@ class ElasticState:
         membership = inplace.active()
         self._index = membership.register_state(self) if membership is not None else 0
         if membership is not None and membership.provisional:
-            # A worker joining a job that trains: the state comes from a peer when it joins the group, at its first batch
-            # (or, restarted after a hard loss, from the last commit its node holds in memory): nothing is read here.
+            # A worker joining a job that trains gets its state from a peer at its first batch (or, restarted after a
+            # hard loss, from the last commit its node holds in memory): nothing is read here.
             self.restored = self._resume_from_memory(membership)
         else:
             self.restored = self.restore()
@@ -111,7 +112,8 @@ class ElasticState:
             self.optimizer.load_state_dict(saved["optimizer"])
         for key, value in saved.get("extra", {}).items():
             if key in self.keys and stateful(getattr(self, key)):
-                getattr(self, key).load_state_dict(value)  # the loader: restored in place, where the training loop holds it
+                # the loader: restored in place, where the training loop holds it
+                getattr(self, key).load_state_dict(value)
             elif key in self.keys:
                 setattr(self, key, value)
 

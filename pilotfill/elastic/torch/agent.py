@@ -212,7 +212,7 @@ def make_agent(args: argparse.Namespace, run_dir: str):
         def _exit_barrier(self) -> None:
             # This node's workers returned. The job's end is rank 0's result, which the controller hears: wait for its
             # word, or for the round to change (a peer re-forms: this node joins it), not for torch's store barrier,
-            # which gives up after 60 s and takes the node out of the job (turn 4 (a): 60 s at 0 samples/s, a node lost).
+            # which times out and takes the node out of the job.
             self._pilotfill_reform = handler.wait_for_change()
             if self._pilotfill_reform:
                 log.info("%s: the round changed while this node's workers had returned: joining the next", args.host)
@@ -227,7 +227,10 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             if result.is_failed():
                 for failure in result.failures.values():
                     code = failure.exitcode
-                    if code is not None and ((code < 0 and -code not in (signal.SIGTERM, signal.SIGINT)) or code not in REPORTED_CODES and code > 0):
+                    if code is not None and (
+                        (code < 0 and -code not in (signal.SIGTERM, signal.SIGINT))
+                        or code not in REPORTED_CODES and code > 0
+                    ):
                         raise WorkerEnded(code)
             return result
 
@@ -235,14 +238,24 @@ def make_agent(args: argparse.Namespace, run_dir: str):
             self._shutdown(timeout=grace, restart=True)
 
         def _shutdown(self, *args, restart: bool = False, **kwargs) -> None:
-            if not restart:  # the agent's own end: a second SIGTERM (the pilot agent's, the batch system's) must not cut the grace
+            if not restart:
+                # the agent's own end: a second SIGTERM (the pilot agent's, the batch system's) must not cut the grace
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                     signal.signal(sig, signal.SIG_IGN)  # torch's handler would raise out of the wait for the workers
             super()._shutdown(*args, **kwargs)
 
-    for hook in ("_set_local_rank_env", "_stop_workers", "_shutdown", "_invoke_run", "_exit_barrier", "_monitor_workers"):
+    for hook in (
+        "_set_local_rank_env",
+        "_stop_workers",
+        "_shutdown",
+        "_invoke_run",
+        "_exit_barrier",
+        "_monitor_workers",
+    ):
         if not hasattr(LocalElasticAgent, hook):
-            raise RuntimeError(f"this torch's LocalElasticAgent has no {hook}: pilotfill's agent is written for torch 2.13")
+            raise RuntimeError(
+                f"this torch's LocalElasticAgent has no {hook}: pilotfill's agent is written for torch 2.13"
+            )
     params = RendezvousParameters(
         backend=rdzv.BACKEND, endpoint=run_dir, run_id=args.job_id, min_nodes=args.min_nodes, max_nodes=args.max_nodes,
         host=args.host, poll_interval=args.poll_interval,
@@ -273,7 +286,8 @@ def _exited_without_returning(pcontext) -> bool:
 class AgentPhase(str, Enum):
     """Where an in-place agent stands (:class:`InPlaceAgent`)."""
 
-    JOINING = "joining"  # its workers wait for a round (a fresh start: before they run; provisional: parked at their first batch)
+    # its workers wait for a round (a fresh start: before they run; provisional: parked at their first batch)
+    JOINING = "joining"
     RUNNING = "running"  # its workers train in its round; a newer round is handed to them at their next boundary
     RETURNED = "returned"  # its workers returned, or told the job's failure: waiting for the job's end or a new round
     LEAVING = "leaving"  # told to go (SIGTERM) or no longer in the job: its workers leave at their next boundary
@@ -315,7 +329,8 @@ class InPlaceAgent:
         self.round = -1
         self.round_info: dict | None = None
         self.serial = 0
-        self.in_place = False  # this job's ranks re-form in place (its workers reached a loader boundary, or the book says so)
+        # this job's ranks re-form in place (its workers reached a loader boundary, or the book says so)
+        self.in_place = False
         self.workers: dict[int, multiprocessing.process.BaseProcess] = {}
         self.provisional = False
         self.restarts = 0
@@ -328,7 +343,8 @@ class InPlaceAgent:
         self._joining_since: float | None = None
         self._want_since: float | None = None
         self.ctx = multiprocessing.get_context("forkserver")
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # node-local memory: notices and the commit it holds
+        # node-local memory: notices and the commit it holds
+        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
         self.dir = Path(tempfile.mkdtemp(prefix=f"pilotfill-{args.job_id}-{args.host}-", dir=base))
         self.notice_path = self.dir / inplace.NOTICE
         self._inplace = inplace
@@ -418,7 +434,9 @@ class InPlaceAgent:
             if reply is None:
                 return
             if not reply.get("current") or not reply.get("member", True):
-                log.info("%s: no part in %s any more: its workers leave at their next step", self.args.host, self.args.job_id)
+                log.info(
+                    "%s: no part in %s any more: its workers leave at their next step", self.args.host, self.args.job_id
+                )
                 self._move(AgentPhase.LEAVING)
                 self._tell_leave()
                 return
@@ -427,7 +445,8 @@ class InPlaceAgent:
             if not (changed or stuck):
                 return
             if not all(self._formed(i) for i in self.workers if self.workers[i].is_alive()):
-                return  # its workers are still moving to the last round: one move at a time, so every rank goes to the same
+                # its workers are still moving to the last round: one move at a time, so every rank goes to the same
+                return
         reply = self._join()  # a newer round; or, stuck, the same hosts re-formed (the book opens one)
         waits = reply is not None and reply.get("state") == "wait"
         if waits and self._join_asked is None:
@@ -470,12 +489,15 @@ class InPlaceAgent:
 
         self.provisional = provisional
         if provisional:
-            self.notice_path.unlink(missing_ok=True)  # they wait for the round this agent joins next, not the last one's
+            # they wait for the round this agent joins next, not the last one's
+            self.notice_path.unlink(missing_ok=True)
         for local_rank in range(self.args.nproc):
             self._inplace.worker_status_path(self.dir, local_rank).unlink(missing_ok=True)
             self._inplace.returned_path(self.dir, local_rank).unlink(missing_ok=True)
             env = self._worker_env(local_rank, provisional)
-            proc = self.ctx.Process(target=worker.entry_in_place, args=(env,), name=f"worker-{local_rank}", daemon=False)
+            proc = self.ctx.Process(
+                target=worker.entry_in_place, args=(env,), name=f"worker-{local_rank}", daemon=False
+            )
             proc.start()
             self.workers[local_rank] = proc
 
@@ -489,18 +511,27 @@ class InPlaceAgent:
         info = self.round_info
         if info is not None and not provisional:
             nodes, node_rank, store = int(info["world_size"]), int(info["rank"]), info["store"]
-            env.update({
-                "RANK": str(node_rank * self.args.nproc + local_rank), "WORLD_SIZE": str(nodes * self.args.nproc),
-                "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nodes), "ROLE_RANK": str(node_rank * self.args.nproc + local_rank),
-                "ROLE_WORLD_SIZE": str(nodes * self.args.nproc), "MASTER_ADDR": store["host"], "MASTER_PORT": str(store["port"]),
-                "PILOTFILL_RDZV_PREFIX": f"{store['prefix']}/workers", "PILOTFILL_RDZV_ROUND": str(info["round"]),
-            })  # fmt: skip
+            env.update(
+                {
+                    "RANK": str(node_rank * self.args.nproc + local_rank),
+                    "WORLD_SIZE": str(nodes * self.args.nproc),
+                    "GROUP_RANK": str(node_rank),
+                    "GROUP_WORLD_SIZE": str(nodes),
+                    "ROLE_RANK": str(node_rank * self.args.nproc + local_rank),
+                    "ROLE_WORLD_SIZE": str(nodes * self.args.nproc),
+                    "MASTER_ADDR": store["host"],
+                    "MASTER_PORT": str(store["port"]),
+                    "PILOTFILL_RDZV_PREFIX": f"{store['prefix']}/workers",
+                    "PILOTFILL_RDZV_ROUND": str(info["round"]),
+                }
+            )
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[local_rank % len(self.gpus)]
         return env
 
     def _reap(self) -> int | None:
-        """Workers that ended: the agent's exit status if it must go now, else None (they are started again as needed)."""
+        """Workers that ended: the agent's exit status if it must go now, else None (they are started again as
+        needed)."""
         from .inplace import EXIT_LEFT
         from .worker import EXIT_PEER_LOST
 
@@ -511,13 +542,19 @@ class InPlaceAgent:
             self.workers[i].join(0)
             if code is None:
                 continue
-            own_end = code < 0 and -code not in (signal.SIGTERM, signal.SIGINT) or code > 0 and code not in (*REPORTED_CODES, EXIT_LEFT)
-            own_end = own_end or code == 0 and not self._inplace.returned_path(self.dir, i).exists()  # os._exit(0): no value, no error
+            own_end = (
+                code < 0 and -code not in (signal.SIGTERM, signal.SIGINT)
+                or code > 0 and code not in (*REPORTED_CODES, EXIT_LEFT)
+            )
+            # os._exit(0): no value, no error
+            own_end = own_end or code == 0 and not self._inplace.returned_path(self.dir, i).exists()
             if own_end and self.phase is not AgentPhase.LEAVING:
-                # The app's own end (a segfault, the OOM killer, an exit status of its own): leave with it, the controller counts.
+                # The app's own end (a segfault, the OOM killer, its exit status): leave with it; the controller counts.
                 from ..ending import exit_words
 
-                log.error("%s: a worker %s: leaving (the controller counts such ends)", self.args.host, exit_words(code))
+                log.error(
+                    "%s: a worker %s: leaving (the controller counts such ends)", self.args.host, exit_words(code)
+                )
                 self._kill_workers()
                 return 128 - code if code < 0 else code
         if self.phase is AgentPhase.LEAVING:
@@ -539,7 +576,10 @@ class InPlaceAgent:
                 return None  # returned; the others still run (uneven): wait for them
             for i in ended:
                 del self.workers[i]
-            self._restart("a worker " + ("left" if codes & {EXIT_LEFT} else "lost a peer" if EXIT_PEER_LOST in codes else "failed"))
+            self._restart(
+                "a worker "
+                + ("left" if codes & {EXIT_LEFT} else "lost a peer" if EXIT_PEER_LOST in codes else "failed")
+            )
             return None
         self.workers.clear()
         if codes <= {0}:
@@ -558,7 +598,12 @@ class InPlaceAgent:
         if self.restarts > self.args.max_restarts:
             raise WorkerEnded(1)
         self._stop_workers()
-        log.info("%s: %s: starting its workers again%s", self.args.host, why, " (they rejoin in place)" if self.in_place else "")
+        log.info(
+            "%s: %s: starting its workers again%s",
+            self.args.host,
+            why,
+            " (they rejoin in place)" if self.in_place else "",
+        )
         self._learn_capable()
         if self.in_place:
             self._spawn(provisional=True)
@@ -620,7 +665,9 @@ class InPlaceAgent:
     def _poll(self, round_number: int) -> dict | None:
         self._polled = time.monotonic()
         try:
-            reply = self.client.request(RdzvPoll(self.args.job_id, self.args.host, round_number, in_place=self.in_place), timeout_s=10.0)
+            reply = self.client.request(
+                RdzvPoll(self.args.job_id, self.args.host, round_number, in_place=self.in_place), timeout_s=10.0
+            )
         except (ControllerUnavailable, RequestRefused) as exc:
             log.warning("rdzv.poll: %s (keeping the current round)", exc)
             return None
@@ -631,7 +678,9 @@ class InPlaceAgent:
     def _join(self) -> dict | None:
         """One ask to join the round after ours (non-blocking: "wait" means ask again)."""
         try:
-            return self.client.request(RdzvJoin(self.args.job_id, self.args.host, self.round, in_place=self.in_place), timeout_s=10.0)
+            return self.client.request(
+                RdzvJoin(self.args.job_id, self.args.host, self.round, in_place=self.in_place), timeout_s=10.0
+            )
         except (ControllerUnavailable, RequestRefused) as exc:
             log.warning("rdzv.join: %s", exc)
             return None
@@ -641,9 +690,23 @@ class InPlaceAgent:
         self.round, self.round_info = int(reply["round"]), reply
         self.serial += 1
         store = reply["store"]
-        self._inplace.Notice(self.serial, self.round, int(reply["rank"]), int(reply["world_size"]), store["host"], int(store["port"]),
-                             store["prefix"]).write(self.notice_path)  # fmt: skip
-        log.info("%s joined round %d of %s as node %d of %d", self.args.host, self.round, self.args.job_id, reply["rank"], reply["world_size"])
+        self._inplace.Notice(
+            self.serial,
+            self.round,
+            int(reply["rank"]),
+            int(reply["world_size"]),
+            store["host"],
+            int(store["port"]),
+            store["prefix"],
+        ).write(self.notice_path)
+        log.info(
+            "%s joined round %d of %s as node %d of %d",
+            self.args.host,
+            self.round,
+            self.args.job_id,
+            reply["rank"],
+            reply["world_size"],
+        )
 
     def _tell_leave(self) -> None:
         """The workers leave at their next boundary (those SIGTERM did not reach hear it here)."""
@@ -672,15 +735,38 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--nproc", type=int, default=1, help="ranks on this node")
     ap.add_argument("--min-nodes", type=int, default=1)
     ap.add_argument("--max-nodes", type=int, default=1 << 20)
-    ap.add_argument("--gpus-per-node", type=int, default=None, help="bind ranks to this many GPUs (default: the node's)")
+    ap.add_argument(
+        "--gpus-per-node", type=int, default=None, help="bind ranks to this many GPUs (default: the node's)"
+    )
     ap.add_argument("--max-restarts", type=int, default=100, help="worker failures (not membership changes) tolerated")
     ap.add_argument("--monitor-interval", type=float, default=MONITOR_INTERVAL_S)
     ap.add_argument("--poll-interval", type=float, default=0.2, help="seconds between rdzv.poll")
-    ap.add_argument("--stop-grace", type=float, default=STOP_GRACE_S, help="seconds between SIGTERM and SIGKILL for workers (the pilot's grace)")
-    ap.add_argument("--collective-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="timeout of the workers' process groups, seconds")
-    ap.add_argument("--preload", default=None, help="the job's module, imported once by the workers' forkserver (default: asked of the controller)")
-    ap.add_argument("--resize", choices=("in_place", "restart"), default="restart",
-                    help="in_place: workers outlive membership changes (elastic/torch/inplace.py); restart: torch elastic's own restarts")
+    ap.add_argument(
+        "--stop-grace",
+        type=float,
+        default=STOP_GRACE_S,
+        help="seconds between SIGTERM and SIGKILL for workers (the pilot's grace)",
+    )
+    ap.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="timeout of the workers' process groups, seconds",
+    )
+    ap.add_argument(
+        "--preload",
+        default=None,
+        help="the job's module, imported once by the workers' forkserver (default: asked of the controller)",
+    )
+    ap.add_argument(
+        "--resize",
+        choices=("in_place", "restart"),
+        default="restart",
+        help=(
+            "in_place: workers outlive membership changes (elastic/torch/inplace.py); "
+            "restart: torch elastic's own restarts"
+        ),
+    )
     args = ap.parse_args(argv)
     if not args.host:
         ap.error("--host (or PILOTFILL_HOST) is required")
@@ -693,13 +779,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.host} %(name)s %(levelname)s %(message)s")
     run_dir = os.environ["PILOTFILL_RUN_DIR"]
     os.environ.update({"PILOTFILL_JOB_ID": args.job_id, "PILOTFILL_HOST": args.host, "PILOTFILL_RUNTIME": "torch"})
-    os.environ.setdefault("TORCH_ELASTIC_WORKER_IDENTICAL", "1")  # same nproc on every node: ranks without a store round trip
+    # same nproc on every node: ranks without a store round trip
+    os.environ.setdefault("TORCH_ELASTIC_WORKER_IDENTICAL", "1")
     for name, value in worker_environment(args.collective_timeout).items():
         os.environ.setdefault(name, value)  # every worker's (the forkserver's environment); the node's own settings win
     started = time.monotonic()
-    warm = "torch" in sys.modules  # forked from the pilot's zygote (pilotfill.pilots.warm): torch imported, no thread yet
+    # forked from the pilot's zygote (pilotfill.pilots.warm): torch imported, no thread yet
+    warm = "torch" in sys.modules
     module = args.preload if args.preload is not None else None if warm else entry_module(run_dir, args.job_id)
-    warming = start_forkserver(module or None, warm=warm)  # first: it imports while we do (warm: before any thread starts)
+    # first: it imports while we do (warm: before any thread starts)
+    warming = start_forkserver(module or None, warm=warm)
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -715,7 +804,12 @@ def main(argv: list[str] | None = None) -> int:
 
             if warming is not None:
                 warming.join()
-            log.info("%s: ready after %.1f s (%s)", args.host, time.monotonic() - started, "forked warm" if warm else "workers' forkserver warm")
+            log.info(
+                "%s: ready after %.1f s (%s)",
+                args.host,
+                time.monotonic() - started,
+                "forked warm" if warm else "workers' forkserver warm",
+            )
             return InPlaceAgent(args, run_dir, Client(run_dir, timeout_s=30.0)).run()
         agent, handler = make_agent(args, run_dir)
         if warming is not None:

@@ -126,13 +126,27 @@ class Notice:
         except (OSError, ValueError):
             return None
         store = raw.get("store") or {}
-        return cls(int(raw.get("serial", 0)), int(raw.get("round", -1)), int(raw.get("node_rank", 0)), int(raw.get("nodes", 1)),
-                   str(store.get("host", "")), int(store.get("port", 0)), str(store.get("prefix", "")), bool(raw.get("leave")))  # fmt: skip
+        return cls(
+            int(raw.get("serial", 0)),
+            int(raw.get("round", -1)),
+            int(raw.get("node_rank", 0)),
+            int(raw.get("nodes", 1)),
+            str(store.get("host", "")),
+            int(store.get("port", 0)),
+            str(store.get("prefix", "")),
+            bool(raw.get("leave")),
+        )
 
     def write(self, path: Path) -> None:
         """Atomically (a new inode each time: the workers notice it by ``stat`` alone)."""
-        body = {"serial": self.serial, "round": self.round, "node_rank": self.node_rank, "nodes": self.nodes, "leave": self.leave,
-                "store": {"host": self.store_host, "port": self.store_port, "prefix": self.prefix}}  # fmt: skip
+        body = {
+            "serial": self.serial,
+            "round": self.round,
+            "node_rank": self.node_rank,
+            "nodes": self.nodes,
+            "leave": self.leave,
+            "store": {"host": self.store_host, "port": self.store_port, "prefix": self.prefix},
+        }
         write_atomically(path, json.dumps(body).encode())
 
 
@@ -181,8 +195,12 @@ def install() -> Membership | None:
     if os.environ.get(RESIZE_ENV) != "in_place" or not os.environ.get(NOTICE_DIR_ENV):
         return None
     if _active is None:
-        _active = Membership(Path(os.environ[NOTICE_DIR_ENV]), int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                             provisional=os.environ.get(PROVISIONAL_ENV) == "1")  # fmt: skip
+        _active = Membership(
+            Path(os.environ[NOTICE_DIR_ENV]),
+            int(os.environ.get("LOCAL_RANK", "0")),
+            int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            provisional=os.environ.get(PROVISIONAL_ENV) == "1",
+        )
         _active.patch()
     return _active
 
@@ -200,7 +218,8 @@ class Membership:
         self.states: list[weakref.ref] = []
         self.ddps: list[weakref.ref] = []
         self.init_kwargs: dict[str, Any] = {}
-        self.control: Any = None  # the gloo group the boundary's flags go over (None: the default group, when it is gloo)
+        # the gloo group the boundary's flags go over (None: the default group, when it is gloo)
+        self.control: Any = None
         self.boundaries = 0
         self.capable_said = False
         self.last_boundary = time.monotonic()
@@ -253,8 +272,14 @@ class Membership:
         """The job's ``init_process_group``: the job's group of this round, or — a joiner — a group of one."""
         import torch.distributed as dist
 
-        if self.phase is not Phase.ALONE or args or kwargs.get("store") is not None or (init_method not in (None, "env://")):
-            return real(backend, init_method, *args, **kwargs)  # its own rendezvous, or a second group: not ours to move
+        if (
+            self.phase is not Phase.ALONE
+            or args
+            or kwargs.get("store") is not None
+            or (init_method not in (None, "env://"))
+        ):
+            # its own rendezvous, or a second group: not ours to move
+            return real(backend, init_method, *args, **kwargs)
         self.init_kwargs = {k: v for k, v in kwargs.items() if k not in ("rank", "world_size", "group_name")}
         self.init_kwargs["backend"] = backend
         if self.provisional_start:
@@ -277,7 +302,8 @@ class Membership:
         return self.phase is Phase.PROVISIONAL or (self.phase is Phase.ALONE and self.provisional_start)
 
     def register_state(self, state: Any) -> int:
-        """An ElasticState of the job's code (in the order the code makes them: the same on every rank). Returns its index."""
+        """An ElasticState of the job's code (in the order the code makes them: the same on every rank). Returns its
+        index."""
         self.states.append(weakref.ref(state))
         return len(self.states) - 1
 
@@ -306,7 +332,8 @@ class Membership:
             return False
         if self.term_at is not None:
             if least == LEAVE:
-                self._commit_before_leaving()  # the whole job goes (stopped, or every node preempted): keep its last step
+                # the whole job goes (stopped, or every node preempted): keep its last step
+                self._commit_before_leaving()
             self._leave("told to go")
         self._reform(paused_from=now)
         return True
@@ -350,11 +377,20 @@ class Membership:
                 dist.destroy_process_group()  # every group of the old round; gloo's go at once
         self.control = None
         rank, world = notice.node_rank * self.nproc + self.local_rank, notice.nodes * self.nproc
-        os.environ.update({
-            "RANK": str(rank), "WORLD_SIZE": str(world), "GROUP_RANK": str(notice.node_rank), "GROUP_WORLD_SIZE": str(notice.nodes),
-            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": notice.store_host, "MASTER_PORT": str(notice.store_port),
-            "PILOTFILL_RDZV_PREFIX": f"{notice.prefix}/workers", "PILOTFILL_RDZV_ROUND": str(notice.round),
-        })  # fmt: skip
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+                "GROUP_RANK": str(notice.node_rank),
+                "GROUP_WORLD_SIZE": str(notice.nodes),
+                "ROLE_RANK": str(rank),
+                "ROLE_WORLD_SIZE": str(world),
+                "MASTER_ADDR": notice.store_host,
+                "MASTER_PORT": str(notice.store_port),
+                "PILOTFILL_RDZV_PREFIX": f"{notice.prefix}/workers",
+                "PILOTFILL_RDZV_ROUND": str(notice.round),
+            }
+        )
         bind_store(f"{notice.prefix}/workers")
         kwargs = self.init_kwargs_without_backend()
         self._real_init(self.init_kwargs.get("backend"), "env://", rank=rank, world_size=world, **kwargs)
@@ -371,7 +407,14 @@ class Membership:
         from ...report import measure_from
 
         measure_from(time.time())  # the next report is the first of the new size (what the change cost)
-        log.info("rank %d of %d in round %d (%.2f s to re-form, %s)", rank, world, notice.round, time.monotonic() - started, moved)
+        log.info(
+            "rank %d of %d in round %d (%.2f s to re-form, %s)",
+            rank,
+            world,
+            notice.round,
+            time.monotonic() - started,
+            moved,
+        )
 
     def _formed(self, round_number: int) -> None:
         import torch.distributed as dist
@@ -401,7 +444,8 @@ class Membership:
             source, from_disk = holders[0], False
             wanting = [r for r, t in enumerate(everyone) if not int(t[0]) or int(t[1]) != int(everyone[source][1])]
         else:
-            source, from_disk, wanting = 0, True, list(range(self.world))  # rank 0 too: it read the commit, it did not hold it
+            # rank 0 too: it read the commit, it did not hold it
+            source, from_disk, wanting = 0, True, list(range(self.world))
         if not wanting:
             return "nothing to send"
         if self.rank == source:
@@ -430,7 +474,8 @@ class Membership:
         return n is not None and (n.leave or n.round > self.round)
 
     def _await_notice(self, after: int) -> Notice:
-        """The agent's notice of a round after ``after`` (asking it to look at once); a notice to leave ends the worker."""
+        """The agent's notice of a round after ``after`` (asking it to look at once); a notice to leave ends the
+        worker."""
         deadline = time.monotonic() + NOTICE_WAIT_S
         self._say(wants=after)
         nudged = 0.0
@@ -445,7 +490,8 @@ class Membership:
             if time.monotonic() - nudged > 0.5:
                 nudged = time.monotonic()
                 with contextlib.suppress(OSError):
-                    (self.dir / NUDGE).write_text(str(time.time()))  # the agent asks the controller now, not at its next poll
+                    # the agent asks the controller now, not at its next poll
+                    (self.dir / NUDGE).write_text(str(time.time()))
             time.sleep(0.005)
         raise TimeoutError(f"no round from this node's agent within {NOTICE_WAIT_S:.0f} s")
 
@@ -464,7 +510,9 @@ class Membership:
 
     def _write_status(self) -> None:
         with contextlib.suppress(OSError):
-            write_atomically(self._status, json.dumps({**self._status_body, "phase": self.phase.value, "round": self.round}).encode())
+            write_atomically(
+                self._status, json.dumps({**self._status_body, "phase": self.phase.value, "round": self.round}).encode()
+            )
 
     # ------------------------------------------------------------ leaving
 
@@ -472,7 +520,8 @@ class Membership:
         """SIGTERM (the node is released or preempted): go at the next boundary — at once if none will come."""
         if self.phase is not Phase.FORMED or self.boundaries == 0:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)  # not training in steps yet: nothing to finish, end as torch's workers do
+            # not training in steps yet: nothing to finish, end as torch's workers do
+            os.kill(os.getpid(), signal.SIGTERM)
             return
         if self.term_at is None:
             self.term_at = time.monotonic()
@@ -492,14 +541,27 @@ class Membership:
             if self.phase is not Phase.FORMED:
                 continue
             idle = time.monotonic() - self.last_boundary
-            if self.term_at is not None and time.monotonic() - self.term_at > max(STUCK_LEAVE_S, 3 * self.step_s) and idle > max(STUCK_LEAVE_S, 3 * self.step_s):
-                print(f"pilotfill: rank {self.rank} was told to go and reached no step boundary for {idle:.1f} s: leaving now", file=sys.stderr, flush=True)
+            if (
+                self.term_at is not None
+                and time.monotonic() - self.term_at > max(STUCK_LEAVE_S, 3 * self.step_s)
+                and idle > max(STUCK_LEAVE_S, 3 * self.step_s)
+            ):
+                print(
+                    f"pilotfill: rank {self.rank} was told to go and reached no step boundary for {idle:.1f} s: "
+                    "leaving now",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(143)
             if self.boundaries and idle > max(STUCK_REFORM_S, 10 * self.step_s) and self._newer_notice():
                 from .worker import EXIT_PEER_LOST
 
-                print(f"pilotfill: rank {self.rank} reached no step boundary for {idle:.1f} s while its job re-forms (a peer it waits on is gone): "
-                      "restarting from the commit its node holds", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"pilotfill: rank {self.rank} reached no step boundary for {idle:.1f} s while its job re-forms (a "
+                    "peer it waits on is gone): restarting from the commit its node holds",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(EXIT_PEER_LOST)
 
     def _move(self, to: Phase) -> None:
@@ -521,7 +583,9 @@ def regroup_ddp(ddp: Any, group: Any) -> None:
     parameters, expect_sparse_gradient = ddp._build_params_for_reducer()
     ddp.process_group = group
     ddp._has_rebuilt_buckets = False
-    ddp._ddp_init_helper(parameters, expect_sparse_gradient, ddp._build_debug_param_to_name_mapping(parameters), ddp.static_graph)
+    ddp._ddp_init_helper(
+        parameters, expect_sparse_gradient, ddp._build_debug_param_to_name_mapping(parameters), ddp.static_graph
+    )
     if ddp.static_graph:
         ddp.reducer._set_static_graph()
         ddp.logger._set_static_graph()

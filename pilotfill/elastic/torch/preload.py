@@ -46,9 +46,10 @@ def _preload_job_module() -> None:
 
 
 # A SIGTERM to the agent's process group (its node released or preempted) must not end the forkserver: its workers die
-# with it (PR_SET_PDEATHSIG), and they get the pilot's grace from their agent. It ends when its agent does (its pipe closes).
+# with it (PR_SET_PDEATHSIG), and they get the pilot's grace from their agent. It ends with its agent (its pipe closes).
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))  # the workers it forks do not ignore it
+# the workers it forks do not ignore it
+os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 refuse_horovod("torch")  # before the job's module: one that imports horovod.torch binds hvd.init as it is then
 configure_process_groups()
 _preload_job_module()

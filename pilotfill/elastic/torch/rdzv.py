@@ -100,15 +100,40 @@ class PilotfillRendezvousHandler(RendezvousHandler):
         reply = self._join(last)
         store = reply["store"]
         self.round = RoundInfo(
-            number=reply["round"], rank=reply["rank"], world_size=reply["world_size"], hosts=tuple(reply.get("hosts", ())),
-            store_host=store["host"], store_port=int(store["port"]), prefix=store["prefix"],
-        )  # fmt: skip
+            number=reply["round"],
+            rank=reply["rank"],
+            world_size=reply["world_size"],
+            hosts=tuple(reply.get("hosts", ())),
+            store_host=store["host"],
+            store_port=int(store["port"]),
+            prefix=store["prefix"],
+        )
         self._waiting, self._polled_at = 0, time.monotonic()
         if not self.min_nodes <= self.round.world_size <= self.max_nodes:
-            log.warning("round %d has %d nodes, outside [%d, %d]", self.round.number, self.round.world_size, self.min_nodes, self.max_nodes)
-        log.info("%s joined round %d of %s as node %d of %d", self.host, self.round.number, self.job_id, self.round.rank, self.round.world_size)
-        agent_store = PrefixStore(f"{self.round.prefix}/agent", self._store(self.round.store_host, self.round.store_port))
-        return RendezvousInfo(agent_store, self.round.rank, self.round.world_size, RendezvousStoreInfo(self.round.store_host, self.round.store_port))
+            log.warning(
+                "round %d has %d nodes, outside [%d, %d]",
+                self.round.number,
+                self.round.world_size,
+                self.min_nodes,
+                self.max_nodes,
+            )
+        log.info(
+            "%s joined round %d of %s as node %d of %d",
+            self.host,
+            self.round.number,
+            self.job_id,
+            self.round.rank,
+            self.round.world_size,
+        )
+        agent_store = PrefixStore(
+            f"{self.round.prefix}/agent", self._store(self.round.store_host, self.round.store_port)
+        )
+        return RendezvousInfo(
+            agent_store,
+            self.round.rank,
+            self.round.world_size,
+            RendezvousStoreInfo(self.round.store_host, self.round.store_port),
+        )
 
     def num_nodes_waiting(self) -> int:
         if self.round is None:
@@ -193,9 +218,14 @@ def create_handler(params: RendezvousParameters) -> PilotfillRendezvousHandler:
     """torch's factory signature: ``endpoint`` is the run directory; ``host`` and ``job_id`` come in the config."""
     client = params.config.get("client") or Client(params.endpoint, timeout_s=30.0)
     return PilotfillRendezvousHandler(
-        client, job_id=params.run_id, host=params.config["host"], min_nodes=params.min_nodes, max_nodes=params.max_nodes,
-        join_timeout_s=float(params.get("join_timeout", JOIN_TIMEOUT_S)), poll_interval_s=float(params.get("poll_interval", POLL_INTERVAL_S)),
-    )  # fmt: skip
+        client,
+        job_id=params.run_id,
+        host=params.config["host"],
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        join_timeout_s=float(params.get("join_timeout", JOIN_TIMEOUT_S)),
+        poll_interval_s=float(params.get("poll_interval", POLL_INTERVAL_S)),
+    )
 
 
 rendezvous_handler_registry.register(BACKEND, create_handler)

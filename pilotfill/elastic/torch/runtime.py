@@ -100,7 +100,8 @@ class TorchRuntime(Runtime):
     (torch elastic's restarts); default: ``$PILOTFILL_TORCH_RESIZE``, else in place.
     """
 
-    handles: ClassVar[tuple[str, ...]] = (RdzvJoin.TYPE, RdzvPoll.TYPE)  # its agents' rendezvous (pilotfill.elastic.rendezvous)
+    # its agents' rendezvous (pilotfill.elastic.rendezvous)
+    handles: ClassVar[tuple[str, ...]] = (RdzvJoin.TYPE, RdzvPoll.TYPE)
 
     def resize_restarts_ranks(self, job_id: str | None = None) -> bool:
         # Every resize is a new rendezvous round: the old ranks report at the old size until they are in it (restarted,
@@ -112,9 +113,17 @@ class TorchRuntime(Runtime):
         rt, bind = config.runtime, config.controller.bind
         store_host = socket.getfqdn() if bind in ("0.0.0.0", "*") else bind  # the address compute nodes reach
         restarted = restarted_if_it_dies(run_dir)  # a successor adopts the store and the rounds: see the module
-        return cls(run_dir, launcher, ranks_per_node=rt.ranks_per_node, gpus_per_node=rt.gpus_per_node, store_host=store_host,
-                   grace_s=config.pilots.grace_s, collective_timeout_s=rt.collective_timeout_s, on_spawn=on_spawn,
-                   store_lease_s=config.pilots.heartbeat_deadline_s if restarted else None)  # fmt: skip
+        return cls(
+            run_dir,
+            launcher,
+            ranks_per_node=rt.ranks_per_node,
+            gpus_per_node=rt.gpus_per_node,
+            store_host=store_host,
+            grace_s=config.pilots.grace_s,
+            collective_timeout_s=rt.collective_timeout_s,
+            on_spawn=on_spawn,
+            store_lease_s=config.pilots.heartbeat_deadline_s if restarted else None,
+        )
 
     def handle(self, message: Any, now: float) -> dict[str, Any]:
         """A torch elastic agent joining its job's round, or asking whether membership changed."""
@@ -123,15 +132,29 @@ class TorchRuntime(Runtime):
         self._save_rounds()  # a join may close a round, or re-form one
         return reply
 
-    def __init__(self, run_dir: Path | str, launcher: NodeLauncher, ranks_per_node: int = 1, gpus_per_node: int | None = None,
-                 store_host: str = "127.0.0.1", python: str = sys.executable, agent_env: dict[str, str] | None = None,
-                 poll_interval_s: float = 0.2, clock: Callable[[], float] = time.time, grace_s: float = 5.0,
-                 collective_timeout_s: float = DEFAULT_TIMEOUT_S, on_spawn: OnSpawn | None = None, store_lease_s: float | None = None,
-                 resize: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path | str,
+        launcher: NodeLauncher,
+        ranks_per_node: int = 1,
+        gpus_per_node: int | None = None,
+        store_host: str = "127.0.0.1",
+        python: str = sys.executable,
+        agent_env: dict[str, str] | None = None,
+        poll_interval_s: float = 0.2,
+        clock: Callable[[], float] = time.time,
+        grace_s: float = 5.0,
+        collective_timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_spawn: OnSpawn | None = None,
+        store_lease_s: float | None = None,
+        resize: str | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.resize_mode = resize or os.environ.get(RESIZE_ENV) or "in_place"
         if self.resize_mode not in RESIZES:
-            raise ValueError(f"torch runtime: resize must be one of {', '.join(RESIZES)}, got {self.resize_mode!r} (${RESIZE_ENV})")
+            raise ValueError(
+                f"torch runtime: resize must be one of {', '.join(RESIZES)}, got {self.resize_mode!r} (${RESIZE_ENV})"
+            )
         self.launcher = launcher
         self.ranks_per_node = ranks_per_node
         self.gpus_per_node = gpus_per_node
@@ -167,7 +190,8 @@ class TorchRuntime(Runtime):
         self.resize(job_id, hosts)
 
     def resize(self, job_id: str, hosts: list[str], lost: Iterable[str] = ()) -> None:
-        """Grow or shrink to exactly ``hosts``; ``lost``: hosts that went away on their own (their agents are ended too).
+        """Grow or shrink to exactly ``hosts``; ``lost``: hosts that went away on their own (their agents are ended
+        too).
 
         A job that is not running (never started, or stopped) is left alone.
         """
@@ -283,10 +307,20 @@ class TorchRuntime(Runtime):
         (self.run_dir / PORT_FILE).unlink(missing_ok=True)
         self.rendezvous.store = None
         log = self.run_dir / "logs" / "torch_store.log"
-        argv = [self.python, "-m", "pilotfill.elastic.torch.store", "--run-dir", str(self.run_dir), "--host", self.store_host]
+        argv = [
+            self.python,
+            "-m",
+            "pilotfill.elastic.torch.store",
+            "--run-dir",
+            str(self.run_dir),
+            "--host",
+            self.store_host,
+        ]
         if self.store_lease_s is not None:
             argv += ["--lease-deadline", str(self.store_lease_s)]
-        self._store = procs.spawn(argv, env=store_environment(self.run_dir), log_path=str(log), outlive_parent=self.store_lease_s is not None)
+        self._store = procs.spawn(
+            argv, env=store_environment(self.run_dir), log_path=str(log), outlive_parent=self.store_lease_s is not None
+        )
         self._store_started = time.monotonic()
         self._on_spawn(self._store, "store", None, self.store_host)
 
@@ -300,7 +334,8 @@ class TorchRuntime(Runtime):
             return False
         self._store, self._store_started = store, time.monotonic()
         self.rendezvous.set_store(info["host"], info["port"])
-        self._on_spawn(store, "store", None, info["host"])  # this controller's now: not killed as a predecessor's leftover
+        # this controller's now: not killed as a predecessor's leftover
+        self._on_spawn(store, "store", None, info["host"])
         return True
 
     def _save_rounds(self) -> None:
@@ -317,7 +352,8 @@ class TorchRuntime(Runtime):
                     continue
                 self._rounds.mkdir(mode=0o700, exist_ok=True)
                 tmp = path.with_name(f".{path.name}.tmp")
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the prefix opens the round's keys: private
+                # the prefix opens the round's keys: private
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(json.dumps(saved))
                 os.replace(tmp, path)

@@ -223,7 +223,9 @@ class Keys:
     def put(self, key: str, value: bytes) -> None:
         size = len(key) + len(value)
         if len(value) > self.max_value or size > self.budget:
-            raise StoreFull(f"a value of {len(value):,} bytes is over the torch store's limit ({self.max_value:,} bytes)")
+            raise StoreFull(
+                f"a value of {len(value):,} bytes is over the torch store's limit ({self.max_value:,} bytes)"
+            )
         self.delete(key)
         ns = self.namespace(key)
         self.namespaces.setdefault(ns, set()).add(key)
@@ -384,22 +386,33 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pilotfill.elastic.torch.store")
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--host", default="127.0.0.1", help="the address clients on the nodes connect to")
-    ap.add_argument("--lease-deadline", type=float, default=None,
-                    help="outlive the controller (a restarted one adopts the store); end once the campaign's lease is ended or unrenewed this long")
+    ap.add_argument(
+        "--lease-deadline",
+        type=float,
+        default=None,
+        help=(
+            "outlive the controller (a restarted one adopts the store); "
+            "end once the campaign's lease is ended or unrenewed this long"
+        ),
+    )
     args = ap.parse_args(argv)
     campaign = None
     if args.lease_deadline is None:
         die_with_parent()
     else:
         campaign = LeaseWatch(args.run_dir, args.lease_deadline)
-    store = StoreServer(args.run_dir, load_secret(args.run_dir), host="127.0.0.1" if args.host in LOOPBACK else "0.0.0.0")
+    store = StoreServer(
+        args.run_dir, load_secret(args.run_dir), host="127.0.0.1" if args.host in LOOPBACK else "0.0.0.0"
+    )
 
     def stop(signum, frame) -> None:
         store.stopping = True
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    write_port_file(args.run_dir, {"host": args.host, "port": store.port, "pid": os.getpid(), "ticks": start_ticks(os.getpid())})
+    write_port_file(
+        args.run_dir, {"host": args.host, "port": store.port, "pid": os.getpid(), "ticks": start_ticks(os.getpid())}
+    )
     print(f"torch store listening on port {store.port} (clients use {args.host})", flush=True)
     try:
         while not store.stopping:

@@ -70,7 +70,9 @@ class Peers:
     reports the failure, or the job is over) — or None: this rank reports ``exc`` as the job's failure.
     """
 
-    def __init__(self, client: Client, job_id: str, env: dict[str, str] | None = None, evidence_s: float = PEER_EVIDENCE_S):
+    def __init__(
+        self, client: Client, job_id: str, env: dict[str, str] | None = None, evidence_s: float = PEER_EVIDENCE_S
+    ):
         self.client, self.job_id, self.evidence_s = client, job_id, evidence_s
         self._env = env
         self._read()
@@ -128,7 +130,11 @@ class Peers:
         self._read()
         if self.world <= 1 or not self.prefix:
             return
-        print(f"pilotfill: rank {self.rank} returned while the job goes on; rank 0's result ends it", file=sys.stderr, flush=True)
+        print(
+            f"pilotfill: rank {self.rank} returned while the job goes on; rank 0's result ends it",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             self._store(f"{self.prefix}/pilotfill-failures").add("returned", 1)
         except Exception as err:  # noqa: BLE001 - no store: the peers wait for the controller's word instead
@@ -187,24 +193,39 @@ class Peers:
         process failed, or ``returned`` peers' functions returned early) that fails the same way as the last, with
         nothing committed since, is counted."""
         if returned:
-            print(f"pilotfill: rank {self.rank}'s collective failed after {returned} peer(s) returned ({type(exc).__name__}); re-forming from the "
-                  "last commit", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"pilotfill: rank {self.rank}'s collective failed after {returned} peer(s) returned "
+                f"({type(exc).__name__}); re-forming from the last commit",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
-            print(f"pilotfill: rank {self.rank} lost a peer ({type(exc).__name__}: {str(exc)[:200]}); re-forming", file=sys.stderr, flush=True)
+            print(
+                f"pilotfill: rank {self.rank} lost a peer ({type(exc).__name__}: {str(exc)[:200]}); re-forming",
+                file=sys.stderr,
+                flush=True,
+            )
         if not same_hosts:
             return EXIT_PEER_LOST
         count = self._count_same_failure(signature(exc))
         if count < SAME_FAILURES:
             return EXIT_PEER_LOST
         if returned:
-            why = (f"each time {returned} of its {self.world} ranks returned from the function while rank {self.rank} was still in a collective: "
-                   "the ranks ran different numbers of steps (uneven inputs: give every rank the same number of batches, e.g. "
-                   "drop the last partial one, or use torch.distributed.algorithms.Join)")  # fmt: skip
+            why = (
+                f"each time {returned} of its {self.world} ranks returned from the function while rank {self.rank} was "
+                "still in a collective: "
+                "the ranks ran different numbers of steps (uneven inputs: give every rank the same number of batches, "
+                "e.g. drop the last partial one, or use torch.distributed.algorithms.Join)"
+            )
         else:
             why = f"a rank's process ended each time (see the job's logs under {self.where[0]}/logs)"
         # The explanation last: it is the line the campaign's terminal shows.
-        error = (f"the last failure seen by rank {self.rank}:\n" + "".join(traceback.format_exception(exc))
-                 + f"the job re-formed {count} times in a row failing the same way ({signature(exc)}) with nothing committed in between: {why}")  # fmt: skip
+        error = (
+            f"the last failure seen by rank {self.rank}:\n"
+            + "".join(traceback.format_exception(exc))
+            + f"the job re-formed {count} times in a row failing the same way ({signature(exc)}) "
+            f"with nothing committed in between: {why}"
+        )
         with contextlib.suppress(ControllerUnavailable, RequestRefused):
             self.client.request(JobFailed(self.job_id, error))
         return 1
@@ -225,7 +246,14 @@ class Peers:
                 if record.get("round") == self.round:
                     return int(record["count"])
                 same = record.get("what") == what and record.get("committed") == committed
-                new = json.dumps({"round": self.round, "what": what, "committed": committed, "count": record.get("count", 0) + 1 if same else 1})
+                new = json.dumps(
+                    {
+                        "round": self.round,
+                        "what": what,
+                        "committed": committed,
+                        "count": record.get("count", 0) + 1 if same else 1,
+                    }
+                )
                 if store.compare_set("failures", old, new.encode()) == new.encode():
                     return int(json.loads(new)["count"])
             except Exception:  # noqa: BLE001
@@ -244,7 +272,9 @@ def signature(exc: BaseException) -> str:
 
 def _users(filename: str) -> bool:
     path = str(Path(filename).resolve()) if not filename.startswith("<") else filename
-    return not (filename.startswith("<") or "site-packages" in path or path.startswith(_PILOTFILL) or path.startswith(_STDLIB))
+    return not (
+        filename.startswith("<") or "site-packages" in path or path.startswith(_PILOTFILL) or path.startswith(_STDLIB)
+    )
 
 
 _PILOTFILL = str(Path(__file__).resolve().parent.parent)
@@ -290,8 +320,10 @@ def bind_store(prefix: str | None = None) -> None:
 
     from ..run_store import RunStore
 
-    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module; torch.distributed.rendezvous is also a function
-    handlers = rdzv._rendezvous_handlers  # torch's scheme -> handler table (register_rendezvous_handler refuses to replace)
+    # the module; torch.distributed.rendezvous is also a function
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    # torch's scheme -> handler table (register_rendezvous_handler refuses to replace)
+    handlers = rdzv._rendezvous_handlers
     if getattr(handlers["env"], "pilotfill_prefix", None) == prefix:
         return
 
@@ -299,7 +331,9 @@ def bind_store(prefix: str | None = None) -> None:
         query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
         rank = int(query.get("rank", os.environ.get("RANK", "0")))
         world_size = int(query.get("world_size", os.environ.get("WORLD_SIZE", "1")))
-        store = RunStore(os.environ["PILOTFILL_RUN_DIR"], os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=timeout)
+        store = RunStore(
+            os.environ["PILOTFILL_RUN_DIR"], os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=timeout
+        )
         yield PrefixStore(prefix, store), rank, world_size
         raise RuntimeError("env:// cannot re-rendezvous; pilotfill restarts the workers instead")
 
@@ -325,7 +359,9 @@ def main() -> int:
         os.environ["PILOTFILL_CHECKPOINT"] = reply["checkpoint"]  # where this training's commits go (as in rank.py)
     peers = Peers(client, job_id)
     if spec.get("payload"):
-        code = run_parsl_task(client, job_id, spec["payload"], sends_result=lambda: global_rank() == 0, transient=peers.judge)
+        code = run_parsl_task(
+            client, job_id, spec["payload"], sends_result=lambda: global_rank() == 0, transient=peers.judge
+        )
     else:
         try:
             value = resolve(spec["entry"])(*spec["args"], **spec["kwargs"])
@@ -366,7 +402,11 @@ def entry_in_place(env: dict[str, str]) -> None:
     said = logging.getLogger("pilotfill.inplace")  # what a re-form did, in the node's log beside its agent's lines
     if not said.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {os.environ.get('PILOTFILL_HOST', '?')} worker {env.get('LOCAL_RANK', '?')} %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s {os.environ.get('PILOTFILL_HOST', '?')} worker {env.get('LOCAL_RANK', '?')} %(message)s"
+            )
+        )
         said.addHandler(handler)
         said.setLevel(logging.INFO)
         said.propagate = False
