@@ -124,7 +124,8 @@ class BatchScheduler(ABC):
     config_class: ClassVar[type] = object
     """Its section of a site config (``[pbs]``: the registry's name), a frozen dataclass of defaults."""
     bounds: ClassVar[dict[str, tuple[float, float, str]]] = {}
-    """``section.key`` -> (lowest, highest, what goes wrong outside): values that validate as numbers and cannot work."""
+    """``section.key`` -> (lowest, highest, what goes wrong outside): values that validate as numbers and cannot
+    work."""
 
     @classmethod
     def parse_section(cls, raw: Any, name: str, where: Callable[[str], str], lead_s: float) -> Any:
@@ -233,16 +234,38 @@ class SchedulerConfigError(RuntimeError):
         self.reason = reason or message
 
 
-def agent_argv(run_dir: Path, pilot_id: str, scheduler: str, pilots: PilotConfig, python: str = sys.executable, bin_dir: str | None = None) -> list[str]:
+def agent_argv(
+    run_dir: Path,
+    pilot_id: str,
+    scheduler: str,
+    pilots: PilotConfig,
+    python: str = sys.executable,
+    bin_dir: str | None = None,
+) -> list[str]:
     """The command line of a pilot's agent, which finds its nodes from the batch system. ``bin_dir``: where the batch
     system's commands are (put first on the agent's PATH: a job started without a login shell has no site profile)."""
     return [
-        python, "-m", "pilotfill.pilots.agent", "--run-dir", str(run_dir), "--pilot", pilot_id, "--scheduler", scheduler,
-        "--heartbeat-s", str(pilots.heartbeat_s), "--deadline-s", str(pilots.heartbeat_deadline_s), "--grace-s", str(pilots.grace_s),
+        python,
+        "-m",
+        "pilotfill.pilots.agent",
+        "--run-dir",
+        str(run_dir),
+        "--pilot",
+        pilot_id,
+        "--scheduler",
+        scheduler,
+        "--heartbeat-s",
+        str(pilots.heartbeat_s),
+        "--deadline-s",
+        str(pilots.heartbeat_deadline_s),
+        "--grace-s",
+        str(pilots.grace_s),
         *(["--bin-dir", bin_dir] if bin_dir else []),
-    ]  # fmt: skip
+    ]
 
 
-def agent_command(run_dir: Path, pilot_id: str, scheduler: str, pilots: PilotConfig, python: str = sys.executable) -> str:
+def agent_command(
+    run_dir: Path, pilot_id: str, scheduler: str, pilots: PilotConfig, python: str = sys.executable
+) -> str:
     """The shell line a pilot's job script runs: the agent, in place of the script's shell."""
     return "exec " + " ".join(shlex.quote(a) for a in agent_argv(run_dir, pilot_id, scheduler, pilots, python))

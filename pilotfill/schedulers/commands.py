@@ -55,9 +55,18 @@ def run(
     while True:
         attempt += 1
         try:
-            proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as exc:
-            error = SchedulerCommandError(argv, f"timed out after {timeout_s:g} s", None, _text(exc.stdout) + _text(exc.stderr))
+            error = SchedulerCommandError(
+                argv, f"timed out after {timeout_s:g} s", None, _text(exc.stdout) + _text(exc.stderr)
+            )
         except OSError as exc:
             raise SchedulerCommandError(argv, f"could not be run: {exc}") from None
         else:
@@ -85,6 +94,9 @@ def reason_of(exc: BaseException) -> str:
         said = exc.output.strip().splitlines()
         if exc.returncode is None:  # timed out, could not be run, not run: what it says after the command line
             text = str(exc)
-            return f"{exc.argv[0] if exc.argv else 'command'}: {text.split('` ', 1)[1] if text.startswith('`') and '` ' in text else text}"[:200]
+            return (
+                f"{exc.argv[0] if exc.argv else 'command'}: "
+                f"{text.split('` ', 1)[1] if text.startswith('`') and '` ' in text else text}"
+            )[:200]
         return f"{said[-1] if said else 'no message'} (exit {exc.returncode})"
     return str(exc).splitlines()[0][-200:] if str(exc) else type(exc).__name__

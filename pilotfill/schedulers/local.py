@@ -76,7 +76,8 @@ class LocalConfig:
     node_prefix: str = "pf-node-"
     workload: str = "trace"  # "trace": compressed Summit excerpt; "script": exactly `script`; "none"
     trace_seconds_per_second: float = 120.0
-    pilot_walltime_s: float = 0.0  # a pilot's walltime, as a batch system would impose it (0: none); its pilot is ended then
+    # a pilot's walltime, as a batch system would impose it (0: none); its pilot is ended then
+    pilot_walltime_s: float = 0.0
     script: tuple[ScriptedChange, ...] = ()
 
 
@@ -91,7 +92,9 @@ FAILURE_NOTICE_S = 15.0
 timeout (Slurm's SlurmdTimeout, PBS's node down detection). Until then, only the missed heartbeats tell."""
 
 
-def summit_schedule(nodes: list[str], seconds_per_second: float, hours: float = WINDOW_HOURS, trace: Path = EXCERPT) -> tuple[list[ScriptedChange], float]:
+def summit_schedule(
+    nodes: list[str], seconds_per_second: float, hours: float = WINDOW_HOURS, trace: Path = EXCERPT
+) -> tuple[list[ScriptedChange], float]:
     """Changes for ``nodes`` from the bundled trace, and the period after which they repeat.
 
     Virtual node i replays the real node with the i-th most idle window of
@@ -176,7 +179,8 @@ class LocalScheduler(BatchScheduler):
 
     title: ClassVar[str] = "the local cluster"
     selects: ClassVar[tuple[str, ...]] = ("nodes",)
-    node_access: ClassVar[type[NodeAccess]] = NodeAccess  # every virtual node is this machine; the agent is told its nodes
+    # every virtual node is this machine; the agent is told its nodes
+    node_access: ClassVar[type[NodeAccess]] = NodeAccess
     config_class: ClassVar[type] = LocalConfig
     bounds: ClassVar[dict[str, tuple[float, float, str]]] = {
         "local.trace_seconds_per_second": (1e-3, 1e6, "trace seconds per real second"),
@@ -221,7 +225,10 @@ class LocalScheduler(BatchScheduler):
         if local.nodes > 4096:
             raise ConfigError(f"{where('local.nodes')}: at most 4096 virtual nodes on one machine, got {local.nodes}")
         if not NODE_NAME.fullmatch(local.node_prefix):
-            raise ConfigError(f"{where('local.node_prefix')}: {local.node_prefix!r} must be letters, digits, '.', '_' or '-' (it names hosts and files)")
+            raise ConfigError(
+                f"{where('local.node_prefix')}: {local.node_prefix!r} must be letters, digits, '.', '_' or '-' (it "
+                "names hosts and files)"
+            )
         if local.workload not in ("trace", "script", "none"):
             raise ConfigError(f"{where('local.workload')}: must be trace, script or none")
         names = {f"{local.node_prefix}{i}" for i in range(local.nodes)}
@@ -229,8 +236,10 @@ class LocalScheduler(BatchScheduler):
             if change.node not in names:
                 raise ConfigError(f"{where(f'local.script[{i}].node')}: {change.node!r} is not a node of this cluster")
         if 0 < local.pilot_walltime_s < lead_s + MIN_TRAIN_S:
-            raise ConfigError(f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: {too_short(local.pilot_walltime_s, lead_s)} "
-                              f"(0: no walltime)")  # fmt: skip
+            raise ConfigError(
+                f"{where('local.pilot_walltime_s')}: {local.pilot_walltime_s:g} s cannot work: "
+                f"{too_short(local.pilot_walltime_s, lead_s)} (0: no walltime)"
+            )
         return local
 
     @classmethod
@@ -238,7 +247,9 @@ class LocalScheduler(BatchScheduler):
         """The types' virtual nodes are the cluster's: they add up to ``[local] nodes``."""
         total = sum(t.nodes for t in node_types)
         if node_types and total != config.nodes:
-            raise ConfigError(f"{where('node_types')}: the types' nodes add up to {total}, but [local] nodes = {config.nodes}")
+            raise ConfigError(
+                f"{where('node_types')}: the types' nodes add up to {total}, but [local] nodes = {config.nodes}"
+            )
 
     @classmethod
     def from_config(cls, config: Config, run_dir: Path, on_spawn: OnSpawn) -> LocalScheduler:
@@ -286,16 +297,33 @@ class LocalScheduler(BatchScheduler):
         free = [n for n in self._free() if node_type is None or self.node_types.get(n) == node_type]
         free = free[: max(1, min(nodes, self.pilots.nodes_per_pilot))]
         if not free:
-            raise NothingIdle(f"no idle node{' of type ' + repr(node_type) if node_type else ''} to start a pilot on", reason="0 idle")
+            raise NothingIdle(
+                f"no idle node{' of type ' + repr(node_type) if node_type else ''} to start a pilot on", reason="0 idle"
+            )
         self._next_id += 1
         scheduler_id = f"local.{self._next_id}"
         argv = [
-            sys.executable, "-m", "pilotfill.pilots.agent",
-            "--run-dir", str(self.run_dir), "--pilot", pilot_id, "--nodes", ",".join(free),
-            "--scheduler-id", scheduler_id, "--heartbeat-s", str(self.pilots.heartbeat_s), "--deadline-s", str(self.pilots.heartbeat_deadline_s),
-            "--grace-s", str(self.pilots.grace_s),
-        ]  # fmt: skip
-        proc = procs.spawn(argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"), outlive_parent=self.outlives)
+            sys.executable,
+            "-m",
+            "pilotfill.pilots.agent",
+            "--run-dir",
+            str(self.run_dir),
+            "--pilot",
+            pilot_id,
+            "--nodes",
+            ",".join(free),
+            "--scheduler-id",
+            scheduler_id,
+            "--heartbeat-s",
+            str(self.pilots.heartbeat_s),
+            "--deadline-s",
+            str(self.pilots.heartbeat_deadline_s),
+            "--grace-s",
+            str(self.pilots.grace_s),
+        ]
+        proc = procs.spawn(
+            argv, log_path=str(self.run_dir / "logs" / f"pilot-{pilot_id}.log"), outlive_parent=self.outlives
+        )
         self.on_spawn(proc, "pilot", ",".join(free))
         walltime = self.config.pilot_walltime_s
         self._running[pilot_id] = _Pilot(pilot_id, scheduler_id, list(free), proc, procs.start_ticks(proc.pid),
@@ -324,7 +352,11 @@ class LocalScheduler(BatchScheduler):
         for pilot in list(self._running.values()):
             if not pilot.started_reported:
                 pilot.started_reported = True
-                self._events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.walltime_end))
+                self._events.append(
+                    PilotEvent(
+                        EventKind.STARTED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.walltime_end
+                    )
+                )
             if pilot.walltime_end is not None and now >= pilot.walltime_end and pilot.kill_at is None:
                 self._terminate(pilot, "walltime")  # as Slurm ends a job at its time limit
             code = pilot.process.poll()
@@ -336,8 +368,16 @@ class LocalScheduler(BatchScheduler):
                 pilot.why = f"died ({code})"
             if code is not None:
                 del self._running[pilot.id]
-                self._events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), detail=pilot.why or f"exit {code}",
-                                                      reason=pilot.reason))  # fmt: skip
+                self._events.append(
+                    PilotEvent(
+                        EventKind.ENDED,
+                        pilot.id,
+                        pilot.scheduler_id,
+                        tuple(pilot.nodes),
+                        detail=pilot.why or f"exit {code}",
+                        reason=pilot.reason,
+                    )
+                )
             elif pilot.kill_at is not None and now >= pilot.kill_at:
                 procs.kill_group(pilot.process.pid, pilot.ticks)
         self._save()
@@ -362,10 +402,21 @@ class LocalScheduler(BatchScheduler):
             if wanted.get(row["id"]) != row["scheduler_id"]:
                 procs.kill_group(agent.pid, agent.ticks)  # a pilot its controller had ended: nobody's now
                 continue
-            self._running[row["id"]] = _Pilot(row["id"], row["scheduler_id"], list(row["nodes"]), agent, agent.ticks, started_reported=row["started_reported"],
-                                              walltime_end=row["walltime_end"], kill_at=row["kill_at"], why=row["why"], reason=EndReason(row["reason"]),
-                                              died_at=row["died_at"])  # fmt: skip
-            self.on_spawn(agent, "pilot", ",".join(row["nodes"]))  # this controller's now: not killed as a predecessor's leftover
+            self._running[row["id"]] = _Pilot(
+                row["id"],
+                row["scheduler_id"],
+                list(row["nodes"]),
+                agent,
+                agent.ticks,
+                started_reported=row["started_reported"],
+                walltime_end=row["walltime_end"],
+                kill_at=row["kill_at"],
+                why=row["why"],
+                reason=EndReason(row["reason"]),
+                died_at=row["died_at"],
+            )
+            # this controller's now: not killed as a predecessor's leftover
+            self.on_spawn(agent, "pilot", ",".join(row["nodes"]))
         self._save()
         return list(self._running)
 
@@ -385,12 +436,31 @@ class LocalScheduler(BatchScheduler):
         """Write what a restarted controller's cluster re-attaches to, when it changed (only where one will)."""
         if not self.outlives:
             return
-        text = json.dumps({
-            "campaign": self._campaign, "t0": self._t0, "cursor": self._cursor, "busy": sorted(self._busy), "next_id": self._next_id,
-            "pilots": [{"id": p.id, "scheduler_id": p.scheduler_id, "nodes": p.nodes, "pid": p.process.pid, "ticks": p.ticks,
-                        "started_reported": p.started_reported, "walltime_end": p.walltime_end, "kill_at": p.kill_at, "why": p.why,
-                        "reason": str(p.reason), "died_at": p.died_at} for p in self._running.values()],
-        })  # fmt: skip
+        text = json.dumps(
+            {
+                "campaign": self._campaign,
+                "t0": self._t0,
+                "cursor": self._cursor,
+                "busy": sorted(self._busy),
+                "next_id": self._next_id,
+                "pilots": [
+                    {
+                        "id": p.id,
+                        "scheduler_id": p.scheduler_id,
+                        "nodes": p.nodes,
+                        "pid": p.process.pid,
+                        "ticks": p.ticks,
+                        "started_reported": p.started_reported,
+                        "walltime_end": p.walltime_end,
+                        "kill_at": p.kill_at,
+                        "why": p.why,
+                        "reason": str(p.reason),
+                        "died_at": p.died_at,
+                    }
+                    for p in self._running.values()
+                ],
+            }
+        )
         if text == self._saved:
             return
         path = self.run_dir / STATE_FILE
@@ -405,7 +475,8 @@ class LocalScheduler(BatchScheduler):
         self._saved = text
 
     def _load(self) -> dict | None:
-        """``local_cluster.json`` if a cluster of this same ``pilotfill run`` wrote it (a new campaign starts a new machine)."""
+        """``local_cluster.json`` if a cluster of this same ``pilotfill run`` wrote it (a new campaign starts a new
+        machine)."""
         if not self.outlives:
             return None
         try:
@@ -442,7 +513,15 @@ class LocalScheduler(BatchScheduler):
                 for pilot in self._running.values():
                     if change.node in pilot.nodes and pilot.kill_at is None:
                         self._terminate(pilot, f"preempted for {change.node}")
-                        self._events.append(PilotEvent(EventKind.PREEMPTED, pilot.id, pilot.scheduler_id, tuple(pilot.nodes), deadline=pilot.kill_at))
+                        self._events.append(
+                            PilotEvent(
+                                EventKind.PREEMPTED,
+                                pilot.id,
+                                pilot.scheduler_id,
+                                tuple(pilot.nodes),
+                                deadline=pilot.kill_at,
+                            )
+                        )
             else:
                 self._busy.discard(change.node)
 

@@ -49,7 +49,11 @@ MIN_GT_MAX_WALLTIME = 59  # qsub: "min_walltime" can not be greater than "max_wa
 UNKNOWN_QUEUE = 170  # qsub: Unknown queue
 POLICY_CODES = (38, 39, 198)  # PBSE_ENTLIMCT, PBSE_ENTLIMRESC, PBSE_MAXQUED: a queue or server limit
 UNKNOWN_RESOURCE = 187  # qsub: Unknown resource Resource_List.nosuchres (recheck (g))
-NEVER_CODES = {UNKNOWN_RESOURCE: "pbs.chunk / pbs.extra_args", UNKNOWN_QUEUE: "pbs.queue", MIN_GT_MAX_WALLTIME: "pbs.min_walltime / pbs.max_walltime"}
+NEVER_CODES = {
+    UNKNOWN_RESOURCE: "pbs.chunk / pbs.extra_args",
+    UNKNOWN_QUEUE: "pbs.queue",
+    MIN_GT_MAX_WALLTIME: "pbs.min_walltime / pbs.max_walltime",
+}
 POLICY_MESSAGE = re.compile(r"would exceed .*limit|Maximum number of jobs .*already in", re.IGNORECASE)
 PRIMARY_HOST_MESSAGE = "primary execution host"
 UNUSABLE_STATES = ("down", "offline", "unknown", "stale", "unresolvable", "maintenance")
@@ -173,18 +177,28 @@ def parse_jobs(doc: dict[str, Any]) -> dict[str, JobStatus]:
         exit_status, substate = j.get("Exit_status"), j.get("substate")
         resources = j.get("Resource_List") or {}
         out[jid] = JobStatus(
-            jid, str(j.get("job_state", "")), int(j.get("run_count") or 0), tuple(parse_exec_vnode(j.get("exec_vnode") or "")),
-            tuple(parse_exec_host(j.get("exec_host") or "")), str(j.get("comment") or ""), int(exit_status) if exit_status is not None else None,
-            _walltime_left(j), int(substate) if substate is not None else None, str(j.get("Job_Name") or ""), str(j.get("queue") or ""),
+            jid,
+            str(j.get("job_state", "")),
+            int(j.get("run_count") or 0),
+            tuple(parse_exec_vnode(j.get("exec_vnode") or "")),
+            tuple(parse_exec_host(j.get("exec_host") or "")),
+            str(j.get("comment") or ""),
+            int(exit_status) if exit_status is not None else None,
+            _walltime_left(j),
+            int(substate) if substate is not None else None,
+            str(j.get("Job_Name") or ""),
+            str(j.get("queue") or ""),
             int(_number(resources.get("nodect")) or 0),
-        )  # fmt: skip
+        )
     return out
 
 
 def parse_qstat_errors(stderr: str) -> tuple[set[str], set[str]]:
     """qstat's per-job errors: (ids it does not know, ids that have finished under job history)."""
     unknown = set(re.findall(r"Unknown Job Id (\S+)", stderr))
-    finished = set(re.findall(r"qstat: (\S+) Job has finished", stderr)) | set(re.findall(r"Job has finished (\S+)", stderr))
+    finished = set(re.findall(r"qstat: (\S+) Job has finished", stderr)) | set(
+        re.findall(r"Job has finished (\S+)", stderr)
+    )
     return unknown, finished
 
 
@@ -229,7 +243,8 @@ def parse_chunk(chunk: str) -> dict[str, int]:
 
 
 def parse_resources(chunk: str) -> dict[str, int | str]:
-    """Every resource of a select chunk, counts and names: ``ngpus=4:gpu_type=a100`` -> ``{"ngpus": 4, "gpu_type": "a100"}``."""
+    """Every resource of a select chunk, counts and names: ``ngpus=4:gpu_type=a100`` -> ``{"ngpus": 4, "gpu_type":
+    "a100"}``."""
     out: dict[str, int | str] = {}
     for part in chunk.split(":"):
         key, _, value = part.partition("=")
@@ -281,7 +296,8 @@ def vnode_hosts(status: JobStatus, vnodes: dict[str, Vnode]) -> dict[str, str]:
 
 
 def whole_hosts(wanted: Sequence[str], held: Sequence[str], hosts: dict[str, str]) -> list[str]:
-    """The vnodes of ``wanted`` whose host has no other vnode in ``held``: PBS can use a released vnode only with its whole host."""
+    """The vnodes of ``wanted`` whose host has no other vnode in ``held``: PBS can use a released vnode only with its
+    whole host."""
     wanted_set = set(wanted)
     by_host: dict[str | None, list[str]] = {}
     for n in held:
@@ -321,16 +337,21 @@ class PbsNodes(RemoteNodes):
         return jid
 
     def nodes_of_this_job(self, timeout_s: float = 30.0) -> list[str]:
-        """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode`` (no -x: history may be off)."""
+        """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode`` (no -x: history may be
+        off)."""
         jid = self.id_of_this_job()
         argv = ["qstat", "-f", "-F", "json", jid]
         result = run(argv, timeout_s=timeout_s, final_codes=(UNKNOWN_JOB,))
         try:
             status = parse_jobs(load_document(result.stdout)).get(jid)
         except ValueError as exc:
-            raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout) from None
+            raise SchedulerCommandError(
+                argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout
+            ) from None
         if status is None or not status.vnodes:
-            raise SchedulerCommandError(argv, "shows no exec_vnode for this job", result.returncode, result.stderr + result.stdout)
+            raise SchedulerCommandError(
+                argv, "shows no exec_vnode for this job", result.returncode, result.stderr + result.stdout
+            )
         return list(status.vnodes)
 
     def run_on(self, node: str, argv: list[str], env: dict[str, str], log_path: Path) -> list[str]:
@@ -416,9 +437,17 @@ class PbsScheduler(BatchScheduler):
         return cls(config.pbs, config.pilots, run_dir, node_types=config.node_types)
 
     def __init__(
-        self, config: PbsConfig, pilots: PilotConfig, run_dir: Path, *, retries: int = 2, backoff_s: float = 1.0,
-        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep, node_types: tuple[NodeTypeConfig, ...] = (),
-    ):  # fmt: skip
+        self,
+        config: PbsConfig,
+        pilots: PilotConfig,
+        run_dir: Path,
+        *,
+        retries: int = 2,
+        backoff_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        node_types: tuple[NodeTypeConfig, ...] = (),
+    ):
         self.config, self.pilot_config = config, pilots
         self.node_types = node_types
         self._type_chunks = {t.name: {**parse_resources(config.chunk), **parse_resources(t.select)} for t in node_types}
@@ -428,7 +457,8 @@ class PbsScheduler(BatchScheduler):
         self._pilots: dict[str, _Pilot] = {}
         self._jobs: dict[str, str] = {}  # every job id submitted or adopted -> pilot id: close() deletes them all
         self._finished: set[str] = set()  # job ids PBS said have finished (35, F): nothing to delete
-        self._exiting: dict[str, list[str]] = {}  # job id of a preempted pilot still exiting -> its vnodes (the main job's next)
+        # job id of a preempted pilot still exiting -> its vnodes (the main job's next)
+        self._exiting: dict[str, list[str]] = {}
         self._vnodes: dict[str, Vnode] = {}
         self._main: list[JobStatus] = []  # main-workload jobs queued ahead of our queue
         self._vnodes_at: float | None = None
@@ -439,7 +469,8 @@ class PbsScheduler(BatchScheduler):
     # ------------------------------------------------------------ BatchScheduler
 
     def idle_nodes(self) -> int:
-        """Free usable vnodes, less those promised to the main workload and our waiting pilots' (cached for ``poll_s``)."""
+        """Free usable vnodes, less those promised to the main workload and our waiting pilots' (cached for
+        ``poll_s``)."""
         if self.node_types:
             return sum((self.idle_by_type() or {}).values())
         return self._idle(self._pbsnodes(max_age=self.config.poll_s))
@@ -456,13 +487,20 @@ class PbsScheduler(BatchScheduler):
         machine with several)."""
         vnodes = self._pbsnodes(max_age=self.config.poll_s)
         if self.node_types:
-            return max(placeable([v.name for v in vnodes.values() if v.usable(c)], vnodes, self.config.place) for c in self._type_chunks.values())
+            return max(
+                placeable([v.name for v in vnodes.values() if v.usable(c)], vnodes, self.config.place)
+                for c in self._type_chunks.values()
+            )
         return placeable([v.name for v in vnodes.values() if v.usable(self.chunk)], vnodes, self.config.place)
 
     def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
         kind = next((t for t in self.node_types if t.name == node_type), None)
         if self.node_types and kind is None:
-            raise SchedulerCommandError(["qsub"], f"not submitted: no node type {node_type!r} in the config ({', '.join(t.name for t in self.node_types)})")
+            raise SchedulerCommandError(
+                ["qsub"],
+                f"not submitted: no node type {node_type!r} in the config "
+                f"({', '.join(t.name for t in self.node_types)})",
+            )
         chunk = self._type_chunks[kind.name] if kind is not None else self.chunk
         chunk_text = self.config.chunk + (f":{kind.select}" if kind is not None and kind.select else "")
         queue = kind.queue if kind is not None and kind.queue else self.config.queue
@@ -471,7 +509,10 @@ class PbsScheduler(BatchScheduler):
         idle = self._idle(vnodes, kind.name if kind is not None else None)
         count = min(nodes, self.config.nodes_per_pilot, usable, idle)
         if count < 1:
-            raise NothingIdle(f"qsub: not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)", reason=f"{idle} idle of {usable} usable vnodes")
+            raise NothingIdle(
+                f"qsub: not submitted: {nodes} node(s) wanted, {idle} idle of {usable} usable vnode(s)",
+                reason=f"{idle} idle of {usable} usable vnodes",
+            )
         argv = [
             "qsub", "-q", queue, "-N", f"pf-{pilot_id}", "-r", "y",
             "-l", f"select={count}:{chunk_text}", "-l", f"place={self.config.place}",
@@ -487,10 +528,14 @@ class PbsScheduler(BatchScheduler):
             said = exc.output.strip()[-500:]
             reason = f"{said.splitlines()[-1] if said else 'no message'} (exit {exc.returncode})"
             if exc.returncode is not None and is_policy_refusal(exc.returncode, exc.output):
-                raise PilotRefused(f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {said}", reason=reason) from None
+                raise PilotRefused(
+                    f"`{' '.join(argv)}` refused by PBS policy (exit {exc.returncode}): {said}", reason=reason
+                ) from None
             if exc.returncode in NEVER_CODES:
                 key = self._key_for(exc.returncode, said)
-                raise SchedulerConfigError(f"{key}: PBS refuses every pilot: `{' '.join(argv)}` exited {exc.returncode}: {said}", reason=reason) from None
+                raise SchedulerConfigError(
+                    f"{key}: PBS refuses every pilot: `{' '.join(argv)}` exited {exc.returncode}: {said}", reason=reason
+                ) from None
             raise
         try:
             job = parse_job_id(result.stdout)
@@ -516,9 +561,12 @@ class PbsScheduler(BatchScheduler):
         for key, want in self.chunk.items():
             most = max((_number(v.resources.get(key)) or 0 for v in real), default=0)
             if most < want:
-                lacking.append(f"{key}={want} (no vnode has it)" if most == 0 else f"{key}={want} (at most {most:g} on a vnode)")
+                lacking.append(
+                    f"{key}={want} (no vnode has it)" if most == 0 else f"{key}={want} (at most {most:g} on a vnode)"
+                )
         raise SchedulerConfigError(
-            f"pbs.chunk {self.config.chunk!r}: no vnode of the {len(real)} PBS lists can hold it: {', '.join(lacking) or 'none is usable'}",
+            f"pbs.chunk {self.config.chunk!r}: no vnode of the {len(real)} PBS lists can hold it: "
+            f"{', '.join(lacking) or 'none is usable'}",
             reason=f"no vnode has {', '.join(lacking) or self.config.chunk}",
         )
 
@@ -547,10 +595,19 @@ class PbsScheduler(BatchScheduler):
         if set(wanted) == set(pilot.nodes):
             self.cancel(pilot_id)
             return list(nodes)
-        sisters = [n for n in whole_hosts(wanted, pilot.nodes, pilot.hosts) if pilot.primary is not None and pilot.hosts.get(n) != pilot.primary]
+        sisters = [
+            n
+            for n in whole_hosts(wanted, pilot.nodes, pilot.hosts)
+            if pilot.primary is not None and pilot.hosts.get(n) != pilot.primary
+        ]
         kept = [n for n in wanted if n not in sisters]
         if kept:
-            log.info("pilot %s keeps %s: on its primary execution host %s or on a host it still uses", pilot_id, kept, pilot.primary)
+            log.info(
+                "pilot %s keeps %s: on its primary execution host %s or on a host it still uses",
+                pilot_id,
+                kept,
+                pilot.primary,
+            )
         if not sisters:
             return not_held
         released = set(self._release_vnodes(pilot, sisters))
@@ -566,7 +623,8 @@ class PbsScheduler(BatchScheduler):
         return {pilot_id for pilot_id, pilot in self._pilots.items() if not pilot.ended}
 
     def primary_host(self, pilot_id: str) -> str | None:
-        """The host of a running pilot that PBS never releases (the first of ``exec_host``), as this adapter knows it."""
+        """The host of a running pilot that PBS never releases (the first of ``exec_host``), as this adapter knows
+        it."""
         pilot = self._pilots.get(pilot_id)
         return pilot.primary if pilot is not None else None
 
@@ -646,7 +704,14 @@ class PbsScheduler(BatchScheduler):
         where ``qsub`` was: the job gets no login shell's PATH."""
         python = self.config.python or sys.executable
         qsub = shutil.which("qsub")
-        return agent_argv(self.run_dir, pilot_id, "pbs", self.pilot_config, python=python, bin_dir=str(Path(qsub).parent) if qsub else None)
+        return agent_argv(
+            self.run_dir,
+            pilot_id,
+            "pbs",
+            self.pilot_config,
+            python=python,
+            bin_dir=str(Path(qsub).parent) if qsub else None,
+        )
 
     def _release_vnodes(self, pilot: _Pilot, vnodes: list[str]) -> list[str]:
         """``pbs_release_nodes``; the vnodes the job no longer holds afterwards (after a failure: what qstat says)."""
@@ -751,7 +816,16 @@ class PbsScheduler(BatchScheduler):
             pilot.nodes = list(status.vnodes)  # the whole run: a requeued pilot gets its original select back
             pilot.primary = status.chunk_hosts[0] if status.chunk_hosts else pilot.hosts.get(pilot.nodes[0])
             deadline = time.time() + status.walltime_left_s if status.walltime_left_s is not None else None
-            events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job, tuple(pilot.nodes), deadline=deadline, detail=f"run {status.run_count}"))
+            events.append(
+                PilotEvent(
+                    EventKind.STARTED,
+                    pilot.id,
+                    pilot.job,
+                    tuple(pilot.nodes),
+                    deadline=deadline,
+                    detail=f"run {status.run_count}",
+                )
+            )
         return events
 
     def _end(self, pilot: _Pilot, why: str) -> list[PilotEvent]:
@@ -769,7 +843,12 @@ class PbsScheduler(BatchScheduler):
         """A pilot we deleted that PBS still has: never a start; back in the queue or on a new run, deleted again
         (recheck (x): a qdel during a requeue is lost: the job shows R until it has exited, then Q, then runs again)."""
         if self._deletion_lost(pilot, status):
-            log.warning("pilot %s (PBS job %s) is %s again after it was deleted: deleting it again", pilot.id, pilot.job, status.state)
+            log.warning(
+                "pilot %s (PBS job %s) is %s again after it was deleted: deleting it again",
+                pilot.id,
+                pilot.job,
+                status.state,
+            )
             self._qdel([pilot.job])
             pilot.deleted_run = max(pilot.deleted_run, status.run_count)
         return []
@@ -786,13 +865,18 @@ class PbsScheduler(BatchScheduler):
         free = idle_vnodes(vnodes, chunk)
         on_vnodes = {j for v in vnodes.values() for j in v.jobs}
         waiting = sum(
-            p.requested for p in self._pilots.values()
-            if (p.state in QUEUED_STATES or p.rerunning) and not (p.deleted or p.ended) and (p.rerunning or p.job not in on_vnodes)
+            p.requested
+            for p in self._pilots.values()
+            if (p.state in QUEUED_STATES or p.rerunning)
+            and not (p.deleted or p.ended)
+            and (p.rerunning or p.job not in on_vnodes)
             and (node_type is None or p.node_type == node_type)
-        )  # fmt: skip
+        )
         ours = sum(len(p.nodes) for p in self._pilots.values() if p.running and not p.deleted)
         # A preempted pilot's vnodes stay job-busy while it exits (recheck (d)): never idle, and the main job's next.
-        promised = sum(1 for job, names in self._exiting.items() for n in names if n in vnodes and job in vnodes[n].jobs)
+        promised = sum(
+            1 for job, names in self._exiting.items() for n in names if n in vnodes and job in vnodes[n].jobs
+        )
         main = main_job_demand(self._main, len(free), promised, ours)
         return max(0, placeable(free, vnodes, self.config.place) - main - waiting)
 
@@ -821,7 +905,11 @@ class PbsScheduler(BatchScheduler):
             raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", 0, result.stdout) from None
         ours = queues.get(self.config.queue)
         floor = ours.priority if ours is not None and ours.priority is not None else None
-        ahead = [q for q in queues.values() if q.name != self.config.queue and q.queued and (floor is None or q.priority is None or q.priority > floor)]
+        ahead = [
+            q
+            for q in queues.values()
+            if q.name != self.config.queue and q.queued and (floor is None or q.priority is None or q.priority > floor)
+        ]
         ahead.sort(key=lambda q: -(q.priority or 0))
         mine = set(self._jobs)
         ids: list[str] = []
@@ -848,7 +936,9 @@ class PbsScheduler(BatchScheduler):
                 statuses = parse_jobs(load_document(result.stdout))
             except ValueError as exc:
                 if result.returncode == 0 or not (unknown or finished):
-                    raise SchedulerCommandError(argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout + result.stderr) from None
+                    raise SchedulerCommandError(
+                        argv, f"printed what we cannot parse ({exc})", result.returncode, result.stdout + result.stderr
+                    ) from None
                 statuses = {}
                 if len(batch) > 1:  # no document: never take the others for gone, ask one by one
                     for job in batch:
@@ -867,7 +957,9 @@ class PbsScheduler(BatchScheduler):
         if not jobs:
             return {}
         try:
-            result = self._run(["qstat", "-x", "-f", "-F", "json", *jobs[:QSTAT_BATCH]], retries=0, final_codes=(UNKNOWN_JOB,))
+            result = self._run(
+                ["qstat", "-x", "-f", "-F", "json", *jobs[:QSTAT_BATCH]], retries=0, final_codes=(UNKNOWN_JOB,)
+            )
             statuses = parse_jobs(load_document(result.stdout))
         except (SchedulerCommandError, ValueError):
             return {}
@@ -880,4 +972,10 @@ class PbsScheduler(BatchScheduler):
 
     def _run(self, argv: Sequence[str], retries: int | None = None, final_codes: Sequence[int] = ()) -> Result:
         retries = self.retries if retries is None else retries
-        return run(argv, timeout_s=self.config.command_timeout_s, retries=retries, backoff_s=self.backoff_s, final_codes=final_codes)
+        return run(
+            argv,
+            timeout_s=self.config.command_timeout_s,
+            retries=retries,
+            backoff_s=self.backoff_s,
+            final_codes=final_codes,
+        )

@@ -76,12 +76,20 @@ class ReplayCounts:
 class ReplayScheduler(BatchScheduler):
     name = "replay"
 
-    def __init__(self, trace: Trace, queue_delay_s: float = 0.0, grace_s: float = 5.0, walltime_s: float = 6 * 3600.0, typed: bool = False):
+    def __init__(
+        self,
+        trace: Trace,
+        queue_delay_s: float = 0.0,
+        grace_s: float = 5.0,
+        walltime_s: float = 6 * 3600.0,
+        typed: bool = False,
+    ):
         self.trace = trace
         self.queue_delay_s, self.grace_s, self.walltime_s = queue_delay_s, grace_s, walltime_s
         self.typed = typed and bool(trace.types)
         self.now = trace.start
-        self.free: dict[str, None] = dict.fromkeys(n for n in trace.nodes if n in trace.initial_idle)  # idle, held by no pilot
+        # idle, held by no pilot
+        self.free: dict[str, None] = dict.fromkeys(n for n in trace.nodes if n in trace.initial_idle)
         self._free_types: dict[str, dict[str, None]] = {}  # typed: the free nodes of each type, in the same order
         if self.typed:
             for t in trace.type_counts():
@@ -119,10 +127,14 @@ class ReplayScheduler(BatchScheduler):
 
     def submit_pilot(self, pilot_id: str, nodes: int, node_type: str | None = None) -> str:
         if self.typed and node_type not in self._free_types:
-            raise ValueError(f"no node type {node_type!r} on this machine (it has {', '.join(sorted(self._free_types))})")
+            raise ValueError(
+                f"no node type {node_type!r} on this machine (it has {', '.join(sorted(self._free_types))})"
+            )
         self.counts.submitted += 1
         job_id = f"replay.{self.counts.submitted}"
-        pilot = _Pilot(pilot_id, job_id, max(1, nodes), self.now + self.queue_delay_s, node_type if self.typed else None)
+        pilot = _Pilot(
+            pilot_id, job_id, max(1, nodes), self.now + self.queue_delay_s, node_type if self.typed else None
+        )
         self.pilots[pilot_id] = self.queued[pilot_id] = pilot
         self._timer(pilot.start_at, pilot_id, "start")
         return job_id
@@ -151,7 +163,11 @@ class ReplayScheduler(BatchScheduler):
             self.counts.cancelled += 1
             del self.queued[pilot_id]
             del self.pilots[pilot_id]
-            self._events.append(PilotEvent(EventKind.ENDED, pilot_id, pilot.job_id, detail="cancelled while queued", reason=EndReason.CANCELLED))
+            self._events.append(
+                PilotEvent(
+                    EventKind.ENDED, pilot_id, pilot.job_id, detail="cancelled while queued", reason=EndReason.CANCELLED
+                )
+            )
         elif pilot.state == PilotState.RUNNING:
             self._terminate(pilot, "cancelled")
 
@@ -192,7 +208,8 @@ class ReplayScheduler(BatchScheduler):
                 self._start(pilot)
             elif what == "end" and pilot.state == PilotState.LEAVING and pilot.end_at <= t:
                 self._end(pilot, "after its grace period")
-            elif what == "walltime" and pilot.state == PilotState.RUNNING and pilot.walltime_end - self.grace_s <= t:  # SIGTERM a grace before
+            elif what == "walltime" and pilot.state == PilotState.RUNNING and pilot.walltime_end - self.grace_s <= t:
+                # SIGTERM a grace before
                 self.counts.walltime_ends += 1
                 self._terminate(pilot, "walltime")
         # Queued pilots whose start time passed while nothing was idle start as soon as a node is.
@@ -208,7 +225,9 @@ class ReplayScheduler(BatchScheduler):
         """Whether a queued pilot could start at ``t`` (its start time passed and a node it may take is idle)."""
         if not self.free:
             return False
-        return any(p.start_at <= t and (not self.typed or self._free_types.get(p.node_type)) for p in self.queued.values())
+        return any(
+            p.start_at <= t and (not self.typed or self._free_types.get(p.node_type)) for p in self.queued.values()
+        )
 
     # ------------------------------------------------------------ helpers
 
@@ -237,20 +256,32 @@ class ReplayScheduler(BatchScheduler):
             released = self._released_at.pop(n, None)
             if released is not None and self.now - released < REREQUEST_WINDOW_S:
                 self.counts.rerequested_within_60s += 1
-                log.info("node %s taken again by pilot %s %.1f s after its release (t=%.0f)", n, pilot.id, self.now - released, self.now)
+                log.info(
+                    "node %s taken again by pilot %s %.1f s after its release (t=%.0f)",
+                    n,
+                    pilot.id,
+                    self.now - released,
+                    self.now,
+                )
         del self.queued[pilot.id]
         pilot.nodes, pilot.state = take, PilotState.RUNNING
         pilot.walltime_end = self.now + self.walltime_s
         self._timer(max(self.now, pilot.walltime_end - self.grace_s), pilot.id, "walltime")
         self.counts.started += 1
-        self._events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job_id, tuple(take), deadline=pilot.walltime_end))
+        self._events.append(
+            PilotEvent(EventKind.STARTED, pilot.id, pilot.job_id, tuple(take), deadline=pilot.walltime_end)
+        )
         self.outbox.append(PilotRegister(pilot.id, list(take), pilot.job_id, 0).to_dict())
 
     def _terminate(self, pilot: _Pilot, why: str) -> None:
         """SIGTERM: the agent says it is leaving; the pilot is gone after the grace period."""
         pilot.state, pilot.end_at = PilotState.LEAVING, self.now + self.grace_s
         self._timer(pilot.end_at, pilot.id, "end")
-        self._events.append(PilotEvent(EventKind.PREEMPTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=pilot.end_at, detail=why))
+        self._events.append(
+            PilotEvent(
+                EventKind.PREEMPTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=pilot.end_at, detail=why
+            )
+        )
         self.outbox.append(PilotLeaving(pilot.id, list(pilot.nodes), pilot.end_at).to_dict())
 
     def _end(self, pilot: _Pilot, why: str) -> None:
@@ -282,4 +313,8 @@ class ReplayScheduler(BatchScheduler):
         pilot = self.pilots.get(pilot_id)
         if pilot is None:
             return True
-        return {"start": pilot.state != PilotState.QUEUED, "end": pilot.state != PilotState.LEAVING, "walltime": pilot.state != PilotState.RUNNING}[what]
+        return {
+            "start": pilot.state != PilotState.QUEUED,
+            "end": pilot.state != PilotState.LEAVING,
+            "walltime": pilot.state != PilotState.RUNNING,
+        }[what]

@@ -46,16 +46,41 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..config import Config, ConfigError, NodeTypeConfig, PilotConfig, check_range, check_walltime, section
-from .base import BatchScheduler, EndReason, EventKind, NodeAccess, NothingIdle, OnSpawn, PilotEvent, PilotRefused, RemoteNodes, agent_command
+from .base import (
+    BatchScheduler,
+    EndReason,
+    EventKind,
+    NodeAccess,
+    NothingIdle,
+    OnSpawn,
+    PilotEvent,
+    PilotRefused,
+    RemoteNodes,
+    agent_command,
+)
 from .commands import Result, SchedulerCommandError, run
 
 log = logging.getLogger("pilotfill.schedulers.slurm")
 
-ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
+ACTIVE = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SIGNALING",
+    "STAGE_OUT",
+}
 WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}  # asked for nodes, holds none
 INVALID_JOB = "Invalid job id"  # squeue/scancel of a job slurmctld has purged (MinJobAge) or never had
 ALREADY_DONE = re.compile(r"already completing or completed|Invalid job id", re.IGNORECASE)
-POLICY_MESSAGE = re.compile(r"accounting/QOS policy|QOSMax\w*Limit|AssocMax\w*Limit|MaxSubmitJobs|jobs per hour limit", re.IGNORECASE)
+POLICY_MESSAGE = re.compile(
+    r"accounting/QOS policy|QOSMax\w*Limit|AssocMax\w*Limit|MaxSubmitJobs|jobs per hour limit", re.IGNORECASE
+)
 SQUEUE_FORMAT = "%i|%T|%N|%L|%j|%D"
 SCANCEL_BATCH = 200
 
@@ -86,7 +111,15 @@ class SlurmNodes(RemoteNodes):
         return hostnames(os.environ["SLURM_JOB_NODELIST"])
 
     def run_on(self, node: str, argv: list[str], env: dict[str, str], log_path: Path) -> list[str]:
-        return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--kill-on-bad-exit=1", *self.with_env(node, argv, env)]
+        return [
+            "srun",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={node}",
+            "--kill-on-bad-exit=1",
+            *self.with_env(node, argv, env),
+        ]
 
 
 @dataclass(frozen=True)
@@ -107,7 +140,9 @@ def parse_squeue(text: str) -> dict[str, Row]:
     for line in text.splitlines():
         parts = line.strip().split("|")
         if len(parts) == 6:
-            rows[parts[0]] = Row(parts[0], parts[1], parts[2], parts[3], parts[4], int(parts[5]) if parts[5].isdigit() else 0)
+            rows[parts[0]] = Row(
+                parts[0], parts[1], parts[2], parts[3], parts[4], int(parts[5]) if parts[5].isdigit() else 0
+            )
     return rows
 
 
@@ -153,7 +188,8 @@ def features_match(constraint: str, features: set[str]) -> bool:
 
 
 def gres_match(gres: str, node_gres: str) -> bool:
-    """Whether a node's ``%G`` (``gpu:a100:4(S:0-1),…``) offers the ``--gres`` asked for (``gpu:a100`` or ``gpu:a100:4``)."""
+    """Whether a node's ``%G`` (``gpu:a100:4(S:0-1),…``) offers the ``--gres`` asked for (``gpu:a100`` or
+    ``gpu:a100:4``)."""
     want = gres.split(":")
     for item in node_gres.split(","):
         have = re.sub(r"\(.*?\)", "", item).split(":")
@@ -215,9 +251,11 @@ class SlurmScheduler(BatchScheduler):
     }
     node_types: tuple[NodeTypeConfig, ...] = ()  # several kinds of node: how each is selected
     _pilots: dict[str, _Pilot] = field(default_factory=dict)
-    _jobs: dict[str, str] = field(default_factory=dict)  # every job id submitted or adopted -> pilot: close() cancels them all
+    # every job id submitted or adopted -> pilot: close() cancels them all
+    _jobs: dict[str, str] = field(default_factory=dict)
     _ended: set[str] = field(default_factory=set)  # job ids seen in a final state or purged
-    _events: list[PilotEvent] = field(default_factory=list)  # found outside poll() (by release), reported by the next poll
+    # found outside poll() (by release), reported by the next poll
+    _events: list[PilotEvent] = field(default_factory=list)
     _last_poll: float = 0.0
     _idle_cache: tuple[float, int] | None = None
     _types_cache: tuple[float, dict[str, int]] | None = None
@@ -265,7 +303,8 @@ class SlurmScheduler(BatchScheduler):
         return out
 
     def capacity(self) -> int | None:
-        """Nodes in the partition, whatever their state: the most a pilot could ever hold (of one type, on a machine with several)."""
+        """Nodes in the partition, whatever their state: the most a pilot could ever hold (of one type, on a machine
+        with several)."""
         if self.node_types:
             return max(self._typed_nodes(idle=False, max_age=0.0).values(), default=0)
         out = self._run(["sinfo", "-N", "-h", "-p", self.config.partition, "-o", "%N"]).stdout
@@ -274,7 +313,10 @@ class SlurmScheduler(BatchScheduler):
     def _kind(self, name: str | None) -> NodeTypeConfig | None:
         kind = next((t for t in self.node_types if t.name == name), None)
         if self.node_types and kind is None:
-            raise SchedulerCommandError(["sbatch"], f"not submitted: no node type {name!r} in the config ({', '.join(t.name for t in self.node_types)})")
+            raise SchedulerCommandError(
+                ["sbatch"],
+                f"not submitted: no node type {name!r} in the config ({', '.join(t.name for t in self.node_types)})",
+            )
         return kind
 
     def _typed_nodes(self, idle: bool, max_age: float) -> dict[str, int]:
@@ -291,7 +333,9 @@ class SlurmScheduler(BatchScheduler):
             if len(parts) != 4:
                 continue
             name, partition, features, gres = parts
-            parts_of, feats, _ = seen.setdefault(name, (set(), set(f for f in features.split(",") if f and f != "(null)"), gres))
+            parts_of, feats, _ = seen.setdefault(
+                name, (set(), set(f for f in features.split(",") if f and f != "(null)"), gres)
+            )
             parts_of.add(partition.rstrip("*"))
         for name, (partitions_of, feats, gres) in seen.items():
             for t in self.node_types:
@@ -484,12 +528,26 @@ class SlurmScheduler(BatchScheduler):
             if row.state == "RUNNING" and not pilot.running:
                 pilot.running, pilot.nodes = True, hostnames(row.nodelist)
                 left = _seconds(row.time_left)
-                events.append(PilotEvent(EventKind.STARTED, pilot.id, pilot.job_id, tuple(pilot.nodes), deadline=time.time() + left if left is not None else None))
+                events.append(
+                    PilotEvent(
+                        EventKind.STARTED,
+                        pilot.id,
+                        pilot.job_id,
+                        tuple(pilot.nodes),
+                        deadline=time.time() + left if left is not None else None,
+                    )
+                )
             elif row.state not in ACTIVE:
-                events += self._end(pilot, row.state.lower(), EndReason.CANCELLED if row.state == "CANCELLED" else EndReason.OTHER)
+                events += self._end(
+                    pilot, row.state.lower(), EndReason.CANCELLED if row.state == "CANCELLED" else EndReason.OTHER
+                )
             elif row.state in WAITING and pilot.running:
                 pilot.running, pilot.nodes = False, []
-                events.append(PilotEvent(EventKind.ENDED, pilot.id, pilot.job_id, (), detail="requeued", reason=EndReason.REQUEUED))
+                events.append(
+                    PilotEvent(
+                        EventKind.ENDED, pilot.id, pilot.job_id, (), detail="requeued", reason=EndReason.REQUEUED
+                    )
+                )
         return events
 
     def _end(self, pilot: _Pilot, why: str, reason: EndReason = EndReason.OTHER) -> list[PilotEvent]:
@@ -529,5 +587,6 @@ def _seconds(time_left: str) -> float | None:
 
 
 def sbatch_available() -> bool:
-    """True when the Slurm client commands are installed (``sinfo --version`` needs a reachable config, so not asked)."""
+    """True when the Slurm client commands are installed (``sinfo --version`` needs a reachable config, so not
+    asked)."""
     return all(shutil.which(c) for c in ("sbatch", "squeue", "sinfo", "scontrol", "scancel"))
