@@ -67,8 +67,18 @@ SIGNALLED_HOLD_S = 3.0
 """A rank ended by a signal this agent did not send is told to the controller this long after: a batch system ending a
 preempted pilot signals the job's steps and this agent together, and a rank's end seen first must not read as the
 app's own (the pilot's leaving explains it, and the exit is then not told)."""
-SIGNAL_ENDS = frozenset({-signal.SIGTERM, -signal.SIGKILL, -signal.SIGINT, -signal.SIGHUP, 128 + signal.SIGTERM, 128 + signal.SIGKILL,
-                         128 + signal.SIGINT, 128 + signal.SIGHUP})  # fmt: skip
+SIGNAL_ENDS = frozenset(
+    {
+        -signal.SIGTERM,
+        -signal.SIGKILL,
+        -signal.SIGINT,
+        -signal.SIGHUP,
+        128 + signal.SIGTERM,
+        128 + signal.SIGKILL,
+        128 + signal.SIGINT,
+        128 + signal.SIGHUP,
+    }
+)
 """Exit codes of a process ended by a signal (negative: Popen's; 128 + N: a shell's or srun's)."""
 ORPHAN_AFTER_S = 600.0
 """An agent that has heard from no controller for this long (or 60 heartbeats) ends its pilot even while the
@@ -76,8 +86,17 @@ campaign's lease is renewed (a supervisor that restarts no controller that answe
 
 
 class Agent:
-    def __init__(self, run_dir: str, pilot: str, nodes: list[str], scheduler_id: str, heartbeat_s: float, grace_s: float,
-                 access: NodeAccess | None = None, deadline_s: float = 5.0):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: str,
+        pilot: str,
+        nodes: list[str],
+        scheduler_id: str,
+        heartbeat_s: float,
+        grace_s: float,
+        access: NodeAccess | None = None,
+        deadline_s: float = 5.0,
+    ):
         """``access``: how this pilot's batch system reaches its other nodes (default: the local cluster's, where every
         node is this machine)."""
         self.run_dir = str(Path(run_dir).resolve())
@@ -87,8 +106,10 @@ class Agent:
         self.deadline_s = deadline_s
         self.lease = LeaseWatch(self.run_dir, deadline_s)
         self.client = Client(run_dir, timeout_s=max(heartbeat_s * 2, 10.0))
-        self.launcher = WarmLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)  # a job's processes get the pilot's grace to go
-        self.zygote: Zygote | None = None  # torch kept warm on this node for the jobs placed here (pilotfill.pilots.warm)
+        # a job's processes get the pilot's grace to go
+        self.launcher = WarmLauncher(log_dir=Path(run_dir) / "logs", grace_s=grace_s)
+        # torch kept warm on this node for the jobs placed here (pilotfill.pilots.warm)
+        self.zygote: Zygote | None = None
         self._warm_checked = -1e18
         self.leaving_at: float | None = None
         self.incarnation: int | None = None
@@ -126,7 +147,10 @@ class Agent:
                     self._warm_before_registering()
                     if self.leaving_at is not None:
                         continue
-                    reply = self.client.request(PilotRegister(self.pilot, self.nodes, self.scheduler_id, os.getpid()), interrupt=self._interrupted)
+                    reply = self.client.request(
+                        PilotRegister(self.pilot, self.nodes, self.scheduler_id, os.getpid()),
+                        interrupt=self._interrupted,
+                    )
                     if reply.get("stop"):
                         return self._end(0, "the controller does not want this pilot")
                     registered = True
@@ -150,7 +174,7 @@ class Agent:
                 continue
             except ControllerUnavailable:
                 if time.monotonic() - self._heard_at > self.orphan_after_s:
-                    # No controller for this long: none will come back for us. End the pilot rather than hold nodes idle.
+                    # No controller for this long: none will come back. End the pilot rather than hold nodes idle.
                     return self._end(4, f"no controller for {self.orphan_after_s:.0f} s")
                 log.warning("controller unavailable; retrying")
                 self._sleep(min(1.0, self.heartbeat_s))
@@ -168,7 +192,9 @@ class Agent:
             return
         self._warm_checked = now
         if wanted(self.run_dir):
-            self.zygote = Zygote.start(log_path=str(Path(self.run_dir) / "logs" / f"warm-{self.pilot}.log"), run_dir=self.run_dir)
+            self.zygote = Zygote.start(
+                log_path=str(Path(self.run_dir) / "logs" / f"warm-{self.pilot}.log"), run_dir=self.run_dir
+            )
             self.launcher.warm = self.zygote  # what it cannot start yet (still importing) starts cold
 
     def _warm_before_registering(self) -> None:
@@ -189,7 +215,8 @@ class Agent:
             log.info("torch warm on this node after %.1f s", time.monotonic() - started)
 
     def _stop_warm(self) -> None:
-        """The zygote goes once the jobs it forked have ended (they die with it: stopped first, it would cut their grace)."""
+        """The zygote goes once the jobs it forked have ended (they die with it: stopped first, it would cut their
+        grace)."""
         if self.zygote is not None:
             self.launcher.warm = None
             self.zygote.close()
@@ -210,7 +237,12 @@ class Agent:
         running = [list(pair) for pair in sorted(self._running_jobs())] if self._asked_running else None
         message = PilotHeartbeat(self.pilot, self.heartbeat_s, exits, running)
         try:
-            return self.client.request(message, timeout_s=self.heartbeat_s + 30.0, attempt_s=self.heartbeat_s + 10.0, interrupt=self._interrupted)
+            return self.client.request(
+                message,
+                timeout_s=self.heartbeat_s + 30.0,
+                attempt_s=self.heartbeat_s + 10.0,
+                interrupt=self._interrupted,
+            )
         except BaseException:
             self._exits = exits + self._exits  # told next time
             raise
@@ -244,7 +276,8 @@ class Agent:
         """Why no controller will come back for this pilot, if none will: the campaign's ``pilotfill run`` ended or is
         gone (its lease, :mod:`pilotfill.lease`) and the controller has not answered for the heartbeat deadline. A
         controller its ``pilotfill run`` restarts is waited for (the lease is renewed meanwhile)."""
-        state = self.lease.state()  # read all along (throttled): its renewals are timed while the controller still answers
+        # read all along (throttled): its renewals are timed while the controller still answers
+        state = self.lease.state()
         if time.monotonic() - self._heard_at <= self.deadline_s:
             return None
         if state == LeaseState.ENDED:
@@ -254,13 +287,18 @@ class Agent:
         return None
 
     def _follow_controller(self, incarnation, keep) -> None:
-        """A new controller adopts the jobs it says to ``keep`` (a list of [host, job]; none without one) and requeued the
-        others: what the old one started here for those must end. While it asks, it is told which kept ones still run."""
+        """A new controller adopts the jobs it says to ``keep`` (a list of [host, job]; none without one) and requeued
+        the others: what the old one started here for those must end. While it asks, it is told which kept ones still
+        run."""
         kept = {(k[0], k[1]) for k in keep if isinstance(k, list) and len(k) == 2} if isinstance(keep, list) else set()
         if isinstance(incarnation, int):
             if self.incarnation is not None and incarnation != self.incarnation:
-                log.info("controller %s replaced %s: keeping %s, ending its other jobs' processes", incarnation, self.incarnation,
-                         ", ".join(f"{j} on {h}" for h, j in sorted(kept)) or "none")  # fmt: skip
+                log.info(
+                    "controller %s replaced %s: keeping %s, ending its other jobs' processes",
+                    incarnation,
+                    self.incarnation,
+                    ", ".join(f"{j} on {h}" for h, j in sorted(kept)) or "none",
+                )
                 hosts_kept = {host for host, _ in kept}
                 for node in self.nodes:
                     if node not in hosts_kept:
@@ -315,7 +353,9 @@ class Agent:
         """End every job's processes on ``node`` (it is given back, its pilot is leaving, or its controller is gone)."""
         self._sweep([node])
 
-    def _sweep(self, nodes: list[str], job: str | None = None, deadline: float | None = None, remote: bool = True) -> None:
+    def _sweep(
+        self, nodes: list[str], job: str | None = None, deadline: float | None = None, remote: bool = True
+    ) -> None:
         """SIGTERM every process of ``job`` (or of any job) on ``nodes``, SIGKILL what is left at ``deadline`` (default:
         the launcher's grace) — without blocking the loop; :meth:`_end` waits for every sweep before the agent goes.
 
@@ -333,7 +373,8 @@ class Agent:
                     leaders.append(pid)
                 self.launcher.terminate(host, j)
                 ended.add((host, j))
-        found = job_processes(self.run_dir, nodes, job)  # elsewhere than here: none on a real cluster; on one machine, all
+        # elsewhere than here: none on a real cluster; on one machine, all
+        found = job_processes(self.run_dir, nodes, job)
         targets = terminate([*leaders, *found], skip_groups=leaders)  # the launcher signalled its own groups
         remote = [self._end_remotely(n, job, deadline) for n in nodes if not self._is_here(n)] if remote else []
         with self._lock:
@@ -355,13 +396,20 @@ class Agent:
         if argv is None:
             return None
         try:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as exc:
             log.error("could not end what runs on %s: %s", node, exc)
             return None
 
     def _reap_sweeps(self, wait: bool = False) -> None:
-        """SIGKILL what a sweep left at its deadline; with ``wait``, block until every sweep is over (the agent goes)."""
+        """SIGKILL what a sweep left at its deadline; with ``wait``, block until every sweep is over (the agent
+        goes)."""
         while True:
             with self._lock:
                 self._sweeps = [sweep for sweep in self._sweeps if not sweep.step(time.time())]
@@ -386,8 +434,8 @@ class Agent:
         except (ControllerUnavailable, RequestRefused) as exc:
             log.error("could not tell the controller: %s", exc)
             code = 1
-        # The batch system is ending this job: on every other host of it, MOM ends the tasks it ran there (the keepers and
-        # what they run) itself. Asking a sister MOM for one more task now only waits on it.
+        # The batch system is ending this job: on every other host of it, MOM ends the tasks it ran there (the keepers
+        # and what they run) itself. Asking a sister MOM for one more task now only waits on it.
         self._end(code, "leaving", kill_at=deadline - min(1.0, self.grace_s * 0.2), remote=False)
         return code
 
@@ -487,28 +535,54 @@ def end_here(run_dir: str, nodes: list[str], job: str | None, grace_s: float) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pilotfill-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="pilotfill-agent", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--run-dir", required=True)
     ap.add_argument("--pilot", default=None, help="the pilot this agent is (required unless --end-on)")
-    ap.add_argument("--end-on", default=None, help="nodes of this host (a,b): end the run's processes there (SIGTERM, SIGKILL after --grace-s), exit")
+    ap.add_argument(
+        "--end-on",
+        default=None,
+        help="nodes of this host (a,b): end the run's processes there (SIGTERM, SIGKILL after --grace-s), exit",
+    )
     ap.add_argument("--job", default=None, help="with --end-on: only this job's processes")
-    ap.add_argument("--nodes", default=None, help="comma-separated node names this pilot holds (default: ask the batch system)")
-    ap.add_argument("--scheduler", default="local", choices=BATCH_SYSTEM_NAMES, help="the batch system: where to find this job's id and nodes, and how to reach them")
+    ap.add_argument(
+        "--nodes", default=None, help="comma-separated node names this pilot holds (default: ask the batch system)"
+    )
+    ap.add_argument(
+        "--scheduler",
+        default="local",
+        choices=BATCH_SYSTEM_NAMES,
+        help="the batch system: where to find this job's id and nodes, and how to reach them",
+    )
     ap.add_argument("--scheduler-id", default=None)
     ap.add_argument("--heartbeat-s", type=float, default=1.0)
-    ap.add_argument("--deadline-s", type=float, default=5.0, help="the controller's heartbeat deadline: how long a silent controller is waited for once its campaign is gone")
+    ap.add_argument(
+        "--deadline-s",
+        type=float,
+        default=5.0,
+        help=(
+            "the controller's heartbeat deadline: how long a silent controller is waited for once its campaign is gone"
+        ),
+    )
     ap.add_argument("--grace-s", type=float, default=5.0)
-    ap.add_argument("--bin-dir", default=None, help="where the batch system's commands are: first on PATH (a batch job may have no login shell)")
+    ap.add_argument(
+        "--bin-dir",
+        default=None,
+        help="where the batch system's commands are: first on PATH (a batch job may have no login shell)",
+    )
     args = ap.parse_args(argv)
     if args.bin_dir:
         os.environ["PATH"] = args.bin_dir + os.pathsep + os.environ.get("PATH", "")
     if args.end_on is not None:
-        return end_here(str(Path(args.run_dir).resolve()), [n for n in args.end_on.split(",") if n], args.job, args.grace_s)
+        return end_here(
+            str(Path(args.run_dir).resolve()), [n for n in args.end_on.split(",") if n], args.job, args.grace_s
+        )
     if not args.pilot:
         ap.error("--pilot is required")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s agent {args.pilot} %(levelname)s %(message)s")
-    # Preempted before the agent is up (PBS re-ran a requeued pilot and took it back in the same second): whatever it
-    # waits on — the batch system's qstat, building the agent — is cut short, and nothing of its session outlives it.
+    # Preempted before the agent is up (PBS re-ran a requeued pilot and took it back in the same second): whatever
+    # it waits on — the batch system's qstat, building the agent — is cut short; nothing of its session outlives it.
     signal.signal(signal.SIGTERM, _preempted_while_starting)
     try:
         access = adapter_class(args.scheduler).node_access()  # this batch system's job-side calls
@@ -516,7 +590,16 @@ def main(argv: list[str] | None = None) -> int:
             nodes, scheduler_id = access.nodes_of_this_job(), args.scheduler_id or access.id_of_this_job()
         else:
             nodes, scheduler_id = [n for n in args.nodes.split(",") if n], args.scheduler_id or ""
-        agent = Agent(args.run_dir, args.pilot, nodes, scheduler_id, args.heartbeat_s, args.grace_s, access=access, deadline_s=args.deadline_s)
+        agent = Agent(
+            args.run_dir,
+            args.pilot,
+            nodes,
+            scheduler_id,
+            args.heartbeat_s,
+            args.grace_s,
+            access=access,
+            deadline_s=args.deadline_s,
+        )
     except PreemptedWhileStarting:
         log.info("SIGTERM while starting: leaving before registering")
         procs.settle_session(timeout_s=min(1.0, args.grace_s))  # a child it was waiting on (qstat) goes too

@@ -44,8 +44,13 @@ def keep(argv: list[str], log: str | None = None, settle_s: float = SETTLE_S) ->
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if log else None, stderr=subprocess.STDOUT if log else None,
-                                 preexec_fn=_child_setup)  # fmt: skip
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if log else None,
+            stderr=subprocess.STDOUT if log else None,
+            preexec_fn=_child_setup,
+        )
     except OSError as exc:
         print(f"pilotfill keeper: cannot run {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         return 127

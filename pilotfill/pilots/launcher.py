@@ -54,7 +54,12 @@ class AgentLauncher(NodeLauncher):
     def reported(self, exits: list[Any]) -> None:
         """Exits an agent reported with its heartbeat (malformed entries are ignored)."""
         for e in exits:
-            if isinstance(e, dict) and isinstance(e.get("host"), str) and isinstance(e.get("job"), str) and isinstance(e.get("code"), int):
+            if (
+                isinstance(e, dict)
+                and isinstance(e.get("host"), str)
+                and isinstance(e.get("job"), str)
+                and isinstance(e.get("code"), int)
+            ):
                 self._exits.append(ProcessExit(e["host"], e["job"], e["code"], bool(e.get("requested"))))
 
     def forget(self, pilot: str) -> None:

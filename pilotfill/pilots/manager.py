@@ -62,8 +62,8 @@ reply or decision waits behind a thousand submissions (the rest follow in the ne
 the pilots anew first)."""
 
 RELEASE_BATCH = 128
-"""Pilots one pass of the loop gives nodes back from: the nodes of thousands of one-node pilots that no job needs any more
-(the jobs of a campaign done) are released in passes, as pilots are submitted (the rest follow in the next passes,
+"""Pilots one pass of the loop gives nodes back from: the nodes of thousands of one-node pilots that no job needs any
+more (the jobs of a campaign done) are released in passes, as pilots are submitted (the rest follow in the next passes,
 unless a sizing decides anew first): each release is a batch-system call and the nodes' removal."""
 
 RELEASE_RETRY_S = 5.0
@@ -78,7 +78,9 @@ class Question(Protocol):
     def wanted(self, extra: int, answer: Allocation | None, without: tuple[str, ...] = ()) -> int:
         """Nodes the jobs would use with ``extra`` more ready (``without`` these nodes of ours)."""
 
-    def wanted_types(self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str, int]:
+    def wanted_types(
+        self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()
+    ) -> dict[str, int]:
         """The same per node type."""
 
     def job_ending_within(self, seconds: float) -> bool:
@@ -88,8 +90,16 @@ class Question(Protocol):
 class Ends(Protocol):
     """How nodes and pilots end: the controller's one way for each, so that every job that held them hears of it."""
 
-    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: Removal, deadline: float | None = None, event: str | None = None,
-                     taken: bool = False) -> None: ...  # fmt: skip
+    def remove_nodes(
+        self,
+        names: Iterable[str],
+        now: float,
+        why: str,
+        to: Removal,
+        deadline: float | None = None,
+        event: str | None = None,
+        taken: bool = False,
+    ) -> None: ...
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None: ...
 
@@ -98,8 +108,17 @@ class PilotManager:
     """Submits, releases and cancels pilots; depends on the world, the batch system's gateway, the question and the
     ends, not on the controller."""
 
-    def __init__(self, world: World, config: PilotConfig, gateway: SchedulerGateway, question: Question, ends: Ends, incarnation: int,
-                 wake: Callable[[str], None], notices: Notices):  # fmt: skip
+    def __init__(
+        self,
+        world: World,
+        config: PilotConfig,
+        gateway: SchedulerGateway,
+        question: Question,
+        ends: Ends,
+        incarnation: int,
+        wake: Callable[[str], None],
+        notices: Notices,
+    ):
         self.world = world
         self.notices = notices
         self.config = config
@@ -110,17 +129,21 @@ class PilotManager:
         self.wake = wake
         self._asked_at: dict[str, float] = {}  # queued pilot -> when submitted
         self._release: dict[str, set[str]] = {}  # pilot -> nodes to drop, told at its next heartbeat
-        self._unused_since: dict[str, float] = {}  # node no decision wants -> since when (released after release_after_s)
+        # node no decision wants -> since when (released after release_after_s)
+        self._unused_since: dict[str, float] = {}
         self._submits: deque[float] = deque()  # times of recent submissions (per-minute limit)
         self._not_before = 0.0
         self._backoff = 0.0
         self._retry_told = True  # retry_due() said so once for the current back-off
         self._limited_until: float | None = None  # a submission the per-minute limit held back: sized again then
-        self.problem: dict | None = None  # the last submission's refusal or failure, until one succeeds (shown to the user)
+        # the last submission's refusal or failure, until one succeeds (shown to the user)
+        self.problem: dict | None = None
         self.fatal: SchedulerConfigError | None = None  # a refusal no retry can change: the controller stops
         self._pilot_seq = int(self.world.journal.get_meta("pilot_seq", "0") or 0)
-        self._owed: dict[str | None, int] = {}  # node type (None: one kind) -> nodes the last sizing asks for, not yet submitted
-        self._owed_release: list[str] = []  # nodes the last sizing gives back, not yet released (past RELEASE_BATCH pilots)
+        # node type (None: one kind) -> nodes the last sizing asks for, not yet submitted
+        self._owed: dict[str | None, int] = {}
+        # nodes the last sizing gives back, not yet released (past RELEASE_BATCH pilots)
+        self._owed_release: list[str] = []
 
     # ------------------------------------------------------------ what the controller asks
 
@@ -163,14 +186,21 @@ class PilotManager:
         """Nothing more is submitted or released in passes (the controller is stopping: every pilot ends)."""
         self._owed, self._owed_release = {}, []
 
-    def adjust(self, now: float, idle: int, answer: Allocation | None = None, idle_types: dict[str, int] | None = None) -> None:
+    def adjust(
+        self, now: float, idle: int, answer: Allocation | None = None, idle_types: dict[str, int] | None = None
+    ) -> None:
         """Release, cancel or submit so that what we hold and ask for matches what the jobs would use, type by type
         (``idle_types``: a machine with several kinds of node; a machine of one kind is sized as one type, None)."""
-        self._owed, self._owed_release = {}, []  # sized anew: what an earlier sizing still owed is asked again below, if still wanted
+        # sized anew: what an earlier sizing still owed is asked again below, if still wanted
+        self._owed, self._owed_release = {}, []
         world = self.world
         typed = idle_types is not None
         idle_of: dict[str | None, int] = dict(idle_types) if typed else {None: idle}
-        ready: dict[str | None, int] = {t: 0 for t in sorted(set(idle_of) | {p.node_type for p in world.queued.values() if p.node_type})} if typed else {None: 0}
+        ready: dict[str | None, int] = (
+            {t: 0 for t in sorted(set(idle_of) | {p.node_type for p in world.queued.values() if p.node_type})}
+            if typed
+            else {None: 0}
+        )
         unused: dict[str | None, list[str]] = {t: [] for t in ready}
         for name in world.ready:
             node = world.nodes[name]
@@ -184,7 +214,8 @@ class PilotManager:
         if not any(unused.values()):
             self._unused_since.clear()
         if not (any(unused.values()) or any(idle_of.values()) or any(pending.values())):
-            self._waiting(self._jobs_waiting(), now)  # everything held is used and nothing more could be had: nothing to size
+            # everything held is used and nothing more could be had: nothing to size
+            self._waiting(self._jobs_waiting(), now)
             return
         if answer is None and not world.open and not any(unused.values()) and not any(pending.values()):
             self._waiting(0, now)
@@ -201,7 +232,8 @@ class PilotManager:
             hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
             if due and hold > 0 and self.question.job_ending_within(REREQUEST_WINDOW_S):
-                due = []  # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
+                # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
+                due = []
             if due and world.open:
                 due = self._not_wanted_again(due, extra, ready, pending, typed)
             if due:
@@ -215,14 +247,23 @@ class PilotManager:
         for t in ready:
             self._ask_for(missing[t], idle_of.get(t, 0), now, t, waiting=sum(m for m in missing.values() if m > 0))
 
-    def _wanted(self, extra: dict[str | None, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str | None, int]:
-        """The pilots' question, per type: what the jobs would use with ``extra`` more nodes of each (one kind: None)."""
+    def _wanted(
+        self, extra: dict[str | None, int], answer: Allocation | None, without: tuple[str, ...] = ()
+    ) -> dict[str | None, int]:
+        """The pilots' question, per type: what the jobs would use with ``extra`` more nodes of each (one kind:
+        None)."""
         if None in extra:
             return {None: self.question.wanted(extra[None], answer, without=without)}
         return self.question.wanted_types(extra, answer, without=without)
 
-    def _not_wanted_again(self, due: list[str], extra: dict[str | None, int], ready: dict[str | None, int], pending: dict[str | None, int],
-                          typed: bool) -> list[str]:  # fmt: skip
+    def _not_wanted_again(
+        self,
+        due: list[str],
+        extra: dict[str | None, int],
+        ready: dict[str | None, int],
+        pending: dict[str | None, int],
+        typed: bool,
+    ) -> list[str]:
         """Of the nodes about to be given back, those the jobs would not ask for again, type by type: given back, they
         would be idle nodes, and the jobs would be asked about them as new ones (a new pilot's, valued over a fresh
         node's hold) — releasing a node and asking for it back is the thrash a site sees."""
@@ -236,7 +277,9 @@ class PilotManager:
             going += names[max(0, again.get(t, 0) - (ready.get(t, 0) - len(names)) - pending.get(t, 0)) :]
         return going
 
-    def _ask_for(self, missing: int, idle: int, now: float, node_type: str | None = None, waiting: int | None = None) -> None:
+    def _ask_for(
+        self, missing: int, idle: int, now: float, node_type: str | None = None, waiting: int | None = None
+    ) -> None:
         """Submit pilots for the ``missing`` nodes the idle ones can give; with none idle, the campaign waits for one
         (``waiting``: the nodes wanted of every type)."""
         if missing > 0 and idle > 0:
@@ -252,7 +295,13 @@ class PilotManager:
         """Say that the campaign waits for an idle node (``count`` of ``what``), or stop saying it when nothing waits;
         a refusal or a failure being said is not replaced."""
         if count > 0 and (self.problem is None or self.problem["kind"] == "waiting"):
-            self._set_problem("waiting", f"{count} {what if count != 1 or what != 'jobs waiting' else 'job waiting'}, none idle", "", now, None)
+            self._set_problem(
+                "waiting",
+                f"{count} {what if count != 1 or what != 'jobs waiting' else 'job waiting'}, none idle",
+                "",
+                now,
+                None,
+            )
         elif count <= 0 and self.problem is not None and self.problem["kind"] == "waiting":
             self._set_problem(None, "", "", now, None)
 
@@ -284,8 +333,8 @@ class PilotManager:
     # ------------------------------------------------------------ acting
 
     def _give_back(self, nodes: list[str], now: float) -> None:
-        """Release ``nodes`` (ready, unused), grouped by pilot, those of :data:`RELEASE_BATCH` pilots now and the rest in
-        the next passes (:meth:`settle_owed`); what the batch system keeps stays held."""
+        """Release ``nodes`` (ready, unused), grouped by pilot, those of :data:`RELEASE_BATCH` pilots now and the rest
+        in the next passes (:meth:`settle_owed`); what the batch system keeps stays held."""
         by_pilot: dict[str, list[str]] = {}
         for name in nodes:
             pilot = self.world.nodes[name].pilot
@@ -313,7 +362,10 @@ class PilotManager:
         for pilot in list(self.world.queued.values()):
             if node_type is not None and pilot.node_type != node_type:
                 continue
-            if self.gateway.call("cancel", self.gateway.scheduler.cancel, pilot.id) is None and pilot.scheduler_id is None:
+            if (
+                self.gateway.call("cancel", self.gateway.scheduler.cancel, pilot.id) is None
+                and pilot.scheduler_id is None
+            ):
                 continue
             self.world.log("pilot.cancelled", now, pilot=pilot.id, why="no job needs it any more")
             self.world.count("pilots_cancelled")
@@ -322,7 +374,9 @@ class PilotManager:
 
     def _set_problem(self, kind: str | None, reason: str, error: str, now: float, retry_at: float | None) -> None:
         """What ``pilotfill run`` and ``top`` show until a submission succeeds (a notice: controller/notices.py)."""
-        self.problem = {"kind": kind, "reason": reason, "error": error[-1000:], "at": now, "retry_at": retry_at} if kind else None
+        self.problem = (
+            {"kind": kind, "reason": reason, "error": error[-1000:], "at": now, "retry_at": retry_at} if kind else None
+        )
         if kind is None:
             self.notices.clear("pilots")
         elif kind == "waiting":
@@ -332,7 +386,8 @@ class PilotManager:
             self.notices.say("pilots", f"{what}: {reason or error or '?'}", now, retry_at=retry_at)
 
     def _submit(self, nodes: int, now: float, node_type: str | None = None) -> None:
-        """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time, within the site's limits."""
+        """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time, within the site's
+        limits."""
         if now < self._not_before:
             return
         cfg = self.config
@@ -375,7 +430,9 @@ class PilotManager:
                 self._retry_told = False
                 kind = "refused" if isinstance(exc, PilotRefused) else "failed"
                 log.warning("pilot submission %s (next try in %.0f s): %s", kind, self._backoff, exc)
-                self.world.log(f"pilot.submit_{kind}", now, error=str(exc)[-1000:], reason=reason_of(exc), retry_in_s=self._backoff)
+                self.world.log(
+                    f"pilot.submit_{kind}", now, error=str(exc)[-1000:], reason=reason_of(exc), retry_in_s=self._backoff
+                )
                 self._set_problem(kind, reason_of(exc), str(exc), now, self._not_before)
                 return
             self._backoff = 0.0
@@ -383,7 +440,14 @@ class PilotManager:
                 self._set_problem(None, "", "", now, None)
             self._submits.append(now)
             self.world.add_pilot(pilot_id, scheduler_id, size, now, self.incarnation, node_type)
-            self.world.log("pilot.submitted", now, pilot=pilot_id, scheduler_id=scheduler_id, nodes=size, **({"node_type": node_type} if node_type else {}))
+            self.world.log(
+                "pilot.submitted",
+                now,
+                pilot=pilot_id,
+                scheduler_id=scheduler_id,
+                nodes=size,
+                **({"node_type": node_type} if node_type else {}),
+            )
             self.world.count("pilots_submitted")
             self._asked_at[pilot_id] = now
             asked += size

@@ -40,10 +40,20 @@ from ..elastic.launch import LocalLauncher, _Running
 WARM_FILE = "warm.json"
 """In the run directory: what the campaign's jobs need warm on every pilot (``{"torch": true}``)."""
 MODULES = (
-    "torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "torch.distributed.elastic.multiprocessing",
-    "pilotfill.elastic.torch.agent", "pilotfill.elastic.torch.worker", "pilotfill.elastic.torch.inplace", "pilotfill.elastic.state",
-    "pilotfill.elastic.loader", "pilotfill.elastic.run_store", "pilotfill.report", "pilotfill.transport",
-)  # fmt: skip
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "torch.nn.parallel",
+    "torch.distributed.elastic.multiprocessing",
+    "pilotfill.elastic.torch.agent",
+    "pilotfill.elastic.torch.worker",
+    "pilotfill.elastic.torch.inplace",
+    "pilotfill.elastic.state",
+    "pilotfill.elastic.loader",
+    "pilotfill.elastic.run_store",
+    "pilotfill.report",
+    "pilotfill.transport",
+)
 """What the zygote imports: a torch agent's and its workers' imports (preload.py's, without its signal settings)."""
 RUNS = {"pilotfill.elastic.torch.agent"}
 """The modules a zygote runs (``python -m M``: ``M.main(argv)``); anything else is started cold."""
@@ -128,7 +138,9 @@ class Zygote:
 
         path = Path(tempfile.mkdtemp(prefix="pilotfill-warm-")) / "zygote.sock"
         env = {**os.environ, "PILOTFILL_RUN_DIR": str(run_dir)}
-        proc = procs.spawn([sys.executable, "-m", "pilotfill.pilots.warm", "--socket", str(path)], env=env, log_path=log_path)
+        proc = procs.spawn(
+            [sys.executable, "-m", "pilotfill.pilots.warm", "--socket", str(path)], env=env, log_path=log_path
+        )
         return cls(path, proc)
 
     def ready(self) -> bool:
@@ -165,7 +177,12 @@ class Zygote:
         pid = int(json.loads(reply.decode())["pid"])
         if read >= 0:
             pipe = os.fdopen(read, "rb")  # buffered: pump_log reads with read1
-            threading.Thread(target=procs.pump_log, args=(pipe, str(log_path), int(log_limit_bytes)), name="pilotfill-log", daemon=True).start()
+            threading.Thread(
+                target=procs.pump_log,
+                args=(pipe, str(log_path), int(log_limit_bytes)),
+                name="pilotfill-log",
+                daemon=True,
+            ).start()
         return WarmProcess(pid, conn)
 
     def close(self) -> None:
