@@ -90,7 +90,9 @@ def elastic_app(
     reports, it is valued by what the others of its name measured (a sweep's
     seeds; leave it out where calls scale differently).
     """
-    spec = _check(min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s)
+    spec = _check(
+        min_nodes, max_nodes, curve, total_samples, weight, scale_up_cost_s, scale_down_cost_s, restart_cost_s
+    )
     if isinstance(global_batch, Adaptive):
         spec["adaptive"] = global_batch.to_spec()
         if global_batch.max_batch is not None:  # the largest batch feeds at most this many ranks
@@ -98,13 +100,17 @@ def elastic_app(
     elif global_batch is not None:
         spec.update(_check_batch(global_batch, min_per_rank, min_nodes))
     if runtime is not None and runtime not in RUNTIMES:
-        raise ElasticAppError(f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}")
+        raise ElasticAppError(
+            f"elastic_app: runtime must be one of {', '.join(RUNTIMES)} (or left out: the config's), got {runtime!r}"
+        )
     spec["runtime"] = runtime
     if not cache:
         spec["fresh"] = True  # every call trains anew: no result and no finished training is taken from an earlier call
     if group is not None:
         if not isinstance(group, str):
-            raise ElasticAppError(f"elastic_app: group must be a string (a campaign, a user, a model family), got {group!r}")
+            raise ElasticAppError(
+                f"elastic_app: group must be a string (a campaign, a user, a model family), got {group!r}"
+            )
         spec["group"] = group
     if model_name is not None:
         if not isinstance(model_name, str) or not model_name:
@@ -126,7 +132,8 @@ def elastic_app(
         def task(*args: Any, **kwargs: Any) -> Any:
             declared = (kwargs.pop(RESOURCE_KEY, None) or {}).get("global_batch")
             if declared:
-                os.environ[GLOBAL_BATCH_ENV] = str(declared)  # this rank's ElasticLoader: the batch the allocator sized the job for
+                # this rank's ElasticLoader: the batch the allocator sized the job for
+                os.environ[GLOBAL_BATCH_ENV] = str(declared)
             return func(*args, **kwargs)
 
         # No runtime named: the one the code is written for (executors/detect.py), else the config's.
@@ -162,8 +169,10 @@ def _check_batch(global_batch: Any, min_per_rank: Any, min_nodes: int) -> dict[s
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ElasticAppError(f"elastic_app: {name} must be an integer >= 1, got {value!r}")
     if global_batch // min_per_rank < min_nodes:
-        raise ElasticAppError(f"elastic_app: global_batch={global_batch} feeds {global_batch // min_per_rank} rank(s) of min_per_rank={min_per_rank} samples, "
-                              f"fewer than min_nodes={min_nodes}")  # fmt: skip
+        raise ElasticAppError(
+            f"elastic_app: global_batch={global_batch} feeds {global_batch // min_per_rank} rank(s) of "
+            f"min_per_rank={min_per_rank} samples, fewer than min_nodes={min_nodes}"
+        )
     return {"global_batch": global_batch, "min_per_rank": min_per_rank}
 
 
@@ -179,18 +188,31 @@ def _check(min_nodes, max_nodes, curve, total_samples, weight, up, down, restart
         fail(f"max_nodes must be at most {MAX_NODES:,} (no machine is larger), got {max_nodes!r}")
     curves = None
     if curve is not None:
-        typed = isinstance(curve, dict) and "nodes" not in curve and curve and all(isinstance(v, dict) for v in curve.values())
+        typed = (
+            isinstance(curve, dict)
+            and "nodes" not in curve
+            and curve
+            and all(isinstance(v, dict) for v in curve.values())
+        )
         for kind, one in (curve.items() if typed else [(None, curve)]):
             try:
                 ScalingCurve(tuple(one["nodes"]), tuple(one["samples_per_s"]))
             except (KeyError, TypeError, ProblemError) as exc:
                 where = f"curve[{kind!r}]" if kind is not None else "curve"
-                fail(f"{where} must be {{'nodes': [0, …], 'samples_per_s': [0, …]}} starting at 0 nodes (or one such per node type): {exc}")
+                fail(
+                    f"{where} must be {{'nodes': [0, …], 'samples_per_s': [0, …]}} starting at 0 nodes (or one "
+                    f"such per node type): {exc}"
+                )
         if typed:
             curves, curve = dict(curve), None
     if total_samples is not None and not (_finite(total_samples) and total_samples > 0):
         fail(f"total_samples must be a positive number, got {total_samples!r}")
-    for name, value in (("weight", weight), ("scale_up_cost_s", up), ("scale_down_cost_s", down), ("restart_cost_s", restart)):
+    for name, value in (
+        ("weight", weight),
+        ("scale_up_cost_s", up),
+        ("scale_down_cost_s", down),
+        ("restart_cost_s", restart),
+    ):
         if not _finite(value) or value < 0 or (name == "weight" and value == 0):
             fail(f"{name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {value!r}")
     return {

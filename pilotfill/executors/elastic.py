@@ -3,8 +3,8 @@
 ``submit`` turns an app call into a controller job — the function and its
 arguments serialized with Parsl's own serializer, the app's resource
 specification (min/max nodes, optional known curve, work, weight, rescale
-costs, and the runtime the app names, if it names one) as the job's bounds — and returns a future at once; a background
-thread sends the job and resolves the future with rank 0's return value, or
+costs, and the runtime the app names, if it names one) as the job's bounds — and returns a future at once; a
+background thread sends the job and resolves the future with rank 0's return value, or
 with the remote exception and its traceback. The controller, not Parsl,
 decides where and on how many nodes the job runs.
 
@@ -35,8 +35,26 @@ from .shipping import CannotShip, pack_call
 
 log = logging.getLogger("pilotfill.executor")
 
-SPEC_KEYS = {"min_nodes", "max_nodes", "curve", "curves", "model", "total_samples", "weight", "scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "name", "runtime",
-             "runtime_detected", "group", "fresh", "global_batch", "min_per_rank", "model_name"}
+SPEC_KEYS = {
+    "min_nodes",
+    "max_nodes",
+    "curve",
+    "curves",
+    "model",
+    "total_samples",
+    "weight",
+    "scale_up_cost_s",
+    "scale_down_cost_s",
+    "restart_cost_s",
+    "name",
+    "runtime",
+    "runtime_detected",
+    "group",
+    "fresh",
+    "global_batch",
+    "min_per_rank",
+    "model_name",
+}
 
 
 class CampaignHalted(RuntimeError):
@@ -53,8 +71,14 @@ def call_name(name: str, args: tuple, kwargs: dict, limit: int = 48) -> str:
 class ElasticExecutor(ParslExecutor):
     """Parsl executor backed by a pilotfill controller (started by ``pilotfill run``)."""
 
-    def __init__(self, controller_run_dir: str | Path, label: str = "elastic", poll_s: float = 0.5, default_runtime: str = "torch",
-                 on_note: Callable[[str], None] = lambda text: None):  # fmt: skip
+    def __init__(
+        self,
+        controller_run_dir: str | Path,
+        label: str = "elastic",
+        poll_s: float = 0.5,
+        default_runtime: str = "torch",
+        on_note: Callable[[str], None] = lambda text: None,
+    ):
         """``default_runtime``: the site config's (``[runtime] kind``); ``on_note``: told once per app whose code chose
         another (``pilotfill run`` puts it on the progress line)."""
         super().__init__()
@@ -64,7 +88,8 @@ class ElasticExecutor(ParslExecutor):
         self.default_runtime, self.on_note = default_runtime, on_note
         self._noted: set[str] = set()
         self._outbox: queue.Queue = queue.Queue()
-        self._pending: dict[str, list[Future]] = {}  # job -> the futures of the calls it is (a cached call made twice is one job)
+        # job -> the futures of the calls it is (a cached call made twice is one job)
+        self._pending: dict[str, list[Future]] = {}
         self._calls: dict[str, int] = {}  # an uncached call's key -> how often this campaign made it (each its own job)
         self._stop = threading.Event()
         self._failed: str | None = None
@@ -85,13 +110,16 @@ class ElasticExecutor(ParslExecutor):
         if self._failed is not None:
             future.set_exception(CampaignHalted(self._failed))
             return future
-        job = {k: v for k, v in spec.items() if k in SPEC_KEYS and not (k == "runtime" and v is None)}  # no runtime: the config's
+        # no runtime: the config's
+        job = {k: v for k, v in spec.items() if k in SPEC_KEYS and not (k == "runtime" and v is None)}
         function = job.get("name") or getattr(func, "__name__", "task")
         detected = job.get("runtime_detected")
         if detected and job.get("runtime") != self.default_runtime and function not in self._noted:
             self._noted.add(function)  # once per app, not per call
-            self.on_note(f"{function}(): its code {detected}: it runs under the {job['runtime']} runtime (the config's is {self.default_runtime}); "
-                         f"elastic_app(runtime=...) chooses another")  # fmt: skip
+            self.on_note(
+                f"{function}(): its code {detected}: it runs under the {job['runtime']} runtime (the config's is "
+                f"{self.default_runtime}); elastic_app(runtime=...) chooses another"
+            )
         job["name"] = call_name(function, args, kwargs)
         try:
             payload = pack_call(job["name"], func, args, kwargs)
@@ -100,7 +128,7 @@ class ElasticExecutor(ParslExecutor):
             return future
         key = call_key(func, args, kwargs)
         if key is not None and job.get("fresh"):
-            # cache=False: every call is a job of its own; the n-th such call still resumes the n-th of an interrupted run
+            # cache=False: each call is its own job; the n-th such call still resumes the n-th of an interrupted run
             n = self._calls[key] = self._calls.get(key, -1) + 1
             key = f"{key}#{n}"
         if key is not None:
@@ -138,7 +166,8 @@ class ElasticExecutor(ParslExecutor):
     # ------------------------------------------------------------ the background thread
 
     def _work(self) -> None:
-        client = ControllerClient(self.controller_run_dir, interrupt=self._stop.is_set)  # shutdown does not wait on a request
+        # shutdown does not wait on a request
+        client = ControllerClient(self.controller_run_dir, interrupt=self._stop.is_set)
         while not self._stop.is_set():
             self._send(client)
             self._collect(client)
@@ -165,8 +194,10 @@ class ElasticExecutor(ParslExecutor):
                 continue
             if job_id in self._pending and job["name"] not in self._noted:
                 self._noted.add(job["name"])
-                self.on_note(f"{job['name']} was called again while it trains: one training answers both calls (cached apps share a call's "
-                             f"result; elastic_app(cache=False) runs every call)")  # fmt: skip
+                self.on_note(
+                    f"{job['name']} was called again while it trains: one training answers both calls (cached apps "
+                    f"share a call's result; elastic_app(cache=False) runs every call)"
+                )
             self._pending.setdefault(job_id, []).append(future)
         for item in waiting:
             self._outbox.put(item)
@@ -204,4 +235,6 @@ class ElasticExecutor(ParslExecutor):
         elif record["status"] == JobStatus.FINISHED:
             future.set_result(result)
         else:
-            future.set_exception(RuntimeError(f"elastic job {record['id']} {record['status']}: {record.get('error') or ''}".strip()))
+            future.set_exception(
+                RuntimeError(f"elastic job {record['id']} {record['status']}: {record.get('error') or ''}".strip())
+            )

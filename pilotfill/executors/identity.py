@@ -28,10 +28,12 @@ from parsl.app.app import AppBase
 from parsl.dataflow.memoization import id_for_memo
 
 MAX_CODE_OBJECTS = 5_000
-"""A digest walks at most this many functions and classes (a campaign is far smaller; a cycle or a huge module is cut)."""
+"""A digest walks at most this many functions and classes (a campaign is far smaller; a cycle or a huge module is
+cut)."""
 
 _LIBRARY_ROOTS = tuple(
-    str(Path(p).resolve()) for p in {*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parent.parent)}
+    str(Path(p).resolve())
+    for p in {*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parent.parent)}
 )
 
 
@@ -116,8 +118,18 @@ class _Walk:
                 self.global_value(scope[name])
 
     def code(self, code: types.CodeType) -> None:
-        self.put(code.co_name, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags, code.co_code, code.co_names,
-                 code.co_varnames, code.co_freevars, code.co_cellvars)  # fmt: skip
+        self.put(
+            code.co_name,
+            code.co_argcount,
+            code.co_posonlyargcount,
+            code.co_kwonlyargcount,
+            code.co_flags,
+            code.co_code,
+            code.co_names,
+            code.co_varnames,
+            code.co_freevars,
+            code.co_cellvars,
+        )
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 self.code(const)
@@ -183,4 +195,7 @@ def _names(code: types.CodeType) -> set[str]:
 
 
 def _reference(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', type(obj).__name__))}"
+    return (
+        f"{getattr(obj, '__module__', '?')}."
+        f"{getattr(obj, '__qualname__', getattr(obj, '__name__', type(obj).__name__))}"
+    )

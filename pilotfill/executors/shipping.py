@@ -36,8 +36,10 @@ def unpack_call(payload: str) -> tuple[Callable, tuple, dict]:
     try:
         func, args, kwargs = pickle.loads(base64.b64decode(payload))
     except ModuleNotFoundError as exc:
-        raise CannotShip(f"the app needs the module {exc.name!r}, which cannot be imported where it runs (install it on the compute nodes, "
-                         f"or make it importable: PYTHONPATH)") from None  # fmt: skip
+        raise CannotShip(
+            f"the app needs the module {exc.name!r}, which cannot be imported where it runs (install it on the compute "
+            f"nodes, or make it importable: PYTHONPATH)"
+        ) from None
     except Exception as exc:
         raise CannotShip(f"the app's call could not be opened where it runs: {type(exc).__name__}: {exc}") from None
     return func, args, kwargs
@@ -68,7 +70,11 @@ def _functions(func: Callable) -> list[Callable]:
         if f in seen or not callable(f):
             continue
         seen.append(f)
-        todo += [c.cell_contents for c in (getattr(f, "__closure__", None) or ()) if callable(getattr(c, "cell_contents", None))]
+        todo += [
+            c.cell_contents
+            for c in (getattr(f, "__closure__", None) or ())
+            if callable(getattr(c, "cell_contents", None))
+        ]
         wrapped = getattr(f, "__wrapped__", None)
         if wrapped is not None:
             todo.append(wrapped)

@@ -54,9 +54,20 @@ def train_set(x: torch.Tensor, y: torch.Tensor) -> Dataset:
     return TensorDataset(x, y)
 
 
-def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "relu", lr: float = 0.05, batch: int = 32, seed: int = 0,
-          step_delay_s: float = 0.0, fail_at_epoch: int | None = None, durable: bool = True, micro_batch: int | None = None,
-          on_step: Callable[[Batch], None] | None = None) -> dict:  # fmt: skip
+def train(
+    epochs: int = 20,
+    depth: int = 2,
+    width: int = 64,
+    activation: str = "relu",
+    lr: float = 0.05,
+    batch: int = 32,
+    seed: int = 0,
+    step_delay_s: float = 0.0,
+    fail_at_epoch: int | None = None,
+    durable: bool = True,
+    micro_batch: int | None = None,
+    on_step: Callable[[Batch], None] | None = None,
+) -> dict:
     """Train elastically; returns {"val_accuracy", "epochs", "restored", "size_at_end"} from rank 0.
 
     ``batch``: samples per optimizer step, whatever the world size (the global batch); ``micro_batch``: the most a rank
@@ -64,7 +75,9 @@ def train(epochs: int = 20, depth: int = 2, width: int = 64, activation: str = "
     than this one, as the allocator sees it); ``on_step(batch)``: called after each optimizer step (tests pace and
     watch training with it)."""
     loop = (train_torch if os.environ.get("PILOTFILL_RUNTIME") == "torch" else train_horovod)
-    return loop(epochs, depth, width, activation, lr, batch, seed, step_delay_s, fail_at_epoch, durable, micro_batch, on_step)
+    return loop(
+        epochs, depth, width, activation, lr, batch, seed, step_delay_s, fail_at_epoch, durable, micro_batch, on_step
+    )
 
 
 def _epochs(state, loader: ElasticLoader, forward: torch.nn.Module, optimizer, epochs: int, step_delay_s: float,
@@ -92,8 +105,20 @@ def _epochs(state, loader: ElasticLoader, forward: torch.nn.Module, optimizer, e
         state.commit()
 
 
-def train_torch(epochs: int, depth: int, width: int, activation: str, lr: float, batch: int, seed: int, step_delay_s: float,
-                fail_at_epoch: int | None, durable: bool, micro_batch: int | None = None, on_step: Callable[[Batch], None] | None = None) -> dict:  # fmt: skip
+def train_torch(
+    epochs: int,
+    depth: int,
+    width: int,
+    activation: str,
+    lr: float,
+    batch: int,
+    seed: int,
+    step_delay_s: float,
+    fail_at_epoch: int | None,
+    durable: bool,
+    micro_batch: int | None = None,
+    on_step: Callable[[Batch], None] | None = None,
+) -> dict:
     """Plain torch.distributed (gloo); a restart resumes from the last commit of ElasticState."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -113,12 +138,30 @@ def train_torch(epochs: int, depth: int, width: int, activation: str, lr: float,
     _epochs(state, loader, ddp, optimizer, epochs, step_delay_s, fail_at_epoch, on_step)
     with torch.no_grad():
         accuracy = float((model(xva).argmax(1) == yva).float().mean())
-    return {"val_accuracy": accuracy, "epochs": epochs, "restored": state.restored, "size_at_end": dist.get_world_size()}
+    return {
+        "val_accuracy": accuracy,
+        "epochs": epochs,
+        "restored": state.restored,
+        "size_at_end": dist.get_world_size(),
+    }
 
 
-def train_horovod(epochs: int, depth: int, width: int, activation: str, lr: float, batch: int, seed: int, step_delay_s: float,
-                  fail_at_epoch: int | None, durable: bool, micro_batch: int | None = None, on_step: Callable[[Batch], None] | None = None) -> dict:  # fmt: skip
-    """Elastic Horovod; hvd.elastic.run keeps the ranks' state, the loader's position with it, across membership changes."""
+def train_horovod(
+    epochs: int,
+    depth: int,
+    width: int,
+    activation: str,
+    lr: float,
+    batch: int,
+    seed: int,
+    step_delay_s: float,
+    fail_at_epoch: int | None,
+    durable: bool,
+    micro_batch: int | None = None,
+    on_step: Callable[[Batch], None] | None = None,
+) -> dict:
+    """Elastic Horovod; hvd.elastic.run keeps the ranks' state, the loader's position with it, across membership
+    changes."""
     import horovod.torch as hvd
 
     from ..elastic.horovod_state import TorchState

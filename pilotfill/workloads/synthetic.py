@@ -22,8 +22,14 @@ from pathlib import Path
 from ..report import committed, report
 
 
-def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.2, fail_after: float | None = None, commit_s: float = 0.0,
-          startup_s: float = 0.0) -> dict:  # fmt: skip
+def train(
+    total_samples: float,
+    samples_per_s: float = 100.0,
+    step_s: float = 0.2,
+    fail_after: float | None = None,
+    commit_s: float = 0.0,
+    startup_s: float = 0.0,
+) -> dict:
     """Work until the job's progress (over all ranks) reaches ``total_samples``; return a summary.
 
     ``startup_s``: what a real rank spends before its first step (imports, rendezvous, restoring a commit)."""
@@ -35,7 +41,9 @@ def train(total_samples: float, samples_per_s: float = 100.0, step_s: float = 0.
     while progress < total_samples:
         time.sleep(step_s)
         steps += 1
-        progress = max(report(samples_per_s * step_s) or progress + samples_per_s * step_s, progress + samples_per_s * step_s)
+        progress = max(
+            report(samples_per_s * step_s) or progress + samples_per_s * step_s, progress + samples_per_s * step_s
+        )
         if time.monotonic() - last_commit >= commit_s or progress >= total_samples:
             _commit(progress)
             last_commit = time.monotonic()
