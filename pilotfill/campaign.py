@@ -66,7 +66,8 @@ class Outcome:
     cached: int = 0
     fatal: str | None = None  # why the campaign could not go on (the controller could not), if it could not
     stopped: str | None = None  # where the campaign's script stopped on a failed app's result, if it did
-    notes: list[str] = field(default_factory=list)  # what the user should know that is not a failure (an unsaved result)
+    # what the user should know that is not a failure (an unsaved result)
+    notes: list[str] = field(default_factory=list)
     interrupted: str | None = None  # the signal that stopped it (Ctrl-C: "SIGINT"), if one did
 
     @property
@@ -125,10 +126,16 @@ class Interrupt:
             if self.done.is_set():
                 self.say("pilotfill: stopped; leaving now")
                 os._exit(130)
-            self.say("pilotfill: still stopping: ending the trainings and deleting the pilots (Ctrl-C again once that is done leaves at once)")
+            self.say(
+                "pilotfill: still stopping: ending the trainings and deleting the pilots (Ctrl-C again once that is "
+                "done leaves at once)"
+            )
             return
         self.signal = signal.Signals(signum)
-        self.say(f"pilotfill: {self.signal.name}: stopping — ending the trainings and deleting the pilots; they resume from their commits next time")
+        self.say(
+            f"pilotfill: {self.signal.name}: stopping — ending the trainings and deleting the pilots; they resume "
+            "from their commits next time"
+        )
         self._begin()
 
     def _begin(self) -> None:
@@ -173,7 +180,9 @@ def check_script(script: Path) -> Path:
     """The campaign file, resolved; one line if it is missing, a directory, unreadable or not Python."""
     script = Path(script).resolve()
     if script.is_dir():
-        raise CampaignError(f"{script}: is a directory: give the campaign's file (a Python script), e.g. {script / 'campaign.py'}")
+        raise CampaignError(
+            f"{script}: is a directory: give the campaign's file (a Python script), e.g. {script / 'campaign.py'}"
+        )
     if not script.is_file():
         raise CampaignError(f"{script}: no such campaign file")
     try:
@@ -188,7 +197,16 @@ def check_script(script: Path) -> Path:
     return script
 
 
-WRITTEN = ("", "controller.out", "controller.log", "controller.json", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm", "logs")
+WRITTEN = (
+    "",
+    "controller.out",
+    "controller.log",
+    "controller.json",
+    "state.sqlite",
+    "state.sqlite-wal",
+    "state.sqlite-shm",
+    "logs",
+)
 """What a run writes in its run directory ("": the directory itself)."""
 
 
@@ -222,7 +240,10 @@ def short_of_space(path: Path) -> str | None:
         return None
     if free >= MIN_FREE_BYTES:
         return None
-    return f"its disk is full ({free // 1024} KB free; a run needs at least {MIN_FREE_BYTES >> 20} MB for its journal and logs): free some space"
+    return (
+        f"its disk is full ({free // 1024} KB free; a run needs at least {MIN_FREE_BYTES >> 20} MB for its journal and "
+        "logs): free some space"
+    )
 
 
 def prepare_run_dir(run_dir: Path) -> Path:
@@ -247,7 +268,11 @@ def prepare_run_dir(run_dir: Path) -> Path:
         raise cannot_use(run_dir, exc) from None
 
 
-def reuse_notes(reused: list[tuple[str, tuple, dict]], changed: list[tuple[str, tuple, dict]], call_name: Callable[[str, tuple, dict], str]) -> list[str]:
+def reuse_notes(
+    reused: list[tuple[str, tuple, dict]],
+    changed: list[tuple[str, tuple, dict]],
+    call_name: Callable[[str, tuple, dict], str],
+) -> list[str]:
     """What the summary says of results taken from earlier calls, and of apps whose code changed since a run."""
     def calls(items: list[tuple[str, tuple, dict]]) -> str:
         names = [call_name(*item) for item in items]
@@ -255,12 +280,17 @@ def reuse_notes(reused: list[tuple[str, tuple, dict]], changed: list[tuple[str, 
 
     notes = []
     if reused:
-        notes.append(f"{calls(reused)}: {'its result was' if len(reused) == 1 else 'their results were'} taken from an earlier call with the same "
-                     f"code and arguments (cached apps; edit the app, or give it cache=False, to run it again)")  # fmt: skip
+        notes.append(
+            f"{calls(reused)}: {'its result was' if len(reused) == 1 else 'their results were'} taken from an earlier "
+            "call with the same "
+            f"code and arguments (cached apps; edit the app, or give it cache=False, to run it again)"
+        )
     for function in dict.fromkeys(name for name, _, _ in changed):
         count = sum(name == function for name, _, _ in changed)
-        notes.append(f"{function}: its code changed since an earlier run: {count} call{'s' if count != 1 else ''} ran anew instead of taking "
-                     f"{'its' if count == 1 else 'their'} earlier result")  # fmt: skip
+        notes.append(
+            f"{function}: its code changed since an earlier run: {count} call{'s' if count != 1 else ''} ran anew "
+            f"instead of taking {'its' if count == 1 else 'their'} earlier result"
+        )
     return notes
 
 
@@ -283,8 +313,15 @@ class LoadedByPilotfill:
                 if value not in (None, 0) and value != getattr(self._dfk.config, name, None):
                     setattr(self._dfk.config, name, value)
                     taken.append(f"{name}={value!r}")
-            self._note("parsl.load(): pilotfill run has loaded Parsl with its own executors (elastic apps on harvested nodes, python_apps "
-                       "in a local thread pool); " + (f"took {', '.join(taken)} from the campaign's config" if taken else "the campaign's config is not used"))  # fmt: skip
+            self._note(
+                "parsl.load(): pilotfill run has loaded Parsl with its own executors (elastic apps on harvested nodes, "
+                "python_apps in a local thread pool); "
+                + (
+                    f"took {', '.join(taken)} from the campaign's config"
+                    if taken
+                    else "the campaign's config is not used"
+                )
+            )
         return self
 
     def __enter__(self):
@@ -320,7 +357,11 @@ def _script_frames(exc: BaseException, script: Path) -> str:
     """The traceback of ``exc`` from the campaign's first frame on (pilotfill's and runpy's frames dropped)."""
     frames = traceback.extract_tb(exc.__traceback__)
     first = next((i for i, f in enumerate(frames) if Path(f.filename) == script), 0)
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[first:]), *traceback.format_exception_only(type(exc), exc)]
+    lines = [
+        "Traceback (most recent call last):\n",
+        *traceback.format_list(frames[first:]),
+        *traceback.format_exception_only(type(exc), exc),
+    ]
     return "".join(lines).rstrip()
 
 
@@ -379,8 +420,10 @@ def lock_runs(run_dir: Path) -> _Lock:
     except OSError:
         holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         os.close(fd)
-        raise CampaignError(f"{runs}: another pilotfill run is using it ({holder or 'pid unknown'}); a second one would train the "
-                            "same calls again: wait for it to end, or run this campaign from another directory") from None  # fmt: skip
+        raise CampaignError(
+            f"{runs}: another pilotfill run is using it ({holder or 'pid unknown'}); a second one would train the "
+            "same calls again: wait for it to end, or run this campaign from another directory"
+        ) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}, run directory {run_dir}".encode(), 0)
@@ -390,7 +433,9 @@ def lock_runs(run_dir: Path) -> _Lock:
     return _Lock(fd)
 
 
-def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_dir, interrupt: Interrupt | None, runtime: str) -> Outcome:
+def _run_locked(
+    script: Path, config: str | None, run_dir: Path, apps, on_run_dir, interrupt: Interrupt | None, runtime: str
+) -> Outcome:
     import parsl
     from parsl.config import Config
     from parsl.executors import ThreadPoolExecutor
@@ -409,7 +454,8 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
     parsl_dir, checkpoint_dir = runs / "parsl", runs / "checkpoints"
     try:
         os.makedirs(parsl_dir, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(dir=parsl_dir))  # Parsl makes runs/parsl/NNN here: a traceback of 57 lines if it cannot
+        # Parsl makes runs/parsl/NNN here: fail now in one line, not later in its long traceback
+        os.rmdir(tempfile.mkdtemp(dir=parsl_dir))
     except OSError as exc:
         raise cannot_use(parsl_dir, exc) from None
     try:
@@ -417,15 +463,20 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
     except UnsafeCheckpoint as exc:
         raise CampaignError(str(exc)) from None
     outcome = Outcome(run_dir)
-    executor = ElasticExecutor(run_dir, default_runtime=runtime, on_note=apps.note if apps is not None else lambda text: None)
+    executor = ElasticExecutor(
+        run_dir, default_runtime=runtime, on_note=apps.note if apps is not None else lambda text: None
+    )
 
     def fatal(why: str) -> None:
         outcome.fatal = why
         executor.fail_all(f"the campaign cannot go on: {why}")
 
-    supervisor = ControllerSupervisor(run_dir, config, checkpoint_dir, new_campaign=(run_dir / "state.sqlite").exists(), on_fatal=fatal)
+    supervisor = ControllerSupervisor(
+        run_dir, config, checkpoint_dir, new_campaign=(run_dir / "state.sqlite").exists(), on_fatal=fatal
+    )
 
-    def stop(why: str) -> None:  # an interrupt: as at the end — the controller ends the jobs, deletes the pilots, records it
+    def stop(why: str) -> None:
+        # an interrupt: as at the end — the controller ends the jobs, deletes the pilots, records it
         outcome.interrupted = why
         supervisor.stop()
         executor.fail_all(f"the campaign was {why}")
@@ -464,22 +515,33 @@ def _run_locked(script: Path, config: str | None, run_dir: Path, apps, on_run_di
         for future in list(futures):
             task = future.task_record
             if not future.done():  # interrupted while it ran on this machine: not waited for
-                outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})),
-                                       CampaignHalted(f"the campaign was {outcome.interrupted}")))  # fmt: skip
+                outcome.failed.append(
+                    (
+                        call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})),
+                        CampaignHalted(f"the campaign was {outcome.interrupted}"),
+                    )
+                )
                 continue
             exc = future.exception()
             if exc is not None:
-                outcome.failed.append((call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})), exc))
+                outcome.failed.append(
+                    (call_name(task["func_name"], tuple(task.get("args") or ()), dict(task.get("kwargs") or {})), exc)
+                )
             else:
                 outcome.done += 1
                 outcome.cached += bool(task.get("from_memo"))
         if stopped is not None and outcome.fatal is None and outcome.interrupted is None:
             if not is_app_failure(stopped, [e for _, e in outcome.failed]):
                 raise CampaignScriptError(_script_frames(stopped, script))
-            outcome.stopped = f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
+            outcome.stopped = (
+                f"{script}:{_line_in(stopped, script) or '?'}: the campaign stopped on a failed app's result"
+            )
         outcome.notes += reuse_notes(memoizer.reused, memoizer.changed, call_name)
         for name, args, kwargs, why in memoizer.unsaved:
-            outcome.notes.append(f"{call_name(name, args, kwargs)}: its result is kept for this run but cannot be checkpointed ({why}); a re-run runs it again")
+            outcome.notes.append(
+                f"{call_name(name, args, kwargs)}: its result is kept for this run but cannot be checkpointed ({why}); "
+                "a re-run runs it again"
+            )
     finally:
         if dfk is not None:
             dfk.cleanup()

@@ -61,9 +61,14 @@ def check_private(path: Path, root: Path) -> None:
         if stat.S_ISLNK(st.st_mode):
             raise UnsafeCheckpoint(f"{current} is a symbolic link: refusing to load {path}")
         if st.st_uid != uid:
-            raise UnsafeCheckpoint(f"{current} belongs to uid {st.st_uid}, not you (uid {uid}): refusing to load {path}; remove it")
+            raise UnsafeCheckpoint(
+                f"{current} belongs to uid {st.st_uid}, not you (uid {uid}): refusing to load {path}; remove it"
+            )
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise UnsafeCheckpoint(f"{current} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): refusing to load {path}; remove it or chmod go-w")
+            raise UnsafeCheckpoint(
+                f"{current} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): refusing to load {path}; remove "
+                "it or chmod go-w"
+            )
         if current == root or current.parent == current:
             break
         current = current.parent
@@ -123,7 +128,8 @@ class CampaignMemoizer(BasicMemoizer):
         self.unsaved: list[tuple[str, tuple, dict, str]] = []
         self.reused: list[tuple[str, tuple, dict]] = []
         self.changed: list[tuple[str, tuple, dict]] = []
-        self._earlier: dict[str, set[str]] = {}  # a call without its code -> the hashes (with the code) it finished with
+        # a call without its code -> the hashes (with the code) it finished with
+        self._earlier: dict[str, set[str]] = {}
         self._write_lock = threading.Lock()
 
     def _load_checkpoints(self, checkpoint_dirs):
@@ -157,14 +163,20 @@ class CampaignMemoizer(BasicMemoizer):
             entry = pickle.dumps({"hash": hashsum, "exception": None, "result": r, "call": _call_id(task)})
         except Exception as exc:  # noqa: BLE001 - anything pickle raises: the result stays, the checkpoint goes
             why = f"{type(exc).__name__}: {exc}"[:300]
-            log.warning("the result of %s cannot be checkpointed (%s): a re-run runs it again", task.get("func_name"), why)
-            self.unsaved.append((str(task.get("func_name")), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), why))
+            log.warning(
+                "the result of %s cannot be checkpointed (%s): a re-run runs it again", task.get("func_name"), why
+            )
+            self.unsaved.append(
+                (str(task.get("func_name")), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), why)
+            )
             return
         try:
             self._append(entry)
         except OSError as exc:  # a full disk: the app's result stands; only a re-run loses it
             log.warning("cannot write a checkpoint for %s: %s", task.get("func_name"), exc)
-            self.unsaved.append((str(task.get("func_name")), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), str(exc)))
+            self.unsaved.append(
+                (str(task.get("func_name")), tuple(task.get("args") or ()), dict(task.get("kwargs") or {}), str(exc))
+            )
 
     def _append(self, entry: bytes) -> None:
         folder = Path(self.run_dir) / "checkpoint"

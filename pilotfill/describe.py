@@ -1,7 +1,8 @@
 """A model's descriptor, computed from the model itself: what the similarity policy compares.
 
     from pilotfill.describe import describe
-    describe(model, example_batch)   # {"parameters": …, "flops_per_sample": …, "layers": …, "batch_size": …, "mix": {…}}
+    describe(model, example_batch)   # {"parameters": …, "flops_per_sample": …, "layers": …, "batch_size": …,
+"mix": {…}}
 
 * ``parameters``: every parameter's element count;
 * ``flops_per_sample``: multiply-accumulates of one sample's forward pass
@@ -64,7 +65,8 @@ def describe(model: torch.nn.Module, example: Any, batch_size: int | None = None
         kind = kind_of(module)
         own = sum(p.numel() for p in module.parameters(recurse=False))
         if kind == "attention":
-            own = sum(p.numel() for name, p in module.named_parameters() if not name.startswith("out_proj."))  # its out_proj is a Linear of its own
+            # its out_proj is a Linear of its own
+            own = sum(p.numel() for name, p in module.named_parameters() if not name.startswith("out_proj."))
         if own:
             per_kind[kind] = per_kind.get(kind, 0) + own
         if kind in ("conv", "linear", "attention"):
@@ -74,7 +76,11 @@ def describe(model: torch.nn.Module, example: Any, batch_size: int | None = None
     total = sum(p.numel() for p in model.parameters())
     modes = {m: m.training for m in model.modules()}
     recurrent: list[int] = []  # multiply-accumulates of recurrent layers, which the flop counter does not see
-    hooks = [m.register_forward_hook(lambda mod, inp, out: recurrent.append(_rnn_macs(mod, inp))) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out: recurrent.append(_rnn_macs(mod, inp)))
+        for m in model.modules()
+        if isinstance(m, torch.nn.RNNBase)
+    ]
     try:
         model.eval()
         counter = FlopCounterMode(display=False)
@@ -118,7 +124,11 @@ def watch(model: torch.nn.Module) -> None:
     The first batch is measured on its own, before the forward pass it came with runs, without gradients and in
     eval mode: the model's training is not changed. Any failure is logged and forgotten — a descriptor is a hint.
     """
-    if not os.environ.get("PILOTFILL_JOB_ID") or os.environ.get("RANK", "0") != "0" or getattr(model, "_pilotfill_watched", False):
+    if (
+        not os.environ.get("PILOTFILL_JOB_ID")
+        or os.environ.get("RANK", "0") != "0"
+        or getattr(model, "_pilotfill_watched", False)
+    ):
         return
     model._pilotfill_watched = True  # type: ignore[attr-defined]
     handle = None

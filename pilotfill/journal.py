@@ -110,9 +110,15 @@ INDEXES_ADDED = "CREATE INDEX IF NOT EXISTS jobs_request ON jobs (request);"
 """Indexes on added columns: created after the columns exist."""
 
 COLUMNS_ADDED = {
-    "jobs": {"crashes": "INTEGER NOT NULL DEFAULT 0", "key": "TEXT", "held": "INTEGER NOT NULL DEFAULT 0",
-             "committed": "REAL NOT NULL DEFAULT 0", "redone": "REAL NOT NULL DEFAULT 0", "overran": "INTEGER NOT NULL DEFAULT 0",
-             "request": "TEXT"},
+    "jobs": {
+        "crashes": "INTEGER NOT NULL DEFAULT 0",
+        "key": "TEXT",
+        "held": "INTEGER NOT NULL DEFAULT 0",
+        "committed": "REAL NOT NULL DEFAULT 0",
+        "redone": "REAL NOT NULL DEFAULT 0",
+        "overran": "INTEGER NOT NULL DEFAULT 0",
+        "request": "TEXT",
+    },
     "pilots": {"requested": "INTEGER NOT NULL DEFAULT 0", "node_type": "TEXT"},
     "nodes": {"node_type": "TEXT"},
 }
@@ -256,7 +262,8 @@ class Journal:
         self.path = Path(run_dir) / STATE_FILE
         self._began = False
         self._depth = 0
-        self._rows: dict[tuple[str, str], tuple[bool, dict[str, Any]]] = {}  # (table, key) -> (a new row?, fields): this transaction's row writes
+        # (table, key) -> (a new row?, fields): this transaction's row writes
+        self._rows: dict[tuple[str, str], tuple[bool, dict[str, Any]]] = {}
         self._events: list[tuple] = []  # this transaction's events, in order
         self._meta: dict[str, str] = {}
         self._keys: dict[str, set[str]] = {}  # table -> the keys it holds (loaded when first written)
@@ -265,7 +272,10 @@ class Journal:
                 if not self.path.is_file():
                     raise FileNotFoundError(f"no pilotfill state at {self.path}")
                 self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, isolation_level=None)
-                if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone() is None:
+                if (
+                    self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()
+                    is None
+                ):
                     self.db.close()  # the controller has created the file, not yet its tables: as good as no state yet
                     raise FileNotFoundError(f"no pilotfill state at {self.path} yet")
             else:
@@ -380,16 +390,26 @@ class Journal:
                     key = UPSERTED.get(table, "id")
                     if new:
                         names = ", ".join((key, *cols))
-                        self._write(f"INSERT INTO {table} ({names}) VALUES ({','.join('?' * (len(cols) + 1))})", args, many=True)
+                        self._write(
+                            f"INSERT INTO {table} ({names}) VALUES ({','.join('?' * (len(cols) + 1))})", args, many=True
+                        )
                     else:
                         sets = ", ".join(f"{c} = ?" for c in cols)
                         self._write(f"UPDATE {table} SET {sets} WHERE {key} = ?", args, many=True)
             if self._events:
                 events, self._events = self._events, []
-                self._write("INSERT INTO events (time, kind, job, pilot, node, data) VALUES (?, ?, ?, ?, ?, ?)", events, many=True)
+                self._write(
+                    "INSERT INTO events (time, kind, job, pilot, node, data) VALUES (?, ?, ?, ?, ?, ?)",
+                    events,
+                    many=True,
+                )
             if self._meta:
                 meta, self._meta = self._meta, {}
-                self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", list(meta.items()), many=True)
+                self._write(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    list(meta.items()),
+                    many=True,
+                )
         except BaseException:  # nothing of this transaction is half-written: it is rolled back whole
             if self._began:
                 self._began = False
@@ -426,14 +446,25 @@ class Journal:
         return n
 
     def counters(self) -> dict[str, int]:
-        return {r["key"][len("counter.") :]: int(r["value"]) for r in self._read("SELECT key, value FROM meta WHERE key LIKE 'counter.%'")}
+        return {
+            r["key"][len("counter.") :]: int(r["value"])
+            for r in self._read("SELECT key, value FROM meta WHERE key LIKE 'counter.%'")
+        }
 
     def set_counter(self, name: str, value: int) -> None:
         self.set_meta(f"counter.{name}", str(int(value)))
 
     # ---------------------------------------------------------------- events
 
-    def log(self, kind: str, job: str | None = None, pilot: str | None = None, node: str | None = None, now: float | None = None, **data: Any) -> None:
+    def log(
+        self,
+        kind: str,
+        job: str | None = None,
+        pilot: str | None = None,
+        node: str | None = None,
+        now: float | None = None,
+        **data: Any,
+    ) -> None:
         self._events.append((time.time() if now is None else now, kind, job, pilot, node, _ENCODE(data)))
         if self._depth == 0:
             self._flush()
@@ -449,8 +480,15 @@ class Journal:
 
     # ---------------------------------------------------------------- jobs
 
-    def add_job(self, job_id: str, seq: int, name: str, spec: dict[str, Any], now: float, key: str | None = None) -> None:
-        self._set_row("jobs", job_id, {"seq": seq, "name": name, "spec": spec, "status": "pending", "submitted": now, "key": key}, new=True)
+    def add_job(
+        self, job_id: str, seq: int, name: str, spec: dict[str, Any], now: float, key: str | None = None
+    ) -> None:
+        self._set_row(
+            "jobs",
+            job_id,
+            {"seq": seq, "name": name, "spec": spec, "status": "pending", "submitted": now, "key": key},
+            new=True,
+        )
 
     def job_by_request(self, request: str) -> str | None:
         """The job a ``job.submit`` with this request id created, in any incarnation (so a client's retry across a
@@ -476,7 +514,8 @@ class Journal:
     def set_job(self, job_id: str, **fields: Any) -> None:
         """Change a job's columns (a JSON column's value is encoded when the transaction is written)."""
         if "spec" in fields or "result" in fields:
-            json.dumps({k: fields[k] for k in ("spec", "result") if k in fields})  # what cannot be stored fails here, not at the commit
+            # what cannot be stored fails here, not at the commit
+            json.dumps({k: fields[k] for k in ("spec", "result") if k in fields})
         self._set_row("jobs", job_id, fields)
 
     # ---------------------------------------------------------------- pilots and nodes
@@ -493,7 +532,9 @@ class Journal:
 
     def pilots(self, states: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
         if states:
-            rows = self._read(f"SELECT * FROM pilots WHERE state IN ({','.join('?' * len(states))}) ORDER BY submitted", states)
+            rows = self._read(
+                f"SELECT * FROM pilots WHERE state IN ({','.join('?' * len(states))}) ORDER BY submitted", states
+            )
         else:
             rows = self._read("SELECT * FROM pilots ORDER BY submitted")
         return [{**dict(r), "nodes": json.loads(r["nodes"])} for r in rows]
@@ -503,8 +544,13 @@ class Journal:
 
     # ---------------------------------------------------------------- processes
 
-    def add_process(self, pid: int, start_ticks: int, kind: str, controller: int, job: str | None = None, host: str | None = None) -> None:
-        self._write("INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?, ?)", (pid, start_ticks, kind, job, host, controller))
+    def add_process(
+        self, pid: int, start_ticks: int, kind: str, controller: int, job: str | None = None, host: str | None = None
+    ) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO processes VALUES (?, ?, ?, ?, ?, ?)",
+            (pid, start_ticks, kind, job, host, controller),
+        )
 
     def drop_process(self, pid: int) -> None:
         self._write("DELETE FROM processes WHERE pid = ?", (pid,))
@@ -528,7 +574,9 @@ class Journal:
         self._keys.pop("pilots", None)  # read again when next needed
         for i in range(0, len(ids), 500):
             batch = ids[i : i + 500]
-            self._write(f"DELETE FROM pilots WHERE id IN ({','.join('?' * len(batch))}) AND state IN ('ended', 'lost')", batch)
+            self._write(
+                f"DELETE FROM pilots WHERE id IN ({','.join('?' * len(batch))}) AND state IN ('ended', 'lost')", batch
+            )
 
     def prune_ended_pilots(self, keep: int) -> int:
         """Drop all but the newest ``keep`` ended pilots (a full scan: at start-up, not on the hot path)."""

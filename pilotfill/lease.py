@@ -113,7 +113,12 @@ def holder(run_dir: Path | str) -> tuple[int, int] | None:
         info = json.loads((Path(run_dir) / LEASE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict) or info.get("state") != LeaseState.RUNNING or info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+    if (
+        not isinstance(info, dict)
+        or info.get("state") != LeaseState.RUNNING
+        or info.get("host") != socket.gethostname()
+        or not isinstance(info.get("pid"), int)
+    ):
         return None
     ticks = procs.start_ticks(info["pid"])
     return (info["pid"], ticks) if ticks is not None else None

@@ -9,7 +9,7 @@ Jobs::
 
     pending ──► running ──► finished | failed | cancelled
        ▲           │
-       └───────────┘  (stopped: its nodes were taken, a rank crashed, the controller restarted)
+       └───────────┘  (stopped: its nodes taken, a rank crashed, the controller restarted)
 
 Pilots (ended and lost pilots leave memory)::
 
@@ -17,8 +17,8 @@ Pilots (ended and lost pilots leave memory)::
        ▲          │           │
        └──────────┴───────────┘  (the batch system requeued it)
 
-Nodes: ``ready ──► leaving ──► gone`` (or ``ready ──► gone`` when taken at once); a node that comes back is a
-new node.
+Nodes: ``ready ──► leaving ──► gone`` (or ``ready ──► gone`` when taken at once); a node that
+comes back is a new node.
 
 The campaign's lease, as an agent reads it (:mod:`pilotfill.lease`): ``running ──► ended | gone``, or ``none``.
 """
@@ -113,4 +113,17 @@ def checked(table: dict, kind: str, name: str, old: str, new: str):
     return to
 
 
-__all__ = ["IllegalMove", "JOB_MOVES", "JobStatus", "LIVE_PILOT_STATES", "LeaseState", "NODE_MOVES", "NodeState", "PILOT_MOVES", "PilotState", "Removal", "TERMINAL", "checked"]
+__all__ = [
+    "IllegalMove",
+    "JOB_MOVES",
+    "JobStatus",
+    "LIVE_PILOT_STATES",
+    "LeaseState",
+    "NODE_MOVES",
+    "NodeState",
+    "PILOT_MOVES",
+    "PilotState",
+    "Removal",
+    "TERMINAL",
+    "checked",
+]

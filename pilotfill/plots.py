@@ -18,10 +18,22 @@ def plot_replay(result, path: str | Path) -> Path:
     path = Path(path)
     times = [datetime.fromtimestamp(s.time, tz=timezone.utc) for s in snaps]
     fig, ax = plt.subplots(figsize=(11, 4), dpi=110)
-    ax.step(times, [s.idle for s in snaps], where="post", label="idle nodes (available to pilots)", color="#9aa5b1", linewidth=1)
-    ax.fill_between(times, [s.used for s in snaps], step="post", label="nodes used by training", color="#2b8a3e", alpha=0.7)
+    ax.step(
+        times,
+        [s.idle for s in snaps],
+        where="post",
+        label="idle nodes (available to pilots)",
+        color="#9aa5b1",
+        linewidth=1,
+    )
+    ax.fill_between(
+        times, [s.used for s in snaps], step="post", label="nodes used by training", color="#2b8a3e", alpha=0.7
+    )
     ax.set_ylabel("nodes")
-    ax.set_title(f"{Path(result.trace).name}: {result.nodes} nodes, {result.jobs_completed} jobs completed, {result.samples:.3g} samples, efficiency {100 * result.efficiency:.1f}%")
+    ax.set_title(
+        f"{Path(result.trace).name}: {result.nodes} nodes, {result.jobs_completed} jobs completed, "
+        f"{result.samples:.3g} samples, efficiency {100 * result.efficiency:.1f}%"
+    )
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
     ax.legend(loc="upper right")
     ax.grid(alpha=0.3)

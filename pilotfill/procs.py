@@ -122,8 +122,14 @@ LOG_LIMIT_BYTES = 64 * 1024 * 1024
 prints a gigabyte fills no disk."""
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: str | None = None, cwd: str | None = None,
-          log_limit_bytes: int | None = None, outlive_parent: bool = False) -> subprocess.Popen:  # fmt: skip
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    log_path: str | None = None,
+    cwd: str | None = None,
+    log_limit_bytes: int | None = None,
+    outlive_parent: bool = False,
+) -> subprocess.Popen:
     """Start ``argv`` in a new session, dying with this process; output to ``log_path`` — through a pipe this process
     reads when ``log_limit_bytes`` caps it (the log then rotates: ``LOG.1`` holds the previous part).
 
@@ -146,7 +152,9 @@ def spawn(argv: Sequence[str], env: Mapping[str, str] | None = None, log_path: s
         if log_path and not capped:
             out.close()
     if capped:
-        threading.Thread(target=pump_log, args=(proc.stdout, str(log_path), int(log_limit_bytes)), name="pilotfill-log", daemon=True).start()
+        threading.Thread(
+            target=pump_log, args=(proc.stdout, str(log_path), int(log_limit_bytes)), name="pilotfill-log", daemon=True
+        ).start()
     return proc
 
 

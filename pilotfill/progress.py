@@ -35,7 +35,10 @@ from .lifecycle import JobStatus, NodeState
 
 T = TypeVar("T")
 PLAIN_EVERY_S = 10.0
-INTERNAL = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+INTERNAL = tuple(
+    str(Path(p).resolve())
+    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
 PILOTFILL = str(Path(__file__).resolve().parent)
 
 
@@ -46,7 +49,8 @@ class AppCounts:
     launched: int = 0
     done: int = 0
     failed: int = 0
-    notes: list[str] = field(default_factory=list)  # said once each, above the progress line (an app's runtime chosen by its code)
+    # said once each, above the progress line (an app's runtime chosen by its code)
+    notes: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, text: str) -> None:
@@ -73,7 +77,8 @@ class Machine:
     running: int = 0
     nodes: int = 0
     rate: float = 0.0
-    notice: tuple[str, str] | None = None  # (line, level): the first of the controller's notices (why the campaign waits)
+    # (line, level): the first of the controller's notices (why the campaign waits)
+    notice: tuple[str, str] | None = None
     _last: tuple[float, float] | None = None
 
     def read(self, run_dir: Path) -> None:
@@ -100,7 +105,9 @@ def plural(n: int, word: str) -> str:
 
 
 def training(machine: Machine) -> str:
-    return f"{plural(machine.running, 'job')} training on {plural(machine.nodes, 'node')} · {machine.rate:,.0f} samples/s"
+    return (
+        f"{plural(machine.running, 'job')} training on {plural(machine.nodes, 'node')} · {machine.rate:,.0f} samples/s"
+    )
 
 
 def line(apps: AppCounts, machine: Machine) -> str:
@@ -109,7 +116,9 @@ def line(apps: AppCounts, machine: Machine) -> str:
     return f"{apps.done} of {plural(apps.launched, 'app')} done{failed} · {training(machine)}{notice}"
 
 
-def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False) -> T:
+def show(
+    work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | None], console: Console, quiet: bool = False
+) -> T:
     """Run ``work`` on a thread while showing its progress on ``console`` (stderr); return its result."""
     result: dict[str, Any] = {}
 
@@ -125,13 +134,21 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
     if quiet:
         thread.join()
     elif console.is_terminal:
-        columns = (TextColumn("[bold]pilotfill run[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+        columns = (
+            TextColumn("[bold]pilotfill run[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+        )
         while thread.is_alive() and run_dir() is None:  # nothing has started (a bad config is said alone)
             thread.join(0.1)
         if not thread.is_alive():
             thread.join()
         else:
-            with Progress(*columns, console=console, transient=True, redirect_stdout=True, redirect_stderr=False) as bar:
+            with Progress(
+                *columns, console=console, transient=True, redirect_stdout=True, redirect_stderr=False
+            ) as bar:
                 task = bar.add_task("apps", total=None, status="starting the controller")
                 told = 0
                 while thread.is_alive():
@@ -145,8 +162,16 @@ def show(work: Callable[[], T], apps: AppCounts, run_dir: Callable[[], Path | No
                     failed = f"{apps.failed} failed · " if apps.failed else ""
                     notice = ""
                     if machine.notice:
-                        notice = f" · [{'bold red' if machine.notice[1] == 'failing' else 'yellow'}]{escape(machine.notice[0])}[/]"
-                    bar.update(task, total=max(apps.launched, 1), completed=apps.done + apps.failed, status=failed + training(machine) + notice)
+                        notice = (
+                            f" · [{'bold red' if machine.notice[1] == 'failing' else 'yellow'}]"
+                            f"{escape(machine.notice[0])}[/]"
+                        )
+                    bar.update(
+                        task,
+                        total=max(apps.launched, 1),
+                        completed=apps.done + apps.failed,
+                        status=failed + training(machine) + notice,
+                    )
     else:
         said, said_at, told = "", 0.0, 0
         while thread.is_alive():
@@ -216,7 +241,8 @@ def print_failures(failed: list[tuple[str, BaseException]], console: Console) ->
             console.print("[yellow]not finished[/]", Text(f"{name}: the campaign could not go on"), highlight=False)
             continue
         console.print("[red]failed[/]", Text(f"{name}: {type(exc).__name__}: {exc}"), highlight=False)
-        if not isinstance(exc, RuntimeMismatch):  # code for another runtime: the line says how to run it, the traceback adds nothing
+        if not isinstance(exc, RuntimeMismatch):
+            # code for another runtime: the line says how to run it, the traceback adds nothing
             console.print(Text(_indent(user_traceback(exc))), highlight=False)
 
 

@@ -42,7 +42,9 @@ class RemoteError(RuntimeError):
 # ---------------------------------------------------------------- on the endpoint (login node)
 
 
-def start_run(campaign_name: str, campaign_text: str, config_text: str | None = None, base_dir: str | None = None) -> dict[str, Any]:
+def start_run(
+    campaign_name: str, campaign_text: str, config_text: str | None = None, base_dir: str | None = None
+) -> dict[str, Any]:
     """Create a run directory with the campaign (and config), start ``pilotfill run`` detached, return its id."""
     base = Path(os.path.expanduser(base_dir or DEFAULT_BASE))
     run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
@@ -148,7 +150,13 @@ class RemoteRun:
         return _call(self.executor, self.endpoint, run_results, self.run_id, self.base_dir)
 
 
-def submit(endpoint: str, campaign: str | Path, config: str | Path | None = None, executor: Any = None, base_dir: str | None = None) -> RemoteRun:
+def submit(
+    endpoint: str,
+    campaign: str | Path,
+    config: str | Path | None = None,
+    executor: Any = None,
+    base_dir: str | None = None,
+) -> RemoteRun:
     """Ship ``campaign`` (and ``config``) to the endpoint and start it there; returns at once."""
     campaign = Path(campaign)
     if not campaign.is_file():
@@ -193,7 +201,10 @@ def _call(executor: Any, endpoint: str, fn, *args: Any) -> dict[str, Any]:
     except globus_sdk.GlobusError as exc:  # a login flow that could not complete
         raise RemoteError(f"{LOGIN_HELP}\n({exc})") from None
     except TaskExecutionFailed as exc:
-        raise RemoteError(f"the endpoint failed to run pilotfill's {fn.__name__}:\n{exc.remote_data if hasattr(exc, 'remote_data') else exc}") from None
+        raise RemoteError(
+            "the endpoint failed to run pilotfill's "
+            f"{fn.__name__}:\n{exc.remote_data if hasattr(exc, 'remote_data') else exc}"
+        ) from None
     except TimeoutError:
         raise RemoteError(f"no answer from endpoint {endpoint} within {TIMEOUT_S:.0f} s (is it running?)") from None
     if isinstance(value, dict) and value.get("error") == "not_found":
@@ -215,7 +226,10 @@ def _check_online(executor: Any, endpoint: str) -> None:
             raise RemoteError(f"unknown endpoint {endpoint}: {exc.message}") from None
         raise RemoteError(f"Globus Compute refused the request ({exc.http_status}): {exc.message}") from None
     if str(info.get("status", "online")).lower() != "online":
-        raise RemoteError(f"endpoint {endpoint} is {info.get('status')}: start it on the login node (globus-compute-endpoint start NAME)")
+        raise RemoteError(
+            f"endpoint {endpoint} is {info.get('status')}: start it on the login node (globus-compute-endpoint start "
+            "NAME)"
+        )
 
 
 def as_json(value: dict[str, Any]) -> str:

@@ -53,8 +53,18 @@ def report(samples: float, position: float | None = None, noise_scale: float | N
     seconds = max(now - (_last if _last is not None else now), 1e-3)
     _last = now
     where = None if position is None else float(position)
-    reply = client.request(JobReport(job_id, os.environ.get("PILOTFILL_HOST", ""), float(samples), seconds, pid=os.getpid(), first=first, position=where,
-                                    noise_scale=None if noise_scale is None else float(noise_scale)).to_dict())  # fmt: skip
+    reply = client.request(
+        JobReport(
+            job_id,
+            os.environ.get("PILOTFILL_HOST", ""),
+            float(samples),
+            seconds,
+            pid=os.getpid(),
+            first=first,
+            position=where,
+            noise_scale=None if noise_scale is None else float(noise_scale),
+        ).to_dict()
+    )
     return float(reply["progress"])
 
 

@@ -22,7 +22,8 @@ RESULTS_DIR = "results"
 
 
 class ResultUnavailable(RuntimeError):
-    """A result the rank wrote beside its message cannot be read back as it was written (missing, cut short, changed)."""
+    """A result the rank wrote beside its message cannot be read back as it was written (missing, cut short,
+    changed)."""
 
 
 def is_packed(value: Any) -> bool:
@@ -51,7 +52,9 @@ def pack(run_dir: Path | str, job_id: str, data: bytes) -> dict[str, Any]:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        raise OSError(exc.errno, f"the result ({len(data) / 1e6:.0f} MB) cannot be written to {folder / name}: {exc.strerror}") from None
+        raise OSError(
+            exc.errno, f"the result ({len(data) / 1e6:.0f} MB) cannot be written to {folder / name}: {exc.strerror}"
+        ) from None
     return {"parsl_file": f"{RESULTS_DIR}/{name}", "bytes": len(data), "sha256": digest}
 
 
@@ -68,5 +71,7 @@ def unpack(run_dir: Path | str, value: dict[str, Any]) -> bytes:
     except OSError as exc:
         raise ResultUnavailable(f"the result in {path} cannot be read: {exc.strerror}") from None
     if len(data) != value.get("bytes") or hashlib.sha256(data).hexdigest() != value.get("sha256"):
-        raise ResultUnavailable(f"the result in {path} is not what its rank wrote ({len(data)} bytes; {value.get('bytes')} were written)")
+        raise ResultUnavailable(
+            f"the result in {path} is not what its rank wrote ({len(data)} bytes; {value.get('bytes')} were written)"
+        )
     return data

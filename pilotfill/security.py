@@ -89,7 +89,11 @@ def session_key(secret: bytes, incarnation: int | None) -> bytes:
     """
     if incarnation is None:
         return secret
-    return hmac.new(secret, f"pilotfill controller incarnation {int(incarnation)}".encode(), hashlib.sha256).hexdigest().encode()
+    return (
+        hmac.new(secret, f"pilotfill controller incarnation {int(incarnation)}".encode(), hashlib.sha256)
+        .hexdigest()
+        .encode()
+    )
 
 
 def channel_key(secret: bytes, channel: str) -> bytes:
@@ -127,7 +131,9 @@ class Verifier:
         self._window = window_s
         self._seen: OrderedDict[bytes, float] = OrderedDict()
 
-    def open(self, frames: list[bytes], expect_nonce: bytes | None = None, now: float | None = None) -> tuple[bytes, bytes]:
+    def open(
+        self, frames: list[bytes], expect_nonce: bytes | None = None, now: float | None = None
+    ) -> tuple[bytes, bytes]:
         """(nonce, payload bytes) of an authentic, fresh message, else :class:`AuthError`."""
         if len(frames) != 2 or len(frames[0]) != MAC_BYTES or len(frames[1]) < HEADER.size:
             raise AuthError("malformed frames")

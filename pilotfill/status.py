@@ -22,12 +22,24 @@ def run_dir_status(run_dir: Path) -> dict[str, Any]:
         return out
     try:
         out["jobs"] = [
-            {"id": j.id, "name": j.name, "status": j.status, "nodes": len(j.nodes), "progress": j.progress, "committed": j.committed,
-             "redone": j.redone, "rescales": j.rescales,
-             "result": result_of(j, Path(run_dir)) if j.status == JobStatus.FINISHED else None, "error": ((j.error or "").strip().splitlines() or [None])[-1]}
+            {
+                "id": j.id,
+                "name": j.name,
+                "status": j.status,
+                "nodes": len(j.nodes),
+                "progress": j.progress,
+                "committed": j.committed,
+                "redone": j.redone,
+                "rescales": j.rescales,
+                "result": result_of(j, Path(run_dir)) if j.status == JobStatus.FINISHED else None,
+                "error": ((j.error or "").strip().splitlines() or [None])[-1],
+            }
             for j in state.jobs()
-        ]  # fmt: skip
-        out["pilots"] = [{"id": p["id"], "scheduler_id": p["scheduler_id"], "state": p["state"], "nodes": len(p["nodes"])} for p in state.pilots()]
+        ]
+        out["pilots"] = [
+            {"id": p["id"], "scheduler_id": p["scheduler_id"], "state": p["state"], "nodes": len(p["nodes"])}
+            for p in state.pilots()
+        ]
         out["notices"] = json.loads(state.get_meta("notices") or "[]")
     finally:
         state.close()

@@ -57,8 +57,10 @@ def progress_mark(run_dir: Path) -> Mark | None:
     except (JournalError, OSError):
         return None
     try:
-        row = state.db.execute("SELECT COALESCE(SUM(progress), 0), COALESCE(SUM(committed), 0), "
-                               "COALESCE(SUM(status IN ('finished', 'failed', 'cancelled')), 0) FROM jobs").fetchone()  # fmt: skip
+        row = state.db.execute(
+            "SELECT COALESCE(SUM(progress), 0), COALESCE(SUM(committed), 0), "
+            "COALESCE(SUM(status IN ('finished', 'failed', 'cancelled')), 0) FROM jobs"
+        ).fetchone()
         return float(row[0]), float(row[1]), int(row[2])
     except sqlite3.Error:
         return None
@@ -87,8 +89,17 @@ def last_line(path: Path) -> str:
 class ControllerSupervisor:
     """Runs ``python -m pilotfill.controller`` on ``run_dir`` and keeps it running for the campaign."""
 
-    def __init__(self, run_dir: Path, config: str | None, checkpoint_dir: Path, new_campaign: bool = True, max_restarts: int = 3,
-                 on_fatal: Callable[[str], None] = lambda why: None, healthy_s: float = HEALTHY_S, settled_s: float = SETTLED_S):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        config: str | None,
+        checkpoint_dir: Path,
+        new_campaign: bool = True,
+        max_restarts: int = 3,
+        on_fatal: Callable[[str], None] = lambda why: None,
+        healthy_s: float = HEALTHY_S,
+        settled_s: float = SETTLED_S,
+    ):
         self.run_dir, self.config, self.checkpoint_dir = Path(run_dir), config, Path(checkpoint_dir)
         self.new_campaign = new_campaign
         self.max_restarts = max_restarts
@@ -146,7 +157,15 @@ class ControllerSupervisor:
     # ------------------------------------------------------------ helpers
 
     def _spawn(self, new_campaign: bool) -> subprocess.Popen:
-        argv = [sys.executable, "-m", "pilotfill.controller", "--run-dir", str(self.run_dir), "--checkpoint-dir", str(self.checkpoint_dir)]
+        argv = [
+            sys.executable,
+            "-m",
+            "pilotfill.controller",
+            "--run-dir",
+            str(self.run_dir),
+            "--checkpoint-dir",
+            str(self.checkpoint_dir),
+        ]
         if self.config:
             argv += ["--config", self.config]
         if new_campaign:
@@ -161,7 +180,8 @@ class ControllerSupervisor:
                 raise ControllerFailed(self._why(proc.returncode))
             try:
                 if json.loads(endpoint.read_text())["pid"] == proc.pid:
-                    self._mark = progress_mark(self.run_dir)  # after its take-over: a requeued job's samples fell back already
+                    # after its take-over: a requeued job's samples fell back already
+                    self._mark = progress_mark(self.run_dir)
                     self._listening_at = time.monotonic()
                     return proc
             except (OSError, ValueError, KeyError, TypeError):
@@ -214,12 +234,21 @@ class ControllerSupervisor:
                 why = self._why(code)
                 self.fatal_config = code == EXIT_CONFIG
                 if code not in (EXIT_CONFIG, EXIT_JOURNAL):
-                    why = (f"the controller died {self.restarts + 1} times in a row, each within {self.healthy_s:.0f} s of its start "
-                           f"without the campaign getting on under it for {self.settled_s:.0f} s (a crash loop); {why}")  # fmt: skip
+                    why = (
+                        f"the controller died {self.restarts + 1} times in a row, each within {self.healthy_s:.0f} s "
+                        "of its start "
+                        f"without the campaign getting on under it for {self.settled_s:.0f} s (a crash loop); {why}"
+                    )
                 self._give_up(why)
                 return
             self.restarts += 1
-            log.warning("the controller exited (%s); restarting it on %s (%d of %d)", code, self.run_dir, self.restarts, self.max_restarts)
+            log.warning(
+                "the controller exited (%s); restarting it on %s (%d of %d)",
+                code,
+                self.run_dir,
+                self.restarts,
+                self.max_restarts,
+            )
             try:
                 self.proc = self._spawn(new_campaign=False)  # it recovers: running jobs resume from their commits
             except ControllerFailed as exc:
@@ -228,7 +257,9 @@ class ControllerSupervisor:
 
     def _got_on(self) -> bool:
         """Whether the controller that just died listened ``settled_s`` while the campaign made progress."""
-        return time.monotonic() - self._listening_at >= self.settled_s and made_progress(self._mark, progress_mark(self.run_dir))
+        return time.monotonic() - self._listening_at >= self.settled_s and made_progress(
+            self._mark, progress_mark(self.run_dir)
+        )
 
     def _give_up(self, why: str) -> None:
         self.fatal = why

@@ -71,7 +71,9 @@ def _open(path: Path) -> io.TextIOBase:
     return open(path, newline="")
 
 
-def _rows(path: Path, header: tuple[str, ...], optional: tuple[str, ...] = (), prefixes: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, str]]]:
+def _rows(
+    path: Path, header: tuple[str, ...], optional: tuple[str, ...] = (), prefixes: tuple[str, ...] = ()
+) -> Iterator[tuple[int, dict[str, str]]]:
     """Rows as dicts with their 1-based line numbers, after checking the header (``prefixes``: optional columns
     named ``PREFIX@NAME``, e.g. ``samples_per_s@v100``; NAME must be a node type's name)."""
     with _open(path) as f:
@@ -87,7 +89,13 @@ def _rows(path: Path, header: tuple[str, ...], optional: tuple[str, ...] = (), p
         extra = [n for n in names if n not in header and n not in optional and not _prefixed(n, prefixes)]
         if missing or extra:
             also = [*optional, *(f"{p}@TYPE" for p in prefixes)]
-            raise InputError(path, 1, f"header must be {','.join(header)}" + (f" (optional: {','.join(also)})" if also else "") + f"; got {','.join(names)}")
+            raise InputError(
+                path,
+                1,
+                f"header must be {','.join(header)}"
+                + (f" (optional: {','.join(also)})" if also else "")
+                + f"; got {','.join(names)}",
+            )
         if len(set(names)) != len(names):
             raise InputError(path, 1, f"column {next(n for n in names if names.count(n) > 1)!r} named twice")
         try:
@@ -96,7 +104,9 @@ def _rows(path: Path, header: tuple[str, ...], optional: tuple[str, ...] = (), p
                 if not row:
                     continue
                 if len(row) != len(names):
-                    raise InputError(path, line, f"expected {len(names)} fields, got {len(row)}: {shown(','.join(row))}")
+                    raise InputError(
+                        path, line, f"expected {len(names)} fields, got {len(row)}: {shown(','.join(row))}"
+                    )
                 yield line, dict(zip(names, row))
         except (OSError, EOFError, csv.Error, UnicodeDecodeError) as exc:
             raise InputError(path, reader.line_num, f"unreadable: {exc}") from None
@@ -148,8 +158,15 @@ class Trace:
             idle, busy = tuple(n for n in s.to_idle if n in keep), tuple(n for n in s.to_busy if n in keep)
             if idle or busy:
                 steps.append(TraceStep(s.time, idle, busy))
-        return Trace(self.path, tuple(n for n in self.nodes if n in keep), self.start, self.end, self.initial_idle & keep, tuple(steps),
-                     {n: t for n, t in self.types.items() if n in keep})  # fmt: skip
+        return Trace(
+            self.path,
+            tuple(n for n in self.nodes if n in keep),
+            self.start,
+            self.end,
+            self.initial_idle & keep,
+            tuple(steps),
+            {n: t for n, t in self.types.items() if n in keep},
+        )
 
     def beside(self, other: Trace, prefix: str) -> Trace:
         """This machine and ``other`` as one, ``other``'s nodes named with ``prefix`` (a machine twice the size:
@@ -169,8 +186,15 @@ class Trace:
             busy += renamed(s.to_busy)
         steps = tuple(TraceStep(t, tuple(idle), tuple(busy)) for t, (idle, busy) in sorted(at.items()))
         types = {**self.types, **{prefix + n: t for n, t in other.types.items()}}
-        return Trace(f"{self.path} + {other.path}", self.nodes + renamed(other.nodes), min(self.start, other.start), max(self.end, other.end),
-                     self.initial_idle | frozenset(renamed(other.initial_idle)), steps, types)  # fmt: skip
+        return Trace(
+            f"{self.path} + {other.path}",
+            self.nodes + renamed(other.nodes),
+            min(self.start, other.start),
+            max(self.end, other.end),
+            self.initial_idle | frozenset(renamed(other.initial_idle)),
+            steps,
+            types,
+        )
 
     def type_counts(self) -> dict[str, int]:
         """Nodes of each type (the machine's shape; empty for a machine with one kind of node)."""
@@ -184,8 +208,14 @@ class Trace:
 STATES = {"idle": True, "busy": False}
 
 
-def read_trace(path: str | Path, nodes: int | None = None, start: float | None = None, end: float | None = None,
-               types: str | Path | Mapping[str, str] | None = None, nodes_per_type: int | None = None) -> Trace:  # fmt: skip
+def read_trace(
+    path: str | Path,
+    nodes: int | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    types: str | Path | Mapping[str, str] | None = None,
+    nodes_per_type: int | None = None,
+) -> Trace:
     """Read a trace; keep the first ``nodes`` nodes (file order) and the window [start, end].
 
     The state at ``start`` is every transition up to and including it; steps
@@ -238,7 +268,9 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
         typed = {**given, **named}
         untyped = [n for n in order if n not in typed]
         if untyped:
-            raise InputError(path, None, f"--nodes-per-type needs every node's type; {len(untyped)} have none (e.g. {untyped[0]!r})")
+            raise InputError(
+                path, None, f"--nodes-per-type needs every node's type; {len(untyped)} have none (e.g. {untyped[0]!r})"
+            )
         seen: dict[str, int] = {}
         out = []
         for n in order:
@@ -255,7 +287,9 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
             try:
                 t = times[stamp] = parse_time(stamp)
             except ValueError:
-                raise InputError(path, line, f"bad time {shown(stamp)} (want ISO-8601, e.g. 2021-02-10T20:21:15Z)") from None
+                raise InputError(
+                    path, line, f"bad time {shown(stamp)} (want ISO-8601, e.g. 2021-02-10T20:21:15Z)"
+                ) from None
         if t < last_time:
             raise InputError(path, line, f"time goes backwards: {stamp} after {format_time(last_time)}")
         if trace_end is not None:
@@ -290,7 +324,9 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
         if kind and named.get(name, kind) != kind:
             raise InputError(path, line, f"node {name!r} is of type {named[name]!r} (its first row), not {kind!r}")
         if name not in state:
-            raise InputError(path, line, f"node {shown(name)} is not in the initial state (the first rows must list every node)")
+            raise InputError(
+                path, line, f"node {shown(name)} is not in the initial state (the first rows must list every node)"
+            )
         last_time = t
         if name not in keep:
             continue
@@ -309,7 +345,9 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
     begin = first_time if start is None else start
     stop = end if end is not None else (trace_end if trace_end is not None else last_time)
     if stop <= begin:
-        raise InputError(path, None, f"window is empty: end {format_time(stop)} is not after start {format_time(begin)}")
+        raise InputError(
+            path, None, f"window is empty: end {format_time(stop)} is not after start {format_time(begin)}"
+        )
     steps_in = tuple(s for s in steps if s.time <= stop)
     # state[] is now the final state; undo every recorded step to get the state at `begin`.
     now = dict(state)
@@ -329,7 +367,9 @@ def read_trace(path: str | Path, nodes: int | None = None, start: float | None =
     )
 
 
-def _trace_types(path: Path, kept: tuple[str, ...], named: dict[str, str], given: dict[str, str], source) -> dict[str, str]:
+def _trace_types(
+    path: Path, kept: tuple[str, ...], named: dict[str, str], given: dict[str, str], source
+) -> dict[str, str]:
     """The kept nodes' types: from the trace's column and the map, which must agree and cover every kept node."""
     if not named and not given:
         return {}
@@ -341,7 +381,9 @@ def _trace_types(path: Path, kept: tuple[str, ...], named: dict[str, str], given
             raise InputError(where, None, f"node {n!r} is of type {b!r} here but {a!r} in the trace {path}")
         kind = a or b
         if kind is None:
-            raise InputError(where, None, f"node {n!r} of the trace {path} has no type (a typed machine names every node's type)")
+            raise InputError(
+                where, None, f"node {n!r} of the trace {path} has no type (a typed machine names every node's type)"
+            )
         out[n] = kind
     return out
 
@@ -361,7 +403,9 @@ def read_node_types(path: str | Path) -> dict[str, str]:
         if not name:
             raise InputError(path, line, "empty node name")
         if not NODE_TYPE.fullmatch(kind):
-            raise InputError(path, line, f"bad node type {shown(kind)} (letters, digits, '.', '_', '+', '-'; at most 63)")
+            raise InputError(
+                path, line, f"bad node type {shown(kind)} (letters, digits, '.', '_', '+', '-'; at most 63)"
+            )
         if name in out:
             raise InputError(path, line, f"node {name!r} listed twice")
         out[name] = kind
@@ -389,7 +433,8 @@ class JobSpec:
     objective: ScalingCurve | None = None
     weight: float = 1.0
     line: int = 0
-    curves: Mapping[str, ScalingCurve] = field(default_factory=dict)  # per node type (``samples_per_s@TYPE``); empty: untyped
+    # per node type (``samples_per_s@TYPE``); empty: untyped
+    curves: Mapping[str, ScalingCurve] = field(default_factory=dict)
     descriptor: Descriptor | None = None  # the model's descriptor (:mod:`pilotfill.allocator.similarity`), when known
     group: str = ""  # who it shares the machine as (optional ``group`` column): the share objective's unit
 
@@ -401,7 +446,18 @@ class JobSpec:
         return self.curves.get(node_type)
 
 
-JOB_COLUMNS = ("name", "model", "submit_time", "min_nodes", "max_nodes", "total_samples", "scale_up_cost_s", "scale_down_cost_s", "nodes", "samples_per_s")
+JOB_COLUMNS = (
+    "name",
+    "model",
+    "submit_time",
+    "min_nodes",
+    "max_nodes",
+    "total_samples",
+    "scale_up_cost_s",
+    "scale_down_cost_s",
+    "nodes",
+    "samples_per_s",
+)
 
 
 def read_jobs(path: str | Path) -> list[JobSpec]:
@@ -409,7 +465,9 @@ def read_jobs(path: str | Path) -> list[JobSpec]:
     path = Path(path)
     jobs: list[JobSpec] = []
     names: set[str] = set()
-    for line, row in _rows(path, JOB_COLUMNS, optional=("objective", "weight", "group"), prefixes=("samples_per_s", "nodes")):
+    for line, row in _rows(
+        path, JOB_COLUMNS, optional=("objective", "weight", "group"), prefixes=("samples_per_s", "nodes")
+    ):
         jobs.append(_job(path, line, row))
         if jobs[-1].name in names:
             raise InputError(path, line, f"job name {jobs[-1].name!r} used twice")
@@ -425,7 +483,9 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
         try:
             value = kind(text)
         except ValueError:
-            raise InputError(path, line, f"{col} must be {'an integer' if kind is int else 'a number'}, got {shown(text)}") from None
+            raise InputError(
+                path, line, f"{col} must be {'an integer' if kind is int else 'a number'}, got {shown(text)}"
+            ) from None
         if isinstance(value, float) and not math.isfinite(value):
             raise InputError(path, line, f"{col} must be finite, got {text!r}")
         return value
@@ -487,11 +547,28 @@ def _job(path: Path, line: int, row: dict[str, str]) -> JobSpec:
             try:
                 grid = [int(n) for n in row[f"nodes@{kind}"].split(";")]
             except ValueError:
-                raise InputError(path, line, f"nodes@{kind} must be ';'-separated integers, got {shown(row[f'nodes@{kind}'])}") from None
+                raise InputError(
+                    path, line, f"nodes@{kind} must be ';'-separated integers, got {shown(row[f'nodes@{kind}'])}"
+                ) from None
         curves[kind] = curve(col, grid)
     if any(col.startswith("samples_per_s@") for col in row) and not curves:
         raise InputError(path, line, "no samples_per_s@TYPE curve: the job runs on no node type")
-    return JobSpec(name, row["model"].strip(), submit, lo, hi, total, up, down, thr, obj, weight, line, curves, group=row.get("group", "").strip())
+    return JobSpec(
+        name,
+        row["model"].strip(),
+        submit,
+        lo,
+        hi,
+        total,
+        up,
+        down,
+        thr,
+        obj,
+        weight,
+        line,
+        curves,
+        group=row.get("group", "").strip(),
+    )
 
 
 # ---------------------------------------------------------------- model descriptors
@@ -539,4 +616,7 @@ def descriptor_of(model: str, table: Mapping[str, Descriptor]) -> Descriptor | N
 
 def with_models(jobs: list[JobSpec], table: Mapping[str, Descriptor]) -> list[JobSpec]:
     """The jobs, each with its model's descriptor where ``table`` has it (what the decorator would declare)."""
-    return [replace(j, descriptor=descriptor_of(j.model, table)) if descriptor_of(j.model, table) is not None else j for j in jobs]
+    return [
+        replace(j, descriptor=descriptor_of(j.model, table)) if descriptor_of(j.model, table) is not None else j
+        for j in jobs
+    ]

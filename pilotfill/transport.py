@@ -66,7 +66,9 @@ HANDSHAKE_S = 10.0
 """A connection that has not completed its CurveZMQ handshake by then is closed (a peer that connects and idles)."""
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"pilotfill"
-HANDSHAKE_FAILURES = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+HANDSHAKE_FAILURES = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 CONTROLLER = "controller"
 """The controller's channel: messages signed with its incarnation's key (:func:`pilotfill.security.session_key`)."""
 
@@ -85,7 +87,8 @@ def secure(sock: zmq.Socket, secret: bytes, server: bool) -> zmq.Socket:
 
 
 def dealer(secret: bytes, endpoint: str, ctx: zmq.Context | None = None) -> zmq.Socket:
-    """A DEALER connected to ``endpoint`` as a client of the run (what :class:`Client` uses; tests send raw frames with it)."""
+    """A DEALER connected to ``endpoint`` as a client of the run (what :class:`Client` uses; tests send raw frames with
+    it)."""
     sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     secure(sock, secret, server=False)
@@ -124,8 +127,16 @@ class Park:
 class Server:
     """The controller's end: receive, authenticate, parse, dispatch, reply."""
 
-    def __init__(self, run_dir: Path, key: bytes, host: str = "127.0.0.1", not_before: float | None = None, incarnation: int | None = None,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, channel: str = CONTROLLER):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        key: bytes,
+        host: str = "127.0.0.1",
+        not_before: float | None = None,
+        incarnation: int | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        channel: str = CONTROLLER,
+    ):
         self.run_dir = Path(run_dir)
         self.incarnation = incarnation
         self._key = message_key(key, channel, incarnation)
@@ -155,7 +166,8 @@ class Server:
             self._poller.register(sock, zmq.POLLIN)
         self._answered: OrderedDict[str, bytes] = OrderedDict()
         self._answered_bytes = 0
-        self._parked: dict[str, tuple[bytes, bytes, Any, float, Park]] = {}  # key -> identity, nonce, rid, deadline, park
+        # key -> identity, nonce, rid, deadline, park
+        self._parked: dict[str, tuple[bytes, bytes, Any, float, Park]] = {}
         self._grouping = False  # inside serve(): requests of one group are being handled
         self._woken: set[str] = set()  # keys woken during the group before their request was parked
         self._deadlines: list[tuple[float, int, str]] = []  # (deadline, serial, key), a heap: expiry is O(log n)
@@ -167,7 +179,9 @@ class Server:
         """Tell clients where to connect (atomically: write, then rename)."""
         path = self.run_dir / ENDPOINT_FILE
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"endpoint": self.endpoint, "pid": os.getpid(), "incarnation": self.incarnation, **extra}))
+        tmp.write_text(
+            json.dumps({"endpoint": self.endpoint, "pid": os.getpid(), "incarnation": self.incarnation, **extra})
+        )
         tmp.chmod(0o600)
         tmp.replace(path)
 
@@ -245,7 +259,9 @@ class Server:
             ok = mechanism == b"CURVE" and len(credentials) == 1 and credentials[0] == self._client_key
             if not ok:
                 self._refused("a client key that is not the run's")
-            self._zap.send_multipart([version, request_id, b"200" if ok else b"400", b"OK" if ok else b"not a client of this run", b"", b""])
+            self._zap.send_multipart(
+                [version, request_id, b"200" if ok else b"400", b"OK" if ok else b"not a client of this run", b"", b""]
+            )
 
     def _count_refusals(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -288,7 +304,9 @@ class Server:
             self._remember(rid, body)
         self.socket.send_multipart([identity, *seal(self._key, body, nonce=nonce)])
 
-    def _dispatch(self, handler: Callable[[dict[str, Any]], Any], payload: bytes) -> tuple[dict[str, Any], bytes | Park]:
+    def _dispatch(
+        self, handler: Callable[[dict[str, Any]], Any], payload: bytes
+    ) -> tuple[dict[str, Any], bytes | Park]:
         """The request and the reply (JSON bytes, or a :class:`Park`) to one authentic payload."""
         try:
             request = json.loads(payload)
@@ -298,14 +316,16 @@ class Server:
                 raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         except (ValueError, RecursionError) as exc:
             return {}, json.dumps({"ok": False, "error": f"unparseable request: {str(exc)[:200]}"}).encode()
-        rid = request.get("rid")  # left in: a handler may journal it (job.submit does, so a retry is never applied twice)
+        # left in: a handler may journal it (job.submit does, so a retry is never applied twice)
+        rid = request.get("rid")
         if isinstance(rid, str) and rid in self._answered:
             return {"rid": rid}, self._answered[rid]  # a client's retry of a request already applied
         answer = handler(request)
         if isinstance(answer, Park):
             return {"rid": rid}, answer
         reply = json.dumps(answer).encode()
-        if isinstance(rid, str) and len(reply) <= REMEMBERED_REPLY_BYTES:  # big replies are reads: answering twice is harmless
+        if isinstance(rid, str) and len(reply) <= REMEMBERED_REPLY_BYTES:
+            # big replies are reads: answering twice is harmless
             self._remember(rid, reply)
         return {"rid": rid}, reply
 
@@ -351,8 +371,14 @@ def _depth(value: Any) -> int:
 class Client:
     """A client of the controller of ``run_dir``; thread-unsafe, cheap to create."""
 
-    def __init__(self, run_dir: Path | str, timeout_s: float = 10.0, key: bytes | None = None, endpoint: str | None = None,
-                 channel: str = CONTROLLER):  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path | str,
+        timeout_s: float = 10.0,
+        key: bytes | None = None,
+        endpoint: str | None = None,
+        channel: str = CONTROLLER,
+    ):
         """``endpoint``: a fixed address (the torch store's), instead of the controller's from ``controller.json``;
         ``channel``: whose key signs the messages."""
         self.run_dir = Path(run_dir)
@@ -411,7 +437,9 @@ class Client:
                     return reply
                 self.close()  # a lost request or a dead controller: start afresh
             if time.monotonic() >= deadline:
-                raise ControllerUnavailable(f"no reply from the controller of {self.run_dir} to {message.get('type')!r}")
+                raise ControllerUnavailable(
+                    f"no reply from the controller of {self.run_dir} to {message.get('type')!r}"
+                )
             time.sleep(0.1)
 
     def _await(self, sock: zmq.Socket, nonce: bytes, wait_s: float) -> dict[str, Any] | None:

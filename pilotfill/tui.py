@@ -29,7 +29,20 @@ from rich.text import Text
 
 from .lifecycle import LIVE_PILOT_STATES, JobStatus, NodeState, PilotState
 
-PALETTE = ["green", "cyan", "magenta", "yellow", "blue", "bright_red", "bright_green", "bright_cyan", "bright_magenta", "orange3", "purple", "turquoise2"]
+PALETTE = [
+    "green",
+    "cyan",
+    "magenta",
+    "yellow",
+    "blue",
+    "bright_red",
+    "bright_green",
+    "bright_cyan",
+    "bright_magenta",
+    "orange3",
+    "purple",
+    "turquoise2",
+]
 HELD, LEAVING, FREE = "held", "leaving", "free"
 
 
@@ -83,7 +96,8 @@ class View:
     harvested_node_hours: float = 0.0
     training_node_hours: float = 0.0
     source: str = ""
-    notices: list[tuple[str, str]] = field(default_factory=list)  # (line, level): why the campaign waits (controller/notices.py)
+    # (line, level): why the campaign waits (controller/notices.py)
+    notices: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def efficiency(self) -> float | None:
@@ -93,7 +107,13 @@ class View:
 # ---------------------------------------------------------------- building views
 
 
-def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elapsed_s: float = 0.0, title: str = "pilotfill", now: float | None = None) -> View:
+def view_from_snapshot(
+    snap: dict[str, Any],
+    previous: View | None = None,
+    elapsed_s: float = 0.0,
+    title: str = "pilotfill",
+    now: float | None = None,
+) -> View:
     """A view of a controller snapshot (``state.snapshot`` reply, or the same read from SQLite)."""
     now = time.time() if now is None else now
     prev_progress = {j.id: j.progress for j in previous.jobs} if previous else {}
@@ -106,14 +126,37 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
             rate = max(0.0, (j["progress"] - prev_progress[j["id"]]) / elapsed_s)
         if j["status"] != JobStatus.RUNNING:
             rate = 0.0
-        jobs.append(JobView(j["id"], j["name"], j["status"], len(j["nodes"]), spec["min_nodes"], spec["max_nodes"], rate, j["progress"], spec.get("total_samples"), j["rescales"],
-                            j.get("committed", j["progress"])))  # fmt: skip
-    nodes = [NodeView(n["name"], n["job"], LEAVING if n["state"] == NodeState.LEAVING else HELD, n.get("node_type")) for n in snap["nodes"] if n["state"] != NodeState.GONE]
+        jobs.append(
+            JobView(
+                j["id"],
+                j["name"],
+                j["status"],
+                len(j["nodes"]),
+                spec["min_nodes"],
+                spec["max_nodes"],
+                rate,
+                j["progress"],
+                spec.get("total_samples"),
+                j["rescales"],
+                j.get("committed", j["progress"]),
+            )
+        )
+    nodes = [
+        NodeView(n["name"], n["job"], LEAVING if n["state"] == NodeState.LEAVING else HELD, n.get("node_type"))
+        for n in snap["nodes"]
+        if n["state"] != NodeState.GONE
+    ]
     placed = placement(snap)
     for j in jobs:
         j.node_type, j.why = placed.get(j.id, (None, ""))
     pilots = [
-        PilotView(p["id"], p["scheduler_id"] or "", p["state"], len(p["nodes"]), (p["walltime_end"] - now) if p.get("walltime_end") else None)
+        PilotView(
+            p["id"],
+            p["scheduler_id"] or "",
+            p["state"],
+            len(p["nodes"]),
+            (p["walltime_end"] - now) if p.get("walltime_end") else None,
+        )
         for p in snap["pilots"]
         if p["state"] in LIVE_PILOT_STATES
     ]
@@ -122,7 +165,16 @@ def view_from_snapshot(snap: dict[str, Any], previous: View | None = None, elaps
     else:
         harvested, training = node_hours(snap["events"])
     names = {j["id"]: j["name"] for j in snap["jobs"]}
-    return View(title, nodes, jobs, pilots, [describe(e, names) for e in snap["events"][-50:]], harvested, training, notices=notice_lines(snap, now))
+    return View(
+        title,
+        nodes,
+        jobs,
+        pilots,
+        [describe(e, names) for e in snap["events"][-50:]],
+        harvested,
+        training,
+        notices=notice_lines(snap, now),
+    )
 
 
 def notice_lines(snap: dict[str, Any], now: float | None = None) -> list[tuple[str, str]]:
@@ -142,7 +194,11 @@ def placement(snap: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
     its start was journaled with."""
     live = snap.get("placement") or {}
     types = {n["name"]: n.get("node_type") for n in snap["nodes"]}
-    started = {e["job"]: e["data"].get("why", "") for e in snap.get("events", []) if e["kind"] == "job.started" and e["data"].get("node_type")}
+    started = {
+        e["job"]: e["data"].get("why", "")
+        for e in snap.get("events", [])
+        if e["kind"] == "job.started" and e["data"].get("node_type")
+    }
     out = {}
     for j in snap["jobs"]:
         if j["status"] != JobStatus.RUNNING:
@@ -182,13 +238,21 @@ def describe(e: dict[str, Any], names: dict[str, str] | None = None) -> str:
     job = names.get(e.get("job") or "", e.get("job") or "")
     if kind == "allocation":
         moved = ", ".join(f"{names.get(j, j)}→{n}" for j, n in d.get("moved", {}).items())
-        return f"{when} allocation {d.get('method', '')} {d.get('solve_ms', 0):.1f} ms" + (f": {moved}" if moved else "")
+        return f"{when} allocation {d.get('method', '')} {d.get('solve_ms', 0):.1f} ms" + (
+            f": {moved}" if moved else ""
+        )
     if kind == "job.resized":
-        return f"{when} {job} {d.get('before')}→{d.get('after')} nodes" + (f" ({d['cause']})" if d.get("cause") else "")
+        return f"{when} {job} {d.get('before')}→{d.get('after')} nodes" + (
+            f" ({d['cause']})" if d.get("cause") else ""
+        )
     if kind == "job.started" and d.get("node_type"):
         n = len(d.get("nodes", []))
-        return f"{when} {job} started on {n} {d['node_type']} node{'s' if n != 1 else ''}" + (f": {d['why']}" if d.get("why") else "")
-    detail = node or ", ".join(f"{k}={v}" for k, v in d.items() if k in ("nodes", "why", "error", "scheduler_id", "cause"))
+        return f"{when} {job} started on {n} {d['node_type']} node{'s' if n != 1 else ''}" + (
+            f": {d['why']}" if d.get("why") else ""
+        )
+    detail = node or ", ".join(
+        f"{k}={v}" for k, v in d.items() if k in ("nodes", "why", "error", "scheduler_id", "cause")
+    )
     return f"{when} {kind} {job} {detail}".replace("  ", " ").strip()
 
 
@@ -219,8 +283,10 @@ def unreadable(path: Path) -> str | None:
     except KeyError:
         owner = str(st.st_uid)
     me = pwd.getpwuid(os.getuid()).pw_name if os.getuid() != st.st_uid else owner
-    return (f"{path}: not readable by {me} (it is {owner}'s, mode {st.st_mode & 0o777:04o}): a run is private to the user who started it; "
-            f"run pilotfill top as {owner}")  # fmt: skip
+    return (
+        f"{path}: not readable by {me} (it is {owner}'s, mode {st.st_mode & 0o777:04o}): a run is private to the user "
+        f"who started it; run pilotfill top as {owner}"
+    )
 
 
 def read_snapshot(run_dir: Path) -> tuple[dict[str, Any], str]:
@@ -269,13 +335,19 @@ def render(view: View, width: int = 80, height: int = 24) -> RenderableType:
     colours = job_colours(view)
     layout = Layout()
     events_rows = max(3, height // 4)
-    layout.split_column(Layout(_header(view), name="header", size=1), Layout(name="body"), Layout(_events(view, events_rows - 2), name="events", size=events_rows))
+    layout.split_column(
+        Layout(_header(view), name="header", size=1),
+        Layout(name="body"),
+        Layout(_events(view, events_rows - 2), name="events", size=events_rows),
+    )
     left, right = Layout(name="left", ratio=2), Layout(name="right", ratio=1)
     if width >= 100:
         layout["body"].split_row(left, right)
         grid_width = max(10, width // 3 - 4)
     else:
-        layout["body"].split_column(Layout(name="left"), Layout(name="right", size=max(4, (height - events_rows - 1) // 3)))
+        layout["body"].split_column(
+            Layout(name="left"), Layout(name="right", size=max(4, (height - events_rows - 1) // 3))
+        )
         left, right = layout["body"]["left"], layout["body"]["right"]
         grid_width = width - 4
     body_rows = height - events_rows - 1
@@ -316,7 +388,9 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> RenderableType:
         table.add_column("on", no_wrap=True)
     table.add_column("resc", justify="right", no_wrap=True)
     table.add_column("state", no_wrap=True)
-    active = [j for j in view.jobs if j.status in (JobStatus.RUNNING, JobStatus.PENDING)] + [j for j in view.jobs if j.status not in (JobStatus.RUNNING, JobStatus.PENDING)]
+    active = [j for j in view.jobs if j.status in (JobStatus.RUNNING, JobStatus.PENDING)] + [
+        j for j in view.jobs if j.status not in (JobStatus.RUNNING, JobStatus.PENDING)
+    ]
     longest = max((len(j.name) for j in active[:12]), default=4)
     room = width - min(name_width, longest) - 44  # what the other columns (about 32) and the padding (12) leave it
     if typed:
@@ -329,7 +403,12 @@ def _jobs(view: View, colours: dict[str, str], width: int) -> RenderableType:
             _progress(j, room),
             *([Text(j.node_type or "", style="bold")] if typed else []),
             str(j.rescales),
-            Text(j.status, style={JobStatus.RUNNING: "green", JobStatus.FAILED: "red", JobStatus.FINISHED: "dim"}.get(j.status, "yellow")),
+            Text(
+                j.status,
+                style={JobStatus.RUNNING: "green", JobStatus.FAILED: "red", JobStatus.FINISHED: "dim"}.get(
+                    j.status, "yellow"
+                ),
+            ),
         ]
         table.add_row(*cells)
     if len(view.jobs) > 12:
@@ -385,12 +464,25 @@ def _pilots(view: View, width: int) -> Table:
     table.add_column("nodes", justify="right")
     table.add_column("walltime left", justify="right")
     for p in view.pilots[:6]:
-        left = "—" if p.walltime_left_s is None else f"{int(p.walltime_left_s // 3600)}:{int(p.walltime_left_s % 3600 // 60):02d}:{int(p.walltime_left_s % 60):02d}"
-        table.add_row(p.scheduler_id or p.id, Text(p.state, style="red" if p.state == PilotState.LEAVING else ""), str(p.nodes), left)
+        left = (
+            "—"
+            if p.walltime_left_s is None
+            else f"{int(p.walltime_left_s // 3600)}:{int(p.walltime_left_s % 3600 // 60):02d}:"
+            f"{int(p.walltime_left_s % 60):02d}"
+        )
+        table.add_row(
+            p.scheduler_id or p.id,
+            Text(p.state, style="red" if p.state == PilotState.LEAVING else ""),
+            str(p.nodes),
+            left,
+        )
     if len(view.pilots) > 6:
         table.add_row(f"… {len(view.pilots) - 6} more", "", "", "")
     if view.notices:
-        table.caption = Text("\n".join(line for line, _ in view.notices), style="bold red" if view.notices[0][1] == "failing" else "yellow")
+        table.caption = Text(
+            "\n".join(line for line, _ in view.notices),
+            style="bold red" if view.notices[0][1] == "failing" else "yellow",
+        )
         table.caption_justify = "left"
     return table
 
@@ -460,7 +552,9 @@ def _legend(view: View, colours: dict[str, str], width: int) -> Text:
 
 def _events(view: View, rows: int) -> Panel:
     lines = view.events[-max(1, rows):]
-    return Panel(Text("\n".join(lines) or "no events yet", no_wrap=True, overflow="ellipsis"), title="events", border_style="dim")
+    return Panel(
+        Text("\n".join(lines) or "no events yet", no_wrap=True, overflow="ellipsis"), title="events", border_style="dim"
+    )
 
 
 # ---------------------------------------------------------------- the loops
@@ -489,13 +583,28 @@ def keys() -> Iterator[Callable[[float], str | None]]:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-def live(make_view: Callable[[], View], refresh_s: float = 0.25, console: Console | None = None, until: Callable[[], bool] = lambda: False) -> None:
+def live(
+    make_view: Callable[[], View],
+    refresh_s: float = 0.25,
+    console: Console | None = None,
+    until: Callable[[], bool] = lambda: False,
+) -> None:
     """Show ``make_view()`` until ``q``, Ctrl-C or ``until()``."""
     from rich.live import Live
 
     console = console or Console()
     try:
-        with keys() as read, Live(console=console, screen=True, auto_refresh=False, transient=True, redirect_stdout=False, redirect_stderr=False) as screen:
+        with (
+            keys() as read,
+            Live(
+                console=console,
+                screen=True,
+                auto_refresh=False,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as screen,
+        ):
             while not until():
                 size = console.size
                 screen.update(render(make_view(), size.width, size.height), refresh=True)
@@ -561,7 +670,13 @@ def run_with_view(work: Callable[[], Any], run_dir: Path, refresh_s: float = 0.2
     return result["value"]
 
 
-def top_until(run_dir: Path, until: Callable[[], bool], refresh_s: float = 0.25, title: str = "pilotfill run", console: Console | None = None) -> None:
+def top_until(
+    run_dir: Path,
+    until: Callable[[], bool],
+    refresh_s: float = 0.25,
+    title: str = "pilotfill run",
+    console: Console | None = None,
+) -> None:
     """Show the run in ``run_dir`` until ``until()``, ``q`` or Ctrl-C."""
     previous: View | None = None
     last = time.monotonic()
