@@ -87,8 +87,8 @@ def secure(sock: zmq.Socket, secret: bytes, server: bool) -> zmq.Socket:
 
 
 def dealer(secret: bytes, endpoint: str, ctx: zmq.Context | None = None) -> zmq.Socket:
-    """A DEALER connected to ``endpoint`` as a client of the run (what :class:`Client` uses; tests send raw frames with
-    it)."""
+    """A DEALER connected to ``endpoint`` as a client of the run (what :class:`Client` uses;
+    tests send raw frames with it)."""
     sock = (ctx or zmq.Context.instance()).socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     secure(sock, secret, server=False)

@@ -38,8 +38,8 @@ RULES = ("linear", "sqrt", "adascale")
 
 @dataclass(frozen=True)
 class Adaptive:
-    """A global batch of ``base_batch`` samples per rank, at most ``max_batch``, the learning rate scaled by
-    ``rule``."""
+    """A global batch of ``base_batch`` samples per rank, at most ``max_batch``,
+    the learning rate scaled by ``rule``."""
 
     base_batch: int
     max_batch: int | None = None

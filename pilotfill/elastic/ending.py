@@ -28,8 +28,8 @@ class AppExited(RuntimeError):
 
 
 def exited(exc: BaseException) -> AppExited:
-    """An :class:`AppExited` saying what ``exc`` (a ``SystemExit``, ``KeyboardInterrupt``, … raised by the app)
-    was."""
+    """An :class:`AppExited` saying what ``exc``
+    (a ``SystemExit``, ``KeyboardInterrupt``, … raised by the app) was."""
     if isinstance(exc, SystemExit):
         what = f"the app called sys.exit({exc.code!r})" if exc.code is not None else "the app called sys.exit()"
     else:

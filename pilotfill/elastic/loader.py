@@ -66,8 +66,8 @@ _RESERVED = {"batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"}
 
 
 def shares(size: int, world: int) -> list[tuple[int, int]]:
-    """Each rank's ``[start, end)`` of a global batch of ``size``: contiguous, by rank, sizes differing by at most
-    one."""
+    """Each rank's ``[start, end)`` of a global batch of ``size``: contiguous, by rank,
+    sizes differing by at most one."""
     base, extra = divmod(size, world)
     out, start = [], 0
     for rank in range(world):
@@ -123,8 +123,8 @@ class Micro:
 
 @dataclass(slots=True)
 class Batch:
-    """This rank's share of one global batch: ``size`` samples at ``start`` of epoch ``epoch``'s order, ``world``
-    ranks."""
+    """This rank's share of one global batch: ``size`` samples at ``start`` of epoch ``epoch``'s order,
+    ``world`` ranks."""
 
     epoch: int
     start: int
@@ -278,8 +278,8 @@ class _Step:
 
 
 class _ShareSampler(Sampler[list[int]]):
-    """The batch sampler under the ``DataLoader``: the index lists of this rank's micro-batches for the steps
-    planned."""
+    """The batch sampler under the ``DataLoader``:
+    the index lists of this rank's micro-batches for the steps planned."""
 
     def __init__(self, empty_fetch: bool) -> None:
         self.order = np.zeros(0, dtype=np.int64)

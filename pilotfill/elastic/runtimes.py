@@ -55,8 +55,8 @@ class JobRuntimes(Runtime):
         runtime.start(job_id, spec, hosts)
 
     def adopt(self, job_id: str, spec: dict[str, Any], hosts: list[str]) -> bool:
-        """A predecessor's job, on the runtime its spec names (made now if need be: the torch store is adopted with
-        it)."""
+        """A predecessor's job, on the runtime its spec names (made now if need be:
+        the torch store is adopted with it)."""
         kind = self.kind_of(spec)
         try:
             runtime = self.of_kind(kind)

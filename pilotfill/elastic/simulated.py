@@ -258,8 +258,8 @@ class SimulatedRuntime(Runtime):
             job.charged += samples
 
     def _commit(self, job: SimJob, dt: float) -> bool:
-        """Commit every ``commit_interval_s`` of training (realistic); BFTrainer's stops lose nothing, as if every step
-        committed."""
+        """Commit every ``commit_interval_s`` of training (realistic); BFTrainer's stops lose nothing,
+        as if every step committed."""
         job.since_commit_s += dt
         if self.accounting == "bftrainer" or job.since_commit_s >= self.commit_interval_s:
             job.committed, job.since_commit_s = job.done, 0.0

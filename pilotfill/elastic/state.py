@@ -54,8 +54,8 @@ from .torch import inplace
 
 
 def stateful(value: Any) -> bool:
-    """Whether a named value is restored in place from its ``state_dict`` (a loader, a scheduler) rather than
-    replaced."""
+    """Whether a named value is restored in place from its ``state_dict``
+    (a loader, a scheduler) rather than replaced."""
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 

@@ -28,8 +28,8 @@ from parsl.app.app import AppBase
 from parsl.dataflow.memoization import id_for_memo
 
 MAX_CODE_OBJECTS = 5_000
-"""A digest walks at most this many functions and classes (a campaign is far smaller; a cycle or a huge module is
-cut)."""
+"""A digest walks at most this many functions and classes (a campaign is far smaller;
+a cycle or a huge module is cut)."""
 
 _LIBRARY_ROOTS = tuple(
     str(Path(p).resolve())

@@ -215,8 +215,8 @@ class Agent:
             log.info("torch warm on this node after %.1f s", time.monotonic() - started)
 
     def _stop_warm(self) -> None:
-        """The zygote goes once the jobs it forked have ended (they die with it: stopped first, it would cut their
-        grace)."""
+        """The zygote goes once the jobs it forked have ended (they die with it: stopped first,
+        it would cut their grace)."""
         if self.zygote is not None:
             self.launcher.warm = None
             self.zygote.close()
@@ -408,8 +408,8 @@ class Agent:
             return None
 
     def _reap_sweeps(self, wait: bool = False) -> None:
-        """SIGKILL what a sweep left at its deadline; with ``wait``, block until every sweep is over (the agent
-        goes)."""
+        """SIGKILL what a sweep left at its deadline; with ``wait``, block until every sweep is over
+        (the agent goes)."""
         while True:
             with self._lock:
                 self._sweeps = [sweep for sweep in self._sweeps if not sweep.step(time.time())]

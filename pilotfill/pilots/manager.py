@@ -386,8 +386,8 @@ class PilotManager:
             self.notices.say("pilots", f"{what}: {reason or error or '?'}", now, retry_at=retry_at)
 
     def _submit(self, nodes: int, now: float, node_type: str | None = None) -> None:
-        """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time, within the site's
-        limits."""
+        """Submit pilots for ``nodes`` nodes (of ``node_type``), ``nodes_per_pilot`` at a time,
+        within the site's limits."""
         if now < self._not_before:
             return
         cfg = self.config

@@ -124,8 +124,8 @@ class BatchScheduler(ABC):
     config_class: ClassVar[type] = object
     """Its section of a site config (``[pbs]``: the registry's name), a frozen dataclass of defaults."""
     bounds: ClassVar[dict[str, tuple[float, float, str]]] = {}
-    """``section.key`` -> (lowest, highest, what goes wrong outside): values that validate as numbers and cannot
-    work."""
+    """``section.key`` -> (lowest, highest, what goes wrong outside):
+    values that validate as numbers and cannot work."""
 
     @classmethod
     def parse_section(cls, raw: Any, name: str, where: Callable[[str], str], lead_s: float) -> Any:

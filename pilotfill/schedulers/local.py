@@ -475,8 +475,8 @@ class LocalScheduler(BatchScheduler):
         self._saved = text
 
     def _load(self) -> dict | None:
-        """``local_cluster.json`` if a cluster of this same ``pilotfill run`` wrote it (a new campaign starts a new
-        machine)."""
+        """``local_cluster.json`` if a cluster of this same ``pilotfill run`` wrote it
+        (a new campaign starts a new machine)."""
         if not self.outlives:
             return None
         try:

@@ -296,8 +296,8 @@ def vnode_hosts(status: JobStatus, vnodes: dict[str, Vnode]) -> dict[str, str]:
 
 
 def whole_hosts(wanted: Sequence[str], held: Sequence[str], hosts: dict[str, str]) -> list[str]:
-    """The vnodes of ``wanted`` whose host has no other vnode in ``held``: PBS can use a released vnode only with its
-    whole host."""
+    """The vnodes of ``wanted`` whose host has no other vnode in ``held``:
+    PBS can use a released vnode only with its whole host."""
     wanted_set = set(wanted)
     by_host: dict[str | None, list[str]] = {}
     for n in held:
@@ -337,8 +337,8 @@ class PbsNodes(RemoteNodes):
         return jid
 
     def nodes_of_this_job(self, timeout_s: float = 30.0) -> list[str]:
-        """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode`` (no -x: history may be
-        off)."""
+        """The vnodes this job holds, from ``qstat -f -F json $PBS_JOBID``'s ``exec_vnode``
+        (no -x: history may be off)."""
         jid = self.id_of_this_job()
         argv = ["qstat", "-f", "-F", "json", jid]
         result = run(argv, timeout_s=timeout_s, final_codes=(UNKNOWN_JOB,))
@@ -469,8 +469,8 @@ class PbsScheduler(BatchScheduler):
     # ------------------------------------------------------------ BatchScheduler
 
     def idle_nodes(self) -> int:
-        """Free usable vnodes, less those promised to the main workload and our waiting pilots' (cached for
-        ``poll_s``)."""
+        """Free usable vnodes, less those promised to the main workload and our waiting pilots'
+        (cached for ``poll_s``)."""
         if self.node_types:
             return sum((self.idle_by_type() or {}).values())
         return self._idle(self._pbsnodes(max_age=self.config.poll_s))
@@ -623,8 +623,8 @@ class PbsScheduler(BatchScheduler):
         return {pilot_id for pilot_id, pilot in self._pilots.items() if not pilot.ended}
 
     def primary_host(self, pilot_id: str) -> str | None:
-        """The host of a running pilot that PBS never releases (the first of ``exec_host``), as this adapter knows
-        it."""
+        """The host of a running pilot that PBS never releases (the first of ``exec_host``),
+        as this adapter knows it."""
         pilot = self._pilots.get(pilot_id)
         return pilot.primary if pilot is not None else None
 

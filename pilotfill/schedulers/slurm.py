@@ -188,8 +188,8 @@ def features_match(constraint: str, features: set[str]) -> bool:
 
 
 def gres_match(gres: str, node_gres: str) -> bool:
-    """Whether a node's ``%G`` (``gpu:a100:4(S:0-1),…``) offers the ``--gres`` asked for (``gpu:a100`` or
-    ``gpu:a100:4``)."""
+    """Whether a node's ``%G`` (``gpu:a100:4(S:0-1),…``) offers the ``--gres`` asked for
+    (``gpu:a100`` or ``gpu:a100:4``)."""
     want = gres.split(":")
     for item in node_gres.split(","):
         have = re.sub(r"\(.*?\)", "", item).split(":")
@@ -303,8 +303,8 @@ class SlurmScheduler(BatchScheduler):
         return out
 
     def capacity(self) -> int | None:
-        """Nodes in the partition, whatever their state: the most a pilot could ever hold (of one type, on a machine
-        with several)."""
+        """Nodes in the partition, whatever their state: the most a pilot could ever hold
+        (of one type, on a machine with several)."""
         if self.node_types:
             return max(self._typed_nodes(idle=False, max_age=0.0).values(), default=0)
         out = self._run(["sinfo", "-N", "-h", "-p", self.config.partition, "-o", "%N"]).stdout
@@ -587,6 +587,6 @@ def _seconds(time_left: str) -> float | None:
 
 
 def sbatch_available() -> bool:
-    """True when the Slurm client commands are installed (``sinfo --version`` needs a reachable config, so not
-    asked)."""
+    """True when the Slurm client commands are installed (``sinfo --version`` needs a reachable config,
+    so not asked)."""
     return all(shutil.which(c) for c in ("sbatch", "squeue", "sinfo", "scontrol", "scancel"))

@@ -160,8 +160,8 @@ def train_horovod(
     micro_batch: int | None = None,
     on_step: Callable[[Batch], None] | None = None,
 ) -> dict:
-    """Elastic Horovod; hvd.elastic.run keeps the ranks' state, the loader's position with it, across membership
-    changes."""
+    """Elastic Horovod; hvd.elastic.run keeps the ranks' state, the loader's position with it,
+    across membership changes."""
     import horovod.torch as hvd
 
     from ..elastic.horovod_state import TorchState

@@ -530,8 +530,8 @@ class InPlaceAgent:
         return env
 
     def _reap(self) -> int | None:
-        """Workers that ended: the agent's exit status if it must go now, else None (they are started again as
-        needed)."""
+        """Workers that ended: the agent's exit status if it must go now, else None
+        (they are started again as needed)."""
         from .inplace import EXIT_LEFT
         from .worker import EXIT_PEER_LOST
 

@@ -302,8 +302,8 @@ class Membership:
         return self.phase is Phase.PROVISIONAL or (self.phase is Phase.ALONE and self.provisional_start)
 
     def register_state(self, state: Any) -> int:
-        """An ElasticState of the job's code (in the order the code makes them: the same on every rank). Returns its
-        index."""
+        """An ElasticState of the job's code (in the order the code makes them:
+        the same on every rank). Returns its index."""
         self.states.append(weakref.ref(state))
         return len(self.states) - 1
 
@@ -474,8 +474,8 @@ class Membership:
         return n is not None and (n.leave or n.round > self.round)
 
     def _await_notice(self, after: int) -> Notice:
-        """The agent's notice of a round after ``after`` (asking it to look at once); a notice to leave ends the
-        worker."""
+        """The agent's notice of a round after ``after`` (asking it to look at once);
+        a notice to leave ends the worker."""
         deadline = time.monotonic() + NOTICE_WAIT_S
         self._say(wants=after)
         nudged = 0.0
