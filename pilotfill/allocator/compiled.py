@@ -41,8 +41,10 @@ def _jit(function: Callable) -> Callable:
 
 @cache
 def _knapsack() -> Callable[[np.ndarray, np.ndarray, int, float, float], tuple[np.ndarray, float, int]]:
-    """The compiled DP (numba is imported on first use, not with the allocator: a CLI that never solves never pays for it)."""
-    def knapsack(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float, floor: float) -> tuple[np.ndarray, float, int]:
+    """The compiled DP (numba is imported on first use, not with the allocator: a CLI that never solves never pays
+    for it)."""
+    def knapsack(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float,
+                 floor: float) -> tuple[np.ndarray, float, int]:
         jobs = len(offsets) - 1
         cells = 0  # the state updates made: what the floor saves
         # What the tables after j can add at most on the nodes left, at the node price (the Lagrangian bound):
@@ -238,21 +240,26 @@ def knapsack(tables: list[np.ndarray], capacity: int) -> tuple[list[int], float]
     return counts.tolist(), float(best)
 
 
-def knapsack_flat(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float = 0.0, floor: float = -np.inf) -> np.ndarray:
-    """:func:`knapsack` over tables laid end to end in ``flat`` (table j is ``flat[offsets[j]:offsets[j + 1]]``): the counts.
+def knapsack_flat(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float = 0.0,
+                  floor: float = -np.inf) -> np.ndarray:
+    """:func:`knapsack` over tables laid end to end in ``flat`` (table j is ``flat[offsets[j]:offsets[j + 1]]``):
+    the counts.
 
     Given a value ``floor`` that some answer reaches (an incumbent's, less what rounding can hide) and a node price
     ``price`` ≥ 0, the DP keeps only the states whose Lagrangian bound at that price reaches the floor: the same
     answer (every state on an optimal path, and every tie on the way, is kept), on a band of capacities around the
     optimal path instead of every capacity. ``None`` is returned where no answer reaches the floor."""
-    counts, best, _ = _knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity), float(price), float(floor))
+    counts, best, _ = _knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity),
+                                  float(price), float(floor))
     return counts if best > -np.inf else None
 
 
-def knapsack_cells(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float = 0.0, floor: float = -np.inf) -> int:
+def knapsack_cells(flat: np.ndarray, offsets: np.ndarray, capacity: int, price: float = 0.0,
+                   floor: float = -np.inf) -> int:
     """The state updates :func:`knapsack_flat` makes with that floor and price (what the floor saves, for tests and
     benchmarks)."""
-    return int(_knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity), float(price), float(floor))[2])
+    return int(_knapsack()(np.asarray(flat, dtype=float), np.asarray(offsets, dtype=np.int64), int(capacity),
+                           float(price), float(floor))[2])
 
 
 def warm() -> None:

@@ -92,7 +92,8 @@ def solve(tables: Sequence[np.ndarray], capacity: int) -> tuple[list[int], float
     if not first.all():
         raise ValueError(f"table {int(np.argmin(first))} must have a finite value at 0 nodes")
     finite = np.isfinite(values)
-    if int((width - 1 - np.argmax(finite[:, ::-1], axis=1)).sum()) <= capacity:  # every job's largest count fits at once
+    # every job's largest count fits at once
+    if int((width - 1 - np.argmax(finite[:, ::-1], axis=1)).sum()) <= capacity:
         counts = np.argmax(values, axis=1)
         return counts.tolist(), float(values[np.arange(len(values)), counts].sum())
     values = _contenders(_undominated(values), capacity)
@@ -185,7 +186,8 @@ def _contenders(values: np.ndarray, capacity: int) -> np.ndarray:
         threshold = -np.partition(-column, top - 1)[top - 1]  # the top-th best gain
         above = column > threshold
         keep |= above
-        keep[np.flatnonzero(column == threshold)[: top - int(above.sum())]] = True  # ties: the earlier jobs (submission order)
+        # ties: the earlier jobs (submission order)
+        keep[np.flatnonzero(column == threshold)[: top - int(above.sum())]] = True
     if keep.all():
         return values
     out = values.copy()
@@ -218,7 +220,8 @@ def break_price(values: np.ndarray, capacity: int) -> tuple[float, np.ndarray, n
             steepest, their_steps = slopes, steps
         order = np.argsort(steepest, kind="stable")
         ranked = steepest[order]
-        asked = total - int(their_steps.sum()) + np.cumsum(their_steps[order])  # asked[i]: nodes of the edges no steeper than ranked[i]
+        # asked[i]: nodes of the edges no steeper than ranked[i]
+        asked = total - int(their_steps.sum()) + np.cumsum(their_steps[order])
         i = int(np.searchsorted(asked, total - capacity, side="left"))  # the first slope past which the rest fit
         if i < len(ranked):
             price = float(ranked[i])
@@ -274,7 +277,8 @@ def round_up(values: np.ndarray, counts: np.ndarray, capacity: int) -> np.ndarra
     return compiled.round_up(values, counts, capacity)
 
 
-def solve_core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float = 0.0, lower: float = -np.inf) -> tuple[list[int], float]:
+def solve_core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float = 0.0,
+               lower: float = -np.inf) -> tuple[list[int], float]:
     """The exact DP over the choices left after fixing; jobs with one choice left are fixed at it.
 
     ``lower`` is the value of an answer among the choices kept (the incumbent) and ``price`` a node price: the DP then
@@ -313,13 +317,15 @@ def solve_core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float
         pieces.append(np.concatenate([[0.0], np.cumsum(gains[order])]))
         lengths.append(np.array([len(order) + 1]))
     several = (kept > 1) & ~merged
-    own = np.flatnonzero(several & (kept > 2))  # a table of its own each, in job order: the counts from its lowest to highest kept
+    # a table of its own each, in job order: the counts from its lowest to highest kept
+    own = np.flatnonzero(several & (kept > 2))
     if own.size:
         span = np.arange(width)
         inside = (span >= lowest[own, None]) & (span <= highest[own, None])
         pieces.append(np.where(keep[own], values[own], -np.inf)[inside])  # row by row: each job's table in turn
         lengths.append(highest[own] - lowest[own] + 1)
-    two = np.flatnonzero(several & (kept == 2))  # start on w more nodes or not: one table per w, the largest gains first
+    # start on w more nodes or not: one table per w, the largest gains first
+    two = np.flatnonzero(several & (kept == 2))
     steps = highest[two] - lowest[two]
     pair_gain = values[two, highest[two]] - values[two, lowest[two]]
     order = np.lexsort((two, -pair_gain, steps))
@@ -335,7 +341,8 @@ def solve_core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float
     if pieces:
         flat, sizes = np.concatenate(pieces), np.concatenate(lengths)
         if int((sizes - 1).sum()) > left and int(np.isfinite(flat).sum()) * (left + 1) > WORK_LIMIT:
-            raise TooLarge(f"{len(sizes)} jobs keep several choices after fixing: {int(np.isfinite(flat).sum()) * (left + 1):,} DP cells")
+            raise TooLarge(f"{len(sizes)} jobs keep several choices after fixing: "
+                           f"{int(np.isfinite(flat).sum()) * (left + 1):,} DP cells")
         # The incumbent's worth in the DP's terms: its own tables hold values, every other job adds gains over its
         # lowest count; less what rounding can hide in the DP's sums and bounds.
         others = np.ones(len(values), dtype=bool)
@@ -356,7 +363,8 @@ def solve_core(values: np.ndarray, keep: np.ndarray, capacity: int, price: float
     return counts.tolist(), total
 
 
-def dense_flat(flat: np.ndarray, sizes: np.ndarray, capacity: int, price: float = 0.0, floor: float = -np.inf) -> np.ndarray:
+def dense_flat(flat: np.ndarray, sizes: np.ndarray, capacity: int, price: float = 0.0,
+               floor: float = -np.inf) -> np.ndarray:
     """:func:`dense` over tables laid end to end (``sizes``: their lengths): each table's count (ties: the smaller).
     ``floor`` and ``price``: the states kept (:func:`.compiled.knapsack_flat`); a floor no answer reaches is ignored."""
     if capacity < 0:

@@ -8,8 +8,8 @@ how much). Here, pure: the answer is the objective's optimum among those that ru
 where it fits, and every other due job that fits beside the jobs it would not displace — each on the type and count
 that serve the objective best. It is solved as the objective itself, by the same exact solvers, on tables where
 running a due job earns a bonus just larger than running it could cost the others (:func:`bonus`); the problem keeps
-its shape (the due jobs' minimums carved out of the capacity first made cores the typed search took ten times
-longer on, and chose their types worse). Tables in, choices out.
+its shape (the due jobs' minimums carved out of the capacity first made the typed search's cores much harder, and
+chose their types worse). Tables in, choices out.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def _least(job: dict[str, np.ndarray]) -> dict[str, int]:
     return out
 
 
-def bonus(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], kept: Sequence[bool] | None = None) -> list[dict[str, np.ndarray]]:
+def bonus(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int],
+          kept: Sequence[bool] | None = None) -> list[dict[str, np.ndarray]]:
     """``tables`` with the due jobs' (``due``: indices, the first the oldest) running counts raised by more than
     running one at its least count anywhere could cost the others: the most the jobs it would take those nodes from
     could lose (:func:`losses`: the largest of them, as many as the nodes it takes) and what it loses itself against
@@ -95,9 +96,9 @@ def bonus(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], kept: Seq
     return out
 
 
-def solve(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], capacities: dict[str, int], time_limit_s: float = 1.0,
-          groups: Sequence[str] | None = None, kept: Sequence[bool] | None = None, clock: Clock | None = None,
-          share_cost: float = shares.COST) -> tuple[list[Choice], float, str]:  # fmt: skip
+def solve(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], capacities: dict[str, int],
+          time_limit_s: float = 1.0, groups: Sequence[str] | None = None, kept: Sequence[bool] | None = None,
+          clock: Clock | None = None, share_cost: float = shares.COST) -> tuple[list[Choice], float, str]:
     """Choices with the due jobs run first (:func:`bonus`; ``kept``: the jobs they do not displace), then the most total
     worth (``groups``: the share objective's, :func:`.shares.solve`). ``tables[j][t][n]`` as :func:`.typed.solve` takes
     them. Returns the choices, their total worth by ``tables`` (no bonus) and how it was solved. ``time_limit_s`` and
@@ -107,5 +108,6 @@ def solve(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], capacitie
         choices, _, how = shares.solve(weighted, groups, capacities, time_limit_s, clock, share_cost)
     else:
         choices, how = shares.exact(weighted, {t: int(n) for t, n in capacities.items()}, time_limit_s, clock)
-    value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
+    value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0])
+                for j, c in enumerate(choices))
     return choices, value, "due-" + how

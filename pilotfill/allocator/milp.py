@@ -71,8 +71,10 @@ def optimize(m: mip.Model, curves_by_job: Sequence[Sequence[CurveVars]]) -> mip.
     counts = [c.count for curves in curves_by_job for c in curves if not isinstance(c.count, int)]
     if not counts:
         return mip.OptimizationStatus.OPTIMAL
-    scale = max((abs(float(v)) for curves in curves_by_job for c in curves for v in c.table.values if abs(v) != float("inf")), default=1.0)
-    m.objective = mip.maximize(mip.xsum(c.value for curves in curves_by_job for c in curves) - TIE_BREAK * max(scale, 1.0) * mip.xsum(counts))
+    scale = max((abs(float(v)) for curves in curves_by_job for c in curves for v in c.table.values
+                 if abs(v) != float("inf")), default=1.0)
+    m.objective = mip.maximize(mip.xsum(c.value for curves in curves_by_job for c in curves)
+                               - TIE_BREAK * max(scale, 1.0) * mip.xsum(counts))
     with quiet_solver():
         return m.optimize()
 
@@ -141,7 +143,8 @@ def solve(problem: Problem, time_limit_s: float = 1.0, solver: str = mip.CBC) ->
     for curves in curves_by_job:
         one_type_per_job(m, curves)
     for node_type, nodes in problem.pool.by_type().items():
-        counts = [c.count for curves in curves_by_job for c in curves if c.table.node_type == node_type and not isinstance(c.count, int)]
+        counts = [c.count for curves in curves_by_job for c in curves
+                  if c.table.node_type == node_type and not isinstance(c.count, int)]
         if counts:
             m += mip.xsum(counts) <= len(nodes)
     status = optimize(m, curves_by_job)

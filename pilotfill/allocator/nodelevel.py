@@ -25,7 +25,8 @@ from .problem import Problem
 from .values import value_tables
 
 
-def solve(problem: Problem, time_limit_s: float = 60.0, solver: str = mip.CBC) -> tuple[MilpResult, dict[str, tuple[str, ...]] | None]:
+def solve(problem: Problem, time_limit_s: float = 60.0,
+          solver: str = mip.CBC) -> tuple[MilpResult, dict[str, tuple[str, ...]] | None]:
     """Solve node by node; returns counts/types and the concrete nodes per job."""
     tables = value_tables(problem)
     pool = problem.pool

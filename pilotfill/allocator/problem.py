@@ -52,14 +52,16 @@ class ScalingCurve:
     def at(self, n: float) -> float:
         """The rate at ``n`` nodes (linear interpolation, clamped past the ends; remembered for whole counts, read
         from the table up to the last point: JPA makes hundreds of curves in one decision, each read at a count or two
-        and tabulated whole by the allocator — one interpolation of every count, the same numbers, not one per call)."""
+        and tabulated whole by the allocator — one interpolation of every count, the same numbers, not one per
+        call)."""
         if isinstance(n, int):
             cache = self.__dict__.setdefault("_at", {})
             out = cache.get(n)
             if out is None:
                 last = self.nodes[-1]
                 tabulate = 0 <= n <= last <= 65_536  # a curve drawn to a million nodes is not tabulated for one read
-                out = cache[n] = float(self.table(last)[n]) if tabulate else float(np.interp(n, self.nodes, self.values))
+                out = cache[n] = (float(self.table(last)[n]) if tabulate
+                                  else float(np.interp(n, self.nodes, self.values)))
             return out
         return float(np.interp(n, self.nodes, self.values))
 
@@ -146,7 +148,8 @@ class ScalingCurve:
         return ScalingCurve(self.nodes, tuple(v / base for v in self.values))
 
 
-def compress_linear(xs: list[int], ys: list[float], rel_tol: float = 1e-12) -> tuple[tuple[int, ...], tuple[float, ...]]:
+def compress_linear(xs: list[int], ys: list[float],
+                    rel_tol: float = 1e-12) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Drop interior points that lie on the line through their neighbours (vectorised: JPA makes curves often)."""
     if len(xs) <= 2:
         return tuple(int(x) for x in xs), tuple(float(y) for y in ys)
@@ -236,7 +239,8 @@ class Job:
             raise ProblemError(f"{where}: explore curves must be for node types the job can use")
 
     def with_remaining(self, remaining_samples: float) -> Job:
-        """This job with only its work left changed (a running job's, every decision): what was checked is not checked again."""
+        """This job with only its work left changed (a running job's, every decision): what was checked is not
+        checked again."""
         if not (remaining_samples >= 0):
             raise ProblemError(f"job {self.id!r}: remaining_samples must be >= 0, got {remaining_samples}")
         out = object.__new__(Job)
@@ -379,12 +383,13 @@ class Allocation:
     note: str = ""
 
     def joined(self, other: Allocation) -> Allocation:
-        """This answer and ``other`` — other jobs, on nodes this one leaves free — as one (the objectives add up)."""
+        """This answer and ``other`` — other jobs, on nodes this one leaves free — as one (the objectives add
+        up)."""
         assignment = dict(self.assignment)
         assignment.update(other.assignment)
-        return Allocation(counts={**self.counts, **other.counts}, node_type={**self.node_type, **other.node_type}, assignment=assignment,
-                          objective=self.objective + other.objective, method=self.method, optimal=self.optimal and other.optimal,
-                          note=self.note or other.note)  # fmt: skip
+        return Allocation(counts={**self.counts, **other.counts}, node_type={**self.node_type, **other.node_type},
+                          assignment=assignment, objective=self.objective + other.objective, method=self.method,
+                          optimal=self.optimal and other.optimal, note=self.note or other.note)
 
     def added(self, current: Mapping[str, frozenset[str]]) -> dict[str, tuple[str, ...]]:
         """Nodes each job gains relative to ``current``."""

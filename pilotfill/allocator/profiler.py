@@ -78,7 +78,8 @@ CONFIDENCE = 1.0
 EXPLORE_RATE = 1e12
 """Optimistic rate of a job never measured: on nodes nobody holds, measuring it comes first."""
 REFIT_TOLERANCE = 0.01
-"""A scale's mean rate must move by more than this share of the rate its curves were fitted to before they are fitted anew."""
+"""A scale's mean rate must move by more than this share of the rate its curves were fitted to before they are
+fitted anew."""
 COST_TOLERANCE_S = 0.1
 """…and a measured cost must move by more than this many seconds (and ``REFIT_TOLERANCE`` of itself) before the job's
 curves and costs are given anew: a job commits every minute or so, and each interval measured again (a few
@@ -103,23 +104,33 @@ class Profiler:
     """Learns one curve per job from ``observe`` calls; ``curve`` returns the current estimate."""
 
     optimism: float = 0.5
-    _seen: dict[str, dict[str | None, dict[int, _Scale]]] = field(default_factory=dict)  # job -> node type -> nodes -> rate
+    # job -> node type -> nodes -> rate
+    _seen: dict[str, dict[str | None, dict[int, _Scale]]] = field(default_factory=dict)
     _cache: dict[str, dict[tuple, ScalingCurve]] = field(default_factory=dict)  # per job: O(1) to invalidate
     _costs: dict[str, dict[str, _Scale]] = field(default_factory=dict)  # per job, per kind of change: seconds
-    _versions: dict[str, int] = field(default_factory=dict)  # per job: bumped when its curves or costs change (callers cache on it)
-    _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)  # per job and type: the means its curves rest on
-    _charged: dict[str, dict[str, float]] = field(default_factory=dict)  # per job and kind of change: the mean cost callers are given
-    changes: int = 0  # moves with every job's version (and when a job is forgotten): a check of thousands of jobs in one
+    # per job: bumped when its curves or costs change (callers cache on it)
+    _versions: dict[str, int] = field(default_factory=dict)
+    # per job and type: the means its curves rest on
+    _fitted: dict[str, dict[str | None, dict[int, float]]] = field(default_factory=dict)
+    # per job and kind of change: the mean cost callers are given
+    _charged: dict[str, dict[str, float]] = field(default_factory=dict)
+    # moves with every job's version (and when a job is forgotten): thousands of jobs checked in one comparison
+    changes: int = 0
     _touched: set[str] = field(default_factory=set)  # jobs whose version moved since the caller last took them
-    _model_of: dict[str, str] = field(default_factory=dict)  # job -> its model's name, where declared (untyped curves only)
-    _members: dict[str, set[str]] = field(default_factory=dict)  # model -> its declared jobs (bumped when the model's reports move)
+    # job -> its model's name, where declared (untyped curves only)
+    _model_of: dict[str, str] = field(default_factory=dict)
+    # model -> its declared jobs (bumped when the model's reports move)
+    _members: dict[str, set[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._versions_view = MappingProxyType(self._versions)
 
-    def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0, node_type: str | None = None) -> None:
-        """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds measured)."""
-        if nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0 or not (math.isfinite(weight) and weight > 0):
+    def observe(self, job_id: str, nodes: int, samples_per_s: float, weight: float = 1.0,
+                node_type: str | None = None) -> None:
+        """Record that ``job_id`` ran at ``samples_per_s`` on ``nodes`` (of ``node_type``; weight: e.g. seconds
+        measured)."""
+        if (nodes <= 0 or not math.isfinite(samples_per_s) or samples_per_s < 0
+                or not (math.isfinite(weight) and weight > 0)):
             return
         model = self._model_of.get(job_id) if node_type is None else None
         if model is not None and self._record(_pooled(model), nodes, samples_per_s, weight, None):
@@ -171,7 +182,8 @@ class Profiler:
         return pooled if self.measured(pooled) else None
 
     def version(self, job_id: str) -> int:
-        """Bumped whenever the job's curves or costs change: callers may keep what they made from them until it moves."""
+        """Bumped whenever the job's curves or costs change: callers may keep what they made from them until it
+        moves."""
         return self._versions.get(job_id, 0)
 
     @property
@@ -199,7 +211,8 @@ class Profiler:
             self._members[model].discard(job_id)  # what it reported stays with its model
 
     def observe_cost(self, job_id: str, kind: str, seconds: float) -> None:
-        """A change of ``kind`` (``start``, ``up``, ``down``, ``commit``: the interval between commits) took ``seconds``."""
+        """A change of ``kind`` (``start``, ``up``, ``down``, ``commit``: the interval between commits) took
+        ``seconds``."""
         if not (math.isfinite(seconds) and seconds >= 0):
             return
         scale = self._costs.setdefault(job_id, {}).setdefault(kind, _Scale())
@@ -208,7 +221,8 @@ class Profiler:
         charged = self._charged.setdefault(job_id, {})
         before = charged.get(kind)
         if before is not None and abs(scale.mean - before) <= max(REFIT_TOLERANCE * abs(before), COST_TOLERANCE_S):
-            return  # what the job is charged stands: a steady commit interval measured again, every minute, changes nothing
+            # what the job is charged stands: a steady commit interval measured again, every minute, changes nothing
+            return
         charged[kind] = scale.mean
         self._versions[job_id] = self._versions.get(job_id, 0) + 1
         self._touched.add(job_id)
@@ -227,7 +241,8 @@ class Profiler:
         return self.cost(job_id, "start", 0.0) + self.cost(job_id, "commit", 0.0) / 2
 
     def scales(self, job_id: str, node_type: str | None = None) -> dict[int, float]:
-        """Mean reported throughput per node count (on ``node_type``), as of the job's last refit (see ``REFIT_TOLERANCE``)."""
+        """Mean reported throughput per node count (on ``node_type``), as of the job's last refit (see
+        ``REFIT_TOLERANCE``)."""
         return dict(sorted(self._fitted.get(job_id, {}).get(node_type, {}).items()))
 
     def measured(self, job_id: str, node_type: str | None = None) -> bool:
@@ -244,9 +259,11 @@ class Profiler:
         prior = self._prior(job_id, node_type)
         if prior is not None:
             return self.curve(prior, min_nodes, max_nodes)
-        return self._cached(job_id, (max_nodes, "optimistic", node_type), lambda: self._estimate(job_id, min_nodes, max_nodes, node_type))
+        return self._cached(job_id, (max_nodes, "optimistic", node_type),
+                            lambda: self._estimate(job_id, min_nodes, max_nodes, node_type))
 
-    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None, trying: int = 0) -> ScalingCurve:
+    def confirmed(self, job_id: str, min_nodes: int, max_nodes: int, node_type: str | None = None,
+                  trying: int = 0) -> ScalingCurve:
         """What the reports support, with no optimism (see the module docstring).
 
         ``trying``: the count the job runs at now. Past every count it has reported at, it grew there to be
@@ -259,8 +276,10 @@ class Profiler:
             return self.confirmed(prior, min_nodes, max_nodes)
         seen = self._seen.get(job_id, {}).get(node_type)
         if seen and trying > max(seen):
-            return self._cached(job_id, (max_nodes, "trying", node_type, trying), lambda: self._trying(job_id, min_nodes, max_nodes, node_type, trying))
-        return self._cached(job_id, (max_nodes, "confirmed", node_type), lambda: self._confirmed(job_id, min_nodes, max_nodes, node_type))
+            return self._cached(job_id, (max_nodes, "trying", node_type, trying),
+                                lambda: self._trying(job_id, min_nodes, max_nodes, node_type, trying))
+        return self._cached(job_id, (max_nodes, "confirmed", node_type),
+                            lambda: self._confirmed(job_id, min_nodes, max_nodes, node_type))
 
     def prepare(self, jobs: Iterable[tuple[str, int]]) -> None:
         """Fit, in one array operation per width, the curves of every job in ``jobs`` (``(job_id, max_nodes)``, one
@@ -271,7 +290,8 @@ class Profiler:
         groups: dict[int, list[tuple[str, dict[int, float], float, float]]] = {}
         for job_id, max_nodes in jobs:
             cache = self._cache.get(job_id)
-            if cache is not None and (max_nodes, "optimistic", None) in cache and (max_nodes, "confirmed", None) in cache:
+            if (cache is not None and (max_nodes, "optimistic", None) in cache
+                    and (max_nodes, "confirmed", None) in cache):
                 continue
             seen = self.scales(job_id)
             if len(seen) < 2 or any(t <= 0 for t in seen.values()):
@@ -279,7 +299,8 @@ class Profiler:
             xs = [float(x) for x in seen]
             y = [x / t for x, t in zip(xs, seen.values())]
             a, b = _nnls2([1.0 / yi for yi in y], [x / yi for x, yi in zip(xs, y)])
-            if a > 0:  # the usual case; the others (a + b ≤ 0, a = 0) are made one by one, as :func:`_amdahl` makes them
+            # the usual case; the others (a + b ≤ 0, a = 0) are made one by one, as :func:`_amdahl` makes them
+            if a > 0:
                 groups.setdefault(max_nodes, []).append((job_id, seen, a, b))
         for max_nodes, members in groups.items():
             if len(members) < 2:
@@ -334,7 +355,8 @@ class Profiler:
         measured = [t for t in self.measured_types(job_id) if t in types]
         n = np.arange(hi + 1, dtype=float)
         if not measured:
-            # Measure first, where it is predicted best (an upper bound: a type it may well suit is tried before one it surely does not).
+            # Measure first, where it is predicted best (an upper bound: a type it may well suit is tried before one
+            # it surely does not).
             ucb = {t: prediction.log_speed.get(t, 0.0) + CONFIDENCE * prediction.spread.get(t, 0.0) for t in types}
             top = max(ucb.values(), default=0.0)
             for t in types:
@@ -353,8 +375,11 @@ class Profiler:
             if t == running_on:  # started here to be measured: keeps its nodes until it is
                 optimistic[t] = confirmed[t] = _probe(lo, hi, EXPLORE_RATE)
                 continue
-            mean, sigma = prediction.relative(t, anchor) if t in prediction.log_speed and anchor in prediction.log_speed else (0.0, prediction.unknown)
-            point = level * math.exp(mean) * prediction.shape(t, n) if t in prediction.curves else level * math.exp(mean) * n
+            mean, sigma = (prediction.relative(t, anchor)
+                           if t in prediction.log_speed and anchor in prediction.log_speed
+                           else (0.0, prediction.unknown))
+            point = (level * math.exp(mean) * prediction.shape(t, n) if t in prediction.curves
+                     else level * math.exp(mean) * n)
             point[0] = 0.0
             confirmed[t] = ScalingCurve.from_table(point * math.exp(-CONFIDENCE * sigma))
             optimistic[t] = ScalingCurve.from_table(point * math.exp(CONFIDENCE * sigma))
@@ -373,11 +398,13 @@ class Profiler:
         rate = seen[n0]
         if n0 == 1:
             return rate
-        shape = float(prediction.shape(node_type, np.array([float(n0)]))[0]) if node_type in prediction.curves else float(n0)
+        shape = (float(prediction.shape(node_type, np.array([float(n0)]))[0]) if node_type in prediction.curves
+                 else float(n0))
         return rate / shape if shape > 0 else rate / n0
 
     def _fit(self, job_id: str, max_nodes: int, node_type: str | None, seen: dict[int, float]) -> np.ndarray:
-        """Amdahl's law fitted to the job's scales, at 0…max_nodes (one fit for its confirmed and optimistic curves)."""
+        """Amdahl's law fitted to the job's scales, at 0…max_nodes (one fit for its confirmed and optimistic
+        curves)."""
         def fit() -> np.ndarray:
             out = _amdahl([float(x) for x in seen], list(seen.values()), np.arange(max_nodes + 1, dtype=float))
             out.flags.writeable = False
@@ -429,7 +456,8 @@ def _pooled(model: str) -> str:
 
 def _linear(t0: float, n0: int, max_nodes: int, flat: bool) -> ScalingCurve:
     """One scale seen, ``t0`` at ``n0`` nodes: linear scaling through it up to ``max_nodes`` (``flat``: only up to it,
-    flat beyond), as its corners — the values ``t0 · n / n0`` gives at those counts, without tabulating every count."""
+    flat beyond), as its corners — the values ``t0 · n / n0`` gives at those counts, without tabulating every
+    count."""
     if n0 >= max_nodes or not flat:
         return ScalingCurve((0, max_nodes), (0.0, t0 * max_nodes / n0))
     return ScalingCurve((0, n0, max_nodes), (0.0, t0 * n0 / n0, t0 * n0 / n0))
@@ -457,9 +485,9 @@ def _amdahl(xs: list[float], ts: list[float], at: np.ndarray) -> np.ndarray:
 
 
 def _nnls2(u: list[float], v: list[float]) -> tuple[float, float]:
-    """min ‖a·u + b·v − 1‖² over a, b ≥ 0, exactly: the unconstrained least squares where both are positive, else
-    the better of the two one-variable fits (with two unknowns the optimum is inside or on one axis). Five sums
-    instead of a general solver: JPA fits every job whose rates moved, a hundred in one decision."""
+    """min ‖a·u + b·v − 1‖² over a, b ≥ 0, exactly: the unconstrained least squares where both are positive,
+    else the better of the two one-variable fits (with two unknowns the optimum is inside or on one axis). Five
+    sums instead of a general solver: JPA fits every job whose rates moved, a hundred in one decision."""
     uu, vv, uv = math.fsum(x * x for x in u), math.fsum(x * x for x in v), math.fsum(x * y for x, y in zip(u, v))
     u1, v1 = math.fsum(u), math.fsum(v)
     det = uu * vv - uv * uv

@@ -28,7 +28,8 @@ The library is a JSON file that persists across campaigns; a site can ship one
 (the config names them) and pilotfill adds every model it measured.
 
 Pure: descriptors and curves in, predictions out; the library's file is read
-and written by :mod:`pilotfill.library_file`, as a document (:meth:`Library.from_document`, :meth:`Library.to_document`).
+and written by :mod:`pilotfill.library_file`, as a document (:meth:`Library.from_document`,
+:meth:`Library.to_document`).
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ class Descriptor:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in ("parameters", "flops_per_sample", "layers", "batch_size") if getattr(self, k) is not None}
+        out: dict[str, Any] = {k: getattr(self, k) for k in ("parameters", "flops_per_sample", "layers", "batch_size")
+                               if getattr(self, k) is not None}
         if self.mix:
             out["mix"] = dict(self.mix)
         return out
@@ -191,7 +193,8 @@ class Prediction:
     log_speed: Mapping[str, float]  # log of the rate at one node relative to the model's geometric mean over types
     spread: Mapping[str, float]  # uncertainty of log_speed (σ)
     neighbours: tuple[tuple[str, float], ...]  # (model, similarity), most similar first
-    samples: tuple[tuple[float, Mapping[str, float]], ...] = ()  # per neighbour: (similarity, log rate at one node per type)
+    # per neighbour: (similarity, log rate at one node per type)
+    samples: tuple[tuple[float, Mapping[str, float]], ...] = ()
     unknown: float = PRIOR_SPREAD  # what the neighbours' distance leaves open (σ)
 
     @property
@@ -225,7 +228,8 @@ class Prediction:
             return f"like {near}"
         best = max(self.log_speed, key=self.log_speed.get)
         ratio = math.exp(self.log_speed[node_type] - self.log_speed[best])
-        return f"like {near}: {node_type} predicted at {ratio:.2f} of {best}" if node_type != best else f"like {near}: {best} predicted fastest"
+        return (f"like {near}: {node_type} predicted at {ratio:.2f} of {best}" if node_type != best
+                else f"like {near}: {best} predicted fastest")
 
 
 def _scaling(measured: list[tuple[float, ScalingCurve]], counts: np.ndarray) -> np.ndarray:
@@ -275,11 +279,13 @@ class Library:
         """Add a measured model; an entry of the same model and descriptor is replaced, per type."""
         for i, e in enumerate(self.entries):
             if e.model == entry.model and e.descriptor == entry.descriptor:
-                self.entries[i] = Measured(e.model, e.descriptor, {**e.curves, **entry.curves}, entry.family or e.family)
+                self.entries[i] = Measured(e.model, e.descriptor, {**e.curves, **entry.curves},
+                                           entry.family or e.family)
                 return
         self.entries.append(entry)
 
-    def predict(self, descriptor: Descriptor, node_types: Iterable[str], max_nodes: int, exclude_family: str | None = None) -> Prediction:
+    def predict(self, descriptor: Descriptor, node_types: Iterable[str], max_nodes: int,
+                exclude_family: str | None = None) -> Prediction:
         """The model's curves on ``node_types`` at 0 … ``max_nodes`` nodes, from its nearest measured models."""
         types = list(node_types)
         pool = [e for e in self.entries if e.family != exclude_family or not exclude_family]
@@ -351,7 +357,8 @@ class Library:
             family = item.get("family", "")
             if not isinstance(family, str):
                 raise LibraryError(f"{here}: family must be a string")
-            out.add(Measured(item["model"], Descriptor.from_dict(item.get("descriptor") or {}, f"{here}: descriptor"), curves, family))
+            out.add(Measured(item["model"], Descriptor.from_dict(item.get("descriptor") or {}, f"{here}: descriptor"),
+                             curves, family))
         return out
 
     def to_document(self) -> dict[str, Any]:
@@ -359,7 +366,8 @@ class Library:
             "format": FORMAT,
             "models": [
                 {"model": e.model, **({"family": e.family} if e.family else {}), "descriptor": e.descriptor.to_dict(),
-                 "curves": {t: {"nodes": list(c.nodes), "samples_per_s": list(c.values)} for t, c in sorted(e.curves.items())}}  # fmt: skip
+                 "curves": {t: {"nodes": list(c.nodes), "samples_per_s": list(c.values)}
+                            for t, c in sorted(e.curves.items())}}
                 for e in self.entries
             ],
         }

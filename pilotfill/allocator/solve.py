@@ -52,7 +52,8 @@ class Objective(str, Enum):
 
 
 def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGREGATED, time_limit_s: float = 1.0,
-             objective: Objective | str = Objective.SAMPLES, clock: Clock | None = None, share_cost: float = shares.COST) -> Allocation:  # fmt: skip
+             objective: Objective | str = Objective.SAMPLES, clock: Clock | None = None,
+             share_cost: float = shares.COST) -> Allocation:
     """Node counts and concrete nodes for every job of ``problem``.
 
     Two stages: the optimum by the jobs' confirmed curves (under ``objective``),
@@ -77,7 +78,8 @@ def allocate(problem: Problem, formulation: Formulation | str = Formulation.AGGR
     return answer
 
 
-def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float, clock: Clock | None = None) -> Allocation:
+def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float,
+              clock: Clock | None = None) -> Allocation:
     if formulation is Formulation.GREEDY:
         return _greedy(problem, "greedy", optimal=False)
     if formulation is Formulation.NODE_LEVEL:
@@ -106,7 +108,8 @@ def _allocate(problem: Problem, formulation: Formulation, time_limit_s: float, c
     return _finish(problem, result.counts, result.types, "milp", result.optimal, result.status)
 
 
-def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None], tables: list[list[ValueTable]] | None = None) -> float:
+def objective_of(problem: Problem, counts: Mapping[str, int], types: Mapping[str, str | None],
+                 tables: list[list[ValueTable]] | None = None) -> float:
     """The model's value of a count vector, from the same tables every method uses."""
     if tables is None or tables is problem.__dict__.get("_value_tables"):
         return _objective(problem, counts, types)
@@ -132,7 +135,8 @@ def _objective(problem: Problem, counts: Mapping[str, int], types: Mapping[str, 
     for node_type, (members, matrix) in value_matrices(problem).items():
         rows = np.asarray(members, dtype=np.int64)
         at = n[rows]
-        mine = np.fromiter((types.get(jobs[i].id) == node_type for i in members), dtype=bool, count=len(members)) & (at > 0)
+        mine = (np.fromiter((types.get(jobs[i].id) == node_type for i in members), dtype=bool, count=len(members))
+                & (at > 0))
         stopped = at == 0  # the same value on every type: whichever matrix holds the job says it
         value[rows[stopped]] = matrix[stopped.nonzero()[0], 0]
         inside = mine & (at < matrix.shape[1])
@@ -177,16 +181,19 @@ def _typed(problem: Problem, time_limit_s: float, clock: Clock | None = None) ->
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
     types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
     proven = "time limit" not in how
-    return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
+    return _finish(problem, counts, types, "typed-" + how.split(" ")[0], proven,
+                   "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
 
 
-def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None, cost: float = shares.COST) -> Allocation | None:
+def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None,
+            cost: float = shares.COST) -> Allocation | None:
     """The share objective (:mod:`.shares`); None where a knapsack inside it is too large or the solver fails (the
     samples objective answers then: a decision is never lost to the objective)."""
     all_tables = value_tables(problem)
     capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()} or {DEFAULT_TYPE: 0}
-    tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
-              for job_tables in all_tables]  # fmt: skip
+    tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities}
+              or {next(iter(capacities)): job_tables[0].values[:1]}
+              for job_tables in all_tables]
     try:
         choices, _, how = shares.solve(tables, [j.group for j in problem.jobs], capacities, time_limit_s, clock, cost)
     except Exception:  # dp.TooLarge, or a solver bug: the samples objective instead
@@ -194,27 +201,34 @@ def _shares(problem: Problem, time_limit_s: float, clock: Clock | None = None, c
     counts = {job.id: c.count for job, c in zip(problem.jobs, choices)}
     types = {job.id: c.node_type for job, c in zip(problem.jobs, choices)}
     proven = "time limit" not in how
-    return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
+    return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found",
+                   tables=all_tables)
 
 
-def _due(problem: Problem, objective: Objective, time_limit_s: float, clock: Clock | None = None, share_cost: float = shares.COST) -> Allocation | None:
-    """The objective's optimum among the answers that run the due jobs first (:mod:`.due`); None where a knapsack inside
-    it is too large or the solver fails (the objective alone answers then: a decision is never lost to the rule)."""
+def _due(problem: Problem, objective: Objective, time_limit_s: float, clock: Clock | None = None,
+         share_cost: float = shares.COST) -> Allocation | None:
+    """The objective's optimum among the answers that run the due jobs first (:mod:`.due`); None where a knapsack
+    inside it is too large or the solver fails (the objective alone answers then: a decision is never lost to the
+    rule)."""
     all_tables = value_tables(problem)
     capacities = {t: len(ns) for t, ns in problem.pool.by_type().items()} or {DEFAULT_TYPE: 0}
-    tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities} or {next(iter(capacities)): job_tables[0].values[:1]}
-              for job_tables in all_tables]  # fmt: skip
+    tables = [{t.node_type: t.values for t in job_tables if t.node_type in capacities}
+              or {next(iter(capacities)): job_tables[0].values[:1]}
+              for job_tables in all_tables]
     jobs = problem.jobs
     groups = [j.group for j in jobs] if objective is Objective.SHARE else None
-    measuring = [current_rate(job, held) >= MEASURING_RATE for job, held in zip(jobs, problem.held_counts)]  # keeps its nodes until it reports
+    # keeps its nodes until it reports
+    measuring = [current_rate(job, held) >= MEASURING_RATE for job, held in zip(jobs, problem.held_counts)]
     try:
-        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s, groups, measuring, clock, share_cost)
+        choices, _, how = due.solve(tables, [i for i, j in enumerate(jobs) if j.due], capacities, time_limit_s,
+                                    groups, measuring, clock, share_cost)
     except Exception:  # dp.TooLarge, or a solver bug
         return None
     counts = {job.id: c.count for job, c in zip(jobs, choices)}
     types = {job.id: c.node_type for job, c in zip(jobs, choices)}
     proven = "time limit" not in how
-    return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found", tables=all_tables)
+    return _finish(problem, counts, types, how, proven, "OPTIMAL" if proven else "time limit: best found",
+                   tables=all_tables)
 
 
 def _explore(problem: Problem, answer: Allocation, clock: Clock | None = None) -> Allocation:
@@ -308,7 +322,8 @@ def _explore_typed(problem: Problem, answer: Allocation, clock: Clock | None = N
     if all(r <= 0 for r in room.values()):
         return answer
     found: list[dict[str, np.ndarray]] = [{} for _ in candidates]
-    growing: dict[str, list[tuple[int, Job, int]]] = {}  # type -> (candidate, job, base) valued by growth there: one batch per type
+    # type -> (candidate, job, base) valued by growth there: one batch per type
+    growing: dict[str, list[tuple[int, Job, int]]] = {}
     for i, (job, running, base) in enumerate(candidates):
         for t in job.node_types:
             if room.get(t, 0) <= 0:
@@ -324,7 +339,8 @@ def _explore_typed(problem: Problem, answer: Allocation, clock: Clock | None = N
         rows = exploration_tables(problem, [job for _, job, _ in items], t, [base for _, _, base in items], room[t])
         for (i, _, _), row in zip(items, rows):
             found[i][t] = row  # (−inf past the job's own cap: the batch's rows are as wide as its widest)
-    tables = [{t: mine[t] for t in job.node_types if t in mine} or {next(iter(room)): np.zeros(1)} for (job, _, _), mine in zip(candidates, found)]
+    tables = [{t: mine[t] for t in job.node_types if t in mine} or {next(iter(room)): np.zeros(1)}
+              for (job, _, _), mine in zip(candidates, found)]
     capacities = {t: max(0, r) for t, r in room.items()}
     try:
         choices, _, _ = typed.solve(tables, capacities, EXPLORE_TIME_S, milp=False, clock=clock)
@@ -350,7 +366,8 @@ def _greedy(problem: Problem, method: str, optimal: bool, note: str = "") -> All
     return _finish(problem, counts, types, method, optimal, note)
 
 
-def _finish(problem: Problem, counts, types, method: str, optimal: bool, note: str, assignment=None, tables=None) -> Allocation:
+def _finish(problem: Problem, counts, types, method: str, optimal: bool, note: str, assignment=None,
+            tables=None) -> Allocation:
     counts = dict(counts)
     types = {j: (t if counts.get(j, 0) > 0 else None) for j, t in types.items()}
     if assignment is None:
@@ -358,4 +375,5 @@ def _finish(problem: Problem, counts, types, method: str, optimal: bool, note: s
     value = objective_of(problem, counts, types, tables)
     if not np.isfinite(value):  # an incumbent the model should never have produced
         return _greedy(problem, "greedy", optimal=False, note=f"{method} gave an infeasible answer")
-    return Allocation(counts=counts, node_type=types, assignment=assignment, objective=value, method=method, optimal=optimal, note=note)
+    return Allocation(counts=counts, node_type=types, assignment=assignment, objective=value, method=method,
+                      optimal=optimal, note=note)

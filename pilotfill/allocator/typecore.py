@@ -99,7 +99,8 @@ class Core:
     search order, and the bound rows. ``values[j, t, n]``: job j's worth (−inf: not allowed; n = 0 unused);
     ``stop[j]``: its worth stopped."""
 
-    def __init__(self, values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, theta: float):
+    def __init__(self, values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float,
+                 theta: float):
         J, T, W = values.shape
         self.values, self.stop, self.caps = values, stop, caps.astype(int)
         n = np.arange(W)
@@ -118,7 +119,8 @@ class Core:
         self.firm = [np.flatnonzero(kinds[:, k] & on_one) for k in range(T)]  # (the others with no choice left stop)
         self.base = float(stop.sum())
         self.rows = [_row(gain[self.firm[k], k], int(self.caps[k])) for k in range(T)]
-        hesitant, charge = _order(np.flatnonzero(~on_one), keep, may_stop, gain - price[None, :, None] * n[None, None, :])
+        hesitant, charge = _order(np.flatnonzero(~on_one), keep, may_stop,
+                                  gain - price[None, :, None] * n[None, None, :])
         self.order = hesitant
         self.charges = np.concatenate([np.cumsum(charge[::-1])[::-1], [0.0]])  # Σ μ over jobs h…
         self.bound, self.offsets = _bounds(self.rows, gain[hesitant] - charge[:, None, None], self.caps)
@@ -245,7 +247,8 @@ def best_per_key(keys: np.ndarray, worth: np.ndarray) -> np.ndarray:
     return order[first]
 
 
-def _order(hesitant: np.ndarray, keep: np.ndarray, may_stop: np.ndarray, reduced: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _order(hesitant: np.ndarray, keep: np.ndarray, may_stop: np.ndarray,
+           reduced: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The hesitant jobs in search order and their charges μ (each one's reduced gain on its second-best type at the
     prices, ≥ 0 where it may stop: the decomposition is a valid bound for any such μ). Valuable jobs torn between
     types first, fewer choices first among like ones: pruning bites early."""
@@ -275,11 +278,13 @@ def _bounds(rows: list[np.ndarray], tables: np.ndarray, caps: np.ndarray) -> tup
     for h in range(H - 1, -1, -1):
         bound[h] = bound[h + 1]
         for c in np.flatnonzero(counts[h]) + 1:
-            np.maximum(bound[h, :, pad + c :], bound[h + 1, :, pad : pad + width - c] + tables[h, :, c, None], out=bound[h, :, pad + c :])
+            np.maximum(bound[h, :, pad + c :], bound[h + 1, :, pad : pad + width - c] + tables[h, :, c, None],
+                       out=bound[h, :, pad + c :])
     return bound.reshape(H + 1, -1), np.arange(T) * (pad + width) + pad
 
 
-def _choices(keep: np.ndarray, may_stop: np.ndarray, gain: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+def _choices(keep: np.ndarray, may_stop: np.ndarray, gain: np.ndarray,
+             caps: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """Each hesitant job's choices left, stopping first where allowed, as flat arrays (type, count, gain, step of the
     state key, nodes taken per type), and where each job's choices start."""
     H, T, _ = keep.shape

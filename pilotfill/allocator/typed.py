@@ -85,11 +85,13 @@ def solve(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], t
     original, original_stop = value_matrix(tables, capacities, types)
     caps = np.array([capacities[t] for t in types], dtype=float)
     values, stop, decided, (ts, ns) = pin(original, original_stop, caps)
-    idle = ~np.isfinite(values[:, :, 1:]).any(axis=(1, 2))  # no count to choose (a due job's table on top, full): out of the search
+    # no count to choose (a due job's table on top, full): out of the search
+    idle = ~np.isfinite(values[:, :, 1:]).any(axis=(1, 2))
     if idle.any():
         decided, ts, ns = decided | idle, np.where(idle, 0, ts), np.where(idle, 0, ns)
     left = caps - np.bincount(ts[decided], weights=ns[decided], minlength=T)
-    grid = min(typegrid.WORK, time_limit_s / typegrid.UPDATE_S)  # the grid DP is not cut short: taken where it fits the limit
+    # the grid DP is not cut short: taken where it fits the limit
+    grid = min(typegrid.WORK, time_limit_s / typegrid.UPDATE_S)
     (ts[~decided], ns[~decided]), how = _solve(values[~decided], stop[~decided], left, deadline, grid, milp)
     return _answer(types, ts, ns), _worth(original, original_stop, ts, ns), how
 
@@ -106,13 +108,14 @@ PIN_MARGIN = 2.0
 gain together (twice: a margin no rounding of the values can close)."""
 
 
-def pin(values: np.ndarray, stop: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+def pin(values: np.ndarray, stop: np.ndarray,
+        caps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Jobs whose type no optimum can doubt, taken out of the search: the values and stops to solve, which jobs are
     decided already, and a type and count per job (meaningful where decided).
 
     A job that has not reported yet keeps its nodes until it does: stopping or moving it costs its change times an
-    exploring rate (:data:`.profiler.EXPLORE_RATE`), some 10¹³ where every other job's worth is 10²–10⁸. In one sum
-    such values leave the bound's tolerance (relative to the total) coarser than most jobs' gains and the search
+    exploring rate (:data:`.profiler.EXPLORE_RATE`), some 10¹³ where every other job's worth is 10²–10⁸. In one
+    sum such values leave the bound's tolerance (relative to the total) coarser than most jobs' gains and the search
     hesitating over all of them: a learned typed replay's slowest decisions were these. Yet their answer
     is plain: if the jobs P, each at its best choice (type t*, count c*), fit together and each one's best beats its
     best choice elsewhere (or stopping) by more than all jobs outside P could gain, then in every optimum each runs
@@ -200,7 +203,8 @@ def _solve(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline: Dea
 
     grid = typegrid.work(caps, values, stop)
     if grid <= grid_work:
-        if grid > PROBE_ABOVE:  # a large grid: the search may prove the optimum for much less (a loose bound fails fast)
+        # a large grid: the search may prove the optimum for much less (a loose bound fails fast)
+        if grid > PROBE_ABOVE:
             with contextlib.suppress(TooManyStates):  # the bound is loose here: the grid answers
                 return _by_search(values, stop, caps, deadline, min(typecore.STATE_LIMIT, int(grid * PROBE_STATES)))
         return typegrid.solve(values, stop, caps), "dp"
@@ -228,15 +232,15 @@ def _by_search(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, deadline:
     return (ts, ns), how
 
 
-def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution, slack: float,
-           deadline: Deadline, probe: int | None = None, milp: bool = True) -> tuple[Solution, str]:  # fmt: skip
-    """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ is near
-    UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or proves
-    that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
-    incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the
-    best solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So
-    does a search still running at half the time (``deadline``, by the caller's clock): the MILP has the rest (without
-    a clock, the whole limit a try). ``probe``: every search of at most this many states, and :class:`TooManyStates`
+def _exact(values: np.ndarray, stop: np.ndarray, caps: np.ndarray, price: np.ndarray, upper: float, best: Solution,
+           slack: float, deadline: Deadline, probe: int | None = None, milp: bool = True) -> tuple[Solution, str]:
+    """The optimum, from the bound down. For θ = UB − d, UB − d·GROW, … the core fixed at θ is small while θ
+    is near UB, and its search either finds the optimum (θ at or below it: nothing is worth more than the θ before) or
+    proves that nothing is worth θ — then a dive on that small core may raise the incumbent. Once θ would pass the
+    incumbent, the search at its value. A search that grows past its limit hands its core to the MILP instead: the best
+    solution there is the optimum if it is worth θ (else the MILP on the core at the incumbent's value). So does a
+    search still running at half the time (``deadline``, by the caller's clock): the MILP has the rest (without a clock,
+    the whole limit a try). ``probe``: every search of at most this many states, and :class:`TooManyStates`
     instead of the MILP."""
     searching = deadline.halfway() if milp else deadline
     step = (upper - best.value) / FIRST_STEP
@@ -279,7 +283,8 @@ def _worth(values: np.ndarray, stop: np.ndarray, ts: np.ndarray, ns: np.ndarray)
     return float(np.where(ns > 0, values[np.arange(len(ns)), ts, ns], stop).sum())
 
 
-def value_matrix(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], types: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def value_matrix(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int],
+                 types: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``values[j, t, n]`` (−inf where not allowed or more nodes than the type has) and ``stop[j]``."""
     J = len(tables)
     width = max(max((len(tb) for job in tables for tb in job.values()), default=1), 1)
@@ -347,7 +352,8 @@ def warm() -> None:
     import scipy.sparse  # noqa: F401
 
 
-def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
+def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray,
+          time_limit_s: float) -> tuple[np.ndarray, np.ndarray, float, bool]:
     """The choices left, exactly: one integer per (group of identical jobs, type, count) kept — copies of one model
     waiting to start are interchangeable, and counting them instead of naming them spares the solver their
     symmetry — at most the group's size per group, capacity per type."""
@@ -377,10 +383,12 @@ def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, t
     size = np.array([len(mem) for mem in members], dtype=float)
     G = len(members)
     # Among equal optima prefer fewer nodes (leave them to the main workload), as the other solvers do.
-    scale = max(1.0, float(gain.max()))  # the largest gain: a hugely negative choice (a costly move) must not swamp the tie-break
+    # the largest gain: a hugely negative choice (a costly move) must not swamp the tie-break
+    scale = max(1.0, float(gain.max()))
     c = -(gain - 1e-9 * scale * nn)
-    A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([gg, G + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
-                   shape=(G + T, m)).tocsr()  # fmt: skip
+    A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]),
+                    (np.concatenate([gg, G + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
+                   shape=(G + T, m)).tocsr()
     ub = np.concatenate([size, caps])
     with quiet_solver():  # HiGHS prints some messages to file descriptor 1 whatever it is told
         res = milp(c, integrality=np.ones(m), bounds=Bounds(0, size[gg]), constraints=LinearConstraint(A, -np.inf, ub),
@@ -397,7 +405,8 @@ def _milp(V: np.ndarray, stop: np.ndarray, caps: np.ndarray, keep: np.ndarray, t
     return ts, ns, float(np.where(ns > 0, V[rows_, ts, ns], stop).sum()), res.status == 0
 
 
-def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float = 1.0) -> tuple[list[Choice], float, bool]:
+def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, int],
+               time_limit_s: float = 1.0) -> tuple[list[Choice], float, bool]:
     """The whole problem as one MILP for HiGHS (no decomposition): the benchmark's reference. Returns the choices,
     the value and whether HiGHS proved it optimal."""
     from scipy.optimize import Bounds, LinearConstraint, milp
@@ -423,13 +432,16 @@ def solve_milp(tables: Sequence[dict[str, np.ndarray]], capacities: dict[str, in
     nn = np.array([e[2] for e in entries])
     gain = np.array([e[3] for e in entries]) - stop[jj]
     m = len(entries)
-    scale = max(1.0, float(gain.max()))  # the largest gain: a hugely negative choice (a costly move) must not swamp the tie-break
-    A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]), (np.concatenate([jj, J + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
-                   shape=(J + len(types), m)).tocsr()  # fmt: skip
+    # the largest gain: a hugely negative choice (a costly move) must not swamp the tie-break
+    scale = max(1.0, float(gain.max()))
+    A = coo_matrix((np.concatenate([np.ones(m), nn.astype(float)]),
+                    (np.concatenate([jj, J + kk]), np.concatenate([np.arange(m), np.arange(m)]))),
+                   shape=(J + len(types), m)).tocsr()
     ub = np.concatenate([np.ones(J), [capacities[t] for t in types]])
     with quiet_solver():
-        res = milp(-(gain - 1e-9 * scale * nn), integrality=np.ones(m), bounds=Bounds(0, 1), constraints=LinearConstraint(A, -np.inf, ub),
-                   options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})  # fmt: skip
+        res = milp(-(gain - 1e-9 * scale * nn), integrality=np.ones(m), bounds=Bounds(0, 1),
+                   constraints=LinearConstraint(A, -np.inf, ub),
+                   options={"time_limit": max(0.01, time_limit_s), "mip_rel_gap": 1e-9})
     choices = [Choice(None, 0)] * J
     value = float(stop.sum())
     if res.x is None:

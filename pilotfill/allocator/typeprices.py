@@ -94,7 +94,8 @@ def _newton(flat, weight, caps, counts, kind, price, tau):
             step[free] = -np.linalg.solve(h + 1e-9 * max(float(np.trace(h)), 1e-300) * np.eye(len(h)), grad[free])
         except np.linalg.LinAlgError:
             break
-        with np.errstate(over="ignore", invalid="ignore"):  # a step so large its product overflows: the check below ends it
+        # a step so large its product overflows: the check below ends it
+        with np.errstate(over="ignore", invalid="ignore"):
             decrease = -(grad @ step)
         if not np.isfinite(step).all() or decrease <= tau:  # the decrease left is below the smoothing's scale
             break

@@ -112,7 +112,8 @@ def value_tables(problem: Problem) -> list[list[ValueTable]]:
             for i, row in zip(members, matrix):
                 rows[(i, t)] = row[: min(problem.jobs[i].max_nodes, size) + 1]
         cached = problem.__dict__["_value_tables"] = [
-            [ValueTable(job, t, problem.held_by_type(job).get(t, 0), rows[(i, t)]) for t in job.throughput] for i, job in enumerate(problem.jobs)
+            [ValueTable(job, t, problem.held_by_type(job).get(t, 0), rows[(i, t)]) for t in job.throughput]
+            for i, job in enumerate(problem.jobs)
         ]
     return cached
 
@@ -150,7 +151,8 @@ def _value_matrices(problem: Problem) -> dict[str, tuple[list[int], np.ndarray]]
         # row was made as for a job not running anywhere, so the stop is charged on every count, 0 (stopping) included.
         moving = [k for k, i in enumerate(members) if held[i] and (len(held[i]) > 1 or t not in held[i])]
         if moving:
-            loss = [jobs[k].weight * (jobs[k].scale_down_cost_s + jobs[k].restart_cost_s) * current_rate(jobs[k], held[members[k]]) for k in moving]
+            loss = [jobs[k].weight * (jobs[k].scale_down_cost_s + jobs[k].restart_cost_s)
+                    * current_rate(jobs[k], held[members[k]]) for k in moving]
             matrix[moving] -= np.array(loss)[:, None]
         matrices[t] = (members, matrix)
     return matrices
@@ -199,7 +201,8 @@ def hop_table(problem: Problem, job: Job, node_type: str, free: int, stay: float
     cap = min(job.max_nodes, free)
     if cap < job.min_nodes:
         return np.zeros(1)
-    row = _batch([job], node_type, [cap], [0], [0.0], problem.t_fwd, [(curve, explore if explore is not None else job.throughput[node_type])])[0]
+    row = _batch([job], node_type, [cap], [0], [0.0], problem.t_fwd,
+                 [(curve, explore if explore is not None else job.throughput[node_type])])[0]
     loss = job.weight * (job.scale_down_cost_s + job.restart_cost_s) * current_rate(job, problem.held_by_type(job))
     out = row - loss - stay
     out[0] = 0.0
@@ -211,8 +214,9 @@ def exploration_table(problem: Problem, job: Job, node_type: str, base: int, fre
     return exploration_tables(problem, [job], node_type, [base], free)[0]
 
 
-def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float] | None, t_fwd: float,
-           curves: list[tuple[ScalingCurve, ScalingCurve]] | None = None, only_here: list[bool] | None = None) -> np.ndarray:  # fmt: skip
+def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int], rate_now: list[float] | None,
+           t_fwd: float, curves: list[tuple[ScalingCurve, ScalingCurve]] | None = None,
+           only_here: list[bool] | None = None) -> np.ndarray:
     """Value rows for ``jobs`` on ``node_type`` at n = 0 … cap_j (one row each; −inf past a job's cap).
 
     ``curves``: (metric, throughput) per job instead of the job's own (exploring values growth by the optimistic curve).
@@ -233,11 +237,13 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     if all(c == caps[0] for c in caps):  # the usual case: one width for all
         metric = np.array([m.table(caps[0]) for m, _ in curves]).reshape(J, W)
         thr = metric if same else np.array([t.table(caps[0]) for _, t in curves]).reshape(J, W)
-    elif W - 1 <= (top := max(job.max_nodes for job in jobs)) and (top < 2 * W + 64 or all(job.max_nodes == top for job in jobs)):
-        # every curve's table up to the jobs' largest maximum, cut to the widest cap, one array for all (what lies past a
-        # job's cap is never read: made −inf below). Rows are not copied one by one into a matrix, and a curve's table is
-        # made once whatever the room (exploring: each job's cap its base plus the room). Of jobs of different maxima only
-        # when bounded, so that a job that may take the whole machine does not tabulate every other curve that far.
+    elif (W - 1 <= (top := max(job.max_nodes for job in jobs))
+          and (top < 2 * W + 64 or all(job.max_nodes == top for job in jobs))):
+        # every curve's table up to the jobs' largest maximum, cut to the widest cap, one array for all (what lies past
+        # a job's cap is never read: made −inf below). Rows are not copied one by one into a matrix, and a curve's
+        # table is made once whatever the room (exploring: each job's cap its base plus the room). Of jobs of different
+        # maxima only when bounded, so that a job that may take the whole machine does not tabulate every other curve
+        # that far.
         metric = np.array([m.table(top) for m, _ in curves]).reshape(J, top + 1)[:, :W]
         thr = metric if same else np.array([t.table(top) for _, t in curves]).reshape(J, top + 1)[:, :W]
     else:  # each row a prefix of its curve's table up to the job's maximum (made once per curve, whatever the room)
@@ -246,7 +252,8 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
             metric[j, : cap + 1] = m.table(max(cap, job.max_nodes))[: cap + 1]
             thr[j, : cap + 1] = t.table(max(cap, job.max_nodes))[: cap + 1]
     lo, hi, remaining, up, down, restart, weight = np.array(
-        [(job.min_nodes, job.max_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s, job.restart_cost_s, job.weight) for job in jobs],
+        [(job.min_nodes, job.max_nodes, job.remaining_samples, job.scale_up_cost_s, job.scale_down_cost_s,
+          job.restart_cost_s, job.weight) for job in jobs],
         dtype=float,
     ).reshape(J, 7).T
     lo = lo.astype(int)
@@ -262,11 +269,13 @@ def _batch(jobs: list[Job], node_type: str, caps: list[int], current: list[int],
     if rate_now is None:
         valid = np.asarray(only_here, dtype=bool) & (cur >= lo) & (cur <= hi)
         rate = np.where(valid & (cur <= cap_a), metric[rows, np.minimum(cur, cap_a)], 0.0)
-        for j in np.flatnonzero(valid & (cur > cap_a)).tolist():  # held past the row (exploring a smaller base): off the curve
+        # held past the row (exploring a smaller base): off the curve
+        for j in np.flatnonzero(valid & (cur > cap_a)).tolist():
             rate[j] = curves[j][0].at(int(cur[j]))
     else:
         rate = np.asarray(rate_now, dtype=float)
-    penalty = np.where(n[None, :] > cur[:, None], (up * rate)[:, None], np.where(n[None, :] < cur[:, None], (down * rate)[:, None], 0.0))
+    penalty = np.where(n[None, :] > cur[:, None], (up * rate)[:, None],
+                       np.where(n[None, :] < cur[:, None], (down * rate)[:, None], 0.0))
     penalty[:, 0] += np.where(cur > 0, restart * rate, 0.0)  # stopping loses work since the last commit and a restart
     gain[:, 0] = 0.0  # not running earns nothing, whatever the curve says at 0
     values = weight[:, None] * (gain - penalty)

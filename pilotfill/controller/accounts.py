@@ -37,4 +37,5 @@ class NodeSeconds:
 
     def totals(self) -> dict[str, float]:
         """Every node-second so far, journaled or not."""
-        return {"held": self.world.counters["held_node_s"] + self._held, "used": self.world.counters["used_node_s"] + self._used}
+        return {"held": self.world.counters["held_node_s"] + self._held,
+                "used": self.world.counters["used_node_s"] + self._used}

@@ -29,7 +29,8 @@ class Applier:
     """Applies answers (:meth:`apply`); remembers when each running job's nodes last changed (how long an allocation
     lasts is learned from it: ``lifetimes``)."""
 
-    def __init__(self, world: World, runtime: Runtime, types: NodeTypes, progress: JobProgress, lifetimes: HoldModel, fail: Fail):
+    def __init__(self, world: World, runtime: Runtime, types: NodeTypes, progress: JobProgress, lifetimes: HoldModel,
+                 fail: Fail):
         self.world, self.runtime, self.types, self.progress, self.lifetimes = world, runtime, types, progress, lifetimes
         self._fail = fail
         self._sized_at: dict[str, float] = {}  # running job -> when its nodes last changed
@@ -64,12 +65,15 @@ class Applier:
                 # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
                 self.stop(job, now, sorted(lost), cause)
                 running = False
-            if running and new and old and self.types.typed and self.types.of_nodes(world, new) != self.types.of_nodes(world, old):
+            if (running and new and old and self.types.typed
+                    and self.types.of_nodes(world, new) != self.types.of_nodes(world, old)):
                 # Another kind of node: a stop (it resumes from its last commit) and a start there.
                 running = self.stop_for_a_start(job, old, lost, now, "moved to another node type")
-            if running and new and old and (lost or not set(old) <= set(new)) and self.progress.forming(job) and not self.runtime.shrinks_while_forming(job.id):
-                # Its ranks are still forming the group (Horovod's hvd.init): a start on the nodes it keeps, not a shrink.
-                running = self.stop_for_a_start(job, old, lost, now, f"{cause or 'shrunk'} while its ranks were forming the group")
+            if (running and new and old and (lost or not set(old) <= set(new)) and self.progress.forming(job)
+                    and not self.runtime.shrinks_while_forming(job.id)):
+                # Its ranks are still forming the group (hvd.init): a start on the nodes it keeps, not a shrink.
+                running = self.stop_for_a_start(job, old, lost, now,
+                                                f"{cause or 'shrunk'} while its ranks were forming the group")
             try:
                 if running and new:
                     if set(new) == set(old) and not lost:
@@ -98,7 +102,8 @@ class Applier:
                 self._sized_at.pop(job.id, None)
         return moved
 
-    def stop(self, job: Job, now: float, nodes_before: list[str], cause: str | None, free_nodes: bool = True, **why: object) -> None:
+    def stop(self, job: Job, now: float, nodes_before: list[str], cause: str | None, free_nodes: bool = True,
+             **why: object) -> None:
         """A running job stops: its ranks end, it goes back to the queue from its last commit (``World.requeue``), and
         the journal says why (``cause``: the nodes it lost and how, "allocation", or what made it start again)."""
         self.runtime.stop(job.id)
@@ -115,10 +120,12 @@ class Applier:
         """A running job whose ranks went silent (:meth:`.JobProgress.stalled`): stopped, to start again from its last
         commit at the next decision (said once on the progress line: the notice stays until it ends)."""
         silent_s = self.progress.silent_s
-        log.warning("job %s (%s): its ranks neither reported nor printed for %.0f s: formed again from its last commit", job.id, job.name, silent_s)
+        log.warning("job %s (%s): its ranks neither reported nor printed for %.0f s: formed again from its last commit",
+                    job.id, job.name, silent_s)
         if self.progress.notices is not None:
-            self.progress.notices.say(f"job.{job.id}.silent", f"{job.name}: its ranks were silent for {silent_s:.0f} s: started again from its last "
-                                      "commit", now, level="waiting")  # fmt: skip
+            self.progress.notices.say(f"job.{job.id}.silent",
+                                      f"{job.name}: its ranks were silent for {silent_s:.0f} s: started again from its "
+                                      "last commit", now, level="waiting")
         self.stop(job, now, sorted(job.nodes), f"its ranks were silent for {silent_s:.0f} s")
 
     def _resize(self, job: Job, new: list[str], old: list[str], lost: set[str], cause: str | None, now: float) -> None:
@@ -128,18 +135,21 @@ class Applier:
         self.progress.resized(job, len(new) > len(old), now)
         if not self.runtime.resize_keeps_progress(grow_only=not lost and set(old) <= set(new), job_id=job.id):
             world.roll_back(job)
-        world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new, **({"cause": cause} if cause else {}))
+        world.log("job.resized", now, job=job.id, before=len(old) + len(lost), after=len(new), nodes=new,
+                  **({"cause": cause} if cause else {}))
 
     def _start(self, job: Job, new: list[str], now: float) -> None:
         world = self.world
         self.runtime.start(job.id, self.types.start_spec(world, job, new), new)
         self.progress.started(job, now)
         world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
-        world.log("job.started", now, job=job.id, nodes=new, progress=job.progress, **self.types.placed(world, job, new, now))
+        world.log("job.started", now, job=job.id, nodes=new, progress=job.progress,
+                  **self.types.placed(world, job, new, now))
 
     def _keeps_its_nodes(self, job: Job, answer: Allocation) -> bool:
         """Whether ``answer`` leaves a running job exactly as it is: the same count on the same type, nothing lost."""
-        if job.status != JobStatus.RUNNING or job.lost or not job.nodes or answer.counts.get(job.id, 0) != len(job.nodes):
+        if (job.status != JobStatus.RUNNING or job.lost or not job.nodes
+                or answer.counts.get(job.id, 0) != len(job.nodes)):
             return False
         return not self.types.typed or answer.node_type.get(job.id) == self.types.of_nodes(self.world, job.nodes)
 
@@ -150,18 +160,22 @@ class Applier:
         world = self.world
         nodes = [world.nodes[n] for n in lost if n in world.nodes]
         pilots = [world.pilots.get(node.pilot) if node.pilot else None for node in nodes]
-        if not nodes or any(p is None or p.walltime_end is None or node.deadline != p.walltime_end or node.state != NodeState.LEAVING for node, p in zip(nodes, pilots)):
+        if not nodes or any(p is None or p.walltime_end is None or node.deadline != p.walltime_end
+                            or node.state != NodeState.LEAVING for node, p in zip(nodes, pilots)):
             return False  # not (only) a walltime: a preemption, a lost node
-        usable = max(node.since - p.registered_at for node, p in zip(nodes, pilots))  # a pilot's time from its start to its drain
+        # a pilot's time from its start to its drain
+        usable = max(node.since - p.registered_at for node, p in zip(nodes, pilots))
         if self.progress.uncommitted_s(job, now) < 0.5 * usable:
             return False  # it started late in its pilots' lives: no sign that it cannot fit in one
         count = self.progress.outlived(job, now)
-        world.log("job.outlived", now, job=job.id, runs=count, uncommitted_s=round(self.progress.uncommitted_s(job, now), 3), pilot_s=round(usable, 3))
+        world.log("job.outlived", now, job=job.id, runs=count,
+                  uncommitted_s=round(self.progress.uncommitted_s(job, now), 3), pilot_s=round(usable, 3))
         if count < OUTLIVED_LIMIT:
             return False
-        self._fail(job, now, f"the job lost its work to its pilots' walltime {count} times in a row with nothing committed in between: it trains "
-                   f"longer between commits than a pilot lasts (about {usable:.0f} s from a pilot's start to its drain): commit more often "
-                   f"(ElasticState.commit()), or let pilots run longer (the site config's pilot walltime)",  # fmt: skip
+        self._fail(job, now, f"the job lost its work to its pilots' walltime {count} times in a row with nothing "
+                   f"committed in between: it trains longer between commits than a pilot lasts (about {usable:.0f} s "
+                   f"from a pilot's start to its drain): commit more often (ElasticState.commit()), or let pilots run "
+                   f"longer (the site config's pilot walltime)",
                    f"lost to its pilots' walltime {count} times")
         return True
 

@@ -145,54 +145,79 @@ class Controller:
         self.started = clock()
         compiled.warm()  # the allocator's compiled DP is loaded before the loop, not in its first decision
         self.profiler = Profiler()
-        self.pool_horizon = PoolHorizon(self.world, self.journal, config.controller.t_fwd)  # how long an allocation made now lasts
+        # how long an allocation made now lasts
+        self.pool_horizon = PoolHorizon(self.world, self.journal, config.controller.t_fwd)
         self.holds, self.lifetimes = self.pool_horizon.holds, self.pool_horizon.lifetimes
         self.schedule = DecisionSchedule()  # when to decide (controller/schedule.py)
         self.stopping = False
         self.draining = False  # stopping: ranks are leaving at their commits; nothing is decided any more
         self._leaving_ranks: set[tuple[str, str]] = set()  # (job, host) told to leave while stopping, not yet gone
-        self.heard = LastHeard(config.pilots.heartbeat_deadline_s, stall_s=max(config.pilots.heartbeat_s, 2 * config.controller.tick_s, 1.0))
+        self.heard = LastHeard(config.pilots.heartbeat_deadline_s,
+                               stall_s=max(config.pilots.heartbeat_s, 2 * config.controller.tick_s, 1.0))
         self._last_step: float | None = None
         self._polled_at = 0.0  # the last scheduler poll
-        self._backlog: deque[tuple[PilotEvent, float]] = deque()  # what polls said, not yet handled (with when the poll before was)
+        # what polls said, not yet handled (with when the poll before was)
+        self._backlog: deque[tuple[PilotEvent, float]] = deque()
         self._pruned_at = self.started
-        self.node_seconds = NodeSeconds(self.world, self.started)  # held by pilots, used by jobs (controller/accounts.py)
+        # held by pilots, used by jobs (controller/accounts.py)
+        self.node_seconds = NodeSeconds(self.world, self.started)
         self.stats: dict[str, list[float]] = {"solve_ms": [], "decide_ms": []}
         self.methods: Counter[str] = Counter()
         self._errors = 0
         self.last_method: str | None = None
-        self.wakes = Wakes()  # pilots whose parked heartbeat is answered after the commit (controller/pilot_handlers.py)
+        # pilots whose parked heartbeat is answered after the commit (controller/pilot_handlers.py)
+        self.wakes = Wakes()
         self.launcher = AgentLauncher(self.world, wake=self.wakes.later)
         self._batching = False  # inside handle_batch: wakes wait for the batch's commit
         self.scheduler = scheduler or self._make_scheduler()
-        self.notices = Notices(self.journal)  # why the campaign waits, for the progress line and `pilotfill top` (controller/notices.py)
-        self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock, self.notices)  # every call into the batch system, backed off on failure
+        # why the campaign waits, for the progress line and `pilotfill top` (controller/notices.py)
+        self.notices = Notices(self.journal)
+        # every call into the batch system, backed off on failure
+        self.gateway = SchedulerGateway(self.scheduler, self.world, self.clock, self.notices)
         self.runtime = runtime or self._make_runtime()
-        self.types = NodeTypes(config, self.run_dir, self.profiler)  # a machine with several kinds of node (controller/node_types.py)
+        # a machine with several kinds of node (controller/node_types.py)
+        self.types = NodeTypes(config, self.run_dir, self.profiler)
         if self.types.typed:
             typed_solver.warm()  # its MILP fallback's imports before the loop, not in the first decision that needs it
-        self.views = AllocatorViews(self.world, self.profiler, self.types, priors=config.controller.admission == "worth",
-                                    ranks_per_node=config.runtime.ranks_per_node)  # the allocator's view of each job, made anew when it changed
+        # the allocator's view of each job, made anew when it changed
+        self.views = AllocatorViews(self.world, self.profiler, self.types,
+                                    priors=config.controller.admission == "worth",
+                                    ranks_per_node=config.runtime.ranks_per_node)
         views = self.views
-        self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version, views.waiting_traits)  # kept until a job changes
+        # kept until a job changes
+        self.waiting = WaitingJobs(views.waiting_kind, views.waiting_worth, views.waiting_version,
+                                   views.waiting_traits)
         self._idle_types: dict[str, int] | None = None
-        self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))  # pilots' ends (controller/walltime.py)
-        self.planner = Planner(self.world, config.controller, self.profiler, self.types, views, self.waiting, self.walltimes, self.pool_horizon.at,
-                                 clock, fail=lambda job, error, why: self.end_job(job, self.clock(), "failed", error=error, why=why))  # fmt: skip
-        self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler, ends=self,
-                                 changed=self._decide_again)  # the batch system's events, silent pilots, walltimes (controller/liveness.py)  # fmt: skip
-        self.progress = JobProgress(self.world, self.profiler, self.types, self.runtime, at_commit=self.liveness.leave_at_commit,
-                                 changed=self._decide_again, notices=self.notices, silent_s=config.runtime.silent_s)  # what reports say: progress, commits, measured rates (controller/training.py)  # fmt: skip
+        # pilots' ends (controller/walltime.py)
+        self.walltimes = Walltimes(lead_s(config.pilots.grace_s, config.controller.tick_s))
+        self.planner = Planner(self.world, config.controller, self.profiler, self.types, views, self.waiting,
+                               self.walltimes, self.pool_horizon.at, clock,
+                               fail=lambda job, error, why: self.end_job(job, self.clock(), "failed", error=error,
+                                                                         why=why))
+        # the batch system's events, silent pilots, walltimes (controller/liveness.py)
+        self.liveness = Liveness(self.world, self.heard, self.walltimes, self.gateway, self.scheduler, self.profiler,
+                                 ends=self, changed=self._decide_again)
+        # what reports say: progress, commits, measured rates (controller/job_progress.py)
+        self.progress = JobProgress(self.world, self.profiler, self.types, self.runtime,
+                                    at_commit=self.liveness.leave_at_commit, changed=self._decide_again,
+                                    notices=self.notices, silent_s=config.runtime.silent_s)
+        # makes the answers so (controller/applier.py)
         self.applier = Applier(self.world, self.runtime, self.types, self.progress, self.lifetimes,
-                                   fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))  # answers made so  # fmt: skip
-        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.planner, ends=self, incarnation=self.incarnation,
-                                   wake=self.wakes.later, notices=self.notices)  # fmt: skip
-        self.adoption = Adoption()  # the ranks taken over from a predecessor, until their agents confirm them (controller/recovery.py)
-        self.pilot_handlers = PilotHandlers(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self, incarnation=self.incarnation,
-                                    heartbeat_s=config.pilots.heartbeat_s, changed=self._decide_again, adoption=self.adoption)  # what the pilots' agents ask  # fmt: skip
-        self.job_handlers = JobHandlers(self.world, self.journal, self.progress, self.types, ends=self, capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
-                                changed=self._decide_again)  # what clients and ranks ask about jobs (controller/job_handlers.py)  # fmt: skip
-        self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {  # one per message type (protocol.BY_TYPE)
+                               fail=lambda job, now, error, why: self.end_job(job, now, "failed", error=error, why=why))
+        self.pilots = PilotManager(self.world, config.pilots, self.gateway, question=self.planner, ends=self,
+                                   incarnation=self.incarnation, wake=self.wakes.later, notices=self.notices)
+        # the ranks taken over from a predecessor, until their agents confirm them (controller/recovery.py)
+        self.adoption = Adoption()
+        # what the pilots' agents ask
+        self.pilot_handlers = PilotHandlers(self.world, self.heard, self.launcher, self.pilots, self.wakes, ends=self,
+                                            incarnation=self.incarnation, heartbeat_s=config.pilots.heartbeat_s,
+                                            changed=self._decide_again, adoption=self.adoption)
+        # what clients and ranks ask about jobs (controller/job_handlers.py)
+        self.job_handlers = JobHandlers(self.world, self.journal, self.progress, self.types, ends=self,
+                                        capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
+                                        changed=self._decide_again)
+        # one per message type (protocol.BY_TYPE)
+        self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {
             PilotRegister.TYPE: self.pilot_handlers.register,
             PilotHeartbeat.TYPE: self.pilot_handlers.heartbeat,
             PilotLeaving.TYPE: self.pilot_handlers.leaving,
@@ -210,10 +235,12 @@ class Controller:
         for kind in RUNTIME_NAMES:  # a runtime's own messages go to it (the torch agents' rendezvous)
             for type_ in runtime_class(kind).handles:
                 self.handlers[type_] = functools.partial(self._on_runtime_message, kind)
-        # Take over from a predecessor (controller/recovery.py): what still runs is adopted, the other running jobs resume from their commits.
+        # Take over from a predecessor (controller/recovery.py): what still runs is adopted, the other running jobs
+        # resume from their commits.
         TakeOver(self.world, self.journal, self.gateway, self.scheduler, self.runtime, self.heard, self, self.adoption,
-                 spec_of=lambda job, nodes: self.types.start_spec(self.world, job, nodes), measure=self.progress.measure_from, incarnation=self.incarnation,
-                 now=self.clock(), new_campaign=new_campaign, keep_ended_pilots=KEEP_ENDED_PILOTS).run()  # fmt: skip
+                 spec_of=lambda job, nodes: self.types.start_spec(self.world, job, nodes),
+                 measure=self.progress.measure_from, incarnation=self.incarnation, now=self.clock(),
+                 new_campaign=new_campaign, keep_ended_pilots=KEEP_ENDED_PILOTS).run()
         self.schedule.calm()
         for pilot in self.world.pilots.values():
             self.walltimes.track(pilot.id, pilot.walltime_end)
@@ -238,7 +265,8 @@ class Controller:
         """Each job on the runtime its app names, else the configured one (:mod:`pilotfill.elastic.runtimes`); every
         process a runtime puts on a compute node goes through the node's pilot agent (``self.launcher``)."""
         def make(kind: str) -> Runtime:
-            return runtime_class(kind).from_config(self.config, self.run_dir, self.launcher, on_spawn=self._record_process)
+            return runtime_class(kind).from_config(self.config, self.run_dir, self.launcher,
+                                                   on_spawn=self._record_process)
 
         return JobRuntimes(self.config.runtime.kind, make)
 
@@ -301,8 +329,9 @@ class Controller:
 
     def _on_state_snapshot(self, message: StateSnapshot, now: float) -> dict[str, Any]:
         self.node_seconds.add_until(now)
-        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation, "placement": self.types.placement(), "notices": self.notices.as_list(),
-                "node_seconds": self.node_seconds.totals()}  # fmt: skip
+        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation,
+                "placement": self.types.placement(), "notices": self.notices.as_list(),
+                "node_seconds": self.node_seconds.totals()}
 
     def capacity(self) -> int:
         """The most nodes a job could ever get: the machine (if the batch system says) within the configured cap."""
@@ -311,7 +340,8 @@ class Controller:
         return min(cap, machine) if isinstance(machine, int) and machine > 0 else cap
 
     def _on_runtime_message(self, kind: str, message: Message, now: float) -> dict[str, Any]:
-        """A message of a runtime's own (``Runtime.handles``: the torch agents' ``rdzv.*``), answered by that runtime."""
+        """A message of a runtime's own (``Runtime.handles``: the torch agents' ``rdzv.*``), answered by that
+        runtime."""
         runtime = self.runtime.answering(message.TYPE)
         if runtime is None:
             raise ProtocolError(f"{message.TYPE}: no {kind} job runs in this campaign")
@@ -319,8 +349,8 @@ class Controller:
 
     # ------------------------------------------------------------ every way a node goes
 
-    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: Removal, deadline: float | None = None, event: str | None = None,
-                     taken: bool = False) -> None:  # fmt: skip
+    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: Removal, deadline: float | None = None,
+                     event: str | None = None, taken: bool = False) -> None:
         """Take nodes away from their jobs and, unless ``to`` is ``Removal.FROM_JOB``, out of the pool.
 
         ``to``: ``LEAVING`` (SIGTERM: gone within the grace period), ``GONE``
@@ -335,7 +365,8 @@ class Controller:
         shrunk: dict[str, list[str]] = {}
         for name in names:
             node = world.nodes.get(name)
-            if node is None or node.state == NodeState.GONE or (to == Removal.LEAVING and node.state == NodeState.LEAVING):
+            if (node is None or node.state == NodeState.GONE
+                    or (to == Removal.LEAVING and node.state == NodeState.LEAVING)):
                 continue
             if node.job is not None:
                 shrunk.setdefault(node.job, []).append(name)
@@ -398,7 +429,8 @@ class Controller:
             raise self.pilots.fatal
 
     def _step_in_transaction(self, now: float) -> None:
-        """Poll what is not messaged, tell the schedule what was seen, do the one thing it says (controller/schedule.py)."""
+        """Poll what is not messaged, tell the schedule what was seen, do the one thing it says
+        (controller/schedule.py)."""
         with self.journal.transaction():
             before, self._polled_at = self._polled_at, now
             self._backlog.extend((event, before) for event in self.gateway.call("poll", self.scheduler.poll, now) or [])
@@ -417,8 +449,10 @@ class Controller:
             idle = self._idle()
             pilots = self.pilots
             seen = Observed(
-                idle, len(self.world.open), backlog=bool(self._backlog), draining=self.draining, pilots_owed=pilots.owed,
-                types_moved=self.types.typed and self._idle_types is not None and self._idle_types != self.types.last_idle,
+                idle, len(self.world.open), backlog=bool(self._backlog), draining=self.draining,
+                pilots_owed=pilots.owed,
+                types_moved=(self.types.typed and self._idle_types is not None
+                             and self._idle_types != self.types.last_idle),
                 arriving=lambda: pilots.arriving(now, SETTLE_S),
                 pilots_due=lambda: pilots.release_due(now) or pilots.retry_due(now) or pilots.limit_due(now),
             )  # fmt: skip
@@ -490,7 +524,8 @@ class Controller:
             crashes = job.crashes + 1
             self.world.log("job.crashed", now, job=job.id, returncode=exit_.returncode, crashes=crashes)
             if crashes >= JOB_RETRIES:
-                error = f"the job's launcher {exit_words(exit_.returncode)}, {crashes} times in a row; last output:\n{exit_.output}"
+                error = (f"the job's launcher {exit_words(exit_.returncode)}, {crashes} times in a row; last output:\n"
+                         f"{exit_.output}")
                 self.world.update_job(job, crashes=crashes)
                 self.end_job(job, now, "failed", error=error, why=f"launcher exited {exit_.returncode}")
             else:
@@ -498,8 +533,8 @@ class Controller:
             self.schedule.changed()
         elif exit_.crashed and exit_.host in job.nodes:
             # A rank that ended on its own on a node its pilot still holds is the app's own doing (sys.exit from a
-            # child, a segfault, the OOM killer), not a lost node: relaunched, but not for ever — JOB_RETRIES such ends
-            # in a row with nothing committed in between end the job, saying what the rank did.
+            # child, a segfault, the OOM killer), not a lost node: relaunched, but not for ever — JOB_RETRIES such
+            # ends in a row with nothing committed in between end the job, saying what the rank did.
             crashes = job.crashes + 1 if job.crash_commit == job.committed else 1
             job.crash_commit = job.committed
             self.world.update_job(job, crashes=crashes)
@@ -512,8 +547,8 @@ class Controller:
                     tail = ""
                 what = exit_words(exit_.returncode)
                 error = (f"{tail}\n" if tail else "") + (
-                    f"a rank of the app {what} on {exit_.host}, {crashes} times in a row with nothing committed in between: the app's own end, "
-                    f"not a lost node (its output: {log_path})")  # fmt: skip
+                    f"a rank of the app {what} on {exit_.host}, {crashes} times in a row with nothing committed in "
+                    f"between: the app's own end, not a lost node (its output: {log_path})")
                 self.end_job(job, now, "failed", error=error, why=f"a rank {what}")
                 return
             self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", Removal.FROM_JOB)
@@ -569,10 +604,12 @@ class Controller:
         after the nodes it leaves free are offered to the jobs it left out)."""
         answer = offer = None
         if decided is not None:
-            active, problem, answer, left = decided.solved.active, decided.solved.problem, decided.solved.answer, decided.solved.left
+            active, problem, answer, left = (decided.solved.active, decided.solved.problem, decided.solved.answer,
+                                             decided.solved.left)
             moved = self.applier.apply(active, answer, now)
-            self.world.log("allocation", now, solve_ms=round(decided.solve_ms, 3), method=answer.method, counts={j: n for j, n in answer.counts.items() if n},
-                           moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))  # fmt: skip
+            self.world.log("allocation", now, solve_ms=round(decided.solve_ms, 3), method=answer.method,
+                           counts={j: n for j, n in answer.counts.items() if n}, moved=moved,
+                           pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3))
             if apart and any(left) and sum(answer.counts.values()) < len(problem.pool.nodes):
                 offer = (problem, answer, left)  # the nodes it leaves free: to the jobs it left out, in the next pass
         self.schedule.carried_out(apart, offer, answer)
@@ -590,13 +627,15 @@ class Controller:
     def _idle_types_now(self) -> dict[str, int] | None:
         if not self.types.typed:
             return None
-        return self._idle_types if self._idle_types is not None else (self.types.last_idle or {t: 0 for t in self.types.names})
+        return (self._idle_types if self._idle_types is not None
+                else (self.types.last_idle or {t: 0 for t in self.types.names}))
 
 
     def _offer_free(self, offer: tuple[Problem, Allocation, list[list[Job]]], now: float) -> None:
         """The pass after a large decision: the nodes its answer left free, offered to the waiting jobs it left out
-        (:meth:`.Planner.offer_left_free`) and the jobs that take them started. Nothing changed since (else the decision is
-        taken anew), so its problem still holds; the pilots are sized on both answers together, in the pass after."""
+        (:meth:`.Planner.offer_left_free`) and the jobs that take them started. Nothing changed since (else the
+        decision is taken anew), so its problem still holds; the pilots are sized on both answers together, in the
+        pass after."""
         problem, answer, left = offer
         t0 = time.perf_counter()
         left = [[j for j in queue if j.status == JobStatus.PENDING and not j.nodes] for queue in left]
@@ -605,14 +644,16 @@ class Controller:
             return
         solve_ms = (time.perf_counter() - t0) * 1000
         moved = self.applier.apply(offered, joined, now)
-        self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method, counts={j: n for j, n in joined.counts.items() if n},
-                       moved=moved, pool=len(problem.pool.nodes), horizon_s=round(problem.t_fwd, 3), offered=len(offered))  # fmt: skip
+        self.world.log("allocation", now, solve_ms=round(solve_ms, 3), method=joined.method,
+                       counts={j: n for j, n in joined.counts.items() if n}, moved=moved, pool=len(problem.pool.nodes),
+                       horizon_s=round(problem.t_fwd, 3), offered=len(offered))
         self.schedule.offered(joined)
 
 
     # ------------------------------------------------------------ helpers
 
-    def end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None, why: str | None = None) -> None:
+    def end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None,
+                why: str | None = None) -> None:
         """A job is over (the first outcome wins): stop its ranks, free its nodes, record why."""
         if job.status in TERMINAL:
             return
@@ -678,7 +719,8 @@ class Controller:
             self.node_seconds.journal()
             world.log("controller.stopped", now, incarnation=self.incarnation, ranks_not_gone=len(self._leaving_ranks))
         self.journal.close()
-        gc.unfreeze()  # what this controller froze is the collector's again (a replay or a test goes on in this process)
+        # what this controller froze is the collector's again (a replay or a test goes on in this process)
+        gc.unfreeze()
 
 
 __all__ = ["Controller", "JOB_RETRIES", "MAX_BATCH", "Pilot", "ProblemError"]

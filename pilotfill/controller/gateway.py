@@ -47,7 +47,9 @@ class SchedulerGateway:
             now = self.clock()
             self.world.log("scheduler.error", now, during=what, error=str(exc)[-1000:], retry_in_s=delay)
             if what != "close":
-                self.notices.say(f"scheduler.{what}", f"{self.scheduler.title} did not answer ({what}): {reason_of(exc)}", now, retry_at=now + delay)
+                self.notices.say(f"scheduler.{what}",
+                                 f"{self.scheduler.title} did not answer ({what}): {reason_of(exc)}",
+                                 now, retry_at=now + delay)
             return None
         if self._backoff.pop(what, None) is not None:
             self.notices.clear(f"scheduler.{what}")

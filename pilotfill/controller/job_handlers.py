@@ -3,9 +3,9 @@ model, return a result or a failure.
 
 A submission is checked (``protocol.check_spec``) and sized against the machine: a job that needs more nodes than the
 batch system could ever give is refused with the reason, one that asks for more than there is gets what there is. The
-same call again — a retry of a request an earlier incarnation applied, or a re-run of the campaign (the same key) — is
-the job it already is. Reports and commits go to :class:`~pilotfill.controller.job_progress.JobProgress`; every end of a job
-goes to the controller's one ``end_job``.
+same call again — a retry of a request an earlier incarnation applied, or a re-run of the campaign (the same key) —
+is the job it already is. Reports and commits go to :class:`~pilotfill.controller.job_progress.JobProgress`; every end
+of a job goes to the controller's one ``end_job``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,20 @@ from typing import Any, Protocol
 
 from ..config import Config
 from ..lifecycle import TERMINAL, JobStatus
-from ..protocol import JobCancel, JobCommit, JobDescribe, JobFailed, JobGet, JobReport, JobResult, JobSpec, JobStatusQuery, JobSubmit, ProtocolError, check_spec
+from ..protocol import (
+    JobCancel,
+    JobCommit,
+    JobDescribe,
+    JobFailed,
+    JobGet,
+    JobReport,
+    JobResult,
+    JobSpec,
+    JobStatusQuery,
+    JobSubmit,
+    ProtocolError,
+    check_spec,
+)
 from ..journal import Journal
 from .job_progress import JobProgress
 from .node_types import NodeTypes
@@ -35,15 +48,16 @@ def nodes_fed(spec: JobSpec, config: Config) -> int | None:
 class JobEnds(Protocol):
     """How a job ends: the controller's one way, so that its ranks stop and its nodes are freed whatever ended it."""
 
-    def end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None, why: str | None = None) -> None: ...
+    def end_job(self, job: Job, now: float, status: str, result: Any = None, error: str | None = None,
+                why: str | None = None) -> None: ...
 
 
 class JobHandlers:
     """The handlers of the jobs' messages. ``capacity()``: the most nodes a job could ever get; ``changed()``: the
     jobs changed, the next pass decides again."""
 
-    def __init__(self, world: World, journal: Journal, progress: JobProgress, types: NodeTypes, ends: JobEnds, capacity: Callable[[], int],
-                 checkpoint_dir: Path, changed: Callable[[], None]):  # fmt: skip
+    def __init__(self, world: World, journal: Journal, progress: JobProgress, types: NodeTypes, ends: JobEnds,
+                 capacity: Callable[[], int], checkpoint_dir: Path, changed: Callable[[], None]):
         self.world, self.journal, self.progress, self.types, self.ends = world, journal, progress, types, ends
         self.capacity, self.checkpoint_dir, self._changed = capacity, checkpoint_dir, changed
 
@@ -64,7 +78,8 @@ class JobHandlers:
             return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
         earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
-        if earlier is not None and earlier.status not in (JobStatus.FAILED, JobStatus.CANCELLED) and not (spec.get("fresh") and earlier.status == JobStatus.FINISHED):
+        if (earlier is not None and earlier.status not in (JobStatus.FAILED, JobStatus.CANCELLED)
+                and not (spec.get("fresh") and earlier.status == JobStatus.FINISHED)):
             # The same call again (a re-run of the campaign): the job it already is — finished, or resuming. A fresh
             # call (cache=False) is never answered by a finished one.
             if earlier.held:
@@ -74,18 +89,21 @@ class JobHandlers:
             return {"job_id": earlier.id, "reused": True}
         capacity = self.capacity()
         if spec["min_nodes"] > capacity:
-            raise ProtocolError(f"job spec: min_nodes {spec['min_nodes']} is more than this machine could ever give ({capacity} nodes)")
+            raise ProtocolError(f"job spec: min_nodes {spec['min_nodes']} is more than this machine could ever give "
+                                f"({capacity} nodes)")
         if spec["max_nodes"] > capacity:
             spec["max_nodes"] = capacity  # no job can hold more than there is; asking for more is not an error
         fed = nodes_fed(spec, self.types.config)
         if fed is not None and fed < spec["min_nodes"]:
-            raise ProtocolError(f"job spec: global_batch {spec['global_batch']} feeds {fed} node(s) of this machine's ranks, fewer than min_nodes {spec['min_nodes']}")
+            raise ProtocolError(f"job spec: global_batch {spec['global_batch']} feeds {fed} node(s) of this machine's "
+                                f"ranks, fewer than min_nodes {spec['min_nodes']}")
         if fed is not None and spec["max_nodes"] > fed:
             spec["max_nodes"] = fed  # more ranks than its global batch feeds would idle
         job = world.add_job(world.next_job_id(), spec["name"], spec, now, key=key)
         if request is not None:
             self.journal.set_job(job.id, request=request)  # durable, in this reply's transaction
-        world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"], max_nodes=spec["max_nodes"])
+        world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"],
+                  max_nodes=spec["max_nodes"])
         self._changed()
         return {"job_id": job.id}
 
@@ -102,7 +120,8 @@ class JobHandlers:
         return self.checkpoint_dir / f"{job.key or job.id}.pt"
 
     def finished(self, job: Job, now: float) -> None:
-        """A fresh call (cache=False) that finished leaves no commit: the next call of it trains anew, from the start."""
+        """A fresh call (cache=False) that finished leaves no commit: the next call of it trains anew, from the
+        start."""
         if job.spec.get("fresh"):
             try:
                 self.commit_path(job).unlink(missing_ok=True)
@@ -114,8 +133,9 @@ class JobHandlers:
         for job_id in message.job_ids:
             job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
             if job is not None:
-                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress, "committed": job.committed, "result": job.result, "error": job.error,
-                                **self.types.placement_of(job.id)}  # fmt: skip
+                jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress,
+                                "committed": job.committed, "result": job.result, "error": job.error,
+                                **self.types.placement_of(job.id)}
         return {"jobs": jobs}
 
     # ------------------------------------------------------------ a job's ranks
@@ -152,5 +172,6 @@ class JobHandlers:
     def failed(self, message: JobFailed, now: float) -> dict[str, Any]:
         job = self.known(message.job_id)
         error = message.error
-        self.ends.end_job(job, now, "failed", error=error, result=message.value, why=(error.strip().splitlines() or [""])[-1][:200])
+        self.ends.end_job(job, now, "failed", error=error, result=message.value,
+                          why=(error.strip().splitlines() or [""])[-1][:200])
         return {}

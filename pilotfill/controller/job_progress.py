@@ -26,8 +26,9 @@ from .world import Job, World
 log = logging.getLogger("pilotfill.controller")
 
 SILENT_S = 300.0
-"""The default of ``[runtime] silent_s``: a job that reported before and whose ranks have neither reported nor printed for this long, on a runtime that can
-stall out of sight of its collectives' timeouts, is stuck: it is formed again from its last commit (said once)."""
+"""The default of ``[runtime] silent_s``: a job that reported before and whose ranks have neither reported nor printed
+for this long, on a runtime that can stall out of sight of its collectives' timeouts, is stuck: it is formed again from
+its last commit (said once)."""
 OUTLIVED_LIMIT = 3
 """Runs in a row a job may lose to its pilots' walltime with nothing committed in between before it fails: it needs
 longer between commits than a pilot lasts, and would be restarted for ever."""
@@ -40,17 +41,20 @@ class JobProgress:
     leave at their next commit go now: :meth:`.Liveness.leave_at_commit`); ``changed()``: the estimate of a job's
     curve changed, so the allocation rests on something new."""
 
-    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, runtime: Runtime, at_commit: Callable[[Job, float], None],
-                 changed: Callable[[], None], notices: Notices | None = None, silent_s: float = SILENT_S):  # fmt: skip
+    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, runtime: Runtime,
+                 at_commit: Callable[[Job, float], None], changed: Callable[[], None], notices: Notices | None = None,
+                 silent_s: float = SILENT_S):
         self.world, self.profiler, self.types, self.runtime = world, profiler, types, runtime
         self.silent_s = silent_s
         self._at_commit, self._estimate_changed = at_commit, changed
         self.notices = notices
-        self._outlived: dict[str, tuple[int, float]] = {}  # job -> (runs lost to walltimes in a row, its committed progress then)
+        # job -> (runs lost to walltimes in a row, its committed progress then)
+        self._outlived: dict[str, tuple[int, float]] = {}
         self._heard: dict[str, float] = {}  # running job that has reported -> its last report
         self._stall_check = 0.0  # when stalled() looks next
         self._meters: dict[str, Meter] = {}
-        self._changed: dict[str, tuple[float, str]] = {}  # job -> (when, kind) of a start or resize not yet seen training
+        # job -> (when, kind) of a start or resize not yet seen training
+        self._changed: dict[str, tuple[float, str]] = {}
         self._committed_at: dict[str, float] = {}  # job -> its last commit (the commit interval is learned from these)
 
     # ------------------------------------------------------------ what the controller did to a job
@@ -118,8 +122,10 @@ class JobProgress:
         count = count + 1 if committed == job.committed else 1
         self._outlived[job.id] = (count, job.committed)
         if self.notices is not None:
-            self.notices.say(f"job.{job.id}.walltime", f"{job.name} lost its work to its pilots' walltime {count} time{'s' if count > 1 else ''} with "
-                             f"nothing committed (at {OUTLIVED_LIMIT} it fails: it needs to commit more often, or longer pilots)", now)  # fmt: skip
+            self.notices.say(f"job.{job.id}.walltime",
+                             f"{job.name} lost its work to its pilots' walltime {count} time{'s' if count > 1 else ''} "
+                             f"with nothing committed (at {OUTLIVED_LIMIT} it fails: it needs to commit more often, "
+                             f"or longer pilots)", now)
         return count
 
     # ------------------------------------------------------------ what its ranks said
@@ -134,7 +140,8 @@ class JobProgress:
                 self.notices.clear(f"job.{job.id}.silent")  # training again after it was formed anew
             self._heard[job.id] = now
         if message.noise_scale is not None and job.spec.get("adaptive"):
-            job.noise_scale = message.noise_scale  # its view is made anew when it moves far enough (AllocatorViews.inputs)
+            # its view is made anew when it moves far enough (AllocatorViews.inputs)
+            job.noise_scale = message.noise_scale
         if message.position is not None:  # rank 0 of an elastic loader: the job is where its loader is
             progress = world.at_position(job, message.position, message.samples)
         else:
@@ -152,13 +159,16 @@ class JobProgress:
         if total and progress > total and not job.overran:
             world.mark_overran(job)
             world.log("job.overran", now, job=job.id, progress=progress, total_samples=total)
-            log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until it returns",
-                        job.id, job.name, progress, total)  # fmt: skip
+            log.info("job %s (%s) has reported %.4g samples, past the %.4g it declared: it keeps its nodes until "
+                     "it returns", job.id, job.name, progress, total)
         meter = self._meters.get(job.id)
         if job.status == JobStatus.RUNNING and job.id in self._changed and self.runtime.resize_restarts_ranks(job.id):
-            meter = None  # its old ranks, still at the old size until the new round's first report: not this size's rate
-        if job.status == JobStatus.RUNNING and message.host in job.nodes and meter is not None and meter.nodes == len(job.nodes):
-            measured = meter.add(message.samples, message.seconds, now, first=message.first, rank=(message.host, message.pid))
+            # its old ranks, still at the old size until the new round's first report: not this size's rate
+            meter = None
+        if (job.status == JobStatus.RUNNING and message.host in job.nodes and meter is not None
+                and meter.nodes == len(job.nodes)):
+            measured = meter.add(message.samples, message.seconds, now, first=message.first,
+                                 rank=(message.host, message.pid))
             if measured is not None and not (job.spec.get("curve") or job.spec.get("curves")):
                 self._learn(job, meter.nodes, *measured, now)
         return progress
@@ -181,5 +191,6 @@ class JobProgress:
         new_scale = nodes not in self.profiler.scales(job.id, node_type)
         self.profiler.observe(job.id, nodes, rate, weight=seconds, node_type=node_type)
         if new_scale:
-            self.world.log("job.estimate", now, job=job.id, nodes=nodes, samples_per_s=round(rate, 3), **({"node_type": node_type} if node_type else {}))
+            self.world.log("job.estimate", now, job=job.id, nodes=nodes, samples_per_s=round(rate, 3),
+                           **({"node_type": node_type} if node_type else {}))
             self._estimate_changed()  # a scale never seen before: the estimate changed

@@ -68,25 +68,28 @@ class Liveness:
     """What the batch system said of the pilots, which are silent, whose walltime ends: their nodes removed through
     ``ends`` (the controller's ``remove_nodes`` and ``end_pilot``)."""
 
-    def __init__(self, world: World, heard: LastHeard, walltimes: Walltimes, gateway: SchedulerGateway, scheduler: BatchScheduler,
-                 profiler: Profiler, ends: Ends, changed: Callable[[], None]):  # fmt: skip
+    def __init__(self, world: World, heard: LastHeard, walltimes: Walltimes, gateway: SchedulerGateway,
+                 scheduler: BatchScheduler, profiler: Profiler, ends: Ends, changed: Callable[[], None]):
         """``changed()``: the allocation must be decided again (a pilot ended)."""
         self.world, self.heard, self.walltimes = world, heard, walltimes
-        self.gateway, self.scheduler, self.profiler, self.ends, self.changed = gateway, scheduler, profiler, ends, changed
+        (self.gateway, self.scheduler, self.profiler, self.ends,
+         self.changed) = gateway, scheduler, profiler, ends, changed
 
     def on_pilot_event(self, event: PilotEvent, now: float, polled_before: float) -> None:
         """What the batch system said (``polled_before``: when it was asked the time before it said this)."""
         world = self.world
         pilot = world.pilot_of(event.pilot)
         if event.kind == EventKind.STARTED:
-            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id, nodes=list(event.nodes), walltime_end=event.deadline)
+            world.log("pilot.started", now, pilot=event.pilot, scheduler_id=event.scheduler_id,
+                      nodes=list(event.nodes), walltime_end=event.deadline)
             if pilot is not None:
                 world.set_pilot(pilot, scheduler_id=event.scheduler_id, walltime_end=event.deadline)
                 self.walltimes.track(pilot.id, event.deadline)
         elif event.kind == EventKind.PREEMPTED:
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
-                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", Removal.LEAVING, deadline=event.deadline, taken=True)
+                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", Removal.LEAVING,
+                                       deadline=event.deadline, taken=True)
         elif event.kind == EventKind.ENDED and event.reason == EndReason.REQUEUED:
             # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
             # its next agent registers as it. Unless that agent already did (it ran again between two polls).
@@ -98,13 +101,15 @@ class Liveness:
         elif event.kind == EventKind.ENDED:
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
-                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot ended ({event.detail})" if event.detail else "pilot ended", Removal.GONE,
-                                       taken=event.reason != EndReason.CANCELLED)  # fmt: skip
+                self.ends.remove_nodes(list(pilot.nodes), now,
+                                       f"pilot ended ({event.detail})" if event.detail else "pilot ended",
+                                       Removal.GONE, taken=event.reason != EndReason.CANCELLED)
                 self.ends.end_pilot(pilot, "ended", now)
                 self.changed()
 
     def check_heartbeats(self, now: float, last_pass: float | None) -> None:
-        """Pilots silent past the deadline are lost (:class:`LastHeard`: oldest first, O(pilots lost), not O(pilots))."""
+        """Pilots silent past the deadline are lost (:class:`LastHeard`: oldest first, O(pilots lost), not
+        O(pilots))."""
         for pilot_id, silent in self.heard.silent(now, last_pass):
             pilot = self.world.pilot_of(pilot_id)
             if pilot is None or pilot.state == PilotState.QUEUED:
@@ -115,17 +120,20 @@ class Liveness:
             self.gateway.call("cancel", self.scheduler.cancel, pilot_id)
 
     def drain_walltimes(self, now: float) -> None:
-        """Pilots at ``end - lead``: their nodes leave their jobs, as on a preemption notice, before the batch system acts."""
+        """Pilots at ``end - lead``: their nodes leave their jobs, as on a preemption notice, before the batch system
+        acts."""
         world = self.world
         for pilot_id, end in self.walltimes.drained(now):
             pilot = world.pilots.get(pilot_id)
-            nodes = [n for n in pilot.nodes if world.nodes[n].state == NodeState.READY] if pilot is not None and pilot.walltime_end == end else []
+            nodes = ([n for n in pilot.nodes if world.nodes[n].state == NodeState.READY]
+                     if pilot is not None and pilot.walltime_end == end else [])
             if nodes:
                 world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
                 self.ends.remove_nodes(nodes, now, "walltime ending", Removal.LEAVING, deadline=end, taken=True)
 
     def leave_at_commit(self, job: Job, now: float) -> None:
-        """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it loses nothing."""
+        """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it
+        loses nothing."""
         if job.status != JobStatus.RUNNING:
             return
         window = self.profiler.cost(job.id, "commit", 0.0)
@@ -135,4 +143,5 @@ class Liveness:
             if end is not None:
                 by_end.setdefault(end, []).append(node.name)
         for end, nodes in by_end.items():
-            self.ends.remove_nodes(nodes, now, "walltime ending: left at its commit", Removal.LEAVING, deadline=end, taken=True)
+            self.ends.remove_nodes(nodes, now, "walltime ending: left at its commit", Removal.LEAVING, deadline=end,
+                                   taken=True)

@@ -103,7 +103,8 @@ class NodeTypes:
     # ------------------------------------------------------------ curves
 
     def version(self, world, job) -> tuple:
-        """What a job's curves depend on beyond the profiler's observations (the allocator's view is remade when it changes)."""
+        """What a job's curves depend on beyond the profiler's observations (the allocator's view is remade when it
+        changes)."""
         if not self.typed:
             return ()
         return (self.of_nodes(world, job.nodes), id(self._prediction(job)) if not self._given(job) else 0)
@@ -115,7 +116,8 @@ class NodeTypes:
         cached = self._curves.get(job.id)
         if cached is None:
             if spec.get("curves"):
-                cached = {t: ScalingCurve(tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items() if t in self.names}
+                cached = {t: ScalingCurve(tuple(c["nodes"]), tuple(c["samples_per_s"]))
+                          for t, c in spec["curves"].items() if t in self.names}
             else:
                 c = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
                 cached = {t: c for t in self.names}
@@ -144,7 +146,8 @@ class NodeTypes:
         given = self._given(job)
         if given is not None:
             if not given:
-                raise ValueError(f"job {job.id}: its curves are for node types this machine does not have ({sorted(job.spec['curves'])})")
+                raise ValueError(f"job {job.id}: its curves are for node types this machine does not have "
+                                 f"({sorted(job.spec['curves'])})")
             return given, None
         lo, hi = job.spec["min_nodes"], job.spec["max_nodes"]
         on = self.of_nodes(world, job.nodes) if job.status == JobStatus.RUNNING else None
@@ -199,7 +202,8 @@ class NodeTypes:
                 scales = self.profiler.scales(job.id, node_type)
                 n, r = max(scales.items())
                 return f"measured here: {r:,.0f} samples/s on {n} node{'s' if n != 1 else ''}" + (
-                    f" (also measured on {', '.join(t for t in measured if t != node_type)})" if len(measured) > 1 else "")
+                    f" (also measured on {', '.join(t for t in measured if t != node_type)})"
+                    if len(measured) > 1 else "")
             prediction = self._prediction(job)
             if not prediction.neighbours:
                 return "no similar model measured: trying this type (free nodes)"
@@ -229,7 +233,8 @@ class NodeTypes:
         self._placed.pop(job.id, None)
         self._curves.pop(job.id, None)
         self._predictions.pop(job.id, None)
-        if not self.typed or not job.spec.get("model") or not self.config.similarity.enabled or getattr(self, "_frozen", False):
+        if (not self.typed or not job.spec.get("model") or not self.config.similarity.enabled
+                or getattr(self, "_frozen", False)):
             return
         lo, hi = job.spec["min_nodes"], job.spec["max_nodes"]
         curves = {}

@@ -73,7 +73,8 @@ def _decode(text: str | None) -> list[dict[str, Any]]:
         items = json.loads(text or "[]")
     except ValueError:
         return []
-    return [i for i in items if isinstance(i, dict) and {"key", "text", "level", "at"} <= set(i)] if isinstance(items, list) else []
+    return ([i for i in items if isinstance(i, dict) and {"key", "text", "level", "at"} <= set(i)]
+            if isinstance(items, list) else [])
 
 
 def notice_line(notice: dict[str, Any] | None, now: float | None = None) -> str | None:

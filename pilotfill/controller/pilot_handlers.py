@@ -1,4 +1,5 @@
-"""What the pilots' agents ask the controller — register, heartbeat, leaving — and when a waiting heartbeat is answered.
+"""What the pilots' agents ask the controller — register, heartbeat, leaving — and when a waiting heartbeat is
+answered.
 
 An agent registers the nodes its pilot holds (a node another pilot had is taken from it first: that pilot ended without
 telling), then long-polls with heartbeats: each reports the processes that ended on its nodes and waits, up to the
@@ -47,10 +48,13 @@ class PilotHandlers:
     """The handlers of the pilots' messages. ``ends``: the controller's ``remove_nodes``; ``changed()``: the pool
     changed, the next pass decides again."""
 
-    def __init__(self, world: World, heard: LastHeard, launcher: AgentLauncher, pilots: PilotManager, wakes: Wakes, ends: Ends, incarnation: int,
-                 heartbeat_s: float, changed: Callable[[], None], adoption: Adoption | None = None):  # fmt: skip
-        """``adoption``: the jobs' processes this controller adopted from its predecessor, per pilot (controller/recovery.py)."""
-        self.world, self.heard, self.launcher, self.pilots, self.wakes, self.ends = world, heard, launcher, pilots, wakes, ends
+    def __init__(self, world: World, heard: LastHeard, launcher: AgentLauncher, pilots: PilotManager, wakes: Wakes,
+                 ends: Ends, incarnation: int, heartbeat_s: float, changed: Callable[[], None],
+                 adoption: Adoption | None = None):
+        """``adoption``: the jobs' processes this controller adopted from its predecessor, per pilot
+        (controller/recovery.py)."""
+        (self.world, self.heard, self.launcher, self.pilots, self.wakes,
+         self.ends) = world, heard, launcher, pilots, wakes, ends
         self.incarnation, self.heartbeat_s, self._changed = incarnation, heartbeat_s, changed
         self.adoption = adoption or Adoption()
 
@@ -62,10 +66,12 @@ class PilotHandlers:
             if message.pilot in world.ended_pilots:
                 return {"stop": True}
             pilot = world.add_pilot(message.pilot, message.scheduler_id, len(message.nodes), now, self.incarnation)
-        taken = [n for n in message.nodes if n in world.nodes and world.nodes[n].state != NodeState.GONE and world.nodes[n].pilot != pilot.id]
-        self.ends.remove_nodes(taken, now, "taken over by another pilot", Removal.GONE)  # a pilot that ended without telling us
-        world.set_pilot(pilot, state="running", scheduler_id=message.scheduler_id or pilot.scheduler_id, pid=message.pid,
-                        nodes=[n for n in pilot.nodes if n in message.nodes])  # fmt: skip
+        taken = [n for n in message.nodes
+                 if n in world.nodes and world.nodes[n].state != NodeState.GONE and world.nodes[n].pilot != pilot.id]
+        # a pilot that ended without telling us
+        self.ends.remove_nodes(taken, now, "taken over by another pilot", Removal.GONE)
+        world.set_pilot(pilot, state="running", scheduler_id=message.scheduler_id or pilot.scheduler_id,
+                        pid=message.pid, nodes=[n for n in pilot.nodes if n in message.nodes])
         for name in message.nodes:
             if name not in pilot.nodes or world.nodes[name].state != NodeState.READY:
                 world.node_joins(name, pilot, now)
@@ -87,14 +93,18 @@ class PilotHandlers:
         self.heard.hear(pilot.id, now)
         if message.exits is not None:
             self.launcher.reported(message.exits)
-        answer = self.adoption.answered(pilot.id, message.running, message.exits) if message.running is not None else None
+        answer = (self.adoption.answered(pilot.id, message.running, message.exits)
+                  if message.running is not None else None)
         if answer is not None:
             kept, lost = answer
-            self.world.log("ranks.adopted", now, pilot=pilot.id, kept=[list(p) for p in kept], lost=[list(p) for p in lost])
+            self.world.log("ranks.adopted", now, pilot=pilot.id, kept=[list(p) for p in kept],
+                           lost=[list(p) for p in lost])
             for host, job_id in lost:
                 node = self.world.nodes.get(host)
-                if node is not None and node.job == job_id:  # kept for its job, but nothing of it runs there: a node it lost
-                    self.ends.remove_nodes([host], now, f"its rank of {job_id} did not outlive the controller", Removal.FROM_JOB)
+                # kept for its job, but nothing of it runs there: a node it lost
+                if node is not None and node.job == job_id:
+                    self.ends.remove_nodes([host], now, f"its rank of {job_id} did not outlive the controller",
+                                           Removal.FROM_JOB)
         wait = message.wait_s
         if self.wakes.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
             return Park(pilot.id, min(float(wait), self.heartbeat_s), lambda: self.reply(pilot.id))
@@ -103,8 +113,8 @@ class PilotHandlers:
     def reply(self, pilot_id: str) -> dict[str, Any]:
         """What a pilot's agent is told: nodes to give back, commands for its nodes, whether to stop."""
         live = pilot_id in self.world.pilots
-        reply = {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id), "stop": not live,
-                 "register": False, "incarnation": self.incarnation}  # fmt: skip
+        reply = {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id),
+                 "stop": not live, "register": False, "incarnation": self.incarnation}
         keep = self.adoption.ask(pilot_id) if live else None
         if keep is not None:
             reply["keep"] = keep  # until the agent says which still run (its next heartbeat's ``running``)
@@ -112,8 +122,8 @@ class PilotHandlers:
 
     def leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
         """The batch system told a pilot to go (SIGTERM): its nodes leave their jobs now, gone within the grace. A pilot
-        the batch system already requeued (its poll came first: both orders are normal) stays queued — this run's nodes
-        are gone already."""
+        the batch system already requeued (its poll came first: both orders are normal) stays queued — this run's
+        nodes are gone already."""
         pilot = self.world.pilot_of(message.pilot)
         if pilot is not None and pilot.state not in (PilotState.LEAVING, PilotState.QUEUED):
             self.world.set_pilot(pilot, state="leaving")
@@ -121,5 +131,5 @@ class PilotHandlers:
         return {}
 
     def _has_news(self, pilot_id: str) -> bool:
-        return (self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id) or pilot_id not in self.world.pilots
-                or self.adoption.pending(pilot_id))  # fmt: skip
+        return (self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id)
+                or pilot_id not in self.world.pilots or self.adoption.pending(pilot_id))

@@ -36,7 +36,8 @@ class PoolHorizon:
         self.t_fwd = t_fwd
         self.holds = HoldModel()  # how long nodes stay on this machine
         self.lifetimes = HoldModel()  # how long a job's allocation stays as it is before the next change to it
-        self._pool_arrays: tuple[int, np.ndarray, np.ndarray, float] | None = None  # (version, ready nodes' since, walltime ends, when read)
+        # (version, ready nodes' since, walltime ends, when read)
+        self._pool_arrays: tuple[int, np.ndarray, np.ndarray, float] | None = None
         self._pool_holds: tuple[tuple, Any] | None = None  # (when, pool, samples) -> expected hold of each ready node
         self.seed()
 
@@ -57,11 +58,13 @@ class PoolHorizon:
             return fixed
         world = self.world
         key = (now, world.ready_version, self.holds.samples)
-        if self._pool_holds is None or self._pool_holds[0] != key:  # once per decision, not again for the pilots' question
+        # once per decision, not again for the pilots' question
+        if self._pool_holds is None or self._pool_holds[0] != key:
             if self._pool_arrays is None or (self._pool_arrays[0] != world.ready_version and self._pool_changed(now)):
                 # Thousands of nodes at machine scale, read one by one only when the ready nodes changed.
                 nodes = [world.nodes[name] for name in world.ready]
-                ends = {pilot_id: pilot.walltime_end or math.inf for pilot_id, pilot in world.pilots.items()}  # per pilot, not per node
+                # per pilot, not per node
+                ends = {pilot_id: pilot.walltime_end or math.inf for pilot_id, pilot in world.pilots.items()}
                 since = np.fromiter([n.since for n in nodes], dtype=float, count=len(nodes))
                 ending = np.fromiter([ends.get(n.pilot, math.inf) for n in nodes], dtype=float, count=len(nodes))
                 self._pool_arrays = (world.ready_version, since, ending, now)
@@ -83,7 +86,8 @@ class PoolHorizon:
         :data:`HORIZON_REFRESH_S` (the horizon is a median over thousands of nodes, which a few do not move)."""
         _, since, _, read_at = self._pool_arrays
         ready = len(self.world.ready)
-        return ready < HORIZON_EXACT_NODES or abs(ready - since.size) * 100 >= since.size or now - read_at >= HORIZON_REFRESH_S
+        return (ready < HORIZON_EXACT_NODES or abs(ready - since.size) * 100 >= since.size
+                or now - read_at >= HORIZON_REFRESH_S)
 
 
 __all__ = ["HORIZON_EXACT_NODES", "HORIZON_REFRESH_S", "PoolHorizon"]

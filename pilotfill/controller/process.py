@@ -38,10 +38,12 @@ EXIT_JOURNAL = 3
 
 def one_pass(controller: Controller, server: Server) -> int:
     """One pass of the loop: the requests that arrive within a tick (none while the controller is busy; at most
-    :data:`MAX_BATCH`; none at all when the pass solves the whole machine), then one step. Returns the requests handled."""
+    :data:`MAX_BATCH`; none at all when the pass solves the whole machine), then one step. Returns the requests
+    handled."""
     tick_ms = max(1, int(controller.config.controller.tick_s * 1000))
     reads = 0 if controller.solves_next else MAX_BATCH  # a pass is the replies to a batch or one solve, never both
-    handled = server.serve(controller.handle, 0 if controller.busy else tick_ms, max_batch=reads, together=controller.together)
+    handled = server.serve(controller.handle, 0 if controller.busy else tick_ms, max_batch=reads,
+                           together=controller.together)
     controller.step(more=handled >= MAX_BATCH)
     return handled
 
@@ -55,15 +57,19 @@ def serve(controller: Controller, server: Server) -> None:
     deadline = controller.begin_stop()
     while not controller.ranks_gone() and time.monotonic() < deadline:
         one_pass(controller, server)
-    log.info("stopping: ranks %s after %.1f s", "gone" if controller.ranks_gone() else "still running (their pilots end them)", time.monotonic() - began)
+    log.info("stopping: ranks %s after %.1f s",
+             "gone" if controller.ranks_gone() else "still running (their pilots end them)", time.monotonic() - began)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pilotfill-controller", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="pilotfill-controller", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run-dir", required=True, type=Path)
     ap.add_argument("--config", default=None, help="config file or name (default: the embedded local cluster)")
-    ap.add_argument("--new-campaign", action="store_true", help="a campaign starts anew here: jobs left open wait to be claimed by its calls")
-    ap.add_argument("--checkpoint-dir", type=Path, default=None, help="where trainings commit, by call (default: RUN_DIR/checkpoints)")
+    ap.add_argument("--new-campaign", action="store_true",
+                    help="a campaign starts anew here: jobs left open wait to be claimed by its calls")
+    ap.add_argument("--checkpoint-dir", type=Path, default=None,
+                    help="where trainings commit, by call (default: RUN_DIR/checkpoints)")
     args = ap.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -78,16 +84,20 @@ def main(argv: list[str] | None = None) -> int:
             handlers=[logging.FileHandler(args.run_dir / "controller.log"), logging.StreamHandler()],
         )
     except OSError as exc:
-        print(f"pilotfill controller: stopping, the run's state cannot be written: {_why_not(args.run_dir, exc)}", file=sys.stderr, flush=True)
+        print(f"pilotfill controller: stopping, the run's state cannot be written: {_why_not(args.run_dir, exc)}",
+              file=sys.stderr, flush=True)
         return EXIT_JOURNAL
     controller = None
     try:
-        controller = Controller(args.run_dir, config, new_campaign=args.new_campaign, checkpoint_dir=args.checkpoint_dir)
+        controller = Controller(args.run_dir, config, new_campaign=args.new_campaign,
+                                checkpoint_dir=args.checkpoint_dir)
         try:
-            server = Server(args.run_dir, controller.key, host=config.controller.bind, incarnation=controller.incarnation, not_before=controller.started)
+            server = Server(args.run_dir, controller.key, host=config.controller.bind,
+                            incarnation=controller.incarnation, not_before=controller.started)
         except Exception as exc:  # an address that cannot be bound: one line, not a traceback (and the last line)
             controller.shutdown()
-            print(f"pilotfill controller: cannot listen on {config.controller.bind!r} ({config.source}: controller.bind): {exc}", file=sys.stderr, flush=True)
+            print(f"pilotfill controller: cannot listen on {config.controller.bind!r} "
+                  f"({config.source}: controller.bind): {exc}", file=sys.stderr, flush=True)
             return EXIT_CONFIG
 
         def stop(signum, frame) -> None:
@@ -123,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _why_not(run_dir: Path, exc: OSError) -> str:
-    """What is wrong with the file an OSError names (immutable, read-only, …), else the error itself, with its file."""
+    """What is wrong with the file an OSError names (immutable, read-only, …), else the error itself, with its
+    file."""
     where = Path(exc.filename) if exc.filename else Path(run_dir)
     return unwritable(where) or unwritable(where.parent) or f"{where}: {exc.strerror or exc}"
 

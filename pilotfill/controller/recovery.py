@@ -73,10 +73,11 @@ class Adoption:
         self._asked.add(pilot)
         return [list(pair) for pair in sorted(kept)]
 
-    def answered(self, pilot: str, running: list[Any], exits: list[Any] | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:
+    def answered(self, pilot: str, running: list[Any],
+                 exits: list[Any] | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]] | None:
         """The agent says which job processes run on its nodes: the kept ones that do, and those that do not — nor
-        ended in this very heartbeat, which is a rank's exit like any other — whose job lost the node. None: it was not
-        asked yet (its answer was to a predecessor)."""
+        ended in this very heartbeat, which is a rank's exit like any other — whose job lost the node. None: it was
+        not asked yet (its answer was to a predecessor)."""
         if pilot not in self._asked or pilot not in self._kept:
             return None
         kept = self._kept.pop(pilot)
@@ -117,9 +118,11 @@ class TakeOver:
     def run(self) -> None:
         """Pilots, then jobs, then processes (the module's steps 1-3); step 4 happens as the agents call in."""
         world, journal = self.world, self.journal
-        leftovers = [p for p in journal.processes() if p["controller"] != self.incarnation]  # the predecessors', on this machine
+        # the predecessors', on this machine
+        leftovers = [p for p in journal.processes() if p["controller"] != self.incarnation]
         with journal.transaction():
-            ran_on = {job.id: list(job.nodes) for job in world.open.values() if job.status == JobStatus.RUNNING}  # before lost nodes go
+            # before lost nodes go
+            ran_on = {job.id: list(job.nodes) for job in world.open.values() if job.status == JobStatus.RUNNING}
             pilots = self._adopt_pilots()
             for job in list(world.open.values()):
                 if job.status == JobStatus.RUNNING:
@@ -135,8 +138,8 @@ class TakeOver:
                     world.hold(job)
             killed = self._kill_unadopted(leftovers)
             if leftovers or self.requeued or self.adopted_jobs or self.incarnation > 1:
-                world.log("controller.recovered", self.now, incarnation=self.incarnation, killed=killed, requeued=self.requeued, adopted=sorted(pilots),
-                          adopted_jobs=self.adopted_jobs)  # fmt: skip
+                world.log("controller.recovered", self.now, incarnation=self.incarnation, killed=killed,
+                          requeued=self.requeued, adopted=sorted(pilots), adopted_jobs=self.adopted_jobs)
             world.log("controller.started", self.now, incarnation=self.incarnation)
             journal.prune_ended_pilots(self.keep_ended_pilots)
 
@@ -146,13 +149,15 @@ class TakeOver:
         """Pilots the batch system still runs are adopted (heard from now); the others are lost, their nodes gone."""
         world = self.world
         live = [(p.id, p.scheduler_id) for p in world.pilots.values() if p.scheduler_id]
-        adopted = set(self.gateway.call("adopt", self.scheduler.adopt, live) or [])  # asked even with none: the local cluster's clock
+        # asked even with none: the local cluster's clock
+        adopted = set(self.gateway.call("adopt", self.scheduler.adopt, live) or [])
         for pilot in list(world.pilots.values()):
             if pilot.id in adopted:
                 self.heard.hear(pilot.id, self.now)
                 self.adoption.expect(pilot.id)
                 continue
-            self.ends.remove_nodes(list(pilot.nodes), self.now, "lost with the previous controller", Removal.GONE, event="node.lost")
+            self.ends.remove_nodes(list(pilot.nodes), self.now, "lost with the previous controller", Removal.GONE,
+                                   event="node.lost")
             self.ends.end_pilot(pilot, "lost", self.now)
         for node in list(world.nodes.values()):
             if node.state != NodeState.GONE and node.pilot not in world.pilots:
@@ -185,7 +190,8 @@ class TakeOver:
     # ------------------------------------------------------------ 3. processes
 
     def _kill_unadopted(self, leftovers: list[dict[str, Any]]) -> int:
-        """Kill what a predecessor ran here that nobody adopted (re-recorded under this incarnation); returns how many."""
+        """Kill what a predecessor ran here that nobody adopted (re-recorded under this incarnation); returns how
+        many."""
         mine = {(p["pid"], p["start_ticks"]) for p in self.journal.processes() if p["controller"] == self.incarnation}
         mine_pids = {pid for pid, _ in mine}
         killed = 0

@@ -11,7 +11,7 @@ does is the :class:`Phase`::
 
     READY ──decide (at scale)──► APPLY ──world unchanged──► OFFER ──► SIZE ──► READY
                                    │                          ▲        ▲
-                                   └──world changed──► RETAKE ┴────────┘  (decided again, applied at once)
+                                   └──world changed──► RETAKE ┴────────┘
 
 * ``READY``: nothing owed; a changed world is decided (at scale its answer is applied in the next pass; below it,
   at once, with the pilots sized on it), else the pilots' question is asked when the machine moved.
@@ -148,7 +148,8 @@ class Observed:
     types_moved: bool = False  # a machine with several kinds of node: the idle nodes of a type changed
     pilots_owed: bool = False  # the last sizing owes submissions or releases
     arriving: Callable[[], bool] = field(default=lambda: False)  # pilots asked for moments ago are still arriving
-    pilots_due: Callable[[], bool] = field(default=lambda: False)  # a kept node's time is up, a back-off or a limit passed
+    # a kept node's time is up, a back-off or a limit passed
+    pilots_due: Callable[[], bool] = field(default=lambda: False)
 
 
 class DecisionSchedule:
@@ -226,7 +227,8 @@ class DecisionSchedule:
         if decision.phase == Phase.SIZE:
             answer = decision.sizing
             decision.advance(Phase.READY)
-            decision.due_at_once = self.dirty  # its answer holds unless something changed: then asked anew, decided next
+            # its answer holds unless something changed: then asked anew, decided next
+            decision.due_at_once = self.dirty
             return Action(Do.SIZE, self._idle(seen), None if self.dirty else answer)
         if self.dirty and (self.urgent or not self._settling(now, seen.arriving)):
             return self._decide_when_due(now, seen, seen.idle)
@@ -235,7 +237,8 @@ class DecisionSchedule:
             if decision.question_owed and self._deferring(now, seen):
                 return NOTHING  # a wave of requests or batch-system events is still read: asked after it, as a decision
             if not decision.question_owed and self._puts_off(seen):
-                decision.question_owed = True  # the pilots' question weighs the machine too: put off once, as a decision
+                # the pilots' question weighs the machine too: put off once, as a decision
+                decision.question_owed = True
                 return NOTHING
             decision.question_owed, self.burst.since = False, None
             return Action(Do.ASK, self._idle(seen))
@@ -312,7 +315,8 @@ class DecisionSchedule:
     def busy(self, backlog: bool, pilots_owed: bool, draining: bool) -> bool:
         """Step again without waiting: events wait, part of a decision is owed, or the pilots owe submissions."""
         decision = self.decision
-        return backlog or decision.owes_a_pass or decision.due_at_once or decision.question_owed or (pilots_owed and not draining)
+        return (backlog or decision.owes_a_pass or decision.due_at_once or decision.question_owed
+                or (pilots_owed and not draining))
 
     def solves_next(self, open_jobs: int, draining: bool, backlog: bool) -> bool:
         """Whether the next pass solves the whole machine at scale, and so reads no request: a pass is either the
@@ -320,7 +324,8 @@ class DecisionSchedule:
         decision = self.decision
         if open_jobs < SIZE_APART_JOBS or draining or decision.phase == Phase.OFFER or backlog:
             return False
-        return decision.phase in (Phase.SIZE, Phase.APPLY) or decision.question_owed or (decision.due_at_once and self.dirty and self.urgent)
+        return (decision.phase in (Phase.SIZE, Phase.APPLY) or decision.question_owed
+                or (decision.due_at_once and self.dirty and self.urgent))
 
 
 __all__ = ["Action", "Burst", "Decision", "DecisionSchedule", "Do", "Observed", "Phase", "TRANSITIONS"]

@@ -25,9 +25,11 @@ class Meter:
 
     def __init__(self, nodes: int, since: float):
         self.nodes, self.since, self.began = nodes, since, since
-        self._ranks: dict[tuple, list[float]] = {}  # (host, pid) -> [samples, seconds] since the window began, last report
+        # (host, pid) -> [samples, seconds] since the window began, last report
+        self._ranks: dict[tuple, list[float]] = {}
 
-    def add(self, samples: float, seconds: float, now: float, first: bool = False, rank: tuple = ()) -> tuple[float, float] | None:
+    def add(self, samples: float, seconds: float, now: float, first: bool = False,
+            rank: tuple = ()) -> tuple[float, float] | None:
         """Add one rank's report of ``samples`` over the last ``seconds``; every window, return (samples/s, seconds).
 
         A rank's first report covers it starting (imports, rendezvous, restoring), not training: it opens a new

@@ -30,7 +30,8 @@ from .world import Job, World
 class AllocatorViews:
     """The allocator's view of each job, cached per job; forgotten when the job ends (:meth:`forget`)."""
 
-    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, priors: bool = False, ranks_per_node: int = 1):
+    def __init__(self, world: World, profiler: Profiler, types: NodeTypes, priors: bool = False,
+                 ranks_per_node: int = 1):
         """``priors``: a job that declares its model by name (``model_name``) is valued, before it reports, by what
         its model's other jobs reported (:meth:`.Profiler.declare`), and waiting jobs of different models are not
         alike; admission by worth uses it (ranking the never-run jobs by their models), arrival admission does not."""
@@ -41,10 +42,13 @@ class AllocatorViews:
         self.priors = priors and not types.typed  # on a typed machine the similarity policy predicts from descriptors
         self._made: dict[str, tuple[tuple, AllocJob]] = {}  # job -> (what its view was made from, the allocator's view)
         self._curves: dict[str, ScalingCurve] = {}  # job (and job/objective) -> its given curve, parsed once
-        self._kinds: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of what in it tells the job apart from other waiting jobs)
+        # job -> (its spec, the number of what in it tells the job apart from other waiting jobs)
+        self._kinds: dict[str, tuple[dict, int]] = {}
         self._chains: dict[str, tuple[dict, int]] = {}  # job -> (its spec, the number of its chain: see chain)
-        self.kind_ids: dict[Hashable, int] = {}  # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
-        self.chain_ids: dict[Hashable, int] = {}  # the same less work and costs (see chain) -> its number, from the same count
+        # what tells waiting jobs apart -> its number (a small key: hashed many times per decision)
+        self.kind_ids: dict[Hashable, int] = {}
+        # the same less work and costs (see chain) -> its number, from the same count
+        self.chain_ids: dict[Hashable, int] = {}
         self._kind_numbers = itertools.count()
 
     def ranks_per_node(self, spec: dict[str, Any]) -> int:
@@ -72,7 +76,8 @@ class AllocatorViews:
         return kind
 
     def waiting_worth(self, job: Job) -> tuple[float, float]:
-        """What a node would earn a waiting job (:func:`..allocator.values.worth_per_node`): how a long queue is ranked."""
+        """What a node would earn a waiting job (:func:`..allocator.values.worth_per_node`): how a long queue is
+        ranked."""
         try:
             return worth_per_node(self.view(job))
         except (ProblemError, KeyError, TypeError, ValueError):  # weighed first: the problem fails it with the reason
@@ -83,7 +88,8 @@ class AllocatorViews:
         alone, and its rescale cost in seconds (None: the allocator cannot use it)."""
         try:
             view = self.view(job)
-            return bool(view.metric(next(iter(view.throughput))).at(1) > 0), view.scale_up_cost_s + view.scale_down_cost_s
+            return (bool(view.metric(next(iter(view.throughput))).at(1) > 0),
+                    view.scale_up_cost_s + view.scale_down_cost_s)
         except (ProblemError, KeyError, TypeError, ValueError):
             return None
 
@@ -98,9 +104,11 @@ class AllocatorViews:
         """A key equal for waiting jobs the allocator cannot tell apart, or None for a job like no other (running,
         holding nodes, with progress, or measured by JPA)."""
         spec = job.spec
-        if job.status == JobStatus.RUNNING or job.nodes or job.progress > 0 or (not spec.get("curve") and self.profiler.measured(job.id)):
+        if (job.status == JobStatus.RUNNING or job.nodes or job.progress > 0
+                or (not spec.get("curve") and self.profiler.measured(job.id))):
             return None
-        known = self._kinds.get(job.id)  # made once per spec (thousands wait on a saturated machine, weighed every decision)
+        # made once per spec (thousands wait on a saturated machine, weighed every decision)
+        known = self._kinds.get(job.id)
         if known is None or known[0] is not spec:
             kind = self.spec_kind(spec, self.priors)
             number = self.kind_ids.get(kind)
@@ -112,14 +120,16 @@ class AllocatorViews:
     def chain(self, job: Job) -> int | None:
         """A number equal for the waiting jobs the allocator tells apart only by their work left (None where
         :meth:`kind` is None): one that holds no nodes is worth the same on every count but that its work may end
-        sooner — its costs charge nothing until it runs — so of two such jobs the one with more work left is worth as
-        much or more on every count (admission by worth weighs a chain's jobs a few at a time, the most work first)."""
+        sooner — its costs charge nothing until it runs — so of two such jobs the one with more work left is worth
+        as much or more on every count (admission by worth weighs a chain's jobs a few at a time, the most work
+        first)."""
         if self.kind(job) is None:
             return None
         spec = job.spec
         known = self._chains.get(job.id)
         if known is None or known[0] is not spec:
-            key = self.spec_kind({**spec, "total_samples": None, "scale_up_cost_s": 0.0, "scale_down_cost_s": 0.0, "restart_cost_s": 0.0}, self.priors)
+            key = self.spec_kind({**spec, "total_samples": None, "scale_up_cost_s": 0.0, "scale_down_cost_s": 0.0,
+                                  "restart_cost_s": 0.0}, self.priors)
             number = self.chain_ids.get(key)
             if number is None:
                 number = self.chain_ids[key] = next(self._kind_numbers)
@@ -142,18 +152,21 @@ class AllocatorViews:
         objective, model (what the similarity policy predicts from on a machine of several kinds of node), bounds,
         work, weight, costs and group (the share objective's unit); with ``priors``, its model's name too."""
         curve = (tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"])) if spec.get("curve") else None
-        curves = tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items())) if spec.get("curves") else None
-        objective = (tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"])) if spec.get("objective") else None
+        curves = (tuple(sorted((t, tuple(c["nodes"]), tuple(c["samples_per_s"])) for t, c in spec["curves"].items()))
+                  if spec.get("curves") else None)
+        objective = ((tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
+                     if spec.get("objective") else None)
         model = json.dumps(spec["model"], sort_keys=True) if spec.get("model") else None
         adaptive = json.dumps(spec["adaptive"], sort_keys=True) if spec.get("adaptive") else None
-        return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"), spec["weight"],
-                spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0), bool(spec.get("costs_known")), spec.get("group", ""),
-                adaptive, *((spec.get("model_name"),) if priors else ()))  # fmt: skip
+        return (curve, curves, objective, model, spec["min_nodes"], spec["max_nodes"], spec.get("total_samples"),
+                spec["weight"], spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0),
+                bool(spec.get("costs_known")), spec.get("group", ""), adaptive,
+                *((spec.get("model_name"),) if priors else ()))
 
     def prepare(self, jobs: list[Job], made_of: list[tuple] | None = None) -> None:
-        """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew (:meth:`.Profiler.prepare`):
-        after a decision that resized hundreds of jobs, each has reported at a new scale. ``made_of``: each job's
-        :meth:`inputs`, where the caller has them."""
+        """Have JPA fit, all at once, the curves of the jobs whose views are to be made anew
+        (:meth:`.Profiler.prepare`): after a decision that resized hundreds of jobs, each has reported at a new scale.
+        ``made_of``: each job's :meth:`inputs`, where the caller has them."""
         if self.types.typed:
             return  # per node type, with predictions: made one by one (:mod:`.types`)
         if made_of is None:
@@ -170,8 +183,8 @@ class AllocatorViews:
 
     def inputs(self, job: Job) -> tuple:
         """What a job's view is made from, besides its work left: it is made anew when this changes."""
-        return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0), self.types.version(self.world, job) if self.types.typed else (),
-                _noise_bucket(job.noise_scale))  # fmt: skip
+        return (job.status, len(job.nodes), self.profiler.versions.get(job.id, 0),
+                self.types.version(self.world, job) if self.types.typed else (), _noise_bucket(job.noise_scale))
 
     def view(self, job: Job, inputs: tuple | None = None) -> AllocJob:
         """The allocator's view of a job: its curves (given, or JPA's), bounds, work left and costs (given or
@@ -198,27 +211,34 @@ class AllocatorViews:
         elif spec.get("curve"):
             curve = self._curves.get(job.id)
             if curve is None:
-                curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]), tuple(spec["curve"]["samples_per_s"]))
+                curve = self._curves[job.id] = ScalingCurve(tuple(spec["curve"]["nodes"]),
+                                                            tuple(spec["curve"]["samples_per_s"]))
         else:
             explore = self.profiler.curve(job.id, lo, hi)
-            curve = self.profiler.confirmed(job.id, lo, hi, trying=len(job.nodes) if job.status == JobStatus.RUNNING else 0)
+            curve = self.profiler.confirmed(job.id, lo, hi,
+                                            trying=len(job.nodes) if job.status == JobStatus.RUNNING else 0)
             if job.status == JobStatus.RUNNING and not self.profiler.measured(job.id):
-                curve = explore  # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
+                # started to be measured: it keeps its nodes until it is (a flat curve: it does not grow)
+                curve = explore
         objective = None
         if spec.get("adaptive") and not self.types.typed:
-            objective = adaptive_objective(curve, Adaptive.from_spec(spec["adaptive"]), self.ranks_per_node(spec), job.noise_scale)
+            objective = adaptive_objective(curve, Adaptive.from_spec(spec["adaptive"]), self.ranks_per_node(spec),
+                                           job.noise_scale)
         if spec.get("objective"):
             objective = self._curves.get(job.id + "/objective")
             if objective is None:
-                objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]), tuple(spec["objective"]["values"]))
+                objective = self._curves[job.id + "/objective"] = ScalingCurve(tuple(spec["objective"]["nodes"]),
+                                                                               tuple(spec["objective"]["values"]))
             if self.types.typed:
                 objective = {t: objective for t in curve}
         up, down, restart = spec["scale_up_cost_s"], spec["scale_down_cost_s"], spec.get("restart_cost_s", 0.0)
-        if not spec.get("costs_known"):  # measured from the job's own starts, resizes and commits; the spec's until measured
+        # measured from the job's own starts, resizes and commits; the spec's until measured
+        if not spec.get("costs_known"):
             jpa = self.profiler
-            up, down, restart = jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down), jpa.restart_cost(job.id, restart)
-        made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective, explore=explore, restart_cost_s=restart,
-                        group=spec.get("group", ""))  # fmt: skip
+            up, down, restart = (jpa.cost(job.id, "up", up), jpa.cost(job.id, "down", down),
+                                 jpa.restart_cost(job.id, restart))
+        made = AllocJob(job.id, lo, hi, curve, up, down, remaining, spec["weight"], objective=objective,
+                        explore=explore, restart_cost_s=restart, group=spec.get("group", ""))
         self._made[job.id] = (inputs, made)
         return made
 
@@ -228,10 +248,12 @@ def _noise_bucket(noise_scale: float | None) -> int | None:
     return None if noise_scale is None or noise_scale <= 0 else round(10 * math.log2(noise_scale))
 
 
-def adaptive_objective(curve: ScalingCurve, adaptive: Adaptive, ranks_per_node: int, noise_scale: float | None) -> ScalingCurve:
+def adaptive_objective(curve: ScalingCurve, adaptive: Adaptive, ranks_per_node: int,
+                       noise_scale: float | None) -> ScalingCurve:
     """An adaptive batch's value per node count: samples/s times the statistical efficiency of the batch it takes there
     (:func:`..elastic.adaptive.efficiency`): a bigger batch is worth less per sample."""
-    values = [curve.at(n) * efficiency(adaptive.batch(n * ranks_per_node), adaptive.base_batch, noise_scale) if n else 0.0 for n in curve.nodes]
+    values = [curve.at(n) * efficiency(adaptive.batch(n * ranks_per_node), adaptive.base_batch, noise_scale)
+              if n else 0.0 for n in curve.nodes]
     return ScalingCurve(curve.nodes, tuple(values))
 
 

@@ -34,7 +34,8 @@ import heapq
 import math
 from collections.abc import Iterator
 
-from ..config import DRAIN_MARGIN_S as MARGIN_S  # beyond the grace: for the command to reach the agent, the ranks to get SIGTERM
+# beyond the grace: for the command to reach the agent, the ranks to get SIGTERM
+from ..config import DRAIN_MARGIN_S as MARGIN_S
 
 WINDOW_MAX_S = 1800.0
 """A job waits for its next commit to leave an ending pilot at most this long before the drain."""

@@ -24,7 +24,18 @@ from typing import Any
 
 import numpy as np
 
-from ..lifecycle import JOB_MOVES, LIVE_PILOT_STATES, NODE_MOVES, PILOT_MOVES, TERMINAL, IllegalMove, JobStatus, NodeState, PilotState, checked
+from ..lifecycle import (
+    JOB_MOVES,
+    LIVE_PILOT_STATES,
+    NODE_MOVES,
+    PILOT_MOVES,
+    TERMINAL,
+    IllegalMove,
+    JobStatus,
+    NodeState,
+    PilotState,
+    checked,
+)
 from ..protocol import JobSpec
 from ..journal import Journal
 from .waiting import admit
@@ -83,7 +94,8 @@ class Job:
     overran: bool = False  # counted progress passed its declared total_samples (logged once)
     lost: set[str] = field(default_factory=set)  # nodes taken from it since the runtime last heard (not journaled)
     crash_commit: float | None = None  # its committed progress at its last counted rank crash (not journaled)
-    noise_scale: float | None = None  # an adaptive batch's gradient noise scale, as its rank 0 last reported (not journaled)
+    # an adaptive batch's gradient noise scale, as its rank 0 last reported (not journaled)
+    noise_scale: float | None = None
 
     def record(self) -> dict[str, Any]:
         """The job as clients see it (``job.get``)."""
@@ -105,7 +117,8 @@ class World:
         self.ready: dict[str, None] = {}  # ready nodes, an ordered set
         self.ready_version = 0  # moves whenever the ready nodes, or a walltime they are held within, change
         self.jobs_version = 0  # moves whenever a job is added, changes status or nodes, or is held or claimed
-        self._changed: set[str] = set()  # jobs added or changed since the controller last took them (:meth:`take_changed`)
+        # jobs added or changed since the controller last took them (:meth:`take_changed`)
+        self._changed: set[str] = set()
         self.pilots: dict[str, Pilot] = {}  # live pilots only
         self.queued: dict[str, Pilot] = {}  # the live pilots not yet registered
         self.ended_pilots: OrderedDict[str, str] = OrderedDict()  # recently ended pilot -> its last state
@@ -137,13 +150,15 @@ class World:
         self.jobs_version += 1
         self._changed.update(self.jobs)
         for row in self.journal.pilots(LIVE_PILOT_STATES):
-            pilot = Pilot(row["id"], row["scheduler_id"], PilotState(row["state"]), row["submitted"], row["requested"], dict.fromkeys(row["nodes"]), row["pid"],
-                          row["walltime_end"], row["controller"], node_type=row.get("node_type"))  # fmt: skip
+            pilot = Pilot(row["id"], row["scheduler_id"], PilotState(row["state"]), row["submitted"], row["requested"],
+                          dict.fromkeys(row["nodes"]), row["pid"], row["walltime_end"], row["controller"],
+                          node_type=row.get("node_type"))
             self.pilots[pilot.id] = pilot
             if pilot.state == PilotState.QUEUED:
                 self.queued[pilot.id] = pilot
         for row in self.journal.nodes():
-            node = Node(row["name"], row["pilot"], NodeState(row["state"]), row["since"], row["job"], row["deadline"], row.get("node_type"))
+            node = Node(row["name"], row["pilot"], NodeState(row["state"]), row["since"], row["job"], row["deadline"],
+                        row.get("node_type"))
             self.nodes[node.name] = node
             if node.state == NodeState.READY:
                 self.ready[node.name] = None
@@ -151,7 +166,8 @@ class World:
         # that joined or went since (one write per node, not two), so a pilot adopted after a restart holds exactly
         # the nodes that say they are its, and every one of them goes when it does.
         for pilot in self.pilots.values():
-            pilot.nodes = {n: None for n in pilot.nodes if n in self.nodes and self.nodes[n].pilot == pilot.id and self.nodes[n].state != NodeState.GONE}
+            pilot.nodes = {n: None for n in pilot.nodes if n in self.nodes and self.nodes[n].pilot == pilot.id
+                           and self.nodes[n].state != NodeState.GONE}
         for node in self.nodes.values():
             if node.state != NodeState.GONE and node.pilot in self.pilots:
                 self.pilots[node.pilot].nodes.setdefault(node.name, None)
@@ -197,7 +213,8 @@ class World:
         if "status" in fields:
             fields["status"] = checked(JOB_MOVES, "job", job.id, job.status, fields["status"])
             if job.status == JobStatus.RUNNING and fields["status"] == JobStatus.PENDING and not self._requeueing:
-                raise IllegalMove(f"job {job.id}: running -> pending goes through World.requeue (its nodes freed, its progress back to its commit)")
+                raise IllegalMove(f"job {job.id}: running -> pending goes through World.requeue (its nodes freed, its "
+                                  f"progress back to its commit)")
         self.journal.set_job(job.id, **fields)
         for k, v in fields.items():
             setattr(job, k, v)
@@ -326,15 +343,19 @@ class World:
 
     # ---------------------------------------------------------------- pilots
 
-    def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int, node_type: str | None = None) -> Pilot:
+    def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int,
+                  node_type: str | None = None) -> Pilot:
         typed = {"node_type": node_type} if node_type is not None else {}
-        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now, requested=requested, controller=controller, **typed)
-        pilot = Pilot(pilot_id, scheduler_id, PilotState.QUEUED, now, requested, controller=controller, node_type=node_type)
+        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now,
+                                  requested=requested, controller=controller, **typed)
+        pilot = Pilot(pilot_id, scheduler_id, PilotState.QUEUED, now, requested, controller=controller,
+                      node_type=node_type)
         self.pilots[pilot_id] = self.queued[pilot_id] = pilot
         return pilot
 
     def set_pilot(self, pilot: Pilot, **fields: Any) -> None:
-        """Change a live pilot's fields (``state`` among queued, running, leaving: :data:`~pilotfill.lifecycle.PILOT_MOVES`)."""
+        """Change a live pilot's fields (``state`` among queued, running, leaving:
+        :data:`~pilotfill.lifecycle.PILOT_MOVES`)."""
         if "state" in fields:
             fields["state"] = checked(PILOT_MOVES, "pilot", pilot.id, pilot.state, fields["state"])
             if fields["state"] not in LIVE_PILOT_STATES:
@@ -425,40 +446,52 @@ class World:
         for job in self.jobs.values():
             expect(isinstance(job.status, JobStatus), f"job {job.id}: status {job.status!r} is not a JobStatus")
             is_open = job.status not in TERMINAL
-            expect((job.id in self.open) == (is_open and not job.held), f"job {job.id} ({job.status}, held {job.held}): open index says {job.id in self.open}")
-            expect((job.id in self.held) == (is_open and job.held), f"job {job.id} ({job.status}, held {job.held}): held index says {job.id in self.held}")
-            expect((job.id in self.running) == (job.status == JobStatus.RUNNING), f"job {job.id} ({job.status}): running index says {job.id in self.running}")
+            expect((job.id in self.open) == (is_open and not job.held),
+                   f"job {job.id} ({job.status}, held {job.held}): open index says {job.id in self.open}")
+            expect((job.id in self.held) == (is_open and job.held),
+                   f"job {job.id} ({job.status}, held {job.held}): held index says {job.id in self.held}")
+            expect((job.id in self.running) == (job.status == JobStatus.RUNNING),
+                   f"job {job.id} ({job.status}): running index says {job.id in self.running}")
             if job.status != JobStatus.RUNNING:
                 expect(not job.nodes, f"job {job.id} ({job.status}) holds nodes {job.nodes[:3]}")
             for n in job.nodes:
                 node = self.nodes.get(n)
-                expect(node is not None and node.state != NodeState.GONE, f"job {job.id} holds node {n}, which is {node.state if node else 'unknown'}")
+                expect(node is not None and node.state != NodeState.GONE,
+                       f"job {job.id} holds node {n}, which is {node.state if node else 'unknown'}")
             cached = self._holding.get(job.id)
-            expect(cached is None or cached == frozenset(job.nodes), f"job {job.id}: its cached node set differs from its nodes")
+            expect(cached is None or cached == frozenset(job.nodes),
+                   f"job {job.id}: its cached node set differs from its nodes")
         seqs = [j.seq for j in self.open.values()]
         expect(seqs == sorted(seqs), "open jobs are not in submission order")
         for key, job_id in self.by_key.items():
-            expect(job_id in self.jobs and self.jobs[job_id].key == key, f"key {key[:12]} names job {job_id}, which has another key or none")
+            expect(job_id in self.jobs and self.jobs[job_id].key == key,
+                   f"key {key[:12]} names job {job_id}, which has another key or none")
         for pilot in self.pilots.values():
             expect(pilot.state in LIVE_PILOT_STATES, f"pilot {pilot.id} in memory as {pilot.state!r}")
-            expect((pilot.id in self.queued) == (pilot.state == PilotState.QUEUED), f"pilot {pilot.id} ({pilot.state}): queued index says {pilot.id in self.queued}")
+            expect((pilot.id in self.queued) == (pilot.state == PilotState.QUEUED),
+                   f"pilot {pilot.id} ({pilot.state}): queued index says {pilot.id in self.queued}")
             for n in pilot.nodes:
                 node = self.nodes.get(n)
                 expect(node is not None and node.pilot == pilot.id and node.state != NodeState.GONE,
-                       f"pilot {pilot.id} holds node {n}: {'unknown' if node is None else f'{node.state} of {node.pilot}'}")  # fmt: skip
+                       f"pilot {pilot.id} holds node {n}: "
+                       f"{'unknown' if node is None else f'{node.state} of {node.pilot}'}")
         expect(set(self.queued) <= set(self.pilots), "a queued pilot is not among the live pilots")
         ready = {n.name for n in self.nodes.values() if n.state == NodeState.READY}
-        expect(ready == set(self.ready), f"ready index {sorted(set(self.ready) ^ ready)[:5]} disagrees with the nodes' states")
+        expect(ready == set(self.ready),
+               f"ready index {sorted(set(self.ready) ^ ready)[:5]} disagrees with the nodes' states")
         for node in self.nodes.values():
             expect(isinstance(node.state, NodeState), f"node {node.name}: state {node.state!r} is not a NodeState")
             if node.state == NodeState.READY:
-                expect(node.pilot in self.pilots and node.name in self.pilots[node.pilot].nodes, f"ready node {node.name}: its pilot {node.pilot} does not hold it")
+                expect(node.pilot in self.pilots and node.name in self.pilots[node.pilot].nodes,
+                       f"ready node {node.name}: its pilot {node.pilot} does not hold it")
             if node.job is not None:
                 job = self.jobs.get(node.job)
-                expect(node.state == NodeState.READY and job is not None and job.status == JobStatus.RUNNING and node.name in job.nodes,
-                       f"node {node.name} ({node.state}) assigned to {node.job}, which does not hold it")  # fmt: skip
+                expect(node.state == NodeState.READY and job is not None and job.status == JobStatus.RUNNING
+                       and node.name in job.nodes,
+                       f"node {node.name} ({node.state}) assigned to {node.job}, which does not hold it")
         if bad:
-            raise AssertionError("the world disagrees with itself: " + "; ".join(bad[:10]) + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""))
+            raise AssertionError("the world disagrees with itself: " + "; ".join(bad[:10])
+                                 + (f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""))
 
     # ---------------------------------------------------------------- what clients read
 
@@ -466,8 +499,9 @@ class World:
         return {
             "jobs": [j.summary() for j in self.jobs.values()],
             "pilots": [
-                {"id": p.id, "scheduler_id": p.scheduler_id, "state": p.state, "nodes": list(p.nodes), "requested": p.requested,
-                 "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid, "node_type": p.node_type}  # fmt: skip
+                {"id": p.id, "scheduler_id": p.scheduler_id, "state": p.state, "nodes": list(p.nodes),
+                 "requested": p.requested, "submitted": p.submitted, "walltime_end": p.walltime_end, "pid": p.pid,
+                 "node_type": p.node_type}
                 for p in self.pilots.values()
             ],
             "nodes": [n.__dict__ for n in self.nodes.values() if n.state != NodeState.GONE],
