@@ -68,7 +68,9 @@ def _time_option(value: Optional[str], name: str) -> Optional[float]:
     try:
         return parse_time(value)
     except ValueError:
-        raise typer.BadParameter(f"{value!r} is not an ISO-8601 time (e.g. 2021-02-10T20:21:15Z)", param_hint=name) from None
+        raise typer.BadParameter(
+            f"{value!r} is not an ISO-8601 time (e.g. 2021-02-10T20:21:15Z)", param_hint=name
+        ) from None
 
 
 @app.callback()
@@ -78,11 +80,25 @@ def main() -> None:
 
 @app.command()
 def run(
-    script: Annotated[Path, typer.Argument(help="The campaign: ordinary Parsl code with @pilotfill.elastic_app training functions.")],
-    config: Annotated[Optional[str], typer.Option("--config", "-c", help="Site config file, or a bundled name (default: the embedded local cluster).")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (default: runs/<id>/ beside the campaign).")] = None,
-    tui: Annotated[bool, typer.Option("--tui", help="Show the live view while the campaign runs (its output goes to campaign.out).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress line: only the campaign's output and the summary.")] = False,
+    script: Annotated[
+        Path, typer.Argument(help="The campaign: ordinary Parsl code with @pilotfill.elastic_app training functions.")
+    ],
+    config: Annotated[
+        Optional[str],
+        typer.Option(
+            "--config", "-c", help="Site config file, or a bundled name (default: the embedded local cluster)."
+        ),
+    ] = None,
+    run_dir: Annotated[
+        Optional[Path], typer.Option(help="Run directory (default: runs/<id>/ beside the campaign).")
+    ] = None,
+    tui: Annotated[
+        bool,
+        typer.Option("--tui", help="Show the live view while the campaign runs (its output goes to campaign.out)."),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress line: only the campaign's output and the summary.")
+    ] = False,
 ) -> None:
     """Run a campaign: start the controller, load Parsl with the elastic executor, run the script, wait, clean up.
     Ctrl-C stops it cleanly: trainings end, pilots are deleted, and a re-run resumes from the commits."""
@@ -99,14 +115,24 @@ def run(
                 from .tui import run_with_view
 
                 run_dir = run_dir or default_run_dir(script.resolve())
-                outcome = run_with_view(lambda: run_campaign(script, config, run_dir, apps=apps, interrupt=interrupt), run_dir)
+                outcome = run_with_view(
+                    lambda: run_campaign(script, config, run_dir, apps=apps, interrupt=interrupt), run_dir
+                )
             else:
                 def work():
-                    return run_campaign(script, config, run_dir, apps=apps, on_run_dir=lambda d: where.setdefault("run_dir", d), interrupt=interrupt)
+                    return run_campaign(
+                        script,
+                        config,
+                        run_dir,
+                        apps=apps,
+                        on_run_dir=lambda d: where.setdefault("run_dir", d),
+                        interrupt=interrupt,
+                    )
 
                 outcome = show(work, apps, lambda: where.get("run_dir"), err, quiet=quiet)
     except (CampaignError, ConfigError) as exc:
-        err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)  # the message is text, not markup: [slurm] stays
+        # the message is text, not markup: [slurm] stays
+        err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
         raise typer.Exit(2) from None
     except CampaignScriptError as exc:
         err.print(Text(str(exc)), highlight=False)
@@ -126,8 +152,13 @@ def run(
     if outcome.fatal:
         err.print(f"[bold red]error:[/] the campaign could not go on: {outcome.fatal}", highlight=False)
     if outcome.interrupted:
-        err.print(Text(f"pilotfill: {outcome.interrupted}: the controller stopped and deleted its pilots; run it again to resume from the commits"),
-                  highlight=False)  # fmt: skip
+        err.print(
+            Text(
+                f"pilotfill: {outcome.interrupted}: the controller stopped and deleted its pilots; "
+                "run it again to resume from the commits"
+            ),
+            highlight=False,
+        )
         raise typer.Exit(130)
     if not outcome.ok:
         raise typer.Exit(1)
@@ -135,7 +166,9 @@ def run(
 
 @app.command()
 def top(
-    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the newest under ./runs).", readable=False)] = None,
+    run_dir: Annotated[
+        Optional[Path], typer.Argument(help="Run directory (default: the newest under ./runs).", readable=False)
+    ] = None,
 ) -> None:
     """Watch a run live: pilots, node occupancy, jobs, events. Read-only; q or Ctrl-C leaves."""
     from .tui import top as show
@@ -153,7 +186,9 @@ def top(
                 candidates.append(p)
         if not candidates:
             why = unreadable(Path("runs")) or (closed[-1] if closed else None)
-            err.print("[bold red]error:[/]", Text(why or "no run directory given and none under ./runs"), highlight=False)
+            err.print(
+                "[bold red]error:[/]", Text(why or "no run directory given and none under ./runs"), highlight=False
+            )
             raise typer.Exit(2)
         run_dir = candidates[-1]
     from .tui import RunUnreadable, read_snapshot
@@ -175,39 +210,145 @@ def top(
 
 @app.command()
 def replay(
-    trace: Annotated[Path, typer.Argument(help="Node-availability trace (time,node,state; .csv or .csv.gz).")] = DEFAULT_TRACE,
-    jobs: Annotated[Path, typer.Argument(help="Job file (name,model,submit_time,…,nodes,samples_per_s[,objective]).")] = DEFAULT_JOBS,
+    trace: Annotated[
+        Path, typer.Argument(help="Node-availability trace (time,node,state; .csv or .csv.gz).")
+    ] = DEFAULT_TRACE,
+    jobs: Annotated[
+        Path, typer.Argument(help="Job file (name,model,submit_time,…,nodes,samples_per_s[,objective]).")
+    ] = DEFAULT_JOBS,
     start: Annotated[Optional[str], typer.Option(help="Window start, ISO-8601 as in the trace.")] = None,
     end: Annotated[Optional[str], typer.Option(help="Window end, ISO-8601 as in the trace.")] = None,
-    nodes: Annotated[Optional[int], typer.Option(help="Use the first N nodes of the trace (file order).", min=1)] = None,
-    max_jobs: Annotated[int, typer.Option(help="At most this many jobs run at once (BFTrainer's setup: 10); 0: no cap, as many as the machine can start.", min=0)] = 0,
-    tfwd: Annotated[float, typer.Option(help="A fixed look-ahead T_fwd for the allocator, seconds (BFTrainer's setup: 10); 0: the nodes' expected hold, learned from the trace as it goes.", min=0.0)] = 0.0,
-    formulation: Annotated[Formulation, typer.Option(help="aggregated: exact (DP where it applies, MILP otherwise).")] = Formulation.AGGREGATED,
-    profiles: Annotated[Profiles, typer.Option(help="known: the jobs' curves; learned: JPA learns each job from its own noisy reports.")] = Profiles.known,
-    noise: Annotated[float, typer.Option(help="Relative noise of reported throughput with --profiles learned.", min=0.0)] = 0.03,
+    nodes: Annotated[
+        Optional[int], typer.Option(help="Use the first N nodes of the trace (file order).", min=1)
+    ] = None,
+    max_jobs: Annotated[
+        int,
+        typer.Option(
+            help="At most this many jobs run at once (BFTrainer's setup: 10); "
+                 "0: no cap, as many as the machine can start.",
+            min=0,
+        ),
+    ] = 0,
+    tfwd: Annotated[
+        float,
+        typer.Option(
+            help="A fixed look-ahead T_fwd for the allocator, seconds (BFTrainer's setup: 10); "
+                 "0: the nodes' expected hold, learned from the trace as it goes.",
+            min=0.0,
+        ),
+    ] = 0.0,
+    formulation: Annotated[
+        Formulation, typer.Option(help="aggregated: exact (DP where it applies, MILP otherwise).")
+    ] = Formulation.AGGREGATED,
+    profiles: Annotated[
+        Profiles, typer.Option(help="known: the jobs' curves; learned: JPA learns each job from its own noisy reports.")
+    ] = Profiles.known,
+    noise: Annotated[
+        float, typer.Option(help="Relative noise of reported throughput with --profiles learned.", min=0.0)
+    ] = 0.03,
     seed: Annotated[int, typer.Option(help="Seed of the report noise.")] = 0,
-    time_limit: Annotated[float, typer.Option(help="Solver time limit per event, seconds (then incumbent or greedy).", min=0.001)] = 1.0,
-    accounting: Annotated[Accounting, typer.Option(help="bftrainer: starts free, stops cost a shrink (BFTrainer's figures compare); realistic: starts cost 30 s, stops lose work since the last commit.")] = Accounting.bftrainer,
-    queue_delay: Annotated[float, typer.Option(help="Seconds a pilot waits in the batch queue before it starts.", min=0.0)] = 0.0,
-    grace: Annotated[float, typer.Option(help="Seconds between a pilot's SIGTERM (preemption, walltime) and its end.", min=0.0)] = 5.0,
+    time_limit: Annotated[
+        float, typer.Option(help="Solver time limit per event, seconds (then incumbent or greedy).", min=0.001)
+    ] = 1.0,
+    accounting: Annotated[
+        Accounting,
+        typer.Option(
+            help="bftrainer: starts free, stops cost a shrink (BFTrainer's figures compare); "
+                 "realistic: starts cost 30 s, stops lose work since the last commit."
+        ),
+    ] = Accounting.bftrainer,
+    queue_delay: Annotated[
+        float, typer.Option(help="Seconds a pilot waits in the batch queue before it starts.", min=0.0)
+    ] = 0.0,
+    grace: Annotated[
+        float, typer.Option(help="Seconds between a pilot's SIGTERM (preemption, walltime) and its end.", min=0.0)
+    ] = 5.0,
     pilot_walltime: Annotated[float, typer.Option(help="Pilot walltime, hours.", min=0.01)] = 6.0,
     nodes_per_pilot: Annotated[int, typer.Option(help="Nodes a pilot asks for at most.", min=1)] = 1,
-    run_dir: Annotated[Optional[Path], typer.Option(help="Keep the controller's run directory (its journal: pilotfill top RUN_DIR).")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Write a PNG of idle nodes and nodes used by training over time.")] = None,
+    run_dir: Annotated[
+        Optional[Path], typer.Option(help="Keep the controller's run directory (its journal: pilotfill top RUN_DIR).")
+    ] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="Write a PNG of idle nodes and nodes used by training over time.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")] = False,
     tui: Annotated[bool, typer.Option("--tui", help="Show the simulated machine live while it replays.")] = False,
-    speed: Annotated[Optional[float], typer.Option(help="With --tui: trace seconds per second (e.g. 3600: an hour a second); default as fast as it goes.", min=0.001)] = None,
-    node_types: Annotated[Optional[Path], typer.Option("--node-types", help="Node-type map (node,type or node,gpu_type): a machine with several kinds of node.")] = None,
-    nodes_per_type: Annotated[Optional[int], typer.Option(help="Keep the first N nodes of each node type (instead of --nodes).", min=1)] = None,
-    types: Annotated[TypeMode, typer.Option("--types", help="aware: the controller knows each node's type; blind: it does not (jobs still run at their rate on the type they land on).")] = TypeMode.aware,
-    library: Annotated[Optional[Path], typer.Option(help="Similarity library (JSON) of measured models, with --profiles learned on a typed machine.")] = None,
-    models: Annotated[Optional[Path], typer.Option(help="Model descriptors (model,parameters,flops_per_sample,layers,…): what each job's model is.")] = None,
-    hold_out: Annotated[Optional[str], typer.Option(help="Leave this family (a library entry's family) out of the library.")] = None,
-    objective: Annotated[Objective, typer.Option(help="samples: the most samples in all; share: each group (--share-by) its share of the machine first, then the most samples.")] = Objective.SAMPLES,
-    share_by: Annotated[ShareBy, typer.Option(help="With --objective share, a job's group: the job file's group column, its model, or its model's family (the model less -bsN).")] = ShareBy.group,
-    share_cost: Annotated[float, typer.Option(help="With --objective share: the most of a decision's samples optimum the shares may cost (1: whole shares, whatever they cost).", min=0.0, max=1.0)] = ControllerConfig.share_cost,
-    far: Annotated[float, typer.Option(help="With --library: a model whose nearest library model is less similar than this is measured once on every type (0: trust any neighbour).", min=0.0, max=1.0)] = SimilarityConfig.far,
-    admission: Annotated[Admission, typer.Option(help="Which waiting jobs a decision weighs: worth: by what starting each would add (a job waiting a day goes first); arrival: first come, first served (BFTrainer's setup).")] = Admission.worth,
+    speed: Annotated[
+        Optional[float],
+        typer.Option(
+            help="With --tui: trace seconds per second (e.g. 3600: an hour a second); default as fast as it goes.",
+            min=0.001,
+        ),
+    ] = None,
+    node_types: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--node-types", help="Node-type map (node,type or node,gpu_type): a machine with several kinds of node."
+        ),
+    ] = None,
+    nodes_per_type: Annotated[
+        Optional[int], typer.Option(help="Keep the first N nodes of each node type (instead of --nodes).", min=1)
+    ] = None,
+    types: Annotated[
+        TypeMode,
+        typer.Option(
+            "--types",
+            help="aware: the controller knows each node's type; "
+                 "blind: it does not (jobs still run at their rate on the type they land on).",
+        ),
+    ] = TypeMode.aware,
+    library: Annotated[
+        Optional[Path],
+        typer.Option(help="Similarity library (JSON) of measured models, with --profiles learned on a typed machine."),
+    ] = None,
+    models: Annotated[
+        Optional[Path],
+        typer.Option(help="Model descriptors (model,parameters,flops_per_sample,layers,…): "
+                          "what each job's model is."),
+    ] = None,
+    hold_out: Annotated[
+        Optional[str], typer.Option(help="Leave this family (a library entry's family) out of the library.")
+    ] = None,
+    objective: Annotated[
+        Objective,
+        typer.Option(
+            help="samples: the most samples in all; "
+                 "share: each group (--share-by) its share of the machine first, then the most samples."
+        ),
+    ] = Objective.SAMPLES,
+    share_by: Annotated[
+        ShareBy,
+        typer.Option(
+            help="With --objective share, a job's group: "
+                 "the job file's group column, its model, or its model's family (the model less -bsN)."
+        ),
+    ] = ShareBy.group,
+    share_cost: Annotated[
+        float,
+        typer.Option(
+            help="With --objective share: the most of a decision's samples optimum the shares may cost "
+                 "(1: whole shares, whatever they cost).",
+            min=0.0,
+            max=1.0,
+        ),
+    ] = ControllerConfig.share_cost,
+    far: Annotated[
+        float,
+        typer.Option(
+            help="With --library: a model whose nearest library model is less similar than this "
+                 "is measured once on every type (0: trust any neighbour).",
+            min=0.0,
+            max=1.0,
+        ),
+    ] = SimilarityConfig.far,
+    admission: Annotated[
+        Admission,
+        typer.Option(
+            help="Which waiting jobs a decision weighs: "
+                 "worth: by what starting each would add (a job waiting a day goes first); "
+                 "arrival: first come, first served (BFTrainer's setup)."
+        ),
+    ] = Admission.worth,
 ) -> None:
     """Replay a scheduler's node-availability log and report what pilotfill would have trained.
 
@@ -238,12 +379,30 @@ def replay(
         err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
         raise typer.Exit(2) from None
     sim = Replay(
-        tr, specs, max_jobs=max_jobs, t_fwd=tfwd, formulation=formulation.value, profiles=profiles.value, noise=noise, seed=seed,
-        time_limit_s=time_limit, keep_timeline=plot is not None, accounting=accounting.value, queue_delay_s=queue_delay, grace_s=grace,
-        pilot_walltime_s=pilot_walltime * 3600, nodes_per_pilot=nodes_per_pilot, run_dir=run_dir,
-        node_types=types.value, library=lib, objective=objective.value, share_by=share_by.value, share_cost=share_cost, far=far,
+        tr,
+        specs,
+        max_jobs=max_jobs,
+        t_fwd=tfwd,
+        formulation=formulation.value,
+        profiles=profiles.value,
+        noise=noise,
+        seed=seed,
+        time_limit_s=time_limit,
+        keep_timeline=plot is not None,
+        accounting=accounting.value,
+        queue_delay_s=queue_delay,
+        grace_s=grace,
+        pilot_walltime_s=pilot_walltime * 3600,
+        nodes_per_pilot=nodes_per_pilot,
+        run_dir=run_dir,
+        node_types=types.value,
+        library=lib,
+        objective=objective.value,
+        share_by=share_by.value,
+        share_cost=share_cost,
+        far=far,
         admission=admission.value,
-    )  # fmt: skip
+    )
 
     if tui and not as_json:
         from .tui import replay_with_view
@@ -284,7 +443,10 @@ def replay(
 def _summary_table(s: dict, result) -> Table:
     from .progress import plural
 
-    table = Table(title=f"replay of {Path(s['trace']).name}: {plural(s['nodes'], 'node')}, {format_time(s['start'])} → {format_time(s['end'])}")
+    table = Table(
+        title=f"replay of {Path(s['trace']).name}: {plural(s['nodes'], 'node')}, "
+              f"{format_time(s['start'])} → {format_time(s['end'])}"
+    )
     table.add_column("figure")
     table.add_column("value", justify="right")
     rows = [
@@ -296,15 +458,32 @@ def _summary_table(s: dict, result) -> Table:
         ("lost to rescaling and preemption", f"{s['lost_samples']:.4g}"),
         ("efficiency (overhead only)", f"{100 * s['efficiency']:.2f}%"),
         ("jobs completed / started", f"{s['jobs_completed']} / {s['jobs_started']}"),
-        ("jobs past their declared work / open at the end", f"{s['jobs_overran']} / {s['jobs_running_at_end']} running, {s['jobs_waiting_at_end']} waiting"),
+        (
+            "jobs past their declared work / open at the end",
+            f"{s['jobs_overran']} / {s['jobs_running_at_end']} running, {s['jobs_waiting_at_end']} waiting",
+        ),
         ("samples redone after stops", f"{s['samples_redone']:.4g}"),
         ("job starts / stops / rescales", f"{s['job_starts']:,} / {s['job_stops']:,} / {s['rescales']:,}"),
-        ("longest wait: to a first start (never started: to the end) / of those started / to run again", f"{s['longest_wait_s'] / 3600:.1f} h / {s['longest_wait_started_s'] / 3600:.1f} h / {s['longest_rewait_s'] / 3600:.1f} h  ({s['jobs_never_started']:,} never started)"),
-        ("pilots submitted / cancelled", f"{s['pilots_submitted']:,} / {s['pilots_cancelled']:,}  (the trace made a node idle {s['idle_transitions']:,} times)"),
-        ("nodes released / re-requested within 60 s", f"{s['nodes_released']:,} / {s['nodes_rerequested_within_60s']:,}"),
+        (
+            "longest wait: to a first start (never started: to the end) / of those started / to run again",
+            f"{s['longest_wait_s'] / 3600:.1f} h / {s['longest_wait_started_s'] / 3600:.1f} h / "
+            f"{s['longest_rewait_s'] / 3600:.1f} h  ({s['jobs_never_started']:,} never started)",
+        ),
+        (
+            "pilots submitted / cancelled",
+            f"{s['pilots_submitted']:,} / {s['pilots_cancelled']:,}  "
+            f"(the trace made a node idle {s['idle_transitions']:,} times)",
+        ),
+        (
+            "nodes released / re-requested within 60 s",
+            f"{s['nodes_released']:,} / {s['nodes_rerequested_within_60s']:,}",
+        ),
         ("node-hours held by pilots", f"{s['held_node_hours']:,.1f}"),
         ("solve ms p50 / p99 / max", f"{s['solve_ms_p50']:.2f} / {s['solve_ms_p99']:.2f} / {s['solve_ms_max']:.2f}"),
-        ("controller ms per event p50 / p99 / max", f"{s['controller_ms_p50']:.2f} / {s['controller_ms_p99']:.2f} / {s['controller_ms_max']:.2f}"),
+        (
+            "controller ms per event p50 / p99 / max",
+            f"{s['controller_ms_p50']:.2f} / {s['controller_ms_p99']:.2f} / {s['controller_ms_max']:.2f}",
+        ),
         ("accounting", s["accounting"]),
         ("methods", ", ".join(f"{k} {v}" for k, v in s["methods"].items()) or "—"),
         ("wall time", f"{s['wall_s']:.1f} s"),
@@ -322,7 +501,10 @@ def _run_dir_or_exit(run_dir: Path) -> Path:
 
     why = unreadable(run_dir)
     if why is None and run_dir.is_file():
-        why = f"{run_dir}: is a file, not a run directory (a campaign's runs are under runs/ beside it: pilotfill top runs/<id>)"
+        why = (
+            f"{run_dir}: is a file, not a run directory "
+            "(a campaign's runs are under runs/ beside it: pilotfill top runs/<id>)"
+        )
     elif why is None and not run_dir.exists():
         why = f"{run_dir}: no such run directory"
     why = why or unreadable(run_dir / "state.sqlite")
@@ -336,7 +518,9 @@ def _run_dir_or_exit(run_dir: Path) -> Path:
 
 # ---------------------------------------------------------------- remote (Globus Compute)
 
-Endpoint = Annotated[str, typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint on the login node.")]
+Endpoint = Annotated[
+    str, typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint on the login node.")
+]
 
 
 def _remote(call):
@@ -353,7 +537,9 @@ def _remote(call):
 def submit(
     campaign: Annotated[Path, typer.Argument(help="The campaign file to run on the login node.")],
     endpoint: Endpoint,
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Site config file shipped with the campaign.")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option("--config", "-c", help="Site config file shipped with the campaign.")
+    ] = None,
 ) -> None:
     """Start a campaign on a login node through Globus Compute; prints its run id at once."""
     from . import remote
@@ -365,8 +551,12 @@ def submit(
 
 @app.command()
 def status(
-    run: Annotated[str, typer.Argument(help="A run directory here, or with --endpoint the id `pilotfill submit` printed.")],
-    endpoint: Annotated[Optional[str], typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint of a remote run.")] = None,
+    run: Annotated[
+        str, typer.Argument(help="A run directory here, or with --endpoint the id `pilotfill submit` printed.")
+    ],
+    endpoint: Annotated[
+        Optional[str], typer.Option("--endpoint", "-e", help="UUID of the Globus Compute endpoint of a remote run.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """A run's jobs, pilots and what it waits for: a run directory here, or a remote run (--endpoint)."""
@@ -382,7 +572,11 @@ def status(
         except RunUnreadable as exc:
             err.print("[bold red]error:[/]", Text(str(exc)), highlight=False)
             raise typer.Exit(2) from None
-        info = {"run_dir": str(run_dir), "phase": "running" if source == "live" else "stopped", **run_dir_status(run_dir)}
+        info = {
+            "run_dir": str(run_dir),
+            "phase": "running" if source == "live" else "stopped",
+            **run_dir_status(run_dir),
+        }
     else:
         info = _remote(lambda: remote.status(endpoint, run))
     if as_json:
@@ -390,18 +584,33 @@ def status(
         return
     table = Table(title=f"run {run}: {info['phase']}")
     for col in ("job", "status", "nodes", "progress", "rescales", "result"):
-        table.add_column(col, justify="right" if col in ("nodes", "progress", "rescales") else "left", overflow="ellipsis")
+        table.add_column(
+            col, justify="right" if col in ("nodes", "progress", "rescales") else "left", overflow="ellipsis"
+        )
     for j in info["jobs"]:
         shown = j.get("error") if j["status"] == JobStatus.FAILED else j.get("result")
-        table.add_row(j["name"], j["status"], str(j["nodes"]), f"{j['progress']:,.0f}", str(j["rescales"]), "" if shown is None else str(shown)[:60])
+        table.add_row(
+            j["name"],
+            j["status"],
+            str(j["nodes"]),
+            f"{j['progress']:,.0f}",
+            str(j["rescales"]),
+            "" if shown is None else str(shown)[:60],
+        )
     Console().print(table)
     from .controller.notices import notice_line
 
     for notice in info.get("notices") or []:
-        err.print(f"[{'bold red' if notice.get('level') == 'failing' else 'yellow'}]{escape(notice_line(notice) or '')}[/]", highlight=False)
+        err.print(
+            f"[{'bold red' if notice.get('level') == 'failing' else 'yellow'}]{escape(notice_line(notice) or '')}[/]",
+            highlight=False,
+        )
     live = [p for p in info["pilots"] if p["state"] in LIVE_PILOT_STATES]
     if live:
-        pilots = Table(title="pilots", caption=f"and {len(info['pilots']) - len(live)} ended" if len(live) < len(info["pilots"]) else None)
+        pilots = Table(
+            title="pilots",
+            caption=f"and {len(info['pilots']) - len(live)} ended" if len(live) < len(info["pilots"]) else None,
+        )
         for col in ("scheduler id", "state", "nodes"):
             pilots.add_column(col)
         for p in live:

@@ -3,8 +3,8 @@
 A config names the batch system and its options, the pilot policy and the
 controller's timing. Each batch system's own section belongs to its adapter
 (``BatchScheduler.config_class`` and ``parse_section``): this module parses the
-sections of whatever :mod:`pilotfill.schedulers.registry` names. Every key is checked: an unknown key, a wrong type or an
-impossible value is a :class:`ConfigError` naming the file and the key, so a
+sections of whatever :mod:`pilotfill.schedulers.registry` names. Every key is checked:
+an unknown key, a wrong type or an impossible value is a :class:`ConfigError` naming the file and the key, so a
 typo never silently falls back to a default. ``load_config()`` with no
 argument returns the embedded default: a local virtual cluster of four nodes
 whose main workload replays a time-compressed excerpt of Summit's trace.
@@ -46,26 +46,37 @@ class PilotConfig:
 class ControllerConfig:
     tick_s: float = 0.2
     bind: str = "127.0.0.1"
-    t_fwd: float = 0.0  # 0: the horizon is the nodes' expected hold, learned (allocator/horizon.py); > 0: a fixed look-ahead (BFTrainer's 10 s)
-    max_jobs: int = 0  # at most this many jobs considered at once (BFTrainer's setup: 10); 0: as many as the machine can start
-    weigh_waiting: int = 128  # a decision weighs at most this many waiting jobs of each queue (those that ran; those never run), the most promising first (as Slurm's bf_max_job_test), more only for nodes left free; 0: all
+    # 0: the nodes' expected hold, learned (allocator/horizon.py); > 0: a fixed look-ahead (BFTrainer's 10 s)
+    t_fwd: float = 0.0
+    # at most this many jobs considered at once (BFTrainer's setup: 10); 0: as many as the machine can start
+    max_jobs: int = 0
+    # waiting jobs a decision weighs per queue, most promising first (as Slurm's bf_max_job_test); 0: all
+    weigh_waiting: int = 128
     solver_time_limit_s: float = 0.5
     formulation: str = "aggregated"  # exact (DP where it applies, MILP otherwise); "milp" or "greedy" to compare
-    objective: str = "samples"  # the most samples in all (BFTrainer's); "share": each job group (spec "group") its share of the machine first (allocator/shares.py)
-    share_cost: float = 0.03  # objective "share": the most of a decision's samples optimum the shares may cost (1: the whole shares, whatever they cost)
-    admission: str = "worth"  # which waiting jobs a decision weighs: by what starting each would add ("worth"; a job waiting a day goes first), or "arrival" (first come, first served: BFTrainer's)
-    max_job_nodes: int = 100_000  # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
+    # the most samples in all (BFTrainer's); "share": each group its share of the machine first (allocator/shares.py)
+    objective: str = "samples"
+    # objective "share": the most of a decision's samples optimum the shares may cost (1: whole shares at any cost)
+    share_cost: float = 0.03
+    # which waiting jobs a decision weighs: "worth" (what starting each would add) or "arrival" (BFTrainer's FCFS)
+    admission: str = "worth"
+    # no job is sized beyond this (or beyond the machine, when the batch system says how big it is)
+    max_job_nodes: int = 100_000
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    kind: str = "processes"  # "torch": torch.distributed.elastic; "horovod": Elastic Horovod (Gloo); "processes": plain rank processes
+    # "torch": torch.distributed.elastic; "horovod": Elastic Horovod (Gloo); "processes": plain rank processes
+    kind: str = "processes"
     ranks_per_node: int = 1  # ranks a job runs on each node (one per GPU on GPU nodes)
     gpus_per_node: int = 0  # GPUs each node has: rank i of a node sees only GPU i (CUDA_VISIBLE_DEVICES); 0: no binding
-    local_hosts: bool = False  # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
+    # hosts are names for this machine (test clusters): ranks start through the local ssh stand-in
+    local_hosts: bool = False
     network_interface: str = "lo"  # what Gloo uses between ranks (e.g. "hsn0" on a Slingshot machine)
-    collective_timeout_s: float = 120.0  # a collective or rendezvous (NCCL, gloo; torch, Horovod) waiting this long for a peer fails; its rank restarts
-    silent_s: float = 300.0  # a job whose ranks neither report nor print this long is stuck (Horovod): formed again from its last commit
+    # a collective or rendezvous (NCCL, gloo; torch, Horovod) waiting this long for a peer fails; its rank restarts
+    collective_timeout_s: float = 120.0
+    # a job whose ranks neither report nor print this long is stuck (Horovod): formed again from its last commit
+    silent_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -97,9 +108,11 @@ class SimilarityConfig:
     """The model-similarity policy's library of measured models (:mod:`pilotfill.allocator.similarity`)."""
 
     libraries: tuple[str, ...] = ()  # read-only libraries a site ships (JSON)
-    library: str = ""  # the user's own, read and added to as models are measured; "" : models.json beside the run directory
+    # the user's own, read and added to as models are measured; "" : models.json beside the run directory
+    library: str = ""
     enabled: bool = True  # false: every type of a new job is learned from nothing
-    far: float = 0.25  # a model whose nearest measured model is less similar than this is measured once on every type (0: never)
+    # a model whose nearest measured model is less similar than this is measured once on every type (0: never)
+    far: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -133,12 +146,25 @@ class Config:
 
 SCHEDULERS = BATCH_SYSTEM_NAMES  # pilotfill/schedulers/registry.py
 OPTIONAL_STRINGS = {"account", "qos", "python", "library"}
-MAY_BE_ZERO = {"share_cost", "gpus_per_node", "release_after_s", "t_fwd", "max_jobs", "weigh_waiting", "pilot_walltime_s", "far"}
+MAY_BE_ZERO = {
+    "share_cost",
+    "gpus_per_node",
+    "release_after_s",
+    "t_fwd",
+    "max_jobs",
+    "weigh_waiting",
+    "pilot_walltime_s",
+    "far",
+}
 # Values that validate as numbers and then cannot work (issue: tick_s = 1e12 killed the controller four times with an
 # OverflowError in zmq_poll; heartbeat_s = 1e-6 lost 12 pilots in 30 s): (lowest, highest, what goes wrong outside).
 BOUNDS: dict[str, tuple[float, float, str]] = {
     "similarity.far": (0.0, 1.0, "a similarity is at most 1: above it every model would be measured on every type"),
-    "controller.tick_s": (0.01, 60.0, "the controller's loop waits this long between passes; beyond a minute nothing is timely"),
+    "controller.tick_s": (
+        0.01,
+        60.0,
+        "the controller's loop waits this long between passes; beyond a minute nothing is timely",
+    ),
     "controller.solver_time_limit_s": (0.01, 600.0, "a decision may take this long"),
     "controller.share_cost": (0.0, 1.0, "a fraction of the samples optimum"),
     "pilots.heartbeat_s": (0.05, 600.0, "each agent asks the controller this often; faster floods it"),
@@ -151,8 +177,9 @@ BOUNDS: dict[str, tuple[float, float, str]] = {
 RUNTIMES = RUNTIME_NAMES  # pilotfill/elastic/registry.py
 DRAIN_MARGIN_S = 2.0  # a pilot is drained grace_s + this before its walltime ends (controller/walltime.py)
 MIN_TRAIN_S = 15.0
-"""A pilot must train at least this long before its drain: a job's start and stop cost that much by default (its
-scale-up and scale-down costs), and no job is started on a node that ends sooner — pilots would come and go, unused."""
+"""A pilot must train at least this long before its drain: a job's start and stop cost that much by default
+(its scale-up and scale-down costs), and no job is started on a node that ends sooner —
+pilots would come and go, unused."""
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 OBJECTIVES = ("samples", "share")
 ADMISSIONS = ("worth", "arrival")  # controller/waiting.py
@@ -195,14 +222,24 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
         kind = scheduler.get("kind")
         name = kind if kind in SCHEDULERS else "slurm"
         options = [k for k in scheduler if k != "kind"]
-        moved = f", and its options ({', '.join(options)}) under [{name}]" if options else f"; its options go under [{name}]"
-        raise ConfigError(f"{where('scheduler')}: is a plain key, not a table: write scheduler = \"{name}\" at the top of the file, "
-                          f"before any [table]{moved}")  # fmt: skip
+        moved = (
+            f", and its options ({', '.join(options)}) under [{name}]"
+            if options
+            else f"; its options go under [{name}]"
+        )
+        raise ConfigError(
+            f'{where("scheduler")}: is a plain key, not a table: write scheduler = "{name}" at the top of the file, '
+            f"before any [table]{moved}"
+        )
     if not isinstance(scheduler, str) or scheduler not in SCHEDULERS:
         raise ConfigError(f"{where('scheduler')}: {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
     for key in known - {"scheduler"}:
         if key in data and not isinstance(data[key], dict):
-            hint = f': write [{key}] with kind = "{data[key]}" under it' if key == "runtime" and isinstance(data[key], str) else ""
+            hint = (
+                f': write [{key}] with kind = "{data[key]}" under it'
+                if key == "runtime" and isinstance(data[key], str)
+                else ""
+            )
             if key == "node_types":
                 hint = ": one table per kind of node, e.g. [node_types.a100] with constraint = \"a100\" under it"
             raise ConfigError(f"{where(key)}: must be a table ([{key}]), got {data[key]!r}{hint}")
@@ -213,13 +250,22 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> Config:
     sections = {name: adapter_class(name).parse_section(data.get(name, {}), name, where, lead) for name in SCHEDULERS}
     controller = section(ControllerConfig, data.get("controller", {}), "controller", where)
     if controller.formulation not in FORMULATIONS:
-        raise ConfigError(f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}")
+        raise ConfigError(
+            f"{where('controller.formulation')}: {controller.formulation!r} is not one of {', '.join(FORMULATIONS)}"
+        )
     if controller.objective not in OBJECTIVES:
-        raise ConfigError(f"{where('controller.objective')}: {controller.objective!r} is not one of {', '.join(OBJECTIVES)}")
+        raise ConfigError(
+            f"{where('controller.objective')}: {controller.objective!r} is not one of {', '.join(OBJECTIVES)}"
+        )
     if controller.objective == "share" and controller.formulation != "aggregated":
-        raise ConfigError(f"{where('controller.objective')}: \"share\" is solved by the exact aggregated solvers; formulation {controller.formulation!r} cannot (leave it out)")
+        raise ConfigError(
+            f'{where("controller.objective")}: "share" is solved by the exact aggregated solvers; '
+            f"formulation {controller.formulation!r} cannot (leave it out)"
+        )
     if controller.admission not in ADMISSIONS:
-        raise ConfigError(f"{where('controller.admission')}: {controller.admission!r} is not one of {', '.join(ADMISSIONS)}")
+        raise ConfigError(
+            f"{where('controller.admission')}: {controller.admission!r} is not one of {', '.join(ADMISSIONS)}"
+        )
     runtime = section(RuntimeConfig, data.get("runtime", {}), "runtime", where)
     if runtime.kind not in RUNTIMES:
         raise ConfigError(f"{where('runtime.kind')}: {runtime.kind!r} is not one of {', '.join(RUNTIMES)}")
@@ -240,19 +286,25 @@ def _selectors() -> dict[str, tuple[str, tuple[str, ...]]]:
 def _node_types(raw: Any, scheduler: str, where) -> tuple[NodeTypeConfig, ...]:
     """``[node_types.NAME]`` tables: each names how the batch system selects that kind of node."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where('node_types')}: must be tables, one per kind of node: [node_types.a100] constraint = \"a100\"")
+        raise ConfigError(
+            f'{where("node_types")}: must be tables, one per kind of node: [node_types.a100] constraint = "a100"'
+        )
     out = []
     allowed = {f.name for f in fields(NodeTypeConfig)} - {"name"}
     for name, table in raw.items():
         key = f"node_types.{name}"
         if not NODE_TYPE_NAME.fullmatch(name):
-            raise ConfigError(f"{where(key)}: a node type's name is letters, digits, '.', '_', '+', '-' (it names job-file columns)")
+            raise ConfigError(
+                f"{where(key)}: a node type's name is letters, digits, '.', '_', '+', '-' (it names job-file columns)"
+            )
         if not isinstance(table, dict):
             raise ConfigError(f"{where(key)}: must be a table ([{key}]) saying how {scheduler} selects these nodes")
         values: dict[str, Any] = {}
         for k, v in table.items():
             if k not in allowed:
-                raise ConfigError(f"{where(f'{key}.{k}')}: unknown key{_meant(k, allowed)} (known: {', '.join(sorted(allowed))})")
+                raise ConfigError(
+                    f"{where(f'{key}.{k}')}: unknown key{_meant(k, allowed)} (known: {', '.join(sorted(allowed))})"
+                )
             default = getattr(NodeTypeConfig(name), k)
             if isinstance(default, int) and (isinstance(v, bool) or not isinstance(v, int)):
                 raise ConfigError(f"{where(f'{key}.{k}')}: expected an integer, got {v!r}")
@@ -264,10 +316,19 @@ def _node_types(raw: Any, scheduler: str, where) -> tuple[NodeTypeConfig, ...]:
         selectors = _selectors()
         own = selectors[scheduler][1]
         chosen = [k for k in own if values.get(k)]
-        foreign = [(k, title) for s, (title, keys) in selectors.items() if s != scheduler for k in keys if k not in own and values.get(k)]
+        foreign = [
+            (k, title)
+            for s, (title, keys) in selectors.items()
+            if s != scheduler
+            for k in keys
+            if k not in own and values.get(k)
+        ]
         if foreign:
             (k, title) = foreign[0]
-            raise ConfigError(f"{where(f'{key}.{k}')}: is how {title} selects nodes, but scheduler = {scheduler!r}: use {' or '.join(own or ('nothing',))}")
+            raise ConfigError(
+                f"{where(f'{key}.{k}')}: is how {title} selects nodes, "
+                f"but scheduler = {scheduler!r}: use {' or '.join(own or ('nothing',))}"
+            )
         if not chosen:
             raise ConfigError(f"{where(key)}: says nothing that selects these nodes: set {' or '.join(own)}")
         out.append(NodeTypeConfig(name, **values))
@@ -314,14 +375,18 @@ def check_walltime(longest: str, key: str, lead: float, where) -> None:
 
 
 def too_short(walltime: float, lead: float) -> str:
-    return (f"a pilot's nodes are drained pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s before its walltime ends, which leaves "
-            f"{max(0.0, walltime - lead):g} s to train: less than the {MIN_TRAIN_S:g} s a job's start and stop cost, so no job would ever "
-            f"start on a pilot (make it at least {lead + MIN_TRAIN_S:g} s)")  # fmt: skip
+    return (
+        f"a pilot's nodes are drained pilots.grace_s + {DRAIN_MARGIN_S:g} s = {lead:g} s before its walltime ends, "
+        f"which leaves {max(0.0, walltime - lead):g} s to train: "
+        f"less than the {MIN_TRAIN_S:g} s a job's start and stop cost, "
+        f"so no job would ever start on a pilot (make it at least {lead + MIN_TRAIN_S:g} s)"
+    )
 
 
 def section(cls, raw: Any, name: str, where, bounds: dict[str, tuple[float, float, str]] | None = None) -> Any:
     """A table read into ``cls``: every key known, of its type, non-empty, finite, positive (or zero where that means
-    "none"), within its bounds (``bounds``: a plugin's own, by ``section.key``), else a :class:`ConfigError` naming it."""
+    "none"), within its bounds (``bounds``: a plugin's own, by ``section.key``),
+    else a :class:`ConfigError` naming it."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where(name)}: must be a table")
     allowed = {f.name: f for f in fields(cls) if f.name != "script"}
@@ -329,9 +394,14 @@ def section(cls, raw: Any, name: str, where, bounds: dict[str, tuple[float, floa
     for key, value in raw.items():
         if key not in allowed:
             if key == "scheduler":  # TOML: a key after a [table] header belongs to that table
-                raise ConfigError(f"{where(f'{name}.{key}')}: scheduler is a top-level key: move scheduler = {value!r} above [{name}] "
-                                  f"(a key written after a [table] header belongs to that table)")  # fmt: skip
-            raise ConfigError(f"{where(f'{name}.{key}')}: unknown key{_meant(key, allowed)} (known: {', '.join(sorted(allowed))})")
+                raise ConfigError(
+                    f"{where(f'{name}.{key}')}: scheduler is a top-level key: "
+                    f"move scheduler = {value!r} above [{name}] "
+                    f"(a key written after a [table] header belongs to that table)"
+                )
+            raise ConfigError(
+                f"{where(f'{name}.{key}')}: unknown key{_meant(key, allowed)} (known: {', '.join(sorted(allowed))})"
+            )
         default = getattr(cls(), key)
         if isinstance(default, tuple):
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -348,10 +418,19 @@ def section(cls, raw: Any, name: str, where, bounds: dict[str, tuple[float, floa
             raise ConfigError(f"{where(f'{name}.{key}')}: must not be empty")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{where(f'{name}.{key}')}: must be a finite number, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and (value < 0 if key in MAY_BE_ZERO else value <= 0):
-            raise ConfigError(f"{where(f'{name}.{key}')}: must be {'zero or more' if key in MAY_BE_ZERO else 'positive'}, got {value!r}")
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and (value < 0 if key in MAY_BE_ZERO else value <= 0)
+        ):
+            raise ConfigError(
+                f"{where(f'{name}.{key}')}: "
+                f"must be {'zero or more' if key in MAY_BE_ZERO else 'positive'}, got {value!r}"
+            )
         bound = (bounds or BOUNDS).get(f"{name}.{key}")
         if bound is not None and not (bound[0] <= value <= bound[1]) and not (value == 0 and key in MAY_BE_ZERO):
-            raise ConfigError(f"{where(f'{name}.{key}')}: must be between {bound[0]:g} and {bound[1]:g} ({bound[2]}), got {value!r}")
+            raise ConfigError(
+                f"{where(f'{name}.{key}')}: must be between {bound[0]:g} and {bound[1]:g} ({bound[2]}), got {value!r}"
+            )
         values[key] = value
     return cls(**values)

@@ -5,9 +5,9 @@ Every request is a JSON object with a ``type`` and the fields of its class below
 wrong type is a :class:`ProtocolError` naming it); the controller's handlers take the classes, and whatever sends a
 request builds it from them (the client, pilot agents, ranks and torch agents; the replay's simulated site and
 runtime: ``JobReport(...).to_dict()``), so the replay cannot drift from production. The run's torch store has its own
-requests, made the same way (:mod:`pilotfill.elastic.torch.store`: only torch's agents and ranks load them). The table in ``docs/protocol.md`` is made from the classes
-(``python -m pilotfill.protocol``; a test checks it is current). Transport and authentication are in
-:mod:`pilotfill.transport` and :mod:`pilotfill.security`.
+requests, made the same way (:mod:`pilotfill.elastic.torch.store`: only torch's agents and ranks load them).
+The table in ``docs/protocol.md`` is made from the classes (``python -m pilotfill.protocol``; a test checks it
+is current). Transport and authentication are in :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ class Message:
             schema = _SCHEMAS[cls] = tuple((f.name, f.metadata["check"], f.default is MISSING) for f in fields(cls))
         for name, check, required in schema:
             value = message.get(name, MISSING)
-            ok = value is not MISSING and isinstance(value, check) and not (isinstance(value, bool) and check in (int, _NUMBER))
+            ok = (
+                value is not MISSING
+                and isinstance(value, check)
+                and not (isinstance(value, bool) and check in (int, _NUMBER))
+            )
             if required:
                 if value is MISSING:
                     raise ProtocolError(f"{cls.TYPE}: missing field {name!r}")
@@ -99,12 +103,19 @@ class PilotRegister(Message):
 @dataclass(slots=True)
 class PilotHeartbeat(Message):
     TYPE: ClassVar[str] = "pilot.heartbeat"
-    REPLY: ClassVar[str] = ("release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; stop; register; incarnation; "
-                             "keep [[host, job]]: a new controller adopted these jobs' processes (the others end)")
+    REPLY: ClassVar[str] = (
+        "release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; "
+        "stop; register; incarnation; "
+        "keep [[host, job]]: a new controller adopted these jobs' processes (the others end)"
+    )
     pilot: str = _field(str, "the pilot's id")
-    wait_s: float | None = _field(_NUMBER, "a long poll: answered at once when there is news, else after this long", None)
+    wait_s: float | None = _field(
+        _NUMBER, "a long poll: answered at once when there is news, else after this long", None
+    )
     exits: list | None = _field(list, "processes that ended on its nodes [{host, job, code, requested}]", None)
-    running: list | None = _field(list, "after a reply with keep: the jobs' processes running on its nodes [[host, job]]", None)
+    running: list | None = _field(
+        list, "after a reply with keep: the jobs' processes running on its nodes [[host, job]]", None
+    )
 
 
 @dataclass(slots=True)
@@ -122,7 +133,9 @@ class PilotLeaving(Message):
 @dataclass(slots=True)
 class JobSubmit(Message):
     TYPE: ClassVar[str] = "job.submit"
-    REPLY: ClassVar[str] = "job_id: the same for a retry (the request id is journaled with the job: across restarts too)"
+    REPLY: ClassVar[str] = (
+        "job_id: the same for a retry (the request id is journaled with the job: across restarts too)"
+    )
     spec: dict = _field(dict, "{name, entry, min_nodes, max_nodes, …}: the job spec (its table below)")
     rid: str | None = _field(str, "the request's id: a retry of it is answered, not applied again", None)
 
@@ -138,8 +151,14 @@ class JobReport(Message):
     pid: Any = _field(object, "the reporting rank's process (ranks are measured apart)", None)
     first: bool = _field(bool, "its first report since it started: covers the start, not training", False)
     commit: bool = _field(bool, "it committed right after this work", False)
-    position: float | None = _field(_NUMBER, "where its loader is after this work: global samples since the job began (rank 0 of an ElasticLoader)", None)
-    noise_scale: float | None = _field(_NUMBER, "an adaptive batch's measured gradient noise scale, in samples (rank 0)", None)
+    position: float | None = _field(
+        _NUMBER,
+        "where its loader is after this work: global samples since the job began (rank 0 of an ElasticLoader)",
+        None,
+    )
+    noise_scale: float | None = _field(
+        _NUMBER, "an adaptive batch's measured gradient noise scale, in samples (rank 0)", None
+    )
 
     def validate(self) -> None:
         if not (math.isfinite(self.samples) and self.samples >= 0):
@@ -218,18 +237,25 @@ class StateSnapshot(Message):
 class RdzvJoin(Message):
     TYPE: ClassVar[str] = "rdzv.join"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "state wait|closed|ended[, round, rank, world_size, hosts, store {host, port, prefix}][, in_place] (torch runtime)"
+    REPLY: ClassVar[str] = (
+        "state wait|closed|ended[, round, rank, world_size, hosts, store {host, port, prefix}][, in_place] "
+        "(torch runtime)"
+    )
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the joining agent's node")
     last_round: int = _field(int, "the last round it was in")
-    in_place: bool = _field(bool, "its workers re-form in place (they reached a loader boundary): the job's rounds are staged", False)
+    in_place: bool = _field(
+        bool, "its workers re-form in place (they reached a loader boundary): the job's rounds are staged", False
+    )
 
 
 @dataclass(slots=True)
 class RdzvPoll(Message):
     TYPE: ClassVar[str] = "rdzv.poll"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "waiting, current, member, same_hosts[, in_place: the job's ranks re-form in place] (torch runtime)"
+    REPLY: ClassVar[str] = (
+        "waiting, current, member, same_hosts[, in_place: the job's ranks re-form in place] (torch runtime)"
+    )
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the asking agent's node")
     round: int = _field(int, "its round")
@@ -239,7 +265,9 @@ class RdzvPoll(Message):
 BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in Message.__subclasses__()}
 """Every request type: the controller's handler table is keyed by these. (The run's torch store's requests are
 :class:`Message` too, made after these in :mod:`pilotfill.elastic.torch.store`: not the controller's, not here.)"""
-FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {t: {f.name: f.metadata["check"] for f in fields(m) if f.default is MISSING} for t, m in BY_TYPE.items()}
+FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    t: {f.name: f.metadata["check"] for f in fields(m) if f.default is MISSING} for t, m in BY_TYPE.items()
+}
 """Each type's required fields and their types (made from the message classes)."""
 READ_ONLY = {t for t, m in BY_TYPE.items() if m.READ_ONLY}  # nothing journaled
 
@@ -280,7 +308,11 @@ def _check_curve(spec: dict[str, Any], key: str, values: str) -> None:
     curve = spec.get(key)
     if curve is None:
         return
-    if not isinstance(curve, dict) or not isinstance(curve.get("nodes"), list) or not isinstance(curve.get(values), list):
+    if (
+        not isinstance(curve, dict)
+        or not isinstance(curve.get("nodes"), list)
+        or not isinstance(curve.get(values), list)
+    ):
         raise ProtocolError(f"job spec: {key} must be {{nodes: [...], {values}: [...]}}")
     from .allocator import ProblemError, ScalingCurve
 
@@ -292,7 +324,8 @@ def _check_curve(spec: dict[str, Any], key: str, values: str) -> None:
 
 class JobSpec(TypedDict, total=False):
     """A job as ``job.submit`` carries it and the journal keeps it, after :func:`check_spec` (which fills in
-    :data:`SPEC_DEFAULTS`). Each key's type and meaning is here once: a type checker checks the controller's reads against it,
+    :data:`SPEC_DEFAULTS`). Each key's type and meaning is here once:
+    a type checker checks the controller's reads against it,
     and the job spec's table in ``docs/protocol.md`` is made from it (:func:`spec_table`)."""
 
     name: Annotated[Required[str], "the job's name"]
@@ -301,32 +334,67 @@ class JobSpec(TypedDict, total=False):
     args: Annotated[list, "its positional arguments"]
     kwargs: Annotated[dict, "its keyword arguments"]
     min_nodes: Annotated[Required[int], "the fewest nodes it runs on (1 <= min_nodes <= max_nodes)"]
-    max_nodes: Annotated[Required[int], "the most it can use (more than the machine could ever give: the machine's size)"]
+    max_nodes: Annotated[
+        Required[int], "the most it can use (more than the machine could ever give: the machine's size)"
+    ]
     total_samples: Annotated[float | None, "its work in samples, when known (it ends when its function returns)"]
     curve: Annotated[dict | None, "{nodes, samples_per_s}: its throughput per node count (absent: learned online, JPA)"]
     curves: Annotated[dict, "{TYPE: {nodes, samples_per_s}}: its curve on each node type of a typed machine"]
     objective: Annotated[dict, "{nodes, values}: a metric the allocator maximises instead of throughput (e.g. speedup)"]
-    scale_up_cost_s: Annotated[float, "what growing costs it (a prior: measured from its own resizes unless costs_known)"]
+    scale_up_cost_s: Annotated[
+        float, "what growing costs it (a prior: measured from its own resizes unless costs_known)"
+    ]
     scale_down_cost_s: Annotated[float, "what shrinking costs it (likewise)"]
     restart_cost_s: Annotated[float, "what a stop and a start cost it (likewise)"]
     costs_known: Annotated[bool, "the three costs are measured already: not learned again"]
     weight: Annotated[float, "its share of the objective (positive)"]
-    group: Annotated[str, "who it shares the machine as (a campaign, a user, a model family): with objective = \"share\" each group gets its share first"]
+    group: Annotated[
+        str,
+        "who it shares the machine as (a campaign, a user, a model family): "
+        'with objective = "share" each group gets its share first',
+    ]
     key: Annotated[str, "the app call: a re-run's submission of the same call resumes its job"]
-    fresh: Annotated[bool, "elastic_app(cache=False): a call never answered by a finished job of the same key, nor resumed from its commits"]
+    fresh: Annotated[
+        bool,
+        "elastic_app(cache=False): a call never answered by a finished job of the same key, "
+        "nor resumed from its commits",
+    ]
     runtime: Annotated[str, "the runtime its code is written for: " + ", ".join(RUNTIMES) + " (default: the config's)"]
-    model: Annotated[dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"]
-    model_name: Annotated[str, "its model's name: under admission by worth, before it reports it is valued by what its model's other jobs reported"]
-    runtime_detected: Annotated[str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"]
-    global_batch: Annotated[int, "samples per optimizer step whatever the world size (ElasticLoader): it is given at most the ranks that feeds"]
+    model: Annotated[
+        dict, "{parameters, flops_per_sample, layers, batch_size, mix}: its model, for the similarity policy"
+    ]
+    model_name: Annotated[
+        str,
+        "its model's name: under admission by worth, "
+        "before it reports it is valued by what its model's other jobs reported",
+    ]
+    runtime_detected: Annotated[
+        str, "set by elastic_app: what in the app's code chose its runtime (said to the user once)"
+    ]
+    global_batch: Annotated[
+        int,
+        "samples per optimizer step whatever the world size (ElasticLoader): it is given at most the ranks that feeds",
+    ]
     min_per_rank: Annotated[int, "with global_batch: the fewest samples of a step a rank takes (absent: 1)"]
-    adaptive: Annotated[dict, "{base_batch, max_batch, rule}: its batch grows with its ranks (elastic_app(global_batch=Adaptive(...))): a node is valued by samples/s times the batch's statistical efficiency"]
+    adaptive: Annotated[
+        dict,
+        "{base_batch, max_batch, rule}: its batch grows with its ranks (elastic_app(global_batch=Adaptive(...))): "
+        "a node is valued by samples/s times the batch's statistical efficiency",
+    ]
     ranks_per_node: Annotated[int, "set by the controller at a start on a typed machine: the type's ranks per node"]
     gpus_per_node: Annotated[int, "likewise: the type's GPUs per node"]
 
 
-SPEC_DEFAULTS: JobSpec = {"args": [], "kwargs": {}, "total_samples": None, "curve": None, "scale_up_cost_s": 10.0, "scale_down_cost_s": 5.0,
-                          "restart_cost_s": 30.0, "weight": 1.0}  # fmt: skip
+SPEC_DEFAULTS: JobSpec = {
+    "args": [],
+    "kwargs": {},
+    "total_samples": None,
+    "curve": None,
+    "scale_up_cost_s": 10.0,
+    "scale_down_cost_s": 5.0,
+    "restart_cost_s": 30.0,
+    "weight": 1.0,
+}
 """What :func:`check_spec` fills in for a key a submission leaves out."""
 
 
@@ -340,19 +408,27 @@ def spec_table() -> str:
         required = typing.get_origin(kind) is Required
         if required:
             kind = typing.get_args(kind)[0]
-        text = getattr(kind, "__name__", None) if not typing.get_args(kind) else " \\| ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(kind))
+        text = (
+            getattr(kind, "__name__", None)
+            if not typing.get_args(kind)
+            else " \\| ".join(getattr(a, "__name__", str(a)) for a in typing.get_args(kind))
+        )
         default = "required" if required else json.dumps(SPEC_DEFAULTS[name]) if name in SPEC_DEFAULTS else "—"
-        rows.append(f"| `{name}` | {text.replace('NoneType', 'null')} | {default} | {doc.replace('|', chr(92) + '|')} |")
+        rows.append(
+            f"| `{name}` | {text.replace('NoneType', 'null')} | {default} | {doc.replace('|', chr(92) + '|')} |"
+        )
     return "\n".join(rows) + "\n"
 
 
 def check_spec(spec: dict[str, Any]) -> JobSpec:
-    """Validate a job spec (:class:`JobSpec`); return it with :data:`SPEC_DEFAULTS` filled in. An error names the key."""
+    """Validate a job spec (:class:`JobSpec`); return it with :data:`SPEC_DEFAULTS` filled in.
+    An error names the key."""
     unknown = sorted(set(spec) - set(JobSpec.__annotations__))
     if unknown:  # a typo of an optional key would otherwise be ignored without a word
         close = difflib.get_close_matches(unknown[0], sorted(JobSpec.__annotations__), n=1, cutoff=0.6)
         raise ProtocolError(f"job spec: unknown key {unknown[0]!r}" + (f"; did you mean {close[0]}?" if close else ""))
-    out: JobSpec = {**SPEC_DEFAULTS, "args": [], "kwargs": {}, **spec}  # type: ignore[typeddict-item]  # its own list and dict
+    # its own list and dict
+    out: JobSpec = {**SPEC_DEFAULTS, "args": [], "kwargs": {}, **spec}  # type: ignore[typeddict-item]
     if not isinstance(out.get("name"), str) or not out["name"]:
         raise ProtocolError("job spec: name must be a non-empty string")
     if isinstance(out.get("payload"), str) and out["payload"]:
@@ -368,7 +444,10 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
         raise ProtocolError(f"job spec: total_samples must be a positive finite number, got {out['total_samples']!r}")
     for name in ("scale_up_cost_s", "scale_down_cost_s", "restart_cost_s", "weight"):
         if not _number(out[name]) or out[name] < 0 or (name == "weight" and out[name] <= 0):
-            raise ProtocolError(f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, got {out[name]!r}")
+            raise ProtocolError(
+                f"job spec: {name} must be a {'positive' if name == 'weight' else 'non-negative'} finite number, "
+                f"got {out[name]!r}"
+            )
     if not isinstance(out.get("costs_known", False), bool):
         raise ProtocolError("job spec: costs_known must be true or false")
     if out.get("runtime") is not None and out["runtime"] not in RUNTIMES:
@@ -378,7 +457,9 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
     if not isinstance(out.get("fresh", False), bool):
         raise ProtocolError("job spec: fresh must be true or false")
     if out.get("group") is not None and not isinstance(out["group"], str):
-        raise ProtocolError(f"job spec: group must be a string (a campaign, a user, a model family), got {out['group']!r}")
+        raise ProtocolError(
+            f"job spec: group must be a string (a campaign, a user, a model family), got {out['group']!r}"
+        )
     if out.get("model_name") is not None and not isinstance(out["model_name"], str):
         raise ProtocolError(f"job spec: model_name must be a string, got {out['model_name']!r}")
     for name in ("global_batch", "min_per_rank"):
@@ -395,13 +476,17 @@ def check_spec(spec: dict[str, Any]) -> JobSpec:
         except (TypeError, KeyError, ValueError) as exc:
             raise ProtocolError(f"job spec: adaptive must be {{base_batch, max_batch, rule}}: {exc}") from None
         if out.get("objective") is not None:
-            raise ProtocolError("job spec: adaptive values the job by its batch's efficiency; it takes no objective as well")
+            raise ProtocolError(
+                "job spec: adaptive values the job by its batch's efficiency; it takes no objective as well"
+            )
     _check_curve(out, "curve", "samples_per_s")
     _check_curve(out, "objective", "values")
     curves = out.get("curves")
     if curves is not None:
         if not isinstance(curves, dict) or not curves or not all(isinstance(t, str) and t for t in curves):
-            raise ProtocolError("job spec: curves must be {TYPE: {nodes: [...], samples_per_s: [...]}} for at least one node type")
+            raise ProtocolError(
+                "job spec: curves must be {TYPE: {nodes: [...], samples_per_s: [...]}} for at least one node type"
+            )
         for t, curve in curves.items():
             _check_curve({"c": curve}, "c", "samples_per_s")
     if out.get("model") is not None:

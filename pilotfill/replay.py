@@ -123,12 +123,16 @@ class ReplayResult:
     idle_transitions: int = 0
     pilots_walltime_ended: int = 0  # pilots that reached their walltime: a node idle longer needs another pilot
     solve_ms: list[float] = field(default_factory=list)
-    controller_ms: list[float] = field(default_factory=list)  # per pass of the controller's loop (at most MAX_BATCH messages, then a step)
-    controller_cpu_ms: list[float] = field(default_factory=list)  # the same, in this process's CPU time (on a shared machine, what it costs)
+    # per pass of the controller's loop (at most MAX_BATCH messages, then a step)
+    controller_ms: list[float] = field(default_factory=list)
+    # the same, in this process's CPU time (on a shared machine, what it costs)
+    controller_cpu_ms: list[float] = field(default_factory=list)
     controller_messages: list[int] = field(default_factory=list)  # messages each pass handled
-    instant_ms: list[float] = field(default_factory=list)  # every pass of one instant of the trace, summed (a whole burst)
+    # every pass of one instant of the trace, summed (a whole burst)
+    instant_ms: list[float] = field(default_factory=list)
     instant_cpu_ms: list[float] = field(default_factory=list)
-    instant_messages: list[int] = field(default_factory=list)  # messages one instant brought (a preemption of 2,000 nodes: 2,000)
+    # messages one instant brought (a preemption of 2,000 nodes: 2,000)
+    instant_messages: list[int] = field(default_factory=list)
     methods: dict[str, int] = field(default_factory=dict)
     jobs: list[JobOutcome] = field(default_factory=list)
     timeline: list[Snapshot] = field(default_factory=list)
@@ -136,7 +140,8 @@ class ReplayResult:
     accounting: str = "bftrainer"
     node_types: str = "none"  # "aware", "blind" (a typed machine) or "none" (one kind of node)
     type_node_hours: dict[str, float] = field(default_factory=dict)  # node-hours jobs used, per node type
-    longest_wait_s: float = 0.0  # the longest any submitted job waited for its first start (one never started: until the end)
+    # the longest any submitted job waited for its first start (one never started: until the end)
+    longest_wait_s: float = 0.0
     longest_wait_started_s: float = 0.0  # the same, over the jobs that started
     longest_rewait_s: float = 0.0  # the longest a job stopped before its end waited to run again (or until the end)
     jobs_never_started: int = 0
@@ -193,7 +198,9 @@ class ReplayResult:
             # a thousand pilots starting) is handled in several passes: the most messages one instant brought, what the
             # busiest instant cost in all its passes, and the CPU maximum over the passes with few messages.
             "controller_messages_max": max(self.instant_messages, default=0),
-            "controller_cpu_ms_max_few_messages": max((c for c, m in zip(self.controller_cpu_ms, self.controller_messages) if m <= FEW_MESSAGES), default=0.0),
+            "controller_cpu_ms_max_few_messages": max(
+                (c for c, m in zip(self.controller_cpu_ms, self.controller_messages) if m <= FEW_MESSAGES), default=0.0
+            ),
             "instant_ms_max": max(self.instant_ms, default=0.0),
             "instant_cpu_ms_max": max(self.instant_cpu_ms, default=0.0),
             "methods": dict(self.methods),
@@ -247,13 +254,20 @@ class Replay:
     library: Library | None = None  # the similarity policy's measured models (learned profiles; jobs need descriptors)
     library_learns: bool = False  # jobs measured in this replay join the library (False: held-out models stay held out)
     objective: str = "samples"  # the controller's: "samples" or "share" (each group its share first)
-    share_cost: float = ControllerConfig.share_cost  # objective "share": the most of a decision's samples optimum the shares may cost
-    admission: str = "worth"  # the controller's: waiting jobs weighed by what starting each would add, or "arrival" (BFTrainer's)
-    overdue_s: float | None = None  # admission by worth: how long a job waits before it is due (None: the controller's own)
-    due_share: float | None = None  # admission by worth: the most of the room due jobs take at once (None: the controller's own)
-    share_by: str = "group"  # what a job's group is: the job file's "group" column, its "model", or the model's "family" (its name less "-bsN")
-    far: float = SimilarityConfig.far  # a model less similar than this to every measured one is measured once on every type (0: never)
-    rescale: str = "restart"  # "in_place": a stop loses no work since the last commit (the torch runtime's in-place resize)
+    # objective "share": the most of a decision's samples optimum the shares may cost
+    share_cost: float = ControllerConfig.share_cost
+    # the controller's: waiting jobs weighed by what starting each would add, or "arrival" (BFTrainer's)
+    admission: str = "worth"
+    # admission by worth: how long a job waits before it is due (None: the controller's own)
+    overdue_s: float | None = None
+    # admission by worth: the most of the room due jobs take at once (None: the controller's own)
+    due_share: float | None = None
+    # what a job's group is: the job file's "group" column, its "model", or the model's "family" (its name less "-bsN")
+    share_by: str = "group"
+    # a model less similar than this to every measured one is measured once on every type (0: never)
+    far: float = SimilarityConfig.far
+    # "in_place": a stop loses no work since the last commit (the torch runtime's in-place resize)
+    rescale: str = "restart"
 
     def __post_init__(self) -> None:
         if self.max_jobs < 0:
@@ -271,13 +285,28 @@ class Replay:
         if self.node_types not in ("aware", "blind"):
             raise ValueError(f"node_types must be 'aware' or 'blind', got {self.node_types!r}")
         self.typed = bool(self.trace.types) and self.node_types == "aware"
-        self.result = ReplayResult(trace=self.trace.path, nodes=len(self.trace.nodes), start=self.trace.start, end=self.trace.end, accounting=self.accounting,
-                                   node_types=self.node_types if self.trace.types else "none")  # fmt: skip
+        self.result = ReplayResult(
+            trace=self.trace.path,
+            nodes=len(self.trace.nodes),
+            start=self.trace.start,
+            end=self.trace.end,
+            accounting=self.accounting,
+            node_types=self.node_types if self.trace.types else "none",
+        )
         self.now = self.trace.start
-        self.scheduler = ReplayScheduler(self.trace, self.queue_delay_s, self.grace_s, self.pilot_walltime_s, typed=self.typed)
+        self.scheduler = ReplayScheduler(
+            self.trace, self.queue_delay_s, self.grace_s, self.pilot_walltime_s, typed=self.typed
+        )
         specs = {j.name: j for j in self.jobs}
-        self.runtime = SimulatedRuntime(specs, self.accounting, self.noise if self.profiles == "learned" else 0.0, self.seed, now=self.trace.start,
-                                        node_types=self.trace.types, rescale=self.rescale)  # fmt: skip
+        self.runtime = SimulatedRuntime(
+            specs,
+            self.accounting,
+            self.noise if self.profiles == "learned" else 0.0,
+            self.seed,
+            now=self.trace.start,
+            node_types=self.trace.types,
+            rescale=self.rescale,
+        )
         self.controller: Controller | None = None
         self._names: dict[str, str] = {}  # controller job id -> job name
         self._submitted_at: dict[str, float] = {}
@@ -285,16 +314,41 @@ class Replay:
     def config(self) -> Config:
         """The controller's config: the replay's options, and agents that never go silent."""
         span = max(1.0, self.trace.end - self.trace.start)
-        pilots = PilotConfig(heartbeat_s=span, heartbeat_deadline_s=2 * span + 1, grace_s=self.grace_s, nodes_per_pilot=self.nodes_per_pilot,
-                             max_queued_pilots=self.max_queued_pilots, max_submits_per_minute=self.max_submits_per_minute)  # fmt: skip
-        controller = ControllerConfig(tick_s=1.0, t_fwd=self.t_fwd, max_jobs=self.max_jobs, solver_time_limit_s=self.time_limit_s, formulation=self.formulation,
-                                      objective=self.objective, share_cost=self.share_cost, admission=self.admission)  # fmt: skip
+        pilots = PilotConfig(
+            heartbeat_s=span,
+            heartbeat_deadline_s=2 * span + 1,
+            grace_s=self.grace_s,
+            nodes_per_pilot=self.nodes_per_pilot,
+            max_queued_pilots=self.max_queued_pilots,
+            max_submits_per_minute=self.max_submits_per_minute,
+        )
+        controller = ControllerConfig(
+            tick_s=1.0,
+            t_fwd=self.t_fwd,
+            max_jobs=self.max_jobs,
+            solver_time_limit_s=self.time_limit_s,
+            formulation=self.formulation,
+            objective=self.objective,
+            share_cost=self.share_cost,
+            admission=self.admission,
+        )
         if not self.typed:
             return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>")
         types = tuple(NodeTypeConfig(t) for t in sorted(self.trace.type_counts()))
-        similarity = SimilarityConfig(libraries=(str(self._library_file),) if self.library is not None else (),
-                                      library=str(self._own_library), enabled=self.library is not None, far=self.far)  # fmt: skip
-        return Config(scheduler="replay", pilots=pilots, controller=controller, source="<replay>", node_types=types, similarity=similarity)
+        similarity = SimilarityConfig(
+            libraries=(str(self._library_file),) if self.library is not None else (),
+            library=str(self._own_library),
+            enabled=self.library is not None,
+            far=self.far,
+        )
+        return Config(
+            scheduler="replay",
+            pilots=pilots,
+            controller=controller,
+            source="<replay>",
+            node_types=types,
+            similarity=similarity,
+        )
 
     # ------------------------------------------------------------ the loop
 
@@ -306,7 +360,9 @@ class Replay:
             self._library_file, self._own_library = Path(tmp) / "library.json", Path(tmp) / "measured.json"
             if self.library is not None:
                 write_library(self.library, self._library_file)
-            self.controller = Controller(run_dir, self.config(), scheduler=self.scheduler, runtime=self.runtime, clock=lambda: self.now)
+            self.controller = Controller(
+                run_dir, self.config(), scheduler=self.scheduler, runtime=self.runtime, clock=lambda: self.now
+            )
             if not self.library_learns:
                 self.controller.types.freeze()
             if self.overdue_s is not None:  # measuring the rule's other settings (docs/sites.md)
@@ -322,7 +378,9 @@ class Replay:
         return self.result
 
     def _loop(self, on_event: EventHook | None) -> None:
-        arrivals = deque(sorted((j for j in self.jobs if j.submit_time <= self.trace.end), key=lambda j: (j.submit_time, j.line)))
+        arrivals = deque(
+            sorted((j for j in self.jobs if j.submit_time <= self.trace.end), key=lambda j: (j.submit_time, j.line))
+        )
         self.result.transitions = self.trace.transitions
         t = self.trace.start
         while True:
@@ -332,7 +390,12 @@ class Replay:
             self.result.instant_cpu_ms.append(cpu)
             if on_event is not None:
                 on_event(t, self)
-            t_next = min(self.scheduler.next_time(), self.runtime.next_time(), arrivals[0].submit_time if arrivals else math.inf, self.trace.end)
+            t_next = min(
+                self.scheduler.next_time(),
+                self.runtime.next_time(),
+                arrivals[0].submit_time if arrivals else math.inf,
+                self.trace.end,
+            )
             if t_next >= self.trace.end:
                 self._advance(self.trace.end)
                 return
@@ -358,7 +421,8 @@ class Replay:
             handled += len(messages)
             passes = [messages[i : i + MAX_BATCH] for i in range(0, len(messages), MAX_BATCH)] or [[]]
             for k, batch in enumerate(passes):
-                for _ in range(SOLVES_IN_A_ROW):  # as the process's loop: a pass that solves the machine reads no request
+                # as the process's loop: a pass that solves the machine reads no request
+                for _ in range(SOLVES_IN_A_ROW):
                     if not ctl.solves_next:
                         break
                     self._pass(t, [], False)
@@ -370,7 +434,8 @@ class Replay:
         return sum(self.result.controller_ms[first:]), sum(self.result.controller_cpu_ms[first:])
 
     def _pass(self, t: float, batch: list[dict], more: bool) -> None:
-        """One pass of the controller's loop at ``t``: ``batch`` handled, then a step; its wall and CPU time recorded."""
+        """One pass of the controller's loop at ``t``: ``batch`` handled, then a step;
+        its wall and CPU time recorded."""
         ctl = self.controller
         assert ctl is not None
         began, began_cpu = time.perf_counter(), time.process_time()
@@ -399,14 +464,18 @@ class Replay:
             "total_samples": spec.total_samples,
             "scale_up_cost_s": spec.scale_up_cost_s,
             "scale_down_cost_s": spec.scale_down_cost_s,
-            "restart_cost_s": 0.0 if self.accounting == "bftrainer" else self.runtime.start_cost_s + (self.runtime.commit_interval_s / 2 if self.rescale == "restart" else 0.0),
+            "restart_cost_s": 0.0
+            if self.accounting == "bftrainer"
+            else self.runtime.start_cost_s + (self.runtime.commit_interval_s / 2 if self.rescale == "restart" else 0.0),
             "weight": spec.weight,
             "group": group_of(spec, self.share_by),
         }
         if self.profiles == "known":  # BFTrainer's setting: curves and costs known, as the job file gives them
             job["curve"] = {"nodes": list(spec.throughput.nodes), "samples_per_s": list(spec.throughput.values)}
             if self.typed and spec.curves:  # and per node type; a type-blind controller knows the base curve only
-                job["curves"] = {t: {"nodes": list(c.nodes), "samples_per_s": list(c.values)} for t, c in spec.curves.items()}
+                job["curves"] = {
+                    t: {"nodes": list(c.nodes), "samples_per_s": list(c.values)} for t, c in spec.curves.items()
+                }
                 del job["curve"]
             job["costs_known"] = True
         else:  # learning: the controller knows what a user who wrote nothing gives it; JPA measures the rest
@@ -414,7 +483,8 @@ class Replay:
                 del job[cost]
             job["model_name"] = spec.model  # as the decorator says it (the job file's model column)
         if spec.objective is not None:
-            job["objective"] = {"nodes": list(spec.objective.nodes), "values": list(spec.objective.values)}  # steers; progress stays samples
+            # steers; progress stays samples
+            job["objective"] = {"nodes": list(spec.objective.nodes), "values": list(spec.objective.values)}
         if self.typed and self.library is not None and spec.descriptor is not None and self.profiles == "learned":
             job["model"] = spec.descriptor.to_dict()  # as the decorator declares it, or its ranks measure it
         return JobSubmit(job).to_dict()
@@ -483,7 +553,19 @@ class Replay:
             res.job_starts += job.starts
             res.job_stops += job.stops
             res.rescales += job.rescales
-            res.jobs.append(JobOutcome(job.spec.name, job.spec.model, job.spec.submit_time, job.first_start, job.finished, samples, job.charged, job.rescales, job.preemptions))
+            res.jobs.append(
+                JobOutcome(
+                    job.spec.name,
+                    job.spec.model,
+                    job.spec.submit_time,
+                    job.first_start,
+                    job.finished,
+                    samples,
+                    job.charged,
+                    job.rescales,
+                    job.preemptions,
+                )
+            )
         self._waits(res)
         specs = {j.name: j for j in self.jobs}
         for job_id in waiting:

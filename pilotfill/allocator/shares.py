@@ -60,8 +60,14 @@ SEARCH_S = 0.04
 every group's share, typed ones included, and a decision has a time target; past it the best answer found stands."""
 
 
-def solve(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capacities: dict[str, int],
-          time_limit_s: float = 1.0, clock: Clock | None = None, cost: float = COST) -> tuple[list[Choice], float, str]:  # fmt: skip
+def solve(
+    tables: Sequence[dict[str, np.ndarray]],
+    groups: Sequence[str],
+    capacities: dict[str, int],
+    time_limit_s: float = 1.0,
+    clock: Clock | None = None,
+    cost: float = COST,
+) -> tuple[list[Choice], float, str]:
     """Choices under the share objective: ``tables[j][t][n]`` as :func:`.typed.solve` takes them (every table of a
     job the same finite value at 0: stopped), ``groups[j]`` job j's group. Returns the choices, their total worth
     and how it was solved. ``time_limit_s`` and ``clock``: each typed solve's (:func:`.typed.solve`). May raise
@@ -136,7 +142,8 @@ def shared(tables: Sequence[dict[str, np.ndarray]], groups: Sequence[str], capac
 
 
 def left_of(time_limit_s: float, clock: Clock | None, deadline: float | None) -> float:
-    """A typed solve's time limit within the search's ``deadline`` (a few ms at least: it answers with the best found)."""
+    """A typed solve's time limit within the search's ``deadline``
+    (a few ms at least: it answers with the best found)."""
     if deadline is None or clock is None:
         return time_limit_s
     return min(time_limit_s, max(0.005, deadline - clock()))
@@ -149,10 +156,15 @@ def label(how: str) -> str:
 
 def worth(tables: Sequence[dict[str, np.ndarray]], choices: Sequence[Choice]) -> float:
     """The total worth of ``choices`` by ``tables``."""
-    return sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0]) for j, c in enumerate(choices))
+    return sum(
+        float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0])
+        for j, c in enumerate(choices)
+    )
 
 
-def exact(tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float, clock: Clock | None = None) -> tuple[list[Choice], str]:
+def exact(
+    tables: list[dict[str, np.ndarray]], capacities: dict[str, int], time_limit_s: float, clock: Clock | None = None
+) -> tuple[list[Choice], str]:
     """The most total worth of ``tables`` on ``capacities`` (one type: the DP; several: the typed solver, its time
     limit read on ``clock``)."""
     kinds = [t for t, n in capacities.items() if n > 0]

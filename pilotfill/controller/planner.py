@@ -45,7 +45,8 @@ class Solved(NamedTuple):
     active: list[Job]  # the jobs weighed (running, and waiting ones by rank)
     problem: Problem
     answer: Allocation
-    left: list[list[Job]]  # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
+    # waiting jobs left out, each queue's rest, most promising first (empty once offered the free nodes)
+    left: list[list[Job]]
     again: bool = False  # a large decision that weighs more copies of a kind in the next pass: not to be applied
     unweighed: tuple[Job, ...] = ()  # with ``again``: the copies of those kinds not weighed yet
 
@@ -54,20 +55,33 @@ class Planner:
     """The jobs a decision or the pilots' question weighs, its problem and the allocator's answer (the controller's
     :class:`~pilotfill.pilots.manager.Question`)."""
 
-    def __init__(self, world: World, config: ControllerConfig, profiler: Profiler, types: NodeTypes, views: AllocatorViews,
-                 waiting: WaitingJobs, walltimes: Walltimes, horizon: Callable[[float, int], float], clock: Callable[[], float],
-                 fail: Callable[[Job, str, str], None]):  # fmt: skip
+    def __init__(
+        self,
+        world: World,
+        config: ControllerConfig,
+        profiler: Profiler,
+        types: NodeTypes,
+        views: AllocatorViews,
+        waiting: WaitingJobs,
+        walltimes: Walltimes,
+        horizon: Callable[[float, int], float],
+        clock: Callable[[], float],
+        fail: Callable[[Job, str, str], None],
+    ):
         """``horizon(now, extra)``: how long an allocation made now lasts; ``fail(job, error, why)``: the controller
         ends a job the allocator cannot use."""
         self.world, self.config, self.profiler, self.types = world, config, profiler, types
         self.views, self.waiting, self.walltimes = views, waiting, walltimes
         self.horizon, self.clock, self.fail = horizon, clock, fail
-        self.copies: dict[tuple[bool, int], int] = {}  # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see solve)
+        # (a pilot-sizing question?, kind of waiting job) -> how many of it the last such question weighed (see solve)
+        self.copies: dict[tuple[bool, int], int] = {}
         self._memo: tuple[tuple, int] | None = None  # the last pilot-sizing answer and what it rested on (see wanted)
         self.overdue_s = OVERDUE_S  # admission by worth: a job waiting this long is due (a replay may measure others)
         self.due_share = DUE_SHARE
-        self.due: dict[str, None] = {}  # jobs made due (admission by worth), until they end: they start first, and keep that
-        self._due_now: frozenset[str] = frozenset()  # the due jobs the last admission started first (what :meth:`problem` marks)
+        # jobs made due (admission by worth), until they end: they start first, and keep that
+        self.due: dict[str, None] = {}
+        # the due jobs the last admission started first (what :meth:`problem` marks)
+        self._due_now: frozenset[str] = frozenset()
 
     def forget_answer(self) -> None:
         """The next question is solved anew even if nothing it rests on changed (a test compares both ways)."""
@@ -77,13 +91,16 @@ class Planner:
         """What was remembered of kinds no waiting job has any more goes with them (``used``: the kinds left)."""
         self.copies = {key: n for key, n in self.copies.items() if key[1] in used}
 
-    def wanted_types(self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()) -> dict[str, int]:
+    def wanted_types(
+        self, extra: dict[str, int], answer: Allocation | None, without: tuple[str, ...] = ()
+    ) -> dict[str, int]:
         """:meth:`wanted` per node type: how many nodes of each type the jobs would use with ``extra`` more of each
         (``without``: ready nodes left out, as in :meth:`wanted`)."""
         if sum(extra.values()) <= 0 and answer is not None and not without:
             return self.types.counts_by_type(answer)
         room = len(self.world.ready) - len(without) + sum(extra.values())
-        if self.config.admission == "worth":  # weighed as a decision is (chains a few at a time): all of them made cores HiGHS took up to a second to prove
+        # weighed as a decision is (chains a few at a time): all of them at once made cores slow for HiGHS to prove
+        if self.config.admission == "worth":
             return self.types.counts_by_type(self.solve(room, extra, without).answer) if self.world.open else {}
         active = self.active(room)
         if not active:
@@ -97,7 +114,9 @@ class Planner:
         if without:
             if not self.world.open:
                 return 0
-            return self.used(lambda: self.solve(len(self.world.ready) - len(without) + extra, extra, without, apart=True))
+            return self.used(
+                lambda: self.solve(len(self.world.ready) - len(without) + extra, extra, without, apart=True)
+            )
         if extra <= 0 and answer is not None:
             return sum(answer.counts.values())
         if not self.world.open:
@@ -162,9 +181,10 @@ class Planner:
         return starters
 
     def used(self, ask: Callable[[], Solved]) -> int:
-        """How many nodes the answer to a pilots' question uses (``ask``: :meth:`solve` ``apart``): those it gives the jobs it weighed,
-        and those of the nodes it leaves free that the jobs it left out would take (:meth:`offer_left_free`) — all of
-        them, without a second solve, where enough of those jobs would each gain from one node."""
+        """How many nodes the answer to a pilots' question uses (``ask``: :meth:`solve` ``apart``):
+        those it gives the jobs it weighed, and those of the nodes it leaves free that the jobs it left out would take
+        (:meth:`offer_left_free`) — all of them, without a second solve,
+        where enough of those jobs would each gain from one node."""
         solved = ask()
         while solved.again:  # every copy of a kind weighed was used
             used = sum(solved.answer.counts.values())
@@ -182,8 +202,11 @@ class Planner:
         answer, _ = self.offer_left_free(solved.problem, solved.answer, solved.left)
         return sum(answer.counts.values())
 
-    def solve(self, room: int, extra: int | dict[str, int], without: tuple[str, ...] = (), apart: bool = False) -> Solved:
-        """The jobs a decision weighs, its problem, the allocator's answer and the waiting jobs left out (:class:`Solved`).
+    def solve(
+        self, room: int, extra: int | dict[str, int], without: tuple[str, ...] = (), apart: bool = False
+    ) -> Solved:
+        """The jobs a decision weighs, its problem, the allocator's answer
+        and the waiting jobs left out (:class:`Solved`).
 
         Every running job is weighed, and at most ``controller.weigh_waiting`` waiting jobs from each of two queues
         (jobs that ran, jobs that never ran), the most promising first; jobs alike join a few at a time (weighed
@@ -196,10 +219,17 @@ class Planner:
         jobs, kinds = admitted.jobs, admitted.kinds
         running = list(self.world.running.values())
         due = self._due_now
-        forced = (kinds == HOLDS_NODES) | np.fromiter((j.id in due for j in jobs), dtype=bool, count=len(jobs)) if due else kinds == HOLDS_NODES
-        running += [jobs[i] for i in np.flatnonzero(forced).tolist()]  # weighed whatever their rank: they hold nodes, or are due
-        alike: dict[int, list[int]] = {}  # kind -> the positions among ``jobs`` of the waiting jobs alike, in submission order
-        if self.config.admission == "worth":  # a chain, the most work left first: each worth as much as the next or more
+        forced = (
+            (kinds == HOLDS_NODES) | np.fromiter((j.id in due for j in jobs), dtype=bool, count=len(jobs))
+            if due
+            else kinds == HOLDS_NODES
+        )
+        # weighed whatever their rank: they hold nodes, or are due
+        running += [jobs[i] for i in np.flatnonzero(forced).tolist()]
+        # kind -> the positions among ``jobs`` of the waiting jobs alike, in submission order
+        alike: dict[int, list[int]] = {}
+        # a chain, the most work left first: each worth as much as the next or more
+        if self.config.admission == "worth":
             chain = self.views.chain
             for i in np.flatnonzero((kinds >= 0) & ~forced).tolist():
                 alike.setdefault(chain(jobs[i]), []).append(i)
@@ -213,15 +243,19 @@ class Planner:
         copies = {kind: self.copies.get((question, kind), MIN_COPIES) for kind in alike}
         limit = self.config.weigh_waiting
 
-        def ranked(at: np.ndarray) -> list[Job]:  # positions in submission order -> those jobs, the most promising first
+        # positions in submission order -> those jobs, the most promising first
+        def ranked(at: np.ndarray) -> list[Job]:
             if 0 < limit < len(at):
                 at = self.waiting.most_promising(admitted, at)
-                if self.config.objective == "share":  # every group's most promising are weighed, not the best group's alone
+                # every group's most promising are weighed, not the best group's alone
+                if self.config.objective == "share":
                     at = at[in_turns([jobs[i].spec.get("group", "") for i in at.tolist()])]
             return [jobs[i] for i in at.tolist()]
 
         def fresh() -> list[Job]:
-            return ranked(np.sort(np.fromiter((i for kind, at in alike.items() for i in at[: copies[kind]]), dtype=np.int64)))
+            return ranked(
+                np.sort(np.fromiter((i for kind, at in alike.items() for i in at[: copies[kind]]), dtype=np.int64))
+            )
 
         queues = [ranked(np.flatnonzero((kinds == LIKE_NO_OTHER) & ~forced)), fresh()]
         weigh = [limit if 0 < limit < len(q) else len(q) for q in queues]
@@ -243,16 +277,21 @@ class Planner:
             for kind, at in alike.items():
                 offered = [jobs[i] for i in at[: copies[kind]]]
                 fit = room // max(1, jobs[at[0]].spec["min_nodes"])  # no more of them than the room could start
-                if len(offered) < min(len(at), fit) and all(j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered):
-                    copies[kind] = min(len(at), max(2 * len(offered), fit))  # every copy weighed was used: as many as could start
+                if len(offered) < min(len(at), fit) and all(
+                    j.id in ids and answer.counts.get(j.id, 0) > 0 for j in offered
+                ):
+                    # every copy weighed was used: as many as could start
+                    copies[kind] = min(len(at), max(2 * len(offered), fit))
                     added += copies[kind] - len(offered)
                     unweighed += [jobs[i] for i in at[len(offered) :]]
-            remembered = {key: n for key, n in self.copies.items() if key[0] != question}  # kinds no longer waiting are forgotten
+            # kinds no longer waiting are forgotten
+            remembered = {key: n for key, n in self.copies.items() if key[0] != question}
             if added and apart:
                 self.copies = remembered | {(question, kind): n for kind, n in copies.items()}
                 return Solved(active, problem, answer, left, again=True, unweighed=tuple(unweighed))
             if added:
-                queues[1], weigh[1] = fresh(), weigh[1] + added  # the copies added rank beside those used: all of them weighed
+                # the copies added rank beside those used: all of them weighed
+                queues[1], weigh[1] = fresh(), weigh[1] + added
                 continue
             for kind, at in alike.items():
                 used = sum(1 for i in at[: copies[kind]] if answer.counts.get(jobs[i].id, 0) > 0)
@@ -261,7 +300,9 @@ class Planner:
             self.copies = remembered
             return Solved(active, problem, answer, left)
 
-    def offer_left_free(self, problem: Problem, answer: Allocation, left: list[list[Job]]) -> tuple[Allocation, list[Job]]:
+    def offer_left_free(
+        self, problem: Problem, answer: Allocation, left: list[list[Job]]
+    ) -> tuple[Allocation, list[Job]]:
         """Nodes ``answer`` leaves free, offered to the waiting jobs a decision left out (``left``: each queue's rest,
         the most promising first): as many of each as the free nodes could start, then all of them. Those jobs are
         allocated the free nodes alone — what the weighed jobs were given stands — so a wave of new nodes (or the
@@ -307,8 +348,14 @@ class Planner:
         by_worth = config.admission == "worth"
         self._due_now = self.dues(room, now) if by_worth else frozenset()
         due = (job.seq for job_id in self._due_now if (job := self.world.open[job_id]).status != JobStatus.RUNNING)
-        return self.waiting.admitted(room, config.max_jobs, len(self.world.running), by_group=config.objective == "share", by_worth=by_worth,
-                                     due=due)  # fmt: skip
+        return self.waiting.admitted(
+            room,
+            config.max_jobs,
+            len(self.world.running),
+            by_group=config.objective == "share",
+            by_worth=by_worth,
+            due=due,
+        )
 
     def dues(self, room: int, now: float) -> frozenset[str]:
         """The due jobs a decision with ``room`` nodes starts first (:mod:`..allocator.due`): those made due before,
@@ -323,7 +370,9 @@ class Planner:
         overdue = self.waiting.overdue(now - self.overdue_s)
         cap = self.due_share * room
         taken, out = 0, []
-        candidates = heapq.merge(sorted(known, key=lambda j: j.seq), (j for j in overdue if j.id not in self.due), key=lambda j: j.seq)
+        candidates = heapq.merge(
+            sorted(known, key=lambda j: j.seq), (j for j in overdue if j.id not in self.due), key=lambda j: j.seq
+        )
         for job in candidates:
             lo = job.spec["min_nodes"]
             if lo > room:
@@ -354,7 +403,12 @@ class Planner:
         ready = tuple(n for n in self.world.ready if n not in left_out)
         if self.types.typed:
             pool, types = self.types.pool(self.world, ready, extra if isinstance(extra, dict) else {})
-            return Problem(tuple(jobs), NodePool(pool, types), current, self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra))
+            return Problem(
+                tuple(jobs),
+                NodePool(pool, types),
+                current,
+                self.horizon(now, sum(extra.values()) if isinstance(extra, dict) else extra),
+            )
         pool = ready + tuple(f"+{i}" for i in range(extra))
         return Problem(tuple(jobs), NodePool(pool), current, self.horizon(now, extra))
 

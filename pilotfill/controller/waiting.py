@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from .world import Job, World
 
 LIKE_NO_OTHER = -1
-"""The kind of a waiting job the allocator can tell apart from every other (it ran, has progress, or JPA measured it)."""
+"""The kind of a waiting job the allocator can tell apart from every other
+(it ran, has progress, or JPA measured it)."""
 HOLDS_NODES = -2
 """The kind of an open job that is not running but holds nodes: weighed whenever admitted, as a running job."""
 _UNMADE = object()
@@ -61,9 +62,10 @@ def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int, gro
     never blocks the rest. ``limit`` > 0 instead admits at most that many jobs
     in all, the ``running`` ones included (BFTrainer's setup: 10 at once).
     ``groups`` (the share objective: each job's group) admits besides the jobs that taking the groups in turns admits
-    — each one's first in that order, then each one's second, … (:func:`in_turns`) — so that a group that submitted
-    later, or whose jobs are worth less, is not left behind another's backlog, while the jobs the samples objective
-    would weigh are still weighed (the share objective's price is bounded against them: :func:`..allocator.shares.solve`;
+    — each one's first in that order, then each one's second, … (:func:`in_turns`) —
+    so that a group that submitted later, or whose jobs are worth less, is not left behind another's backlog,
+    while the jobs the samples objective would weigh are still weighed
+    (the share objective's price is bounded against them: :func:`..allocator.shares.solve`;
     with a ``limit``, in turns alone); the positions come back in submission order."""
     lo = np.asarray(min_nodes, dtype=np.int64)
     place = np.arange(len(lo)) if order is None else np.asarray(order, dtype=np.int64)
@@ -79,7 +81,8 @@ def admit(min_nodes: np.ndarray, room: int | None, limit: int, running: int, gro
 
     if groups is not None and len(place):
         turns = taken(place[in_turns([groups[i] for i in place.tolist()])])
-        return np.sort(turns) if limit else np.union1d(taken(place), turns)  # a limit is a number of jobs: in turns alone
+        # a limit is a number of jobs: in turns alone
+        return np.sort(turns) if limit else np.union1d(taken(place), turns)
     return np.sort(taken(place)) if order is not None else taken(place)
 
 
@@ -119,13 +122,19 @@ class WaitingJobs:
     submitted at once is not valued in one pass), and kept until the job changes. Each row also keeps since when its
     job has waited (its submission, or its last stop): what admission by worth bounds (:data:`OVERDUE_S`)."""
 
-    def __init__(self, kind_of: Callable[[Job], int], worth_of: Callable[[Job], tuple[float, float]], version: Callable[[Job], object],
-                 traits_of: Callable[[Job], tuple[bool, float] | None]):  # fmt: skip
+    def __init__(
+        self,
+        kind_of: Callable[[Job], int],
+        worth_of: Callable[[Job], tuple[float, float]],
+        version: Callable[[Job], object],
+        traits_of: Callable[[Job], tuple[bool, float] | None],
+    ):
         self._kind_of = kind_of
         self._worth_of = worth_of
         self._version = version
         self._traits_of = traits_of
-        self._entries: dict[str, list] = {}  # job -> [job, kind, worth or None, version, traits or _UNMADE, waiting since]
+        # job -> [job, kind, worth or None, version, traits or _UNMADE, waiting since]
+        self._entries: dict[str, list] = {}
         self._jobs: list[Job] = []  # the rows, in submission order
         self._seq = np.zeros(0, dtype=np.int64)
         self._lo = np.zeros(0, dtype=np.int64)
@@ -176,7 +185,11 @@ class WaitingJobs:
         if at.size:
             for i in sorted(at.tolist(), reverse=True):
                 del self._jobs[i]
-            self._seq, self._lo, self._kinds = np.delete(self._seq, at), np.delete(self._lo, at), np.delete(self._kinds, at)
+            self._seq, self._lo, self._kinds = (
+                np.delete(self._seq, at),
+                np.delete(self._lo, at),
+                np.delete(self._kinds, at),
+            )
             self._worth = np.delete(self._worth, at, axis=0)
             self._since = np.delete(self._since, at)
 
@@ -190,7 +203,12 @@ class WaitingJobs:
         self._seq = np.insert(self._seq, at, seq)
         self._lo = np.insert(self._lo, at, [entry[0].spec["min_nodes"] for entry in rows])
         self._kinds = np.insert(self._kinds, at, [entry[1] for entry in rows])
-        self._worth = np.insert(self._worth, at, np.array([self._worth_row(entry) for entry in rows], dtype=float).reshape(len(rows), 2), axis=0)
+        self._worth = np.insert(
+            self._worth,
+            at,
+            np.array([self._worth_row(entry) for entry in rows], dtype=float).reshape(len(rows), 2),
+            axis=0,
+        )
         self._since = np.insert(self._since, at, [entry[5] for entry in rows])
 
     def kind(self, job: Job) -> int | None:
