@@ -210,7 +210,7 @@ class Planner:
 
         Every running job is weighed, and at most ``controller.weigh_waiting`` waiting jobs from each of two queues
         (jobs that ran, jobs that never ran), the most promising first; jobs alike join a few at a time (weighed
-        whole they make cores slow to prove). docs/architecture.md ("Which jobs a decision weighs") says why.
+        whole they make cores slow to prove). docs/architecture/controller.md ("Which jobs a decision weighs") says why.
 
         ``apart``: a large decision, one solve of the machine per pass of the loop: the caller offers the nodes left
         free in the next pass, whose decision weighs the copies added here; the answer is ``again``, not applied.
