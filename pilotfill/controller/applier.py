@@ -142,7 +142,8 @@ class Applier:
         world = self.world
         self.runtime.start(job.id, self.types.start_spec(world, job, new), new)
         self.progress.started(job, now)
-        world.update_job(job, status="running", nodes=new, started=job.started or now, launches=job.launches + 1)
+        world.update_job(job, status=JobStatus.RUNNING, nodes=new, started=job.started or now,
+                         launches=job.launches + 1)
         world.log("job.started", now, job=job.id, nodes=new, progress=job.progress,
                   **self.types.placed(world, job, new, now))
 

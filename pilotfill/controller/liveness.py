@@ -96,7 +96,7 @@ class Liveness:
             world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
             if pilot is not None and not (pilot.state == PilotState.RUNNING and pilot.registered_at > polled_before):
                 self.ends.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", Removal.GONE, taken=True)
-                world.set_pilot(pilot, state="queued", nodes=[])
+                world.set_pilot(pilot, state=PilotState.QUEUED, nodes=[])
                 self.heard.forget(pilot.id)
         elif event.kind == EventKind.ENDED:
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)

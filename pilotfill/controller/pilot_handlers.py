@@ -70,7 +70,7 @@ class PilotHandlers:
                  if n in world.nodes and world.nodes[n].state != NodeState.GONE and world.nodes[n].pilot != pilot.id]
         # a pilot that ended without telling us
         self.ends.remove_nodes(taken, now, "taken over by another pilot", Removal.GONE)
-        world.set_pilot(pilot, state="running", scheduler_id=message.scheduler_id or pilot.scheduler_id,
+        world.set_pilot(pilot, state=PilotState.RUNNING, scheduler_id=message.scheduler_id or pilot.scheduler_id,
                         pid=message.pid, nodes=[n for n in pilot.nodes if n in message.nodes])
         for name in message.nodes:
             if name not in pilot.nodes or world.nodes[name].state != NodeState.READY:
@@ -126,7 +126,7 @@ class PilotHandlers:
         nodes are gone already."""
         pilot = self.world.pilot_of(message.pilot)
         if pilot is not None and pilot.state not in (PilotState.LEAVING, PilotState.QUEUED):
-            self.world.set_pilot(pilot, state="leaving")
+            self.world.set_pilot(pilot, state=PilotState.LEAVING)
         self.ends.remove_nodes(message.nodes, now, "leaving", Removal.LEAVING, deadline=message.deadline, taken=True)
         return {}
 

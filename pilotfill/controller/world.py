@@ -346,7 +346,7 @@ class World:
     def add_pilot(self, pilot_id: str, scheduler_id: str | None, requested: int, now: float, controller: int,
                   node_type: str | None = None) -> Pilot:
         typed = {"node_type": node_type} if node_type is not None else {}
-        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state="queued", submitted=now,
+        self.journal.upsert_pilot(pilot_id, scheduler_id=scheduler_id, state=PilotState.QUEUED, submitted=now,
                                   requested=requested, controller=controller, **typed)
         pilot = Pilot(pilot_id, scheduler_id, PilotState.QUEUED, now, requested, controller=controller,
                       node_type=node_type)
@@ -405,7 +405,7 @@ class World:
 
     def node_joins(self, name: str, pilot: Pilot, now: float) -> None:
         typed = {"node_type": pilot.node_type} if pilot.node_type is not None else {}
-        self.journal.set_node(name, pilot=pilot.id, state="ready", job=None, since=now, deadline=None, **typed)
+        self.journal.set_node(name, pilot=pilot.id, state=NodeState.READY, job=None, since=now, deadline=None, **typed)
         self.nodes[name] = Node(name, pilot.id, NodeState.READY, now, node_type=pilot.node_type)
         self.ready[name] = None
         self.ready_version += 1
