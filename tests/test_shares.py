@@ -59,20 +59,32 @@ def test_split_is_even_and_spreads_the_remainders():
     assert sorted(share[g]["a"] + share[g]["b"] for g in "xyz") == [5, 6, 6]  # one group does not take both remainders
 
 
+TYPES = ["k80", "p100", "v100"]
+
+
+def _instances(seed: int, n: int = 60):
+    """``n`` random typed instances: tables, each job's group, capacities."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        tables = _random(rng, rng.randint(2, 9), TYPES)
+        yield tables, [rng.choice("AB C") for _ in tables], {t: rng.randint(0, 6) for t in TYPES}
+
+
+def _assert_fits(tables, choices: list[Choice], caps: dict[str, int], value: float) -> None:
+    """Every type within its capacity, every choice a finite one, ``value`` their total worth."""
+    for t in caps:
+        assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
+    for j, c in enumerate(choices):
+        assert c.count == 0 or np.isfinite(tables[j][c.node_type][c.count])
+    assert value == pytest.approx(_worth(tables, choices, range(len(tables))))
+
+
 def test_every_group_gets_at_least_its_share_optimum_and_the_answer_fits():
-    rng = random.Random(7)
-    types = ["k80", "p100", "v100"]
-    for _ in range(60):
-        tables = _random(rng, rng.randint(2, 9), types)
-        groups = [rng.choice("AB C") for _ in tables]
-        caps = {t: rng.randint(0, 6) for t in types}
+    types = TYPES
+    for tables, groups, caps in _instances(7):
         choices, value, how = shares.solve(tables, groups, caps, cost=1.0)
         assert how == "share" or how.startswith("share-")
-        for t in types:
-            assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
-        for j, c in enumerate(choices):
-            assert c.count == 0 or np.isfinite(tables[j][c.node_type][c.count])
-        assert value == pytest.approx(_worth(tables, choices, range(len(tables))))
+        _assert_fits(tables, choices, caps, value)
         users = {t: {g for job, g in zip(tables, groups) if t in job and np.isfinite(job[t][1 : caps[t] + 1]).any()} for t in types}
         share = shares.split(caps, users)
         for g in set(groups):
@@ -117,19 +129,12 @@ def test_a_slow_group_is_not_starved_under_whole_shares_and_is_under_samples():
 
 
 def test_the_share_objective_never_costs_more_than_its_bound():
-    rng = random.Random(11)
-    types = ["k80", "p100", "v100"]
-    for _ in range(60):
-        tables = _random(rng, rng.randint(2, 9), types)
-        groups = [rng.choice("AB C") for _ in tables]
-        caps = {t: rng.randint(0, 6) for t in types}
+    for tables, groups, caps in _instances(11):
         stopped = sum(float(next(iter(tb.values()))[0]) for tb in tables)
         best = typed.solve(tables, caps)[1]
         for cost in (0.0, 0.03, 0.3):
             choices, value, _ = shares.solve(tables, groups, caps, cost=cost)
-            for t in types:
-                assert sum(c.count for c in choices if c.node_type == t) <= caps[t]
-            assert value == pytest.approx(_worth(tables, choices, range(len(tables))))
+            _assert_fits(tables, choices, caps, value)
             assert value - stopped >= (1 - cost) * (best - stopped) - 1e-6 * max(1.0, abs(best)), f"share at cost {cost} below its bound"
 
 

@@ -108,6 +108,5 @@ def solve(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], capacitie
         choices, _, how = shares.solve(weighted, groups, capacities, time_limit_s, clock, share_cost)
     else:
         choices, how = shares.exact(weighted, {t: int(n) for t, n in capacities.items()}, time_limit_s, clock)
-    value = sum(float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0])
-                for j, c in enumerate(choices))
+    value = shares.worth(tables, choices)
     return choices, value, "due-" + how
