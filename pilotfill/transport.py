@@ -391,6 +391,7 @@ class Client:
         self._ctx = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
         self._endpoint: str | None = None
+        self._keyed_for: tuple[int | None] | None = None  # the incarnation the key is for (None: not yet read)
         self._interrupt: Callable[[], bool] | None = None
 
     def _connect(self) -> zmq.Socket | None:
@@ -402,12 +403,15 @@ class Client:
                 endpoint, incarnation = str(info["endpoint"]), info.get("incarnation")
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 return None
-        if self._socket is None or endpoint != self._endpoint:
+        incarnation = incarnation if isinstance(incarnation, int) else None
+        if self._socket is None or endpoint != self._endpoint or self._keyed_for != (incarnation,):
+            # another controller (a new address, or a new incarnation at the same one): a new connection, new keys,
+            # and nothing sent to the one before is delivered to it
             self.close()
-            self._key = message_key(self._secret, self._channel, incarnation if isinstance(incarnation, int) else None)
+            self._key = message_key(self._secret, self._channel, incarnation)
             self._verify = Verifier(self._key)
             self._socket = dealer(self._secret, endpoint, self._ctx)
-            self._endpoint = endpoint
+            self._endpoint, self._keyed_for = endpoint, (incarnation,)
         return self._socket
 
     def request(self, message: Message | dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0,
@@ -425,24 +429,30 @@ class Client:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         # One request id for every attempt: a retry after a lost reply is answered, not applied twice.
         payload = json.dumps({**message, "rid": secrets.token_hex(16)}).encode()
+        # Every attempt goes on the same connection while the controller's address stays: one that is slow to answer
+        # (a busy machine) may still be finishing the handshake, and a new connection would start it again, for ever.
+        # A reply to any attempt answers.
+        sent: set[bytes] = set()
         while True:
             sock = self._connect()
             if sock is not None:
                 frames = seal(self._key, payload)
                 sock.send_multipart(frames)
-                reply = self._await(sock, nonce_of(frames), min(attempt_s, max(0.05, deadline - time.monotonic())))
+                sent.add(nonce_of(frames))
+                reply = self._await(sock, sent, min(attempt_s, max(0.05, deadline - time.monotonic())))
                 if reply is not None:
                     if not reply.get("ok", False):
                         raise RequestRefused(reply.get("error", "refused"))
                     return reply
-                self.close()  # a lost request or a dead controller: start afresh
             if time.monotonic() >= deadline:
                 raise ControllerUnavailable(
                     f"no reply from the controller of {self.run_dir} to {message.get('type')!r}"
                 )
             time.sleep(0.1)
 
-    def _await(self, sock: zmq.Socket, nonce: bytes, wait_s: float) -> dict[str, Any] | None:
+    def _await(self, sock: zmq.Socket, nonces: set[bytes], wait_s: float) -> dict[str, Any] | None:
+        """The reply to one of ``nonces`` (this request's attempts) within ``wait_s``; a late reply to an earlier
+        request is dropped."""
         end = time.monotonic() + wait_s
         while (left := end - time.monotonic()) > 0:
             if self._interrupt is not None and self._interrupt():
@@ -451,6 +461,10 @@ class Client:
             if not sock.poll(int(min(left, 0.2) * 1000) + 1):
                 continue
             frames = sock.recv_multipart()
+            nonce = nonce_of(frames) if len(frames) == 2 else None
+            if nonce is not None and nonce not in nonces:
+                log.debug("dropped a late reply to an earlier request")
+                continue
             try:
                 _, payload = self._verify.open(frames, expect_nonce=nonce)
             except AuthError as exc:
@@ -464,3 +478,4 @@ class Client:
             self._socket.close(0)
             self._socket = None
             self._endpoint = None
+            self._keyed_for = None

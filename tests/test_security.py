@@ -163,3 +163,53 @@ def test_deeply_nested_and_oversized_requests_are_refused_not_fatal(server):
             replies.append(json.loads(raw.recv_multipart()[1][24:]))
     assert handled == [] and [r["ok"] for r in replies] == [False, False]
     assert all("unparseable" in r["error"] for r in replies)
+
+
+def test_a_client_waits_out_a_slow_handshake_on_one_connection(tmp_path):
+    """A controller on a busy machine may take longer than a request's attempt to complete the handshake (its ZAP
+    answers come between passes). Each retry used to open a new connection, whose handshake started again: nothing
+    ever completed and the client gave up with the controller alive. Retries now go on the one connection."""
+    import threading
+
+    run = tmp_path / "run"
+    secret = create_secret(run)
+    key = transport.message_key(secret, transport.CONTROLLER, 3)
+    ctx = zmq.Context()
+    zap = ctx.socket(zmq.REP)
+    zap.bind(transport.ZAP_ENDPOINT)
+    router = transport.secure(ctx.socket(zmq.ROUTER), secret, server=True)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    (run / transport.ENDPOINT_FILE).write_text(json.dumps({"endpoint": f"tcp://127.0.0.1:{port}", "incarnation": 3}))
+    handshakes: list[float] = []
+    stop = threading.Event()
+
+    def slow_server() -> None:  # every handshake is approved 1 s after it asked (attempts are 0.3 s)
+        verify, waiting = Verifier(key), []
+        poller = zmq.Poller()
+        poller.register(zap, zmq.POLLIN)
+        poller.register(router, zmq.POLLIN)
+        while not stop.is_set():
+            ready = dict(poller.poll(20))
+            if zap in ready:
+                waiting.append((time.monotonic(), zap.recv_multipart()))
+                handshakes.append(waiting[-1][0])
+            if waiting and time.monotonic() - waiting[0][0] >= 1.0:
+                version, request_id = waiting.pop(0)[1][:2]
+                zap.send_multipart([version, request_id, b"200", b"OK", b"", b""])
+            if router in ready:
+                identity, *frames = router.recv_multipart()
+                nonce, payload = verify.open(frames)
+                reply = json.dumps({"ok": True, "echo": json.loads(payload)["n"]}).encode()
+                router.send_multipart([identity, *seal(key, reply, nonce=nonce)])
+
+    thread = threading.Thread(target=slow_server, daemon=True)
+    thread.start()
+    try:
+        assert Client(run, timeout_s=20).request({"type": "x", "n": 5}, attempt_s=0.3)["echo"] == 5
+        assert len(handshakes) == 1, f"{len(handshakes)} connections for one request"
+    finally:
+        stop.set()
+        thread.join(5)
+        zap.close(0)
+        router.close(0)
+        ctx.term()
