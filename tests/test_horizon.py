@@ -191,6 +191,8 @@ def test_a_new_users_jobs_grow_onto_idle_vnodes_on_pbs_with_one_vnode_pilots(pbs
     import subprocess
     import sys
 
+    from waiting import wait_for_exit
+
     from pilotfill.journal import Journal
 
     pbs("pbs_standin", "exec", "on")
@@ -201,7 +203,7 @@ def test_a_new_users_jobs_grow_onto_idle_vnodes_on_pbs_with_one_vnode_pilots(pbs
     proc = subprocess.Popen([sys.executable, "-m", "pilotfill", "run", str(campaign), "--config", str(config), "--run-dir", str(run_dir), "--quiet"],
                             cwd=tmp_path, env=dict(os.environ), stdout=open(out, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        proc.wait(timeout=600)
+        wait_for_exit(proc, 600, "the new user's campaign to end", out, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()

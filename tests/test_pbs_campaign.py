@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from waiting import wait_for
+from waiting import wait_for, wait_for_exit
 
 from pilotfill.journal import Journal
+from pilotfill.reasons import NodeWhy, StopCause
 
 pytestmark = pytest.mark.local
 
@@ -94,7 +95,7 @@ def test_campaign_with_a_main_job_preempting_a_pilot(pbs, tmp_path):
         main = pbs("qsub", "-q", "workq", "-N", "mainjob", "-l", f"select={need}:ncpus=1", "--", "/bin/sleep", "6").stdout.strip()
         wait_for(lambda: pbs.state().get("requeues", 0) >= 1, 60, "a pilot to be preempted")
         wait_for(lambda: main not in pbs.jobs(), 120, "the main job to run and end")
-        proc.wait(timeout=600)
+        wait_for_exit(proc, 600, "the campaign to end after the preemption", out, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -122,7 +123,7 @@ def test_campaign_with_a_main_job_preempting_a_pilot(pbs, tmp_path):
         for e in state.events("job.started"):
             starts[e["job"]] = starts.get(e["job"], 0) + 1
         stops = state.events("job.stopped")
-        released = [e["time"] for e in state.events("node.released") if "no job needs it" in e["data"].get("why", "")]
+        released = [e["time"] for e in state.events("node.released") if NodeWhy.of(e["data"].get("why", "")) == NodeWhy.RELEASED]
         resubmitted = [e for e in state.events("pilot.submitted") if released and e["time"] > min(released)]
     finally:
         state.close()
@@ -132,7 +133,7 @@ def test_campaign_with_a_main_job_preempting_a_pilot(pbs, tmp_path):
     assert resubmitted == [], f"pilots submitted after a release: {resubmitted}"
     # A preemption stops a job at most once (its nodes leaving); beyond that, a job may be stopped by the allocator
     # to give its node to another when the objective gains — at most once here, and never without that objective.
-    by_choice = [e for e in stops if e["data"].get("cause") == "allocation"]
+    by_choice = [e for e in stops if e["data"].get("cause") == StopCause.ALLOCATION]
     by_loss = [e for e in stops if e not in by_choice]  # "vm[3] leaving", "vm[3] gone": its nodes were taken
     for job in starts:
         lost = sum(1 for e in by_loss if e["job"] == job)
@@ -233,7 +234,7 @@ def test_a_queue_limit_refusal_is_shown_and_retried_when_the_log_says(pbs, tmp_p
         assert "pilot refused: qsub: would exceed queue generic's per-user limit (exit 38)" in top.stdout, top.stdout
         wait_for(lambda: len(journal(run_dir, "pilot.submit_refused")) >= 2, 120, "a second try when the first back-off is over")
         pbs("qdel", blocker)  # the limit no longer bites: the next try goes through and the campaign runs
-        proc.wait(timeout=600)
+        wait_for_exit(proc, 600, "the campaign to end once the limit no longer bites", out, run_dir)
     finally:
         if proc.poll() is None:
             ctrl_c(proc)
@@ -252,7 +253,7 @@ def run_to_its_end(tmp_path: Path, config_text: str) -> tuple[int, str, Path]:
     out = tmp_path / "campaign.out"
     proc = start_run(campaign, config, run_dir, out, env={"MARKS": str(tmp_path / "marks")})
     try:
-        code = proc.wait(timeout=180)
+        code = wait_for_exit(proc, 180, "the campaign to end by itself", out, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -458,7 +459,7 @@ def test_a_torch_campaign_survives_preemption_and_releases_with_one_store(pbs, t
         wait_for(preempted, 120, "a pilot of the long training to preempt", detail=lambda: out.read_text()[-2000:])
         wait_for(lambda: journal(run_dir, "pilot.requeued") or journal(run_dir, "node.leaving"), 120, "the preemption to be seen")
         hold.unlink()
-        proc.wait(timeout=900)
+        wait_for_exit(proc, 900, "the campaign to end after the preemption", out, run_dir)
     finally:
         if proc.poll() is None:
             ctrl_c(proc)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from waiting import wait_for_exit
 
 from pilotfill.config import NodeTypeConfig, PilotConfig
 from pilotfill.schedulers.commands import SchedulerCommandError
@@ -125,7 +126,7 @@ def test_a_campaign_on_two_types_of_pbs_vnode(typed_pbs, tmp_path):
                             cwd=tmp_path, env={**os.environ, "MARKS": str(marks)}, stdout=open(out, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     try:
-        proc.wait(timeout=600)
+        wait_for_exit(proc, 600, "the typed campaign to end", out, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from waiting import wait_for
+from waiting import wait_for, wait_for_exit
 
 from pilotfill.journal import Journal
 
@@ -70,7 +70,7 @@ def test_campaign_leaves_no_pilot_and_loses_no_start(slurm, tmp_path):
         wait_for(lambda: marks.exists() and len(marks.read_text().splitlines()) >= 2, 180, "training to start on pilots")
         time.sleep(2.0)
         slurm.command("sbatch", "--parsable", "-p", "main", "-N", "2", "-J", "mainjob", "-o", "/dev/null", "--wrap", "sleep 5")
-        proc.wait(timeout=600)
+        wait_for_exit(proc, 600, "the campaign to end after the main job", out, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()

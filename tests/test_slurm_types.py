@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from waiting import wait_for_exit
 
 from pilotfill.config import NodeTypeConfig, PilotConfig
 from pilotfill.schedulers.slurm import SlurmConfig, SlurmScheduler
@@ -103,7 +104,7 @@ def test_a_campaign_lands_each_job_on_the_node_type_that_suits_it(slurm, tmp_pat
                             cwd=tmp_path, env={**os.environ, "MARKS": str(marks)}, stdout=open(out, "wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     try:
-        proc.wait(timeout=600)
+        wait_for_exit(proc, 600, "the typed campaign to end", out, run_dir)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -17,3 +19,31 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, poll_s: 
         time.sleep(poll_s)
     more = detail() if detail is not None else ""
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f"\n{more}" if more else ""))
+
+
+def wait_for_exit(proc: subprocess.Popen, timeout_s: float, what: str, out: Path | None = None, run_dir: Path | None = None) -> int:
+    """``proc``'s exit status; after ``timeout_s``, raise naming ``what`` with what a reader needs to see why it did not
+    end: the tail of its output, of the controller's log and the journal's last events."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{run_tails(out, run_dir)}") from None
+
+
+def run_tails(out: Path | None, run_dir: Path | None, chars: int = 3000, events: int = 60) -> str:
+    """The last of a run's output, its controller.log and its journal, for a failure message."""
+    parts = []
+    for name, path in (("output", out), ("controller.log", run_dir / "controller.log" if run_dir else None)):
+        if path is not None and path.exists():
+            parts.append(f"--- {name} (last {chars} chars)\n{path.read_text(errors='replace')[-chars:]}")
+    if run_dir is not None and (run_dir / "state.sqlite").exists():
+        from pilotfill.journal import Journal
+
+        state = Journal(run_dir, readonly=True)
+        try:
+            rows = state.events()[-events:]
+        finally:
+            state.close()
+        parts.append(f"--- journal (last {len(rows)} events)\n" + "\n".join(
+            f"{e['time']:.2f} {e['kind']} {e.get('pilot') or ''} {e.get('job') or ''} {e['data']}" for e in rows))  # fmt: skip
+    return "\n".join(parts)
