@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pilotfill.journal import Journal
+from pilotfill.reasons import StopCause
 
 pytestmark = pytest.mark.local
 
@@ -262,8 +263,14 @@ def test_nas_campaign_end_to_end(tmp_path, horovod):
     for e in events:
         if e["kind"] == "job.stopped":
             cause = e["data"]["cause"]
-            assert cause == "allocation" and "objective" in e["data"] or any(w in cause for w in ("leaving", "gone", "lost")), e
+            assert cause == StopCause.ALLOCATION and "objective" in e["data"] or lost_nodes(cause), e
 
+
+def lost_nodes(cause: str) -> bool:
+    """Whether a stop's cause is nodes its job lost (leaving, gone or lost), also while its ranks were forming."""
+    forming = StopCause.WHILE_FORMING.say("")
+    why = StopCause.of(cause.removesuffix(forming) if cause.endswith(forming) else cause)
+    return why in (StopCause.NODES_LEAVING, StopCause.NODES_GONE, StopCause.NODES_LOST)
 
 def _main_workload_returns(seconds: float) -> int:
     """Times the embedded default's main workload gave a node back within ``seconds`` of its start."""

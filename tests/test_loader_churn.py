@@ -29,6 +29,7 @@ from test_loader_ranks import max_relative_difference
 from waiting import wait_for
 
 from pilotfill.elastic.loader import ElasticLoader, shares
+from pilotfill.reasons import StopCause
 
 pytestmark = pytest.mark.local
 
@@ -242,7 +243,7 @@ def _check_same_model(run: LocalRun, churn: Churn, job: dict, held_still: dict, 
 
 def _check_churned(run: LocalRun, churn: Churn) -> None:
     resized = [e for e in run.events("job.resized") if e["data"]["before"] > 0 and e["data"]["after"] > 0]
-    stopped = [e for e in run.events("job.stopped") if e["data"].get("cause") != "allocation"]
+    stopped = [e for e in run.events("job.stopped") if e["data"].get("cause") != StopCause.ALLOCATION]
     assert len(resized) >= 10, f"{len(resized)} resizes"
     assert len(stopped) >= 2, f"{len(stopped)} preemptions of the whole job"
     assert all(0 < a["offset"] < N for a in churn.actions), "every move mid-epoch"

@@ -21,6 +21,7 @@ from pilotfill.controller.walltime import lead_s
 from pilotfill.elastic.simulated import SimulatedRuntime
 from pilotfill.schedulers.replay import ReplayScheduler
 from pilotfill.traces import read_jobs, read_trace
+from pilotfill.reasons import NodeWhy
 
 pytestmark = pytest.mark.unit
 
@@ -136,7 +137,7 @@ def test_a_job_leaves_an_ending_pilot_at_its_commit_and_loses_nothing(tmp_path, 
     leaving = [e for e in m.events("node.leaving") if e["node"] == "n0"]
     assert leaving, "n0 never left"
     first = leaving[0]
-    assert first["data"]["why"] == "walltime ending: left at its commit"
+    assert NodeWhy.of(first["data"]["why"]) == NodeWhy.WALLTIME_AT_COMMIT
     assert first["time"] <= end - lead_s(GRACE_S, 1.0)  # gone before the batch system's SIGTERM (end - grace here)
     stopped = [e for e in m.events("job.stopped") if e["job"] == m.ids["a"]]
     assert stopped and stopped[0]["data"]["redone"] == 0
@@ -156,7 +157,7 @@ def test_a_job_that_does_not_commit_in_time_leaves_at_the_drain(tmp_path, write)
     end = m.pilot_of("n0").walltime_end
     m.run_to(11, 52)
     (first, *_) = [e for e in m.events("node.leaving") if e["node"] == "n0"]
-    assert first["data"]["why"] == "walltime ending"
+    assert NodeWhy.of(first["data"]["why"]) == NodeWhy.WALLTIME
     assert first["time"] == end - lead_s(GRACE_S, 1.0)
     assert [e["pilot"] for e in m.events("pilot.walltime")] == [first["pilot"]]
 
@@ -212,7 +213,7 @@ def _drained_before_the_end_losing_at_most_one_commit(run: LocalRun, job: str, g
     events = run.events()
     ends = {e["pilot"]: e["data"]["walltime_end"] for e in events if e["kind"] == "pilot.started"}
     assert ends and all(end is not None for end in ends.values()), f"pilots without a walltime end: {ends}"
-    drained = [e for e in events if e["kind"] == "node.leaving" and str(e["data"]["why"]).startswith("walltime ending")]
+    drained = [e for e in events if e["kind"] == "node.leaving" and NodeWhy.of(str(e["data"]["why"])) in (NodeWhy.WALLTIME, NodeWhy.WALLTIME_AT_COMMIT)]
     assert drained, "no pilot was drained before its walltime"
     for e in drained:
         assert e["time"] <= ends[e["pilot"]] - grace_s, f"{e['node']} left only {ends[e['pilot']] - e['time']:.1f} s before its pilot's end"

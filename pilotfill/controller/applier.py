@@ -15,6 +15,7 @@ from collections.abc import Callable
 from ..allocator import Allocation, HoldModel
 from ..elastic.base import Runtime
 from ..lifecycle import JobStatus, NodeState
+from ..reasons import StopCause
 from .job_progress import OUTLIVED_LIMIT, JobProgress
 from .node_types import NodeTypes
 from .world import Job, World
@@ -60,7 +61,7 @@ class Applier:
             for node in world.nodes_of(new):
                 world.assign(node, job.id)
             running = job.status == JobStatus.RUNNING
-            cause = f"{', '.join(sorted(lost))} {self._why_lost(lost)}" if lost else None
+            cause = self._why_lost(lost).say(", ".join(sorted(lost))) if lost else None
             if running and new and not old:
                 # Every node it had is gone: nothing survives to grow from, so it restarts (from its last commit).
                 self.stop(job, now, sorted(lost), cause)
@@ -68,12 +69,11 @@ class Applier:
             if (running and new and old and self.types.typed
                     and self.types.of_nodes(world, new) != self.types.of_nodes(world, old)):
                 # Another kind of node: a stop (it resumes from its last commit) and a start there.
-                running = self.stop_for_a_start(job, old, lost, now, "moved to another node type")
+                running = self.stop_for_a_start(job, old, lost, now, StopCause.OTHER_TYPE)
             if (running and new and old and (lost or not set(old) <= set(new)) and self.progress.forming(job)
                     and not self.runtime.shrinks_while_forming(job.id)):
                 # Its ranks are still forming the group (hvd.init): a start on the nodes it keeps, not a shrink.
-                running = self.stop_for_a_start(job, old, lost, now,
-                                                f"{cause or 'shrunk'} while its ranks were forming the group")
+                running = self.stop_for_a_start(job, old, lost, now, StopCause.WHILE_FORMING.say(cause or "shrunk"))
             try:
                 if running and new:
                     if set(new) == set(old) and not lost:
@@ -83,7 +83,8 @@ class Applier:
                     if not old and lost:
                         self.stop(job, now, sorted(set(old) | lost), cause)
                     else:
-                        self.stop(job, now, sorted(set(old) | lost), "allocation", objective=round(answer.objective, 3))
+                        self.stop(job, now, sorted(set(old) | lost), StopCause.ALLOCATION,
+                                  objective=round(answer.objective, 3))
                 elif new:
                     self._start(job, new, now)
                 else:
@@ -105,7 +106,7 @@ class Applier:
     def stop(self, job: Job, now: float, nodes_before: list[str], cause: str | None, free_nodes: bool = True,
              **why: object) -> None:
         """A running job stops: its ranks end, it goes back to the queue from its last commit (``World.requeue``), and
-        the journal says why (``cause``: the nodes it lost and how, "allocation", or what made it start again)."""
+        the journal says why (``cause``: a :class:`~pilotfill.reasons.StopCause`'s text)."""
         self.runtime.stop(job.id)
         redone = self.world.requeue(job, free_nodes=free_nodes)
         self.world.log("job.stopped", now, job=job.id, nodes_before=nodes_before, cause=cause, **why, redone=redone)
@@ -126,7 +127,7 @@ class Applier:
             self.progress.notices.say(f"job.{job.id}.silent",
                                       f"{job.name}: its ranks were silent for {silent_s:.0f} s: started again from its "
                                       "last commit", now, level="waiting")
-        self.stop(job, now, sorted(job.nodes), f"its ranks were silent for {silent_s:.0f} s")
+        self.stop(job, now, sorted(job.nodes), StopCause.SILENT.say(f"{silent_s:.0f}"))
 
     def _resize(self, job: Job, new: list[str], old: list[str], lost: set[str], cause: str | None, now: float) -> None:
         world = self.world
@@ -180,6 +181,8 @@ class Applier:
                    f"lost to its pilots' walltime {count} times")
         return True
 
-    def _why_lost(self, lost: set[str]) -> str:
+    def _why_lost(self, lost: set[str]) -> StopCause:
         states = {self.world.nodes[n].state for n in lost if n in self.world.nodes}
-        return "leaving" if states == {NodeState.LEAVING} else "gone" if NodeState.READY not in states else "lost"
+        if states == {NodeState.LEAVING}:
+            return StopCause.NODES_LEAVING
+        return StopCause.NODES_GONE if NodeState.READY not in states else StopCause.NODES_LOST

@@ -54,6 +54,7 @@ from ..elastic.runtimes import JobRuntimes
 from ..lifecycle import TERMINAL, IllegalMove, JobStatus, NodeState, Removal
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import PilotManager
+from ..reasons import NodeWhy
 from ..protocol import (
     JobCancel,
     JobCommit,
@@ -349,8 +350,8 @@ class Controller:
 
     # ------------------------------------------------------------ every way a node goes
 
-    def remove_nodes(self, names: Iterable[str], now: float, why: str, to: Removal, deadline: float | None = None,
-                     event: str | None = None, taken: bool = False) -> None:
+    def remove_nodes(self, names: Iterable[str], now: float, why: NodeWhy, to: Removal, deadline: float | None = None,
+                     event: str | None = None, taken: bool = False, detail: object = None) -> None:
         """Take nodes away from their jobs and, unless ``to`` is ``Removal.FROM_JOB``, out of the pool.
 
         ``to``: ``LEAVING`` (SIGTERM: gone within the grace period), ``GONE``
@@ -359,10 +360,11 @@ class Controller:
         decision, which follows at once; nothing else is moved here. ``taken``:
         the batch system ended the hold (preemption, walltime), so how long the
         node stayed is what this machine gives, and the horizon learns from it
-        (not from our own releases).
+        (not from our own releases). ``why`` and its ``detail`` are what the journal says.
         """
         world = self.world
         shrunk: dict[str, list[str]] = {}
+        said = why.say(detail)
         for name in names:
             node = world.nodes.get(name)
             if (node is None or node.state == NodeState.GONE
@@ -378,7 +380,7 @@ class Controller:
                 world.assign(node, None)
             else:
                 world.set_node_state(node, NodeState(to.value), now, deadline)
-            world.log(event or f"node.{to.value}", now, pilot=node.pilot, node=name, why=why,
+            world.log(event or f"node.{to.value}", now, pilot=node.pilot, node=name, why=said,
                       **({"held_s": held} if held is not None else {}))  # fmt: skip
         for job_id, gone in shrunk.items():
             job = world.jobs.get(job_id)
@@ -551,7 +553,7 @@ class Controller:
                     f"between: the app's own end, not a lost node (its output: {log_path})")
                 self.end_job(job, now, "failed", error=error, why=f"a rank {what}")
                 return
-            self.remove_nodes([exit_.host], now, f"rank crashed ({exit_.returncode})", Removal.FROM_JOB)
+            self.remove_nodes([exit_.host], now, NodeWhy.RANK_CRASHED, Removal.FROM_JOB, detail=exit_.returncode)
 
     def _decide_again(self) -> None:
         """Something the allocation rests on changed: the next pass decides again."""
@@ -712,7 +714,7 @@ class Controller:
             for job in list(world.running.values()):
                 world.requeue(job)  # a re-run resumes it from its commit
             for pilot in list(world.pilots.values()):
-                self.remove_nodes(list(pilot.nodes), now, "controller stopped", Removal.GONE)
+                self.remove_nodes(list(pilot.nodes), now, NodeWhy.CONTROLLER_STOPPED, Removal.GONE)
                 self.end_pilot(pilot, "ended", now)
             self.journal.clear_processes()
             self.node_seconds.add_until(now)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from ..allocator import Profiler
 from ..lifecycle import JobStatus, NodeState, PilotState, Removal
 from ..pilots.manager import Ends
+from ..reasons import NodeWhy
 from ..schedulers.base import BatchScheduler, EndReason, EventKind, PilotEvent
 from .gateway import SchedulerGateway
 from .walltime import Walltimes
@@ -88,22 +89,22 @@ class Liveness:
         elif event.kind == EventKind.PREEMPTED:
             world.log("pilot.preempted", now, pilot=event.pilot, nodes=list(event.nodes), deadline=event.deadline)
             if pilot is not None:  # the agent says so too (SIGTERM); whichever comes first moves the nodes
-                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, "leaving", Removal.LEAVING,
+                self.ends.remove_nodes(event.nodes or list(pilot.nodes), now, NodeWhy.LEAVING, Removal.LEAVING,
                                        deadline=event.deadline, taken=True)
         elif event.kind == EventKind.ENDED and event.reason == EndReason.REQUEUED:
             # Preempted with preempt_order R: the same batch job waits to run again, with its nodes back;
             # its next agent registers as it. Unless that agent already did (it ran again between two polls).
             world.log("pilot.requeued", now, pilot=event.pilot, why=event.detail)
             if pilot is not None and not (pilot.state == PilotState.RUNNING and pilot.registered_at > polled_before):
-                self.ends.remove_nodes(list(pilot.nodes), now, f"pilot {event.detail}", Removal.GONE, taken=True)
+                self.ends.remove_nodes(list(pilot.nodes), now, NodeWhy.PILOT_REQUEUED, Removal.GONE, taken=True,
+                                       detail=event.detail)
                 world.set_pilot(pilot, state=PilotState.QUEUED, nodes=[])
                 self.heard.forget(pilot.id)
         elif event.kind == EventKind.ENDED:
             world.log("pilot.ended", now, pilot=event.pilot, why=event.detail)
             if pilot is not None:
-                self.ends.remove_nodes(list(pilot.nodes), now,
-                                       f"pilot ended ({event.detail})" if event.detail else "pilot ended",
-                                       Removal.GONE, taken=event.reason != EndReason.CANCELLED)
+                self.ends.remove_nodes(list(pilot.nodes), now, NodeWhy.PILOT_ENDED, Removal.GONE,
+                                       taken=event.reason != EndReason.CANCELLED, detail=event.detail or None)
                 self.ends.end_pilot(pilot, "ended", now)
                 self.changed()
 
@@ -115,7 +116,7 @@ class Liveness:
             if pilot is None or pilot.state == PilotState.QUEUED:
                 continue
             self.world.log("pilot.lost", now, pilot=pilot_id, silent_s=round(silent, 1))
-            self.ends.remove_nodes(list(pilot.nodes), now, "its pilot went silent", Removal.GONE, event="node.lost")
+            self.ends.remove_nodes(list(pilot.nodes), now, NodeWhy.PILOT_SILENT, Removal.GONE, event="node.lost")
             self.ends.end_pilot(pilot, "lost", now)
             self.gateway.call("cancel", self.scheduler.cancel, pilot_id)
 
@@ -129,7 +130,7 @@ class Liveness:
                      if pilot is not None and pilot.walltime_end == end else [])
             if nodes:
                 world.log("pilot.walltime", now, pilot=pilot_id, end=end, nodes=nodes)
-                self.ends.remove_nodes(nodes, now, "walltime ending", Removal.LEAVING, deadline=end, taken=True)
+                self.ends.remove_nodes(nodes, now, NodeWhy.WALLTIME, Removal.LEAVING, deadline=end, taken=True)
 
     def leave_at_commit(self, job: Job, now: float) -> None:
         """A job that just committed leaves the nodes of pilots whose drain is due within its commit interval: it
@@ -143,5 +144,5 @@ class Liveness:
             if end is not None:
                 by_end.setdefault(end, []).append(node.name)
         for end, nodes in by_end.items():
-            self.ends.remove_nodes(nodes, now, "walltime ending: left at its commit", Removal.LEAVING, deadline=end,
+            self.ends.remove_nodes(nodes, now, NodeWhy.WALLTIME_AT_COMMIT, Removal.LEAVING, deadline=end,
                                    taken=True)

@@ -17,6 +17,7 @@ from ..lifecycle import NodeState, PilotState, Removal
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import Ends, PilotManager
 from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
+from ..reasons import NodeWhy
 from ..transport import Park
 from .liveness import LastHeard
 from .recovery import Adoption
@@ -69,7 +70,7 @@ class PilotHandlers:
         taken = [n for n in message.nodes
                  if n in world.nodes and world.nodes[n].state != NodeState.GONE and world.nodes[n].pilot != pilot.id]
         # a pilot that ended without telling us
-        self.ends.remove_nodes(taken, now, "taken over by another pilot", Removal.GONE)
+        self.ends.remove_nodes(taken, now, NodeWhy.TAKEN_OVER, Removal.GONE)
         world.set_pilot(pilot, state=PilotState.RUNNING, scheduler_id=message.scheduler_id or pilot.scheduler_id,
                         pid=message.pid, nodes=[n for n in pilot.nodes if n in message.nodes])
         for name in message.nodes:
@@ -103,8 +104,7 @@ class PilotHandlers:
                 node = self.world.nodes.get(host)
                 # kept for its job, but nothing of it runs there: a node it lost
                 if node is not None and node.job == job_id:
-                    self.ends.remove_nodes([host], now, f"its rank of {job_id} did not outlive the controller",
-                                           Removal.FROM_JOB)
+                    self.ends.remove_nodes([host], now, NodeWhy.RANK_NOT_ADOPTED, Removal.FROM_JOB, detail=job_id)
         wait = message.wait_s
         if self.wakes.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
             return Park(pilot.id, min(float(wait), self.heartbeat_s), lambda: self.reply(pilot.id))
@@ -127,7 +127,8 @@ class PilotHandlers:
         pilot = self.world.pilot_of(message.pilot)
         if pilot is not None and pilot.state not in (PilotState.LEAVING, PilotState.QUEUED):
             self.world.set_pilot(pilot, state=PilotState.LEAVING)
-        self.ends.remove_nodes(message.nodes, now, "leaving", Removal.LEAVING, deadline=message.deadline, taken=True)
+        self.ends.remove_nodes(message.nodes, now, NodeWhy.LEAVING, Removal.LEAVING, deadline=message.deadline,
+                               taken=True)
         return {}
 
     def _has_news(self, pilot_id: str) -> bool:

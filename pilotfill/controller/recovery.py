@@ -34,6 +34,7 @@ from .. import procs
 from ..elastic.base import Runtime
 from ..lifecycle import JobStatus, NodeState, Removal
 from ..pilots.manager import Ends
+from ..reasons import NodeWhy
 from ..schedulers.base import BatchScheduler
 from ..journal import Journal
 from .gateway import SchedulerGateway
@@ -156,7 +157,7 @@ class TakeOver:
                 self.heard.hear(pilot.id, self.now)
                 self.adoption.expect(pilot.id)
                 continue
-            self.ends.remove_nodes(list(pilot.nodes), self.now, "lost with the previous controller", Removal.GONE,
+            self.ends.remove_nodes(list(pilot.nodes), self.now, NodeWhy.LOST_WITH_PREDECESSOR, Removal.GONE,
                                    event="node.lost")
             self.ends.end_pilot(pilot, "lost", self.now)
         for node in list(world.nodes.values()):

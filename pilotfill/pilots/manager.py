@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..allocator import Allocation
 from ..config import PilotConfig
 from ..lifecycle import Removal
+from ..reasons import NodeWhy
 from ..schedulers.base import NothingIdle, PilotRefused, SchedulerConfigError
 from ..schedulers.commands import reason_of
 
@@ -94,11 +95,12 @@ class Ends(Protocol):
         self,
         names: Iterable[str],
         now: float,
-        why: str,
+        why: NodeWhy,
         to: Removal,
         deadline: float | None = None,
         event: str | None = None,
         taken: bool = False,
+        detail: object = None,
     ) -> None: ...
 
     def end_pilot(self, pilot: Pilot, state: str, now: float) -> None: ...
@@ -351,7 +353,7 @@ class PilotManager:
                     self._unused_since[name] = now
             if not given:
                 continue
-            self.ends.remove_nodes(given, now, "released: no job needs it", Removal.GONE, event="node.released")
+            self.ends.remove_nodes(given, now, NodeWhy.RELEASED, Removal.GONE, event="node.released")
             for name in given:
                 self._unused_since.pop(name, None)
             self.world.count("nodes_released", len(given))
