@@ -1,7 +1,9 @@
 """The Python API over the controller's messages: submit jobs, read them, wait for them.
 
 Used by the Parsl executor, ``pilotfill top``/``status`` and tests. Every call
-is one authenticated request (:mod:`pilotfill.transport`).
+is one authenticated request (:mod:`pilotfill.transport`); a reply read for a field
+is checked into its class first (``JobSubmitReply.parse``), so a reply of the wrong
+shape is a :class:`~pilotfill.protocol.ProtocolError` naming the field, not a ``KeyError``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from .lifecycle import TERMINAL
-from .protocol import JobCancel, JobGet, JobStatusQuery, JobSubmit, StateSnapshot
+from .protocol import (
+    JobCancel,
+    JobGet,
+    JobGetReply,
+    JobStatusQuery,
+    JobStatusReply,
+    JobSubmit,
+    JobSubmitReply,
+    StateSnapshot,
+)
 from .transport import Client
 
 
@@ -26,14 +37,14 @@ class ControllerClient:
 
     def submit(self, spec: dict[str, Any]) -> str:
         """Queue a job; returns its id once the controller has committed it."""
-        return self._client.request(JobSubmit(spec), interrupt=self._interrupt)["job_id"]
+        return JobSubmitReply.parse(self._client.request(JobSubmit(spec), interrupt=self._interrupt)).job_id
 
     def job(self, job_id: str) -> dict[str, Any]:
-        return self._client.request(JobGet(job_id), interrupt=self._interrupt)["job"]
+        return JobGetReply.parse(self._client.request(JobGet(job_id), interrupt=self._interrupt)).job
 
     def status(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
         """Status, progress, result and error of each job (one request; the jobs' code is not sent back)."""
-        return self._client.request(JobStatusQuery(job_ids), interrupt=self._interrupt)["jobs"]
+        return JobStatusReply.parse(self._client.request(JobStatusQuery(job_ids), interrupt=self._interrupt)).jobs
 
     def cancel(self, job_id: str) -> None:
         self._client.request(JobCancel(job_id), interrupt=self._interrupt)

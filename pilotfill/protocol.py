@@ -1,13 +1,16 @@
-"""The messages clients send the controller, and what each reply carries: one dataclass per request type.
+"""The messages clients send the controller, and what each reply carries: one dataclass per request type, and one
+per reply (each request's ``REPLY``).
 
 Every request is a JSON object with a ``type`` and the fields of its class below; every reply has ``ok`` (and
-``error`` when false). :func:`parse` turns a request into its class, checked (a required field missing or of the
-wrong type is a :class:`ProtocolError` naming it); the controller's handlers take the classes, and whatever sends a
-request builds it from them (the client, pilot agents, ranks and torch agents; the replay's simulated site and
-runtime: ``JobReport(...).to_dict()``), so the replay cannot drift from production. The run's torch store has its own
-requests, made the same way (:mod:`pilotfill.elastic.torch.store`: only torch's agents and ranks load them).
-The table in ``docs/protocol.md`` is made from the classes (``python -m pilotfill.protocol``; a test checks it
-is current). Transport and authentication are in :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
+``error`` when false) and the fields of its :class:`Reply` class: the handlers return those, and ``Controller.handle``
+sends ``{"ok": True, **reply.to_dict()}``, so a reply's shape is written once, here. :func:`parse` turns a request
+into its class, checked (a required field missing or of the wrong type is a :class:`ProtocolError` naming it;
+``Reply.parse`` checks a reply the same way, for its readers); the controller's handlers take the classes, and
+whatever sends a request builds it from them (the client, pilot agents, ranks and torch agents; the replay's simulated
+site and runtime: ``JobReport(...).to_dict()``), so the replay cannot drift from production. The run's torch store has
+its own requests and replies, made the same way (:mod:`pilotfill.elastic.torch.store`: only torch's agents and ranks
+load them). The table in ``docs/protocol.md`` is made from the classes (``python -m pilotfill.protocol``; a test
+checks it is current). Transport and authentication are in :mod:`pilotfill.transport` and :mod:`pilotfill.security`.
 """
 
 from __future__ import annotations
@@ -16,23 +19,85 @@ import difflib
 import json
 import math
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Annotated, Any, ClassVar, Required, TypedDict
+from typing import Annotated, Any, ClassVar, Required, Self, TypedDict
 
 from .elastic.registry import NAMES as RUNTIMES
 
 
 class ProtocolError(ValueError):
-    """A request that is authentic but malformed."""
+    """A request (or a reply read back) that is authentic but malformed."""
 
 
 _NUMBER = (int, float)
-_SCHEMAS: dict[type, tuple[tuple[str, Any, bool], ...]] = {}  # message class -> (field, its types, required?)
+_SCHEMAS: dict[type, tuple[tuple[str, Any, bool], ...]] = {}  # message or reply class -> (field, its types, required?)
+_SENDS: dict[type, tuple[tuple[str, Any, bool], ...]] = {}  # message or reply class -> (field, its default, always?)
 
 
 def _field(check: type | tuple[type, ...], doc: str = "", default: Any = MISSING, always: bool = False) -> Any:
     """A message field: the types it must have and what it means (the table above is made from these). ``always``:
     an optional field sent even at its default (a ``job.result`` of None says so)."""
     return field(default=default, metadata={"check": check, "doc": doc, "always": always})
+
+
+def _checked(cls: type, message: dict[str, Any], kind: str) -> dict[str, Any]:
+    """``message``'s values of ``cls``'s fields, checked: every required field present with its type (a bool is not
+    a number); an optional field of the wrong type is left out. Keys that are not fields are ignored."""
+    values = {}
+    schema = _SCHEMAS.get(cls)
+    if schema is None:  # read once per class: every request is parsed (thousands of heartbeats a second at scale)
+        schema = _SCHEMAS[cls] = tuple((f.name, f.metadata["check"], f.default is MISSING) for f in fields(cls))
+    for name, check, required in schema:
+        value = message.get(name, MISSING)
+        ok = (
+            value is not MISSING
+            and isinstance(value, check)
+            and not (isinstance(value, bool) and check in (int, _NUMBER))
+        )
+        if required:
+            if value is MISSING:
+                raise ProtocolError(f"{kind}: missing field {name!r}")
+            if not ok:
+                raise ProtocolError(f"{kind}: field {name!r} has the wrong type")
+            values[name] = value
+        elif ok:
+            values[name] = value
+    return values
+
+
+def _sent(obj: Any) -> dict[str, Any]:
+    """``obj``'s fields as they are sent: optional fields left at their default are not, unless ``always``."""
+    cls = type(obj)
+    plan = _SENDS.get(cls)
+    if plan is None:  # read once per class: every reply is sent (thousands of heartbeats a second at scale)
+        plan = _SENDS[cls] = tuple(
+            (f.name, f.default, f.default is MISSING or f.metadata["always"]) for f in fields(cls)
+        )
+    out = {}
+    for name, default, always in plan:
+        value = getattr(obj, name)
+        if always or value != default:
+            out[name] = value
+    return out
+
+
+@dataclass(slots=True, kw_only=True)
+class Reply:
+    """What a request's handler answers: these fields, to which ``Controller.handle`` adds ``ok`` (an error is
+    ``{ok: false, error}``, no class). Each request class names its own (``REPLY``), so the handlers, the readers and
+    the table in ``docs/protocol.md`` share one shape. Keyword-only: a reply's optional fields come in the order they
+    are sent, between required ones."""
+
+    @classmethod
+    def parse(cls, reply: dict[str, Any]) -> Self:
+        """A reply as its class, checked like a request (:class:`ProtocolError` naming the field; a refusal's
+        ``error`` when ``ok`` is false). ``ok`` and keys that are not fields are ignored."""
+        if reply.get("ok", True) is False:
+            raise ProtocolError(f"{cls.__name__}: refused: {reply.get('error')}")
+        return cls(**_checked(cls, reply, cls.__name__))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The reply's fields as they are sent (optional fields left at their default are not, unless ``always``)."""
+        return _sent(self)
 
 
 @dataclass(slots=True)
@@ -42,30 +107,11 @@ class Message:
 
     TYPE: ClassVar[str] = ""
     READ_ONLY: ClassVar[bool] = False  # nothing journaled: answered outside a transaction
-    REPLY: ClassVar[str] = ""
+    REPLY: ClassVar[type[Reply]] = Reply  # what its handler answers
 
     @classmethod
     def parse(cls, message: dict[str, Any]) -> Message:
-        values = {}
-        schema = _SCHEMAS.get(cls)
-        if schema is None:  # read once per class: every request is parsed (thousands of heartbeats a second at scale)
-            schema = _SCHEMAS[cls] = tuple((f.name, f.metadata["check"], f.default is MISSING) for f in fields(cls))
-        for name, check, required in schema:
-            value = message.get(name, MISSING)
-            ok = (
-                value is not MISSING
-                and isinstance(value, check)
-                and not (isinstance(value, bool) and check in (int, _NUMBER))
-            )
-            if required:
-                if value is MISSING:
-                    raise ProtocolError(f"{cls.TYPE}: missing field {name!r}")
-                if not ok:
-                    raise ProtocolError(f"{cls.TYPE}: field {name!r} has the wrong type")
-                values[name] = value
-            elif ok:
-                values[name] = value
-        out = cls(**values)
+        out = cls(**_checked(cls, message, cls.TYPE))
         out.validate()
         return out
 
@@ -74,12 +120,7 @@ class Message:
 
     def to_dict(self) -> dict[str, Any]:
         """The message as it is sent (optional fields left at their default are not, unless ``always``)."""
-        out: dict[str, Any] = {"type": self.TYPE}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.default is MISSING or f.metadata["always"] or value != f.default:
-                out[f.name] = value
-        return out
+        return {"type": self.TYPE, **_sent(self)}
 
 
 def _names_nodes(kind: str, nodes: list) -> None:
@@ -87,10 +128,15 @@ def _names_nodes(kind: str, nodes: list) -> None:
         raise ProtocolError(f"{kind}: nodes must be non-empty strings")
 
 
+@dataclass(slots=True, kw_only=True)
+class PilotRegisterReply(Reply):
+    stop: bool = _field(bool, "the pilot has ended: its agent stops", False)
+
+
 @dataclass(slots=True)
 class PilotRegister(Message):
     TYPE: ClassVar[str] = "pilot.register"
-    REPLY: ClassVar[str] = "ok; stop: the pilot has ended"
+    REPLY: ClassVar[type[Reply]] = PilotRegisterReply
     pilot: str = _field(str, "the pilot's id")
     nodes: list = _field(list, "its nodes [str]")
     scheduler_id: str = _field(str, "the batch system's job id")
@@ -100,14 +146,42 @@ class PilotRegister(Message):
         _names_nodes(self.TYPE, self.nodes)
 
 
+@dataclass(slots=True, kw_only=True)
+class PilotHeartbeatReply(Reply):
+    """The hot path (thousands a second at scale): :meth:`to_dict` is written out, not walked field by field. A
+    pilot the controller does not run (unknown, queued, ended) gets ``register``, ``stop`` and ``incarnation``
+    only, in that order."""
+
+    release: list | None = _field(list, "nodes to give back [str] (absent: the pilot is not running here)", None)
+    commands: list | None = _field(
+        list, "for its nodes [{op: start|stop, job, host, argv, env}] (absent: the pilot is not running here)", None
+    )
+    stop: bool = _field(bool, "the pilot has ended: its agent stops")
+    register: bool = _field(bool, "the controller does not know the pilot (a new one): register again")
+    incarnation: int = _field(int, "the controller's incarnation: a new one may have adopted its processes")
+    keep: list | None = _field(
+        list, "a new controller adopted these jobs' processes [[host, job]] (the others end)", None
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.release is None:  # a pilot not running here: told to register or to stop
+            return {"register": self.register, "stop": self.stop, "incarnation": self.incarnation}
+        out = {
+            "release": self.release,
+            "commands": self.commands,
+            "stop": self.stop,
+            "register": self.register,
+            "incarnation": self.incarnation,
+        }
+        if self.keep is not None:
+            out["keep"] = self.keep
+        return out
+
+
 @dataclass(slots=True)
 class PilotHeartbeat(Message):
     TYPE: ClassVar[str] = "pilot.heartbeat"
-    REPLY: ClassVar[str] = (
-        "release [str]: nodes to give back; commands [{op: start|stop, job, host, argv, env}]; "
-        "stop; register; incarnation; "
-        "keep [[host, job]]: a new controller adopted these jobs' processes (the others end)"
-    )
+    REPLY: ClassVar[type[Reply]] = PilotHeartbeatReply
     pilot: str = _field(str, "the pilot's id")
     wait_s: float | None = _field(
         _NUMBER, "a long poll: answered at once when there is news, else after this long", None
@@ -118,10 +192,15 @@ class PilotHeartbeat(Message):
     )
 
 
+@dataclass(slots=True, kw_only=True)
+class PilotLeavingReply(Reply):
+    """ok: ranks on those nodes are removed now."""
+
+
 @dataclass(slots=True)
 class PilotLeaving(Message):
     TYPE: ClassVar[str] = "pilot.leaving"
-    REPLY: ClassVar[str] = "ok: ranks on those nodes are removed now"
+    REPLY: ClassVar[type[Reply]] = PilotLeavingReply
     pilot: str = _field(str, "the pilot's id")
     nodes: list = _field(list, "the nodes that go [str]")
     deadline: float = _field(_NUMBER, "when they are gone (POSIX s)")
@@ -130,20 +209,31 @@ class PilotLeaving(Message):
         _names_nodes(self.TYPE, self.nodes)
 
 
+@dataclass(slots=True, kw_only=True)
+class JobSubmitReply(Reply):
+    job_id: str = _field(
+        str, "the job: the same for a retry (the request id is journaled with the job: across restarts too)"
+    )
+    reused: bool = _field(bool, "an earlier submission's job (a retry, or the same call again: its key)", False)
+
+
 @dataclass(slots=True)
 class JobSubmit(Message):
     TYPE: ClassVar[str] = "job.submit"
-    REPLY: ClassVar[str] = (
-        "job_id: the same for a retry (the request id is journaled with the job: across restarts too)"
-    )
+    REPLY: ClassVar[type[Reply]] = JobSubmitReply
     spec: dict = _field(dict, "{name, entry, min_nodes, max_nodes, …}: the job spec (its table below)")
     rid: str | None = _field(str, "the request's id: a retry of it is answered, not applied again", None)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobReportReply(Reply):
+    progress: float = _field(_NUMBER, "the job's counted total (after a stop it falls back to the last commit)")
 
 
 @dataclass(slots=True)
 class JobReport(Message):
     TYPE: ClassVar[str] = "job.report"
-    REPLY: ClassVar[str] = "progress: the job's counted total (after a stop it falls back to the last commit)"
+    REPLY: ClassVar[type[Reply]] = JobReportReply
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the reporting rank's node")
     samples: float = _field(_NUMBER, "samples processed since its last report")
@@ -171,76 +261,143 @@ class JobReport(Message):
             raise ProtocolError("job.report: noise_scale must be finite and >= 0")
 
 
+@dataclass(slots=True, kw_only=True)
+class JobCommitReply(Reply):
+    committed: float = _field(_NUMBER, "the progress a stop now falls back to")
+
+
 @dataclass(slots=True)
 class JobCommit(Message):
     TYPE: ClassVar[str] = "job.commit"
-    REPLY: ClassVar[str] = "committed: the progress a stop now falls back to"
+    REPLY: ClassVar[type[Reply]] = JobCommitReply
     job_id: str = _field(str, "the job: rank 0 saved its state")
+
+
+@dataclass(slots=True, kw_only=True)
+class JobDescribeReply(Reply):
+    kept: bool = _field(bool, "false when the job had a descriptor already (declared, or an earlier rank's)")
 
 
 @dataclass(slots=True)
 class JobDescribe(Message):
     TYPE: ClassVar[str] = "job.describe"
-    REPLY: ClassVar[str] = "kept: false when the job had a descriptor already (declared, or an earlier rank's)"
+    REPLY: ClassVar[type[Reply]] = JobDescribeReply
     job_id: str = _field(str, "the job")
     model: dict = _field(dict, "{parameters, flops_per_sample, layers, batch_size, mix}: a rank measured its model")
+
+
+@dataclass(slots=True, kw_only=True)
+class JobResultReply(Reply):
+    """ok: the job has ended with rank 0's return value."""
 
 
 @dataclass(slots=True)
 class JobResult(Message):
     TYPE: ClassVar[str] = "job.result"
-    REPLY: ClassVar[str] = "ok: rank 0's return value"
+    REPLY: ClassVar[type[Reply]] = JobResultReply
     job_id: str = _field(str, "the job")
     value: Any = _field(object, "the value (JSON)", None, always=True)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobFailedReply(Reply):
+    """ok: the job has failed."""
 
 
 @dataclass(slots=True)
 class JobFailed(Message):
     TYPE: ClassVar[str] = "job.failed"
-    REPLY: ClassVar[str] = "ok"
+    REPLY: ClassVar[type[Reply]] = JobFailedReply
     job_id: str = _field(str, "the job")
     error: str = _field(str, "traceback text")
     value: Any = _field(object, "the serialized remote exception", None)
+
+
+@dataclass(slots=True, kw_only=True)
+class JobGetReply(Reply):
+    job: dict = _field(dict, "{id, status, progress, result, error, spec, …}: the job's record")
+    checkpoint: str = _field(str, "where its ranks commit (a path)")
 
 
 @dataclass(slots=True)
 class JobGet(Message):
     TYPE: ClassVar[str] = "job.get"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "job {id, status, progress, result, error, …}, checkpoint"
+    REPLY: ClassVar[type[Reply]] = JobGetReply
     job_id: str = _field(str, "the job")
+
+
+@dataclass(slots=True, kw_only=True)
+class JobStatusReply(Reply):
+    jobs: dict = _field(
+        dict, "{id: {id, status, progress, committed, result, error[, node_type, why]}}: the known jobs among those"
+    )
 
 
 @dataclass(slots=True)
 class JobStatusQuery(Message):
     TYPE: ClassVar[str] = "job.status"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "jobs {id: {status, progress, committed, result, error}}"
+    REPLY: ClassVar[type[Reply]] = JobStatusReply
     job_ids: list = _field(list, "the jobs [str]")
+
+
+@dataclass(slots=True, kw_only=True)
+class JobCancelReply(Reply):
+    """ok: the job is cancelled."""
 
 
 @dataclass(slots=True)
 class JobCancel(Message):
     TYPE: ClassVar[str] = "job.cancel"
-    REPLY: ClassVar[str] = "ok"
+    REPLY: ClassVar[type[Reply]] = JobCancelReply
     job_id: str = _field(str, "the job")
+
+
+@dataclass(slots=True, kw_only=True)
+class StateSnapshotReply(Reply):
+    jobs: list = _field(list, "every job's record, without the code it ships [{id, status, spec, …}]")
+    pilots: list = _field(
+        list, "the pilots [{id, scheduler_id, state, nodes, requested, submitted, walltime_end, pid, node_type}]"
+    )
+    nodes: list = _field(list, "the nodes not gone [{name, state, pilot, job, …}]")
+    counters: dict = _field(dict, "{name: count}: what the controller has counted")
+    events: list = _field(list, "the latest 50 events of the journal")
+    incarnation: int = _field(int, "the controller's incarnation")
+    placement: dict = _field(dict, "{job: {node_type, why, …}}: where the typed machine's policy placed each job")
+    notices: list = _field(list, "what the user is told (once each)")
+    node_seconds: dict = _field(dict, "node-seconds so far, by what they were spent on")
 
 
 @dataclass(slots=True)
 class StateSnapshot(Message):
     TYPE: ClassVar[str] = "state.snapshot"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = "jobs, pilots, nodes, events (latest 50)"
+    REPLY: ClassVar[type[Reply]] = StateSnapshotReply
+
+
+@dataclass(slots=True, kw_only=True)
+class RdzvJoinReply(Reply):
+    """The torch runtime's (:meth:`pilotfill.elastic.rendezvous.RendezvousBook.join`)."""
+
+    state: str = _field(
+        str, "wait (ask again shortly), closed (the round is formed) or ended (no part in the job: exit)"
+    )
+    round: int | None = _field(int, "the round (closed; wait, when it is known)", None)
+    rank: int | None = _field(int, "its node rank (closed)", None)
+    world_size: int | None = _field(int, "the round's nodes (closed)", None)
+    hosts: list | None = _field(list, "the round's hosts by rank [str] (closed)", None)
+    store: dict | None = _field(
+        dict, "{host, port, prefix}: the run's torch store and the round's namespace (closed)", None
+    )
+    in_place: bool = _field(bool, "the job's ranks re-form in place: its rounds are staged", False)
 
 
 @dataclass(slots=True)
 class RdzvJoin(Message):
     TYPE: ClassVar[str] = "rdzv.join"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = (
-        "state wait|closed|ended[, round, rank, world_size, hosts, store {host, port, prefix}][, in_place] "
-        "(torch runtime)"
-    )
+    REPLY: ClassVar[type[Reply]] = RdzvJoinReply
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the joining agent's node")
     last_round: int = _field(int, "the last round it was in")
@@ -249,13 +406,24 @@ class RdzvJoin(Message):
     )
 
 
+@dataclass(slots=True, kw_only=True)
+class RdzvPollReply(Reply):
+    """The torch runtime's (:meth:`pilotfill.elastic.rendezvous.RendezvousBook.poll`)."""
+
+    waiting: int = _field(int, "nodes that joined a newer round or left since its round (0: keep training)")
+    current: int = _field(int, "the latest round")
+    member: bool = _field(bool, "the host is in the latest round")
+    same_hosts: bool | None = _field(
+        bool, "the latest round has its round's hosts: a re-form after a failure (absent: the job is unknown)", None
+    )
+    in_place: bool = _field(bool, "the job's ranks re-form in place", False)
+
+
 @dataclass(slots=True)
 class RdzvPoll(Message):
     TYPE: ClassVar[str] = "rdzv.poll"
     READ_ONLY: ClassVar[bool] = True
-    REPLY: ClassVar[str] = (
-        "waiting, current, member, same_hosts[, in_place: the job's ranks re-form in place] (torch runtime)"
-    )
+    REPLY: ClassVar[type[Reply]] = RdzvPollReply
     job_id: str = _field(str, "the job")
     host: str = _field(str, "the asking agent's node")
     round: int = _field(int, "its round")
@@ -285,16 +453,23 @@ def check(message: dict[str, Any]) -> str:
     return parse(message).TYPE
 
 
+def _fields_text(cls: type) -> str:
+    """A message's or a reply's fields for the table: each with what it means, optional ones in brackets."""
+    parts = []
+    for f in fields(cls):
+        text = f"`{f.name}`" + (f": {f.metadata['doc']}" if f.metadata["doc"] else "").replace("|", "\\|")
+        parts.append(text if f.default is MISSING else f"[{text}]")
+    return "; ".join(parts)
+
+
 def table(by_type: dict[str, type[Message]] | None = None) -> str:
-    """The protocol as a Markdown table, made from the message classes (``docs/protocol.md``): the controller's
-    requests, or those of ``by_type`` (``torch.store.STORE_BY_TYPE``: the run's torch store's)."""
+    """The protocol as a Markdown table, made from the message and reply classes (``docs/protocol.md``): the
+    controller's requests, or those of ``by_type`` (``torch.store.STORE_BY_TYPE``: the run's torch store's). A reply
+    with no fields but ``ok`` is shown by its docstring."""
     rows = ["| type | fields | reply |", "| --- | --- | --- |"]
     for t, m in (BY_TYPE if by_type is None else by_type).items():
-        parts = []
-        for f in fields(m):
-            text = f"`{f.name}`" + (f": {f.metadata['doc']}" if f.metadata["doc"] else "").replace("|", "\\|")
-            parts.append(text if f.default is MISSING else f"[{text}]")
-        rows.append(f"| `{t}` | {'; '.join(parts) or '—'} | {m.REPLY.replace('|', chr(92) + '|')} |")
+        reply = _fields_text(m.REPLY) or " ".join((m.REPLY.__doc__ or "ok").split()).rstrip(".").replace("|", "\\|")
+        rows.append(f"| `{t}` | {_fields_text(m) or '—'} | {reply} |")
     return "\n".join(rows) + "\n"
 
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 from zmq.utils import z85
@@ -113,15 +113,22 @@ class RequestRefused(RuntimeError):
     """The controller answered, but refused the request (its reason is the message)."""
 
 
+class Fields(Protocol):
+    """A typed reply (:class:`pilotfill.protocol.Reply`): what it sends is its ``to_dict()``."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Park:
     """A handler's answer meaning "reply later": when :meth:`Server.wake` is called with ``key``, or after
-    ``timeout_s``, whichever comes first, the client gets ``reply()`` (computed then). A long poll: a pilot
-    agent waits for commands without asking every second, and gets them the moment there are some."""
+    ``timeout_s``, whichever comes first, the client gets ``reply()`` (computed then: a typed reply, sent as its
+    ``to_dict()`` like the controller's others, or the fields as a dict). A long poll: a pilot agent waits for
+    commands without asking every second, and gets them the moment there are some."""
 
     key: str
     timeout_s: float
-    reply: Callable[[], dict[str, Any]]
+    reply: Callable[[], Fields | dict[str, Any]]
 
 
 class Server:
@@ -298,8 +305,9 @@ class Server:
                 del self._parked[key]
                 self._send(*parked[:3], parked[4].reply())
 
-    def _send(self, identity: bytes, nonce: bytes, rid: Any, reply: dict[str, Any]) -> None:
-        body = json.dumps({"ok": True, **reply}).encode()
+    def _send(self, identity: bytes, nonce: bytes, rid: Any, reply: Fields | dict[str, Any]) -> None:
+        """Send a parked request's reply, made now."""
+        body = json.dumps({"ok": True, **(reply if isinstance(reply, dict) else reply.to_dict())}).encode()
         if isinstance(rid, str) and len(body) <= REMEMBERED_REPLY_BYTES:
             self._remember(rid, body)
         self.socket.send_multipart([identity, *seal(self._key, body, nonce=nonce)])

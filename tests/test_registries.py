@@ -107,9 +107,9 @@ class _RendezvousRuntime(SimulatedRuntime):
         super().__init__(*args, **kwargs)
         self.asked: list[str] = []
 
-    def handle(self, message, now: float) -> dict:
+    def handle(self, message, now: float):
         self.asked.append(message.TYPE)
-        return {"state": "wait", "round": 0}
+        return message.REPLY(state="wait", round=0)  # its type's reply class, as a runtime answers
 
 
 @pytest.mark.parametrize("runtime", [SimulatedRuntime, _RendezvousRuntime])

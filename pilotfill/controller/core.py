@@ -70,7 +70,9 @@ from ..protocol import (
     PilotLeaving,
     PilotRegister,
     ProtocolError,
+    Reply,
     StateSnapshot,
+    StateSnapshotReply,
     parse,
 )
 from ..schedulers.base import BatchScheduler, PilotEvent, SchedulerConfigError
@@ -217,8 +219,8 @@ class Controller:
         self.job_handlers = JobHandlers(self.world, self.journal, self.progress, self.types, ends=self,
                                         capacity=self.capacity, checkpoint_dir=self.checkpoint_dir,
                                         changed=self._decide_again)
-        # one per message type (protocol.BY_TYPE)
-        self.handlers: dict[str, Callable[[Message, float], dict[str, Any] | Park]] = {
+        # one per message type (protocol.BY_TYPE): each answers its type's reply class (``REPLY``)
+        self.handlers: dict[str, Callable[[Message, float], Reply | Park]] = {
             PilotRegister.TYPE: self.pilot_handlers.register,
             PilotHeartbeat.TYPE: self.pilot_handlers.heartbeat,
             PilotLeaving.TYPE: self.pilot_handlers.leaving,
@@ -295,12 +297,14 @@ class Controller:
             now = self.clock()
             handler = self.handlers[request.TYPE]
             if request.READ_ONLY:
-                return {"ok": True, **handler(request, now)}
-            with self.journal.transaction():
                 reply = handler(request, now)
-            if not self._batching:
-                self.wakes.flush()
-            return reply if isinstance(reply, Park) else {"ok": True, **reply}
+            else:
+                with self.journal.transaction():
+                    reply = handler(request, now)
+                if not self._batching:
+                    self.wakes.flush()
+            # the one place a typed reply becomes the wire's (a parked heartbeat's: transport.Server._send)
+            return reply if isinstance(reply, Park) else {"ok": True, **reply.to_dict()}
         except ProtocolError as exc:
             return {"ok": False, "error": str(exc)}
         except JournalError:
@@ -328,11 +332,13 @@ class Controller:
         with self.together():
             return [self.handle(m) for m in messages]
 
-    def _on_state_snapshot(self, message: StateSnapshot, now: float) -> dict[str, Any]:
+    def _on_state_snapshot(self, message: StateSnapshot, now: float) -> StateSnapshotReply:
         self.node_seconds.add_until(now)
-        return {**self.world.snapshot(), "events": self.journal.events(limit=50), "incarnation": self.incarnation,
-                "placement": self.types.placement(), "notices": self.notices.as_list(),
-                "node_seconds": self.node_seconds.totals()}
+        world = self.world.snapshot()
+        return StateSnapshotReply(jobs=world["jobs"], pilots=world["pilots"], nodes=world["nodes"],
+                                  counters=world["counters"], events=self.journal.events(limit=50),
+                                  incarnation=self.incarnation, placement=self.types.placement(),
+                                  notices=self.notices.as_list(), node_seconds=self.node_seconds.totals())
 
     def capacity(self) -> int:
         """The most nodes a job could ever get: the machine (if the batch system says) within the configured cap."""
@@ -340,7 +346,7 @@ class Controller:
         cap = self.config.controller.max_job_nodes
         return min(cap, machine) if isinstance(machine, int) and machine > 0 else cap
 
-    def _on_runtime_message(self, kind: str, message: Message, now: float) -> dict[str, Any]:
+    def _on_runtime_message(self, kind: str, message: Message, now: float) -> Reply:
         """A message of a runtime's own (``Runtime.handles``: the torch agents' ``rdzv.*``), answered by that
         runtime."""
         runtime = self.runtime.answering(message.TYPE)

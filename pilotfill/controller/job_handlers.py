@@ -18,15 +18,24 @@ from ..config import Config
 from ..lifecycle import TERMINAL, JobStatus
 from ..protocol import (
     JobCancel,
+    JobCancelReply,
     JobCommit,
+    JobCommitReply,
     JobDescribe,
+    JobDescribeReply,
     JobFailed,
+    JobFailedReply,
     JobGet,
+    JobGetReply,
     JobReport,
+    JobReportReply,
     JobResult,
+    JobResultReply,
     JobSpec,
     JobStatusQuery,
+    JobStatusReply,
     JobSubmit,
+    JobSubmitReply,
     ProtocolError,
     check_spec,
 )
@@ -70,12 +79,12 @@ class JobHandlers:
 
     # ------------------------------------------------------------ clients
 
-    def submit(self, message: JobSubmit, now: float) -> dict[str, Any]:
+    def submit(self, message: JobSubmit, now: float) -> JobSubmitReply:
         spec = check_spec(message.spec)
         world = self.world
         request = message.rid
         if request is not None and (done := self.journal.job_by_request(request)) is not None:
-            return {"job_id": done, "reused": True}  # a retry of a submission an earlier incarnation applied
+            return JobSubmitReply(job_id=done, reused=True)  # a retry of a submission an earlier incarnation applied
         key = spec.get("key")
         earlier = world.jobs.get(world.by_key.get(key, "")) if key else None
         if (earlier is not None and earlier.status not in (JobStatus.FAILED, JobStatus.CANCELLED)
@@ -86,7 +95,7 @@ class JobHandlers:
                 world.claim(earlier)
                 world.log("job.claimed", now, job=earlier.id, name=earlier.name, progress=earlier.progress)
                 self._changed()
-            return {"job_id": earlier.id, "reused": True}
+            return JobSubmitReply(job_id=earlier.id, reused=True)
         capacity = self.capacity()
         if spec["min_nodes"] > capacity:
             raise ProtocolError(f"job spec: min_nodes {spec['min_nodes']} is more than this machine could ever give "
@@ -105,15 +114,15 @@ class JobHandlers:
         world.log("job.arrived", now, job=job.id, name=job.name, min_nodes=spec["min_nodes"],
                   max_nodes=spec["max_nodes"])
         self._changed()
-        return {"job_id": job.id}
+        return JobSubmitReply(job_id=job.id)
 
-    def cancel(self, message: JobCancel, now: float) -> dict[str, Any]:
+    def cancel(self, message: JobCancel, now: float) -> JobCancelReply:
         self.ends.end_job(self.known(message.job_id), now, "cancelled")
-        return {}
+        return JobCancelReply()
 
-    def get(self, message: JobGet, now: float) -> dict[str, Any]:
+    def get(self, message: JobGet, now: float) -> JobGetReply:
         job = self.known(message.job_id)
-        return {"job": job.record(), "checkpoint": str(self.commit_path(job))}
+        return JobGetReply(job=job.record(), checkpoint=str(self.commit_path(job)))
 
     def commit_path(self, job: Job) -> Path:
         """Where the job's ranks commit: by its call, so that a re-run of the same call resumes it."""
@@ -128,7 +137,7 @@ class JobHandlers:
             except OSError as exc:  # its result stands; only a later call of it could resume from this commit
                 self.world.log("job.commit_kept", now, job=job.id, error=str(exc))
 
-    def status(self, message: JobStatusQuery, now: float) -> dict[str, Any]:
+    def status(self, message: JobStatusQuery, now: float) -> JobStatusReply:
         jobs = {}
         for job_id in message.job_ids:
             job = self.world.jobs.get(job_id) if isinstance(job_id, str) else None
@@ -136,42 +145,42 @@ class JobHandlers:
                 jobs[job_id] = {"id": job.id, "status": job.status, "progress": job.progress,
                                 "committed": job.committed, "result": job.result, "error": job.error,
                                 **self.types.placement_of(job.id)}
-        return {"jobs": jobs}
+        return JobStatusReply(jobs=jobs)
 
     # ------------------------------------------------------------ a job's ranks
 
-    def report(self, message: JobReport, now: float) -> dict[str, Any]:
+    def report(self, message: JobReport, now: float) -> JobReportReply:
         job = self.known(message.job_id)
         if job.status in TERMINAL:
-            return {"progress": job.progress}
-        return {"progress": self.progress.report(job, message, now)}
+            return JobReportReply(progress=job.progress)
+        return JobReportReply(progress=self.progress.report(job, message, now))
 
-    def commit(self, message: JobCommit, now: float) -> dict[str, Any]:
+    def commit(self, message: JobCommit, now: float) -> JobCommitReply:
         """Rank 0 saved the job's state durably: what was counted so far survives any stop."""
         job = self.known(message.job_id)
         if job.status in TERMINAL:
-            return {"committed": job.committed}
-        return {"committed": self.progress.commit(job, now)}
+            return JobCommitReply(committed=job.committed)
+        return JobCommitReply(committed=self.progress.commit(job, now))
 
-    def describe(self, message: JobDescribe, now: float) -> dict[str, Any]:
+    def describe(self, message: JobDescribe, now: float) -> JobDescribeReply:
         """A rank computed the job's model descriptor (parameters, FLOPs per sample, layer mix, batch size): the
         similarity policy predicts its curve on the types it has not run on from it. The first one stands."""
         job = self.known(message.job_id)
         if job.status in TERMINAL or job.spec.get("model"):
-            return {"kept": False}
+            return JobDescribeReply(kept=False)
         model = self.types.check_descriptor(message.model)
         self.world.set_spec(job, {**job.spec, "model": model})
         self.world.log("job.described", now, job=job.id, model=model)
         self._changed()
-        return {"kept": True}
+        return JobDescribeReply(kept=True)
 
-    def result(self, message: JobResult, now: float) -> dict[str, Any]:
+    def result(self, message: JobResult, now: float) -> JobResultReply:
         self.ends.end_job(self.known(message.job_id), now, "finished", result=message.value)
-        return {}
+        return JobResultReply()
 
-    def failed(self, message: JobFailed, now: float) -> dict[str, Any]:
+    def failed(self, message: JobFailed, now: float) -> JobFailedReply:
         job = self.known(message.job_id)
         error = message.error
         self.ends.end_job(job, now, "failed", error=error, result=message.value,
                           why=(error.strip().splitlines() or [""])[-1][:200])
-        return {}
+        return JobFailedReply()

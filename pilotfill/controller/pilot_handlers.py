@@ -11,12 +11,18 @@ pilot that got SIGTERM says it is leaving: its nodes go through the controller's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from ..lifecycle import NodeState, PilotState, Removal
 from ..pilots.launcher import AgentLauncher
 from ..pilots.manager import Ends, PilotManager
-from ..protocol import PilotHeartbeat, PilotLeaving, PilotRegister
+from ..protocol import (
+    PilotHeartbeat,
+    PilotHeartbeatReply,
+    PilotLeaving,
+    PilotLeavingReply,
+    PilotRegister,
+    PilotRegisterReply,
+)
 from ..reasons import NodeWhy
 from ..transport import Park
 from .liveness import LastHeard
@@ -59,13 +65,13 @@ class PilotHandlers:
         self.incarnation, self.heartbeat_s, self._changed = incarnation, heartbeat_s, changed
         self.adoption = adoption or Adoption()
 
-    def register(self, message: PilotRegister, now: float) -> dict[str, Any]:
+    def register(self, message: PilotRegister, now: float) -> PilotRegisterReply:
         """A pilot's agent started: its nodes join the pool (a pilot we already ended is told to stop)."""
         world = self.world
         pilot = world.pilot_of(message.pilot)
         if pilot is None:
             if message.pilot in world.ended_pilots:
-                return {"stop": True}
+                return PilotRegisterReply(stop=True)
             pilot = world.add_pilot(message.pilot, message.scheduler_id, len(message.nodes), now, self.incarnation)
         taken = [n for n in message.nodes
                  if n in world.nodes and world.nodes[n].state != NodeState.GONE and world.nodes[n].pilot != pilot.id]
@@ -81,16 +87,16 @@ class PilotHandlers:
         self.heard.hear(pilot.id, now)
         self.pilots.arrived(pilot, now)
         self._changed()
-        return {}
+        return PilotRegisterReply()
 
-    def heartbeat(self, message: PilotHeartbeat, now: float) -> dict[str, Any] | Park:
+    def heartbeat(self, message: PilotHeartbeat, now: float) -> PilotHeartbeatReply | Park:
         """A pilot is alive; it reports the processes that ended on its nodes and waits for commands (a long poll)."""
         pilot = self.world.pilot_of(message.pilot)
         if pilot is None:
             ended = message.pilot in self.world.ended_pilots
-            return {"register": not ended, "stop": ended, "incarnation": self.incarnation}
+            return PilotHeartbeatReply(register=not ended, stop=ended, incarnation=self.incarnation)
         if pilot.state == PilotState.QUEUED:
-            return {"register": True, "stop": False, "incarnation": self.incarnation}
+            return PilotHeartbeatReply(register=True, stop=False, incarnation=self.incarnation)
         self.heard.hear(pilot.id, now)
         if message.exits is not None:
             self.launcher.reported(message.exits)
@@ -107,20 +113,19 @@ class PilotHandlers:
                     self.ends.remove_nodes([host], now, NodeWhy.RANK_NOT_ADOPTED, Removal.FROM_JOB, detail=job_id)
         wait = message.wait_s
         if self.wakes.wake is not None and isinstance(wait, (int, float)) and wait > 0 and not self._has_news(pilot.id):
+            # answered later with the same typed reply, made then (the transport sends its to_dict())
             return Park(pilot.id, min(float(wait), self.heartbeat_s), lambda: self.reply(pilot.id))
         return self.reply(pilot.id)
 
-    def reply(self, pilot_id: str) -> dict[str, Any]:
+    def reply(self, pilot_id: str) -> PilotHeartbeatReply:
         """What a pilot's agent is told: nodes to give back, commands for its nodes, whether to stop."""
         live = pilot_id in self.world.pilots
-        reply = {"release": self.pilots.released(pilot_id), "commands": self.launcher.commands_for(pilot_id),
-                 "stop": not live, "register": False, "incarnation": self.incarnation}
-        keep = self.adoption.ask(pilot_id) if live else None
-        if keep is not None:
-            reply["keep"] = keep  # until the agent says which still run (its next heartbeat's ``running``)
-        return reply
+        # ``keep``: until the agent says which still run (its next heartbeat's ``running``)
+        return PilotHeartbeatReply(release=self.pilots.released(pilot_id), commands=self.launcher.commands_for(pilot_id),
+                                   stop=not live, register=False, incarnation=self.incarnation,
+                                   keep=self.adoption.ask(pilot_id) if live else None)
 
-    def leaving(self, message: PilotLeaving, now: float) -> dict[str, Any]:
+    def leaving(self, message: PilotLeaving, now: float) -> PilotLeavingReply:
         """The batch system told a pilot to go (SIGTERM): its nodes leave their jobs now, gone within the grace. A pilot
         the batch system already requeued (its poll came first: both orders are normal) stays queued — this run's
         nodes are gone already."""
@@ -129,7 +134,7 @@ class PilotHandlers:
             self.world.set_pilot(pilot, state=PilotState.LEAVING)
         self.ends.remove_nodes(message.nodes, now, NodeWhy.LEAVING, Removal.LEAVING, deadline=message.deadline,
                                taken=True)
-        return {}
+        return PilotLeavingReply()
 
     def _has_news(self, pilot_id: str) -> bool:
         return (self.launcher.pending(pilot_id) or self.pilots.has_release(pilot_id)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import subprocess
 
     from ..config import Config
+    from ..protocol import Reply
     from .launch import NodeLauncher
 
 OnSpawn = Callable[["subprocess.Popen", str, str, str], None]
@@ -63,8 +64,8 @@ class Runtime(ABC):
         """The runtime that answers ``message_type`` here: this one if it ``handles`` it, else None."""
         return self if message_type in self.handles else None
 
-    def handle(self, message: Any, now: float) -> dict[str, Any]:
-        """Answer one of this runtime's own messages (``handles``): the reply's fields."""
+    def handle(self, message: Any, now: float) -> Reply:
+        """Answer one of this runtime's own messages (``handles``): its type's reply class (``message.REPLY``)."""
         raise NotImplementedError(f"{type(self).__name__} answers no message {getattr(message, 'TYPE', message)!r}")
 
     @abstractmethod

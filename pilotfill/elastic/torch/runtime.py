@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ... import procs
 from ...lease import restarted_if_it_dies
-from ...protocol import RdzvJoin, RdzvPoll
+from ...protocol import RdzvJoin, RdzvPoll, Reply
 from ..base import OnSpawn, RankExit, Runtime
 from ..collectives import DEFAULT_TIMEOUT_S
 from ..launch import NodeLauncher
@@ -125,12 +125,14 @@ class TorchRuntime(Runtime):
             store_lease_s=config.pilots.heartbeat_deadline_s if restarted else None,
         )
 
-    def handle(self, message: Any, now: float) -> dict[str, Any]:
-        """A torch elastic agent joining its job's round, or asking whether membership changed."""
+    def handle(self, message: Any, now: float) -> Reply:
+        """A torch elastic agent joining its job's round, or asking whether membership changed: the book's answer as
+        the message's reply class (``RdzvJoinReply``, ``RdzvPollReply``; a key the class lacks is an error, not
+        dropped)."""
         reply = rendezvous_handle(self.rendezvous, message.to_dict(), now)
         reply.pop("ok", None)
         self._save_rounds()  # a join may close a round, or re-form one
-        return reply
+        return message.REPLY(**reply)
 
     def __init__(
         self,

@@ -56,7 +56,7 @@ from typing import Any, ClassVar
 from ...lease import LeaseWatch
 from ...lifecycle import LeaseState
 from ...procs import die_with_parent, start_ticks
-from ...protocol import _NUMBER, Message, _field
+from ...protocol import _NUMBER, Message, Reply, _field
 from ...transport import Park, Server
 
 PORT_FILE = "torch_store.json"
@@ -65,6 +65,56 @@ MAX_VALUE_BYTES = 16 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+# ------------------------------------------------------------------ the replies
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreOkReply(Reply):
+    """ok"""
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreWaitReply(Reply):
+    """A wait's: nothing but ``ok`` once every key is set, else ``timeout`` and ``missing``."""
+
+    timeout: bool = _field(bool, "a key was not set in time", False)
+    missing: list | None = _field(list, "the keys not set then (at most 8) [str]", None)
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreValuesReply(Reply):
+    """A get's: the values once every key is set, else ``timeout`` and ``missing``."""
+
+    values: list | None = _field(list, "the keys' values, in order [base64]", None)
+    timeout: bool = _field(bool, "a key was not set in time", False)
+    missing: list | None = _field(list, "the keys not set then (at most 8) [str]", None)
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreAddReply(Reply):
+    value: int = _field(int, "the key's new count")
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreCompareSetReply(Reply):
+    value: str = _field(str, "the key's value after (desired when it was swapped) [base64]")
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreCheckReply(Reply):
+    present: bool = _field(bool, "every key is set")
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreDeleteReply(Reply):
+    deleted: bool = _field(bool, "the key was there")
+
+
+@dataclass(slots=True, kw_only=True)
+class StoreNumKeysReply(Reply):
+    count: int = _field(int, "the keys the store holds")
 
 
 # ------------------------------------------------------------------ the requests
@@ -81,7 +131,7 @@ class StoreRequest(Message):
 @dataclass(slots=True)
 class StoreSet(StoreRequest):
     TYPE: ClassVar[str] = "store.set"
-    REPLY: ClassVar[str] = "ok"
+    REPLY: ClassVar[type[Reply]] = StoreOkReply
     key: str = _field(str, "the key")
     value: str = _field(str, "its value [base64]")
 
@@ -89,7 +139,7 @@ class StoreSet(StoreRequest):
 @dataclass(slots=True)
 class StoreGet(StoreRequest):
     TYPE: ClassVar[str] = "store.get"
-    REPLY: ClassVar[str] = "values [base64]: the key's; timeout, missing: it was not set in time"
+    REPLY: ClassVar[type[Reply]] = StoreValuesReply
     timeout_s: float = _field(_NUMBER, "how long to wait for the key (a long poll)")
     key: str = _field(str, "the key")
 
@@ -97,7 +147,7 @@ class StoreGet(StoreRequest):
 @dataclass(slots=True)
 class StoreMultiGet(StoreRequest):
     TYPE: ClassVar[str] = "store.multi_get"
-    REPLY: ClassVar[str] = "values [base64]: the keys', in order; timeout, missing: one was not set in time"
+    REPLY: ClassVar[type[Reply]] = StoreValuesReply
     timeout_s: float = _field(_NUMBER, "how long to wait for all of them (a long poll)")
     keys: list = _field(list, "the keys [str]")
 
@@ -105,7 +155,7 @@ class StoreMultiGet(StoreRequest):
 @dataclass(slots=True)
 class StoreWait(StoreRequest):
     TYPE: ClassVar[str] = "store.wait"
-    REPLY: ClassVar[str] = "ok; timeout, missing: a key was not set in time"
+    REPLY: ClassVar[type[Reply]] = StoreWaitReply
     keys: list = _field(list, "the keys [str]")
     timeout_s: float = _field(_NUMBER, "how long to wait for all of them (a long poll)")
 
@@ -113,7 +163,7 @@ class StoreWait(StoreRequest):
 @dataclass(slots=True)
 class StoreAdd(StoreRequest):
     TYPE: ClassVar[str] = "store.add"
-    REPLY: ClassVar[str] = "value: the key's new count"
+    REPLY: ClassVar[type[Reply]] = StoreAddReply
     key: str = _field(str, "the key (absent: 0)")
     amount: int = _field(int, "what to add")
 
@@ -121,7 +171,7 @@ class StoreAdd(StoreRequest):
 @dataclass(slots=True)
 class StoreCompareSet(StoreRequest):
     TYPE: ClassVar[str] = "store.compare_set"
-    REPLY: ClassVar[str] = "value [base64]: the key's value after (desired when it was swapped)"
+    REPLY: ClassVar[type[Reply]] = StoreCompareSetReply
     key: str = _field(str, "the key")
     expected: str = _field(str, "the value it must have [base64] (empty: absent)")
     desired: str = _field(str, "the value it gets then [base64]")
@@ -130,7 +180,7 @@ class StoreCompareSet(StoreRequest):
 @dataclass(slots=True)
 class StoreAppend(StoreRequest):
     TYPE: ClassVar[str] = "store.append"
-    REPLY: ClassVar[str] = "ok"
+    REPLY: ClassVar[type[Reply]] = StoreOkReply
     key: str = _field(str, "the key")
     value: str = _field(str, "what to append to its value [base64]")
 
@@ -138,7 +188,7 @@ class StoreAppend(StoreRequest):
 @dataclass(slots=True)
 class StoreMultiSet(StoreRequest):
     TYPE: ClassVar[str] = "store.multi_set"
-    REPLY: ClassVar[str] = "ok"
+    REPLY: ClassVar[type[Reply]] = StoreOkReply
     keys: list = _field(list, "the keys [str]")
     values: list = _field(list, "their values, in order [base64]")
 
@@ -146,21 +196,21 @@ class StoreMultiSet(StoreRequest):
 @dataclass(slots=True)
 class StoreCheck(StoreRequest):
     TYPE: ClassVar[str] = "store.check"
-    REPLY: ClassVar[str] = "present: every key is set"
+    REPLY: ClassVar[type[Reply]] = StoreCheckReply
     keys: list = _field(list, "the keys [str]")
 
 
 @dataclass(slots=True)
 class StoreDelete(StoreRequest):
     TYPE: ClassVar[str] = "store.delete"
-    REPLY: ClassVar[str] = "deleted: the key was there"
+    REPLY: ClassVar[type[Reply]] = StoreDeleteReply
     key: str = _field(str, "the key")
 
 
 @dataclass(slots=True)
 class StoreNumKeys(StoreRequest):
     TYPE: ClassVar[str] = "store.num_keys"
-    REPLY: ClassVar[str] = "count: the keys the store holds"
+    REPLY: ClassVar[type[Reply]] = StoreNumKeysReply
 
 
 STORE_BY_TYPE: dict[str, type[Message]] = {m.TYPE: m for m in StoreRequest.__subclasses__()}
@@ -277,49 +327,52 @@ class StoreServer:
     def handle(self, message: dict[str, Any]) -> dict[str, Any] | Park:
         try:
             reply = self._handle(message)
-            return reply if isinstance(reply, Park) else {"ok": True, **reply}
+            if reply is None:
+                return {"ok": False, "error": f"unknown store request {message.get('type')!r}"}
+            return reply if isinstance(reply, Park) else {"ok": True, **reply.to_dict()}
         except StoreFull as exc:
             return {"ok": False, "error": str(exc)}
         except (KeyError, TypeError, ValueError) as exc:
             return {"ok": False, "error": f"bad store request: {exc!r}"[:300]}
 
-    def _handle(self, m: dict[str, Any]) -> dict[str, Any] | Park:
+    def _handle(self, m: dict[str, Any]) -> Reply | Park | None:
+        """The reply to one request of the store's (None: not a store request)."""
         op, keys = m.get("type"), self.keys
         if op == StoreSet.TYPE:
             self._set(_key(m["key"]), decode(m["value"]))
-            return {"ok": True}
+            return StoreOkReply()
         if op == StoreMultiSet.TYPE:
             for key, value in zip(m["keys"], m["values"], strict=True):
                 self._set(_key(key), decode(value))
-            return {"ok": True}
+            return StoreOkReply()
         if op == StoreAdd.TYPE:
             key, amount = _key(m["key"]), m["amount"]
             if not isinstance(amount, int) or isinstance(amount, bool):
                 raise TypeError("amount must be an integer")
             value = int(keys.get(key) or b"0") + amount
             self._set(key, str(value).encode())
-            return {"ok": True, "value": value}
+            return StoreAddReply(value=value)
         if op == StoreCompareSet.TYPE:
             key, expected, desired = _key(m["key"]), decode(m["expected"]), decode(m["desired"])
             now = keys.get(key)
             if (now is None and not expected) or now == expected:
                 self._set(key, desired)
                 now = desired
-            return {"ok": True, "value": encode(now if now is not None else expected)}
+            return StoreCompareSetReply(value=encode(now if now is not None else expected))
         if op == StoreAppend.TYPE:
             key = _key(m["key"])
             self._set(key, (keys.get(key) or b"") + decode(m["value"]))
-            return {"ok": True}
+            return StoreOkReply()
         if op in (StoreGet.TYPE, StoreWait.TYPE, StoreMultiGet.TYPE):
             wanted = [_key(m["key"])] if op == StoreGet.TYPE else [_key(k) for k in m["keys"]]
             return self._wait(wanted, op != StoreWait.TYPE, float(m["timeout_s"]))
         if op == StoreCheck.TYPE:
-            return {"ok": True, "present": all(keys.get(_key(k)) is not None for k in m["keys"])}
+            return StoreCheckReply(present=all(keys.get(_key(k)) is not None for k in m["keys"]))
         if op == StoreDelete.TYPE:
-            return {"ok": True, "deleted": keys.delete(_key(m["key"]))}
+            return StoreDeleteReply(deleted=keys.delete(_key(m["key"])))
         if op == StoreNumKeys.TYPE:
-            return {"ok": True, "count": len(keys.data)}
-        return {"ok": False, "error": f"unknown store request {op!r}"}
+            return StoreNumKeysReply(count=len(keys.data))
+        return None
 
     def _set(self, key: str, value: bytes) -> None:
         self.keys.put(key, value)
@@ -332,7 +385,7 @@ class StoreServer:
                     if k not in self.keys.data:
                         self._waiting.setdefault(k, set()).add(parked)
 
-    def _wait(self, wanted: list[str], values: bool, timeout_s: float) -> dict[str, Any] | Park:
+    def _wait(self, wanted: list[str], values: bool, timeout_s: float) -> Reply | Park:
         if all(self.keys.get(k) is not None for k in wanted):
             return self._answer(wanted, values)
         self._serial += 1
@@ -343,7 +396,7 @@ class StoreServer:
                 self._waiting.setdefault(k, set()).add(parked)
         return Park(parked, max(0.0, timeout_s), lambda: self._done(parked))
 
-    def _done(self, parked: str) -> dict[str, Any]:
+    def _done(self, parked: str) -> Reply:
         """The reply to a parked wait, when it is woken or its time is up."""
         wanted, values = self._waits.pop(parked, ((), False))
         for k in wanted:
@@ -354,10 +407,11 @@ class StoreServer:
                     del self._waiting[k]
         if all(k in self.keys.data for k in wanted):
             return self._answer(wanted, values)
-        return {"timeout": True, "missing": [k for k in wanted if k not in self.keys.data][:8]}
+        missing = [k for k in wanted if k not in self.keys.data][:8]
+        return (StoreValuesReply if values else StoreWaitReply)(timeout=True, missing=missing)
 
-    def _answer(self, wanted: list[str], values: bool) -> dict[str, Any]:
-        return {"values": [encode(self.keys.data[k]) for k in wanted]} if values else {}
+    def _answer(self, wanted: list[str], values: bool) -> Reply:
+        return StoreValuesReply(values=[encode(self.keys.data[k]) for k in wanted]) if values else StoreWaitReply()
 
 
 def _key(key: Any) -> str:
