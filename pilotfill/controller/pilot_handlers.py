@@ -121,9 +121,9 @@ class PilotHandlers:
         """What a pilot's agent is told: nodes to give back, commands for its nodes, whether to stop."""
         live = pilot_id in self.world.pilots
         # ``keep``: until the agent says which still run (its next heartbeat's ``running``)
-        return PilotHeartbeatReply(release=self.pilots.released(pilot_id), commands=self.launcher.commands_for(pilot_id),
-                                   stop=not live, register=False, incarnation=self.incarnation,
-                                   keep=self.adoption.ask(pilot_id) if live else None)
+        return PilotHeartbeatReply(release=self.pilots.released(pilot_id),
+                                   commands=self.launcher.commands_for(pilot_id), stop=not live, register=False,
+                                   incarnation=self.incarnation, keep=self.adoption.ask(pilot_id) if live else None)
 
     def leaving(self, message: PilotLeaving, now: float) -> PilotLeavingReply:
         """The batch system told a pilot to go (SIGTERM): its nodes leave their jobs now, gone within the grace. A pilot
