@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from waiting import wait_for
+from waiting import event_lines, wait_for
 
 from pilotfill.client import ControllerClient
 from pilotfill.journal import Journal
@@ -121,12 +121,9 @@ class LocalRun:
         since the first), and the tail of every job and pilot log — enough to tell a slow machine from a stuck run."""
         parts = ["controller output:\n" + (self.logs[-1].read_text()[-2000:] if self.logs else "")]
         try:
-            events = [e for e in self.events() if e["kind"] not in ("job.report", "node.heartbeat")]
+            parts.append("events:\n" + event_lines(self.run_dir))
         except Exception as e:  # noqa: BLE001 — a story is printed on a failure already; never hide it
-            events, parts = [], [*parts, f"events unreadable: {e!r}"]
-        t0 = events[0]["time"] if events else 0.0
-        lines = [f"{e['time'] - t0:8.1f} {e['kind']:<20} {e.get('job') or ''} {e.get('node') or ''} {json.dumps(e['data'])[:160]}" for e in events[-60:]]
-        parts.append("events:\n" + "\n".join(lines))
+            parts.append(f"events unreadable: {e!r}")
         for log in sorted((self.run_dir / "logs").glob("*.log")) if (self.run_dir / "logs").is_dir() else []:
             parts.append(f"{log.name}:\n" + log.read_text(errors="replace")[-1500:])
         left = self.leftover_processes()

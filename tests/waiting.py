@@ -30,20 +30,28 @@ def wait_for_exit(proc: subprocess.Popen, timeout_s: float, what: str, out: Path
         raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{run_tails(out, run_dir)}") from None
 
 
-def run_tails(out: Path | None, run_dir: Path | None, chars: int = 3000, events: int = 60) -> str:
+def run_tails(out: Path | None, run_dir: Path | None, chars: int = 3000) -> str:
     """The last of a run's output, its controller.log and its journal, for a failure message."""
     parts = []
     for name, path in (("output", out), ("controller.log", run_dir / "controller.log" if run_dir else None)):
         if path is not None and path.exists():
             parts.append(f"--- {name} (last {chars} chars)\n{path.read_text(errors='replace')[-chars:]}")
     if run_dir is not None and (run_dir / "state.sqlite").exists():
-        from pilotfill.journal import Journal
-
-        state = Journal(run_dir, readonly=True)
-        try:
-            rows = state.events()[-events:]
-        finally:
-            state.close()
-        parts.append(f"--- journal (last {len(rows)} events)\n" + "\n".join(
-            f"{e['time']:.2f} {e['kind']} {e.get('pilot') or ''} {e.get('job') or ''} {e['data']}" for e in rows))  # fmt: skip
+        parts.append("--- events:\n" + event_lines(run_dir))
     return "\n".join(parts)
+
+
+def event_lines(run_dir: Path, last: int = 60) -> str:
+    """A run's last events but reports and heartbeats, one a line, with seconds since the first shown."""
+    import json
+
+    from pilotfill.journal import Journal
+
+    state = Journal(run_dir, readonly=True)
+    try:
+        events = [e for e in state.events() if e["kind"] not in ("job.report", "node.heartbeat")]
+    finally:
+        state.close()
+    t0 = events[0]["time"] if events else 0.0
+    return "\n".join(f"{e['time'] - t0:8.1f} {e['kind']:<20} {e.get('job') or ''} {e.get('node') or ''} "
+                     f"{json.dumps(e['data'])[:160]}" for e in events[-last:])  # fmt: skip
