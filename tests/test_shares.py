@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from pilotfill.allocator import Job, NodePool, Objective, Problem, ScalingCurve, allocate, shares, typed
+from pilotfill.allocator import Job, NodePool, Objective, Problem, ScalingCurve, allocate, due, shares, typed
 from pilotfill.allocator.typed import Choice
 
 pytestmark = pytest.mark.unit
@@ -163,3 +163,25 @@ def test_where_whole_shares_cost_too_much_they_shrink_to_what_the_bound_allows()
 def test_share_without_groups_decides_as_samples():
     problem = _problem(["", "", ""], [3.0, 2.0, 1.0], nodes=10)
     assert allocate(problem, objective=Objective.SHARE).counts == allocate(problem).counts
+
+
+def test_with_due_jobs_share_keeps_every_due_job_and_its_price_is_on_the_jobs_worth_not_the_bonuses():
+    """Due jobs earn bonuses (allocator/due.py) much larger than a node's worth; the share objective's bound is on what
+    the jobs earn, so 3 % of a total swollen by bonuses neither buys a larger price nor the place of a due job."""
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(150):
+        tables = _random(rng, rng.randint(4, 9), TYPES[:1])
+        groups = [rng.choice("AB") for _ in tables]
+        caps = {TYPES[0]: rng.randint(3, 10)}
+        order = [j for j in range(len(tables)) if rng.random() < 0.4]
+        samples, plain, _ = due.solve(tables, order, caps)
+        share, value, how = due.solve(tables, order, caps, groups=groups, share_cost=0.03)
+        _assert_fits(tables, share, caps, value)
+        running = lambda picked: [picked[j].count > 0 for j in order]  # noqa: E731
+        assert running(share) == running(samples) or sum(running(share)) == sum(running(samples)), how
+        assert order == [] or share[order[0]].count > 0 or samples[order[0]].count == 0
+        stopped = sum(float(next(iter(tb.values()))[0]) for tb in tables)
+        assert value - stopped >= 0.97 * (plain - stopped) - 1e-6 * max(1.0, abs(plain)), f"share cost more than 3 %: {how}"
+        checked += how.startswith("due-share") and "(0 shared)" not in how
+    assert checked > 20  # shares were taken (whole or cut), not only the samples answer

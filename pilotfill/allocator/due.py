@@ -105,7 +105,7 @@ def solve(tables: Sequence[dict[str, np.ndarray]], due: Sequence[int], capacitie
     ``clock``: each typed solve's (:func:`.typed.solve`). May raise :class:`.dp.TooLarge` (the caller's fallback)."""
     weighted = bonus(tables, due, kept)
     if groups is not None and len(set(groups)) > 1:
-        choices, _, how = shares.solve(weighted, groups, capacities, time_limit_s, clock, share_cost)
+        choices, _, how = shares.solve(weighted, groups, capacities, time_limit_s, clock, share_cost, plain=tables)
     else:
         choices, how = shares.exact(weighted, {t: int(n) for t, n in capacities.items()}, time_limit_s, clock)
     value = shares.worth(tables, choices)

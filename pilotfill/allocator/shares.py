@@ -67,6 +67,7 @@ def solve(
     time_limit_s: float = 1.0,
     clock: Clock | None = None,
     cost: float = COST,
+    plain: Sequence[dict[str, np.ndarray]] | None = None,
 ) -> tuple[list[Choice], float, str]:
     """Choices under the share objective: ``tables[j][t][n]`` as :func:`.typed.solve` takes them (every table of a
     job the same finite value at 0: stopped), ``groups[j]`` job j's group. Returns the choices, their total worth
@@ -78,7 +79,11 @@ def solve(
     else a half, a quarter, an eighth; none: the samples optimum), so where the groups' shares cost little every group
     gets its whole share, and where one group's nodes earn far more than another's the shares shrink to what the bound
     allows. The fractions are tried for :data:`SEARCH_S` on ``clock`` at most. ``cost`` 1: whole shares, whatever
-    they cost (and however long they take)."""
+    they cost (and however long they take).
+
+    ``plain``: the jobs' own worth where ``tables`` add bonuses to it (:mod:`.due`): the price is measured on what
+    the jobs earn, not on the bonuses, and an answer must earn every bonus the samples optimum earns, so a due job is
+    never traded for samples."""
     J = len(tables)
     if J == 0:
         return [], 0.0, "share"
@@ -91,8 +96,10 @@ def solve(
         whole, how = shared(tables, groups, capacities, users, 1.0, time_limit_s, clock)
         return whole, worth(tables, whole), label(how)
     best, best_how = exact(tables, capacities, time_limit_s, clock)
-    stopped = sum(float(next(iter(tb.values()))[0]) for tb in tables)
-    floor = stopped + (1 - cost) * (worth(tables, best) - stopped)
+    plain = tables if plain is None else plain
+    stopped = sum(float(next(iter(tb.values()))[0]) for tb in plain)
+    floor = stopped + (1 - cost) * (worth(plain, best) - stopped)
+    promised = bonuses(tables, plain, best)
     deadline = clock() + SEARCH_S if clock is not None else None
     lo, hi = 0.0, 1.0  # the largest fraction known to keep to the bound, the smallest known not to
     for fraction in (1.0, *([None] * STEPS)):
@@ -101,7 +108,8 @@ def solve(
         if answer is None:
             break  # out of time: the best found stands
         picked, method = answer
-        if worth(tables, picked) >= floor:
+        # a due job dropped loses its bonus (at least 1: :func:`.due.bonus`), far beyond the rounding allowed for here
+        if worth(plain, picked) >= floor and bonuses(tables, plain, picked) >= promised - 1e-9 * abs(promised):
             lo, best, best_how = fraction, picked, method
             if fraction == 1.0:
                 break
@@ -160,6 +168,12 @@ def worth(tables: Sequence[dict[str, np.ndarray]], choices: Sequence[Choice]) ->
         float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0])
         for j, c in enumerate(choices)
     )
+
+
+def bonuses(tables: Sequence[dict[str, np.ndarray]], plain: Sequence[dict[str, np.ndarray]],
+            choices: Sequence[Choice]) -> float:  # fmt: skip
+    """What ``choices`` earn by ``tables`` beyond the jobs' own worth (``plain``): 0 without bonuses."""
+    return worth(tables, choices) - worth(plain, choices) if tables is not plain else 0.0
 
 
 def exact(
