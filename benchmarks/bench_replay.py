@@ -126,6 +126,11 @@ class Runner:
             return run_one(self.data, machine, demand, options)
         return self.pool.submit(run_one, self.data, machine, demand, options)
 
+    def close(self) -> None:
+        """The worker processes stopped before the interpreter exits (left to its exit hooks, they may fail there)."""
+        if self.pool is not None:
+            self.pool.shutdown()
+
     def cell(self, label: str, machine: str, demand: str, seeds: int, **options) -> Pending:
         """Known curves once and learned curves over ``seeds`` noise seeds, started now, gathered by :meth:`Pending.result`."""
         known = self.submit(machine, demand, {**options, "profiles": "known"})
@@ -300,6 +305,7 @@ def main() -> None:
     print(f"\nevery cell: controller ms per pass at most {worst:.1f} wall, {worst_cpu:.1f} CPU (target <= 100; passes of <= 100 messages: {worst_few:.1f} CPU); "
           f"the busiest instant, all its passes: {worst_instant:.1f} ms CPU; nodes re-requested within 60 s, summed over every run: {rereq} (target 0); "
           f"{time.perf_counter() - began:.0f} s in all")
+    runner.close()
 
 
 if __name__ == "__main__":
