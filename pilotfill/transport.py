@@ -399,7 +399,7 @@ class Client:
         self._ctx = zmq.Context.instance()
         self._socket: zmq.Socket | None = None
         self._endpoint: str | None = None
-        self._keyed_for: tuple[int | None] | None = None  # the incarnation the key is for (None: not yet read)
+        self._incarnation: int | None = None  # the controller incarnation the key and connection are for
         self._interrupt: Callable[[], bool] | None = None
 
     def _connect(self) -> zmq.Socket | None:
@@ -412,14 +412,14 @@ class Client:
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 return None
         incarnation = incarnation if isinstance(incarnation, int) else None
-        if self._socket is None or endpoint != self._endpoint or self._keyed_for != (incarnation,):
+        if self._socket is None or endpoint != self._endpoint or incarnation != self._incarnation:
             # another controller (a new address, or a new incarnation at the same one): a new connection, new keys,
             # and nothing sent to the one before is delivered to it
             self.close()
             self._key = message_key(self._secret, self._channel, incarnation)
             self._verify = Verifier(self._key)
             self._socket = dealer(self._secret, endpoint, self._ctx)
-            self._endpoint, self._keyed_for = endpoint, (incarnation,)
+            self._endpoint, self._incarnation = endpoint, incarnation
         return self._socket
 
     def request(self, message: Message | dict[str, Any], timeout_s: float | None = None, attempt_s: float = 2.0,
@@ -486,4 +486,4 @@ class Client:
             self._socket.close(0)
             self._socket = None
             self._endpoint = None
-            self._keyed_for = None
+            self._incarnation = None

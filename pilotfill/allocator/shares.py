@@ -98,8 +98,9 @@ def solve(
     best, best_how = exact(tables, capacities, time_limit_s, clock)
     plain = tables if plain is None else plain
     stopped = sum(float(next(iter(tb.values()))[0]) for tb in plain)
-    floor = stopped + (1 - cost) * (worth(plain, best) - stopped)
-    promised = bonuses(tables, plain, best)
+    own = worth(plain, best)
+    floor = stopped + (1 - cost) * (own - stopped)
+    promised = 0.0 if plain is tables else worth(tables, best) - own  # the bonuses the samples optimum earns
     deadline = clock() + SEARCH_S if clock is not None else None
     lo, hi = 0.0, 1.0  # the largest fraction known to keep to the bound, the smallest known not to
     for fraction in (1.0, *([None] * STEPS)):
@@ -108,8 +109,10 @@ def solve(
         if answer is None:
             break  # out of time: the best found stands
         picked, method = answer
+        own = worth(plain, picked)
         # a due job dropped loses its bonus (at least 1: :func:`.due.bonus`), far beyond the rounding allowed for here
-        if worth(plain, picked) >= floor and bonuses(tables, plain, picked) >= promised - 1e-9 * abs(promised):
+        kept = plain is tables or worth(tables, picked) - own >= promised - 1e-9 * abs(promised)
+        if own >= floor and kept:
             lo, best, best_how = fraction, picked, method
             if fraction == 1.0:
                 break
@@ -168,12 +171,6 @@ def worth(tables: Sequence[dict[str, np.ndarray]], choices: Sequence[Choice]) ->
         float(tables[j][c.node_type][c.count]) if c.count else float(next(iter(tables[j].values()))[0])
         for j, c in enumerate(choices)
     )
-
-
-def bonuses(tables: Sequence[dict[str, np.ndarray]], plain: Sequence[dict[str, np.ndarray]],
-            choices: Sequence[Choice]) -> float:  # fmt: skip
-    """What ``choices`` earn by ``tables`` beyond the jobs' own worth (``plain``): 0 without bonuses."""
-    return worth(tables, choices) - worth(plain, choices) if tables is not plain else 0.0
 
 
 def exact(
