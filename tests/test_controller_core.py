@@ -648,11 +648,9 @@ def _per_pass(m, counter: str, advance: bool = False) -> list[int]:
 
 
 def test_the_nodes_of_hundreds_of_pilots_no_job_needs_are_released_in_passes_each_once(tmp_path, write):
-    """A campaign of 300 one-node jobs ends: the nodes of its 300 one-node pilots are kept for ``release_after_s`` (with
-    no job open, a campaign's next call may come at once), then given back, RELEASE_BATCH pilots in one pass of the loop
-    (each release is a batch-system call: no reply or decision waits behind hundreds), the loop steps again at once
-    while more are owed, and every node is released exactly once."""
-    from pilotfill.config import PilotConfig
+    """A campaign of 300 one-node jobs ends: the nodes of its 300 one-node pilots are given back, RELEASE_BATCH pilots
+    in one pass of the loop (each release is a batch-system call: no reply or decision waits behind hundreds), the loop
+    steps again at once while more are owed, and every node is released exactly once."""
     from pilotfill.pilots.manager import RELEASE_BATCH
 
     assert RELEASE_BATCH < 300
@@ -664,8 +662,6 @@ def test_the_nodes_of_hundreds_of_pilots_no_job_needs_are_released_in_passes_eac
     assert sum(len(j.nodes) for j in m.ctl.world.jobs.values()) == 300
     for name in list(m.specs):
         assert m.ctl.handle({"type": "job.result", "job_id": m.ids[name], "value": 1})["ok"]
-    assert sum(_per_pass(m, "nodes_released")) == 0  # kept: no job is open, and the campaign may go on
-    m.now += PilotConfig.release_after_s
     steps = _per_pass(m, "nodes_released")
     assert max(steps) <= RELEASE_BATCH and sum(steps) == 300, steps
     assert sum(1 for s in steps if s) >= 3  # 128, 128, 44: in passes
@@ -673,31 +669,6 @@ def test_the_nodes_of_hundreds_of_pilots_no_job_needs_are_released_in_passes_eac
     m.at(90)
     gone = [e["node"] for e in m.events("node.released")]
     assert len(gone) == 300 and len(set(gone)) == 300 and m.ctl.world.counters["nodes_released"] == 300  # none twice
-
-
-def test_a_campaign_that_waits_for_each_result_keeps_its_node_for_the_next_call(tmp_path, write):
-    """A campaign that submits its next call once the last one's result is in leaves no job open in between: its node
-    is kept (``release_after_s``), not given back and asked for again a moment later, which a site sees as thrash;
-    with nothing more submitted it goes back once that time has passed."""
-    from pilotfill.config import PilotConfig
-
-    m = Machine(tmp_path, write, 4, [linear("a", 1, 1, 10.0), linear("b", 1, 1, 10.0)])
-    m.submit("a")
-    m.at(0)
-    m.at(30)
-    (node,) = m.ctl.world.jobs[m.ids["a"]].nodes
-    assert m.ctl.handle({"type": "job.result", "job_id": m.ids["a"], "value": 1})["ok"]
-    m.at(31)
-    assert not m.events("node.released") and not m.ctl.world.open
-    m.submit("b")
-    m.at(33)
-    assert m.ctl.world.jobs[m.ids["b"]].nodes == [node]
-    assert len(m.events("pilot.submitted")) == 1 and not m.events("node.released")
-    assert m.ctl.handle({"type": "job.result", "job_id": m.ids["b"], "value": 1})["ok"]
-    m.at(34)
-    assert not m.events("node.released")
-    m.at(34 + PilotConfig.release_after_s)
-    assert [e["node"] for e in m.events("node.released")] == [node]
 
 
 class _FormingRuntime(SimulatedRuntime):

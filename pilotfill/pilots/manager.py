@@ -8,12 +8,10 @@ turns the answer into what the site sees:
 * more than we hold or have asked for: submit pilots for the difference (never
   more than is idle, within the site's limits: queued pilots, submissions per
   minute, a back-off after a refusal);
-* fewer than we hold: give back ready nodes no job uses — at once when the
-  open jobs could not grow onto them, else once they have gone unused for
+* fewer than we hold: give back ready nodes no job uses — at once when no
+  open job could grow onto them, else once they have gone unused for
   ``release_after_s`` (a job that ends usually frees nodes another one wants a
-  moment later, and a campaign with no job open usually submits its next call
-  a moment after the last one's result: releasing in between and asking again
-  is the thrash a site sees);
+  moment later: releasing in between and asking again is the thrash a site sees);
 * fewer than we hold plus what is queued: cancel queued pilots no job needs.
 
 A submission the batch system refuses (a queue limit) or that fails is asked
@@ -233,8 +231,7 @@ class PilotManager:
                 spare += unused.get(t, [])[:surplus]
         self._unused_since = {n: self._unused_since.get(n, now) for n in spare}
         if spare:
-            # with no job open, a campaign's next call usually comes a moment after the last one's result
-            hold = self.config.release_after_s if self._could_grow() or not world.open else 0.0
+            hold = self.config.release_after_s if self._could_grow() else 0.0
             due = [n for n in spare if now - self._unused_since[n] >= hold]
             if due and hold > 0 and self.question.job_ending_within(REREQUEST_WINDOW_S):
                 # a job about to end frees nodes that, with these, may make a growth worth it: asked again then
